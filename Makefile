@@ -1,0 +1,33 @@
+# The two set-up commands: `make demo` and `make test`. Each creates .venv when missing,
+# installs torch==2.13.0 first (the CPU wheel on disk; an unpinned torch pulls CUDA),
+# then the package with its pinned dependencies.
+VENV ?= .venv
+PYTHON ?= python3
+STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
+DATA ?= ../shared/data
+
+.PHONY: install test test-all demo bench reproduce clean
+
+$(STAMP): pyproject.toml
+	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --disable-pip-version-check torch==2.13.0
+	$(VENV)/bin/pip install -q --disable-pip-version-check -e '.[dev]'
+	rm -f $(VENV)/.installed-*
+	touch $(STAMP)
+
+install: $(STAMP)
+
+test: $(STAMP)
+	OMP_NUM_THREADS=1 $(VENV)/bin/pytest -n 2 -q -p no:cacheprovider
+
+test-all: $(STAMP)
+	OMP_NUM_THREADS=1 $(VENV)/bin/pytest -q -p no:cacheprovider -m "slow or not slow"
+
+demo: $(STAMP)
+	$(VENV)/bin/attnaudit demo
+
+bench: $(STAMP)
+	ATTNAUDIT_DATA=$(DATA) $(VENV)/bin/python -m benchmarks
+
+clean:
+	rm -rf $(VENV) build src/*.egg-info

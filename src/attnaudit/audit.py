@@ -1,0 +1,375 @@
+"""One command that answers "is this model's attention faithful?": every applicable test, one report.
+
+``audit`` trains the model when needed (into ``OUT/run``), runs every registered test that
+applies to it, cheap tests first, and writes
+
+* ``OUT/results/<test>.json`` (+ CSV and figures) — each stored atomically as soon as the
+  test finishes, with a hash of its options in ``meta["audit"]``;
+* ``OUT/results/heatmaps.json`` — per-instance explanations for the report's heatmaps;
+* ``OUT/summary.csv`` — one row per verdict statistic (test, statistic, value, published,
+  interpretation), plus a row per skipped or failed test;
+* ``OUT/audit.json`` — what ran, what was skipped and why, errors;
+* ``OUT/report.html`` — the self-contained report (:mod:`attnaudit.report`).
+
+Re-running resumes: a test whose stored result has the same options hash (options, split,
+limit, seed and the run's identity) is loaded, not rerun. Every test starts from the same
+model weights and seed, so a resumed audit ends with the numbers of an uninterrupted one.
+A failing test is recorded and the others still run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+import traceback
+import typing
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from attnaudit.errors import AttnAuditError
+from attnaudit.experiments.base import Experiment, Result, discover, make_options, run_test
+from attnaudit.io import atomic_write, atomic_write_json, read_json
+from attnaudit.progress import status
+from attnaudit.run import Run
+
+# Cheap tests first; the training-based ones (each trains models) last. Tests registered
+# later and missing here run between the two groups, in name order.
+CHEAP_ORDER = (
+    "identifiability",
+    "rationale",
+    "importance",
+    "norms",
+    "rollout",
+    "permutation",
+    "activation-swap",
+    "shuffle",
+    "erasure",
+    "adversarial",
+    "random-keys",
+    "opposite-keys",
+    "key-adversary",
+)
+TRAINING_ORDER = ("uniform", "probe", "diagnostic", "seeds", "global-adversary")
+TRANSFORMER_ONLY = frozenset({"activation-swap", "shuffle", "key-adversary", "random-keys", "opposite-keys"})
+SELF_ATTENTION_FAMILIES = ("transformer", "hf")
+
+# Small defaults for the tests that train models, so an audit stays an audit; a field is
+# used only if the test's Options has it, and --set overrides it.
+AUDIT_DEFAULTS: dict[str, dict[str, Any]] = {
+    "uniform": {"epochs": 3},
+    "seeds": {"seeds": 3, "epochs": 3},
+    "diagnostic": {"epochs": 3},
+    "global-adversary": {"epochs": 3},
+    "probe": {"epochs": 3},
+    "key-adversary": {"epochs": 2, "train_limit": 2000},
+    "random-keys": {"epochs": 2, "train_limit": 2000},
+    "opposite-keys": {"epochs": 2, "train_limit": 2000},
+}
+RESULTS = "results"
+HEATMAPS = "heatmaps.json"
+SUMMARY = "summary.csv"
+AUDIT = "audit.json"
+REPORT = "report.html"
+SUMMARY_COLUMNS = ["test", "statistic", "value", "published", "interpretation"]
+
+
+@dataclass
+class AuditResult:
+    """What an audit produced: results by test, skips and failures with reasons, summary rows, report."""
+
+    out: Path
+    results: dict[str, Result] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    report: Path | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed
+
+
+def order_tests(names: typing.Iterable[str]) -> list[str]:
+    """Cheap-first order: :data:`CHEAP_ORDER`, then unknown tests by name, then :data:`TRAINING_ORDER`."""
+    names = list(names)
+    cheap = [n for n in CHEAP_ORDER if n in names]
+    training = [n for n in TRAINING_ORDER if n in names]
+    middle = sorted(n for n in names if n not in cheap and n not in training)
+    return cheap + middle + training
+
+
+def _coerce(text: str, annotation: Any, where: str) -> Any:
+    """Read a ``--set`` value as the Options field's type (int, float, bool, str, lists, Optional)."""
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    origin = typing.get_origin(annotation)
+    if origin in (list, tuple):
+        inner = args[0] if args and args[0] is not Ellipsis else str
+        items = [_coerce(v.strip(), inner, where) for v in text.split(",") if v.strip()]
+        return tuple(items) if origin is tuple else items
+    if args and origin is not None:  # Optional[X] / X | None
+        if text.lower() in ("none", "null", ""):
+            return None
+        return _coerce(text, args[0], where)
+    try:
+        if annotation is bool:
+            if text.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                raise ValueError
+            return text.lower() in ("true", "1", "yes")
+        if annotation in (int, float):
+            return annotation(text)
+    except ValueError:
+        raise AttnAuditError(f"--set {where}: cannot read {text!r} as {annotation.__name__}") from None
+    return text
+
+
+def parse_settings(items: typing.Sequence[str]) -> dict[str, dict[str, Any]]:
+    """``["permutation.permutations=20", ...]`` -> ``{"permutation": {"permutations": 20}}``, typed per Options."""
+    registry = discover()
+    settings: dict[str, dict[str, Any]] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        test, dot, option = key.strip().partition(".")
+        if not sep or not dot or not option:
+            raise AttnAuditError(f"--set expects TEST.OPTION=VALUE, got {item!r}")
+        if test not in registry:
+            raise AttnAuditError(f"--set {key}: unknown test {test!r}; available: {', '.join(registry)}")
+        option = option.replace("-", "_")
+        hints = typing.get_type_hints(registry[test].Options)
+        if option not in hints:
+            raise AttnAuditError(f"--set {key}: test {test!r} has no option {option!r}; it takes {', '.join(hints) or 'none'}")
+        settings.setdefault(test, {})[option] = _coerce(value.strip(), hints[option], key)
+    return settings
+
+
+def _hash(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def run_identity(run: Run) -> str:
+    """A hash of what the run is (its saved config, or the Hugging Face source), for result reuse."""
+    info = run.info or {}
+    return str(info.get("hash") or _hash({"info": info, "task": run.task.to_dict(), "model": run.config.to_dict()}))
+
+
+def _load_target(
+    out: Path,
+    task: str | None,
+    model: str | None,
+    run: Run | str | Path | None,
+    hf: str | None,
+    data_dir: str | Path | None,
+    device: str,
+    seed: int,
+    train_options: dict[str, Any],
+) -> Run:
+    """The run to audit: given, loaded, a Hugging Face encoder, or trained into ``out/run``."""
+    from attnaudit.run import load_run
+
+    if sum(x is not None for x in (run, hf, model)) != 1:
+        raise AttnAuditError("audit needs exactly one of: --run RUN, --hf MODEL --task T, or --task T --model M")
+    if train_options and model is None:
+        raise AttnAuditError(f"training options ({', '.join(sorted(train_options))}) only apply with --task/--model")
+    if isinstance(run, Run):
+        return run
+    if run is not None:
+        return load_run(run, device=device, data_dir=data_dir)
+    if hf is not None:
+        from attnaudit.models.hf import load_hf
+
+        if not task:
+            raise AttnAuditError("--hf needs --task (the data to audit on)")
+        return load_hf(hf, task=task, data_dir=data_dir, device=device)
+    if not task:
+        raise AttnAuditError("--model needs --task (the data to train on)")
+    from attnaudit.training.trainer import train
+
+    options = {"seed": seed, **train_options}
+    return train(task, str(model), out / "run", data_dir=data_dir, device=device, **options)
+
+
+def _plan(
+    only: typing.Sequence[str] | None, skip: typing.Sequence[str] | None, test_options: dict[str, dict[str, Any]]
+) -> tuple[list[str], dict[str, Any]]:
+    """Selected tests in order and their Options objects; rejects unknown names and options up front."""
+    registry = discover()
+    for label, names in (("--only", only or ()), ("--skip", skip or ()), ("--set", test_options)):
+        unknown = [n for n in names if n not in registry]
+        if unknown:
+            raise AttnAuditError(f"{label}: unknown test(s) {', '.join(unknown)}; available: {', '.join(registry)}")
+    selected = [n for n in registry if (not only or n in only) and n not in (skip or ())]
+    options = {}
+    for name in selected:
+        experiment = registry[name]()
+        known = {f.name for f in fields(experiment.Options)}
+        values = {k: v for k, v in AUDIT_DEFAULTS.get(name, {}).items() if k in known}
+        values.update(test_options.get(name, {}))
+        options[name] = make_options(experiment, values)
+    return order_tests(selected), options
+
+
+def _reusable(path: Path, digest: str) -> Result | None:
+    """The stored result at ``path`` if it was computed with options hash ``digest``."""
+    if not path.exists():
+        return None
+    try:
+        result = Result.load(path)
+    except AttnAuditError:
+        return None
+    return result if result.meta.get("audit", {}).get("options_hash") == digest else None
+
+
+def _error_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    message = text[0] if text else ""
+    return message if isinstance(exc, AttnAuditError) else f"{type(exc).__name__}: {message}".rstrip(": ")
+
+
+def verdict_rows(name: str, result: Result) -> list[dict[str, Any]]:
+    """The test's verdict rows (its own ``verdict``, else the default), each tagged with the test name."""
+    registry = discover()
+    experiment = registry[name]() if name in registry else Experiment()
+    try:
+        rows = experiment.verdict(result)
+    except Exception as exc:  # a broken verdict must not hide the numbers: fall back to the summary
+        rows = Experiment.verdict(experiment, result)
+        rows.append({"statistic": "verdict", "value": "", "published": "", "interpretation": f"verdict failed: {_error_line(exc)}"})
+    return [{"test": name, **{k: row.get(k, "") for k in SUMMARY_COLUMNS[1:]}} for row in rows]
+
+
+def _cell(value: Any) -> Any:
+    if isinstance(value, (dict, list, tuple)):
+        return json.dumps(value, default=str)
+    return value
+
+
+def write_summary(path: Path, rows: list[dict[str, Any]]) -> Path:
+    """``summary.csv``: one row per statistic, skipped and failed tests included."""
+    frame = pd.DataFrame([{k: _cell(r.get(k, "")) for k in SUMMARY_COLUMNS} for r in rows], columns=SUMMARY_COLUMNS)
+    return atomic_write(path, lambda tmp: frame.to_csv(tmp, index=False))
+
+
+def audit(
+    out: str | Path,
+    task: str | None = None,
+    model: str | None = None,
+    run: Run | str | Path | None = None,
+    hf: str | None = None,
+    only: typing.Sequence[str] | None = None,
+    skip: typing.Sequence[str] | None = None,
+    split: str = "test",
+    limit: int | None = None,
+    seed: int = 0,
+    data_dir: str | Path | None = None,
+    device: str = "auto",
+    test_options: dict[str, dict[str, Any]] | None = None,
+    heatmap_instances: int = 3,
+    **train_options: Any,
+) -> AuditResult:
+    """Audit a model's attention with every applicable test and write ``out/report.html``.
+
+    The model is ``run`` (a Run or run directory), ``hf`` (a Hugging Face encoder on
+    ``task``), or trained now from ``task`` and ``model`` with ``train_options`` (the options
+    of ``attnaudit train``) into ``out/run``. ``test_options`` overrides options per test,
+    e.g. ``{"permutation": {"permutations": 20}}``. ``heatmap_instances``: the report shows
+    this many most and this many least faithful instances (by τ(attention, gradient) when
+    the importance test ran; else the first ``2 × heatmap_instances``).
+    """
+    from attnaudit.report import build_report
+    from attnaudit.seed import set_seed
+
+    out = Path(out)
+    train_options = {k: v for k, v in train_options.items() if v is not None}
+    target = _load_target(out, task, model, run, hf, data_dir, device, seed, train_options)
+    order, options = _plan(only, skip, test_options or {})
+    results_dir = out / RESULTS
+    identity = run_identity(target)
+    snapshot = {k: v.detach().clone() for k, v in target.model.state_dict().items()}
+    outcome = AuditResult(out=out)
+    log: list[dict[str, Any]] = []
+    registry = discover()
+    status(f"auditing {target.family} on {target.task.spec or 'its data'}: {len(order)} test(s) -> {out}")
+    for number, name in enumerate(order, 1):
+        experiment = registry[name]()
+        prefix = f"[{number}/{len(order)}] {name}"
+        opts = options[name]
+        entry: dict[str, Any] = {"test": name, "options": asdict(opts) if is_dataclass(opts) else {}}
+        start = time.perf_counter()
+        try:
+            target.model.load_state_dict(snapshot)  # every test starts from the trained weights
+            target.model.eval()
+            if name in TRANSFORMER_ONLY and target.family not in SELF_ATTENTION_FAMILIES:
+                reason = "the audit runs the activation and key tests on Transformers only"
+            else:
+                reason = experiment.applies(target)
+            if reason:
+                outcome.skipped[name] = reason
+                entry.update(status="skipped", reason=reason)
+                status(f"{prefix}: [yellow]skipped[/] ({reason})")
+                log.append(entry)
+                continue
+            digest = _hash({"test": name, "options": entry["options"], "split": split, "limit": limit, "seed": seed, "run": identity})
+            cached = _reusable(results_dir / f"{name}.json", digest)
+            if cached is not None:
+                outcome.results[name] = cached
+                entry.update(status="cached", seconds=cached.meta.get("seconds"))
+                status(f"{prefix}: stored result reused")
+                log.append(entry)
+                continue
+            status(f"{prefix}: running")
+            set_seed(seed)
+            result = run_test(
+                name, target, split=split, limit=limit, seed=seed, out=results_dir, data_dir=data_dir, **entry["options"]
+            )
+            result.meta["audit"] = {"options_hash": digest}
+            result.save(results_dir)
+            outcome.results[name] = result
+            entry.update(status="done", seconds=round(time.perf_counter() - start, 3))
+            status(f"{prefix}: [green]done[/] in {time.perf_counter() - start:.1f}s")
+        except KeyboardInterrupt:
+            raise
+        except Exception as exc:  # one failing test must not stop the audit; it is reported
+            message = _error_line(exc)
+            outcome.failed[name] = message
+            entry.update(status="failed", error=message, traceback=traceback.format_exc(limit=8))
+            status(f"{prefix}: [red]failed[/]: {message}")
+        log.append(entry)
+    target.model.load_state_dict(snapshot)
+    target.model.eval()
+
+    for entry in log:
+        name = entry["test"]
+        if name in outcome.results:
+            outcome.rows.extend(verdict_rows(name, outcome.results[name]))
+        elif entry["status"] == "skipped":
+            outcome.rows.append({"test": name, "statistic": "skipped", "value": "", "published": "", "interpretation": entry["reason"]})
+        else:
+            outcome.rows.append({"test": name, "statistic": "error", "value": "", "published": "", "interpretation": entry["error"]})
+    write_summary(out / SUMMARY, outcome.rows)
+    atomic_write_json(
+        out / AUDIT,
+        {
+            "run": str(target.path) if target.path else None,
+            "model": target.family,
+            "task": target.task.spec,
+            "hf": target.info.get("source") if target.family == "hf" else None,
+            "split": split,
+            "limit": limit,
+            "seed": seed,
+            "data_dir": str(data_dir) if data_dir else None,
+            "tests": log,
+        },
+    )
+    set_seed(seed)
+    outcome.report = build_report(out, run=target, split=split, limit=limit, data_dir=data_dir, instances=heatmap_instances)
+    status(f"report: [bold]{outcome.report}[/]" + (f"; [red]{len(outcome.failed)} test(s) failed[/]" if outcome.failed else ""))
+    return outcome
+
+
+def load_audit(out: str | Path) -> dict[str, Any]:
+    """``out/audit.json`` (empty when the folder holds results written without ``audit``)."""
+    path = Path(out) / AUDIT
+    return read_json(path) if path.exists() else {}

@@ -1,0 +1,401 @@
+"""The ``attnaudit`` command line: each command mirrors a Python API function.
+
+Errors caused by input or arguments print one line and exit with code 2 (no traceback).
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+import typing
+import warnings
+from dataclasses import MISSING, fields
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from attnaudit.errors import AttnAuditError, AttnAuditWarning
+from attnaudit.progress import set_quiet
+
+app = typer.Typer(
+    help="Is this model's attention a faithful explanation of its predictions?\n\n"
+    "Train attention models (or load a Hugging Face encoder), run the published faithfulness "
+    "tests, and report tables, figures and an HTML report.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+run_app = typer.Typer(help="Run one faithfulness test on a trained run (see `attnaudit tests`).", no_args_is_help=True)
+app.add_typer(run_app, name="run")
+out_console = Console()
+
+DataDir = Annotated[
+    Optional[Path], typer.Option("--data-dir", envvar="ATTNAUDIT_DATA", help="Folder with the named datasets.")
+]
+Device = Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")]
+Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars or status lines.")]
+
+
+def _print_table(title: str, rows: list[dict[str, Any]]) -> None:
+    table = Table(title=title)
+    if not rows:
+        out_console.print(f"{title}: (empty)")
+        return
+    for key in rows[0]:
+        table.add_column(str(key))
+    for row in rows:
+        table.add_row(*(f"{v:.4g}" if isinstance(v, float) else str(v) for v in row.values()))
+    out_console.print(table)
+
+
+@app.command()
+def train(
+    task: Annotated[str, typer.Option(help="Named dataset, 'synthetic', 'synthetic-tagging', hf:NAME or FORMAT:PATH.")],
+    model: Annotated[str, typer.Option(help="bilstm, cnn, average, han, flat or transformer.")],
+    out: Annotated[Path, typer.Option(help="Run directory to write.")],
+    attention: Annotated[str, typer.Option(help="Normaliser: softmax, entmax15, sparsemax or entmax:<alpha>.")] = "softmax",
+    scorer: Annotated[str, typer.Option(help="Attention scorer of the RNN family: tanh or dot.")] = "tanh",
+    layers: Annotated[Optional[int], typer.Option(help="Transformer layers.")] = None,
+    heads: Annotated[Optional[int], typer.Option(help="Transformer heads.")] = None,
+    d_model: Annotated[Optional[int], typer.Option(help="Transformer width.")] = None,
+    hidden_dim: Annotated[Optional[int], typer.Option(help="RNN/CNN hidden size.")] = None,
+    embed_dim: Annotated[Optional[int], typer.Option(help="Word embedding size.")] = None,
+    epochs: Annotated[Optional[int], typer.Option(help="Maximum epochs (early stopping on dev).")] = None,
+    batch_size: Annotated[Optional[int], typer.Option(help="Batch size.")] = None,
+    lr: Annotated[Optional[float], typer.Option(help="Adam learning rate.")] = None,
+    patience: Annotated[Optional[int], typer.Option(help="Epochs without dev improvement before stopping.")] = None,
+    seed: Annotated[int, typer.Option(help="Random seed (initialisation, shuffling, dropout).")] = 0,
+    vectors: Annotated[Optional[str], typer.Option(help="Pretrained word vectors (word2vec/GloVe text file).")] = None,
+    features: Annotated[bool, typer.Option(help="Use the per-token feature column (CoNLL POS tags).")] = False,
+    max_vocab: Annotated[Optional[int], typer.Option(help="Keep at most this many words.")] = None,
+    min_freq: Annotated[Optional[int], typer.Option(help="Drop words seen fewer times.")] = None,
+    dev: Annotated[Optional[str], typer.Option(help="Dev file as FORMAT:PATH (default: split off train).")] = None,
+    test: Annotated[Optional[str], typer.Option(help="Test file as FORMAT:PATH (default: split off train).")] = None,
+    data_dir: DataDir = None,
+    device: Device = "auto",
+    quiet: Quiet = False,
+) -> None:
+    """Train a model and write a run directory (model.safetensors, config.json, vocab, metrics.json).
+
+    Example: attnaudit train --task sst --model bilstm --out runs/sst-bilstm --data-dir ../shared/data
+    """
+    from attnaudit.training.trainer import train as train_fn
+
+    set_quiet(quiet)
+    run = train_fn(
+        task,
+        model,
+        out,
+        data_dir=data_dir,
+        dev=dev,
+        test=test,
+        device=device,
+        attention=attention,
+        scorer=scorer,
+        layers=layers,
+        heads=heads,
+        d_model=d_model,
+        hidden_dim=hidden_dim,
+        embed_dim=embed_dim,
+        epochs=epochs,
+        batch_size=batch_size,
+        lr=lr,
+        patience=patience,
+        seed=seed,
+        vectors=vectors,
+        features=features or None,
+        max_vocab=max_vocab,
+        min_freq=min_freq,
+    )
+    out_console.print(f"run written to [bold]{run.path}[/]")
+
+
+@app.command()
+def evaluate(
+    run: Annotated[Path, typer.Argument(help="Run directory.")],
+    split: Annotated[str, typer.Option(help="train, dev or test.")] = "test",
+    data_dir: DataDir = None,
+    device: Device = "auto",
+    quiet: Quiet = False,
+) -> None:
+    """Score a trained run on a split (accuracy, macro-F1, ROC-AUC, or chunk F1)."""
+    from attnaudit.run import load_run
+    from attnaudit.training.trainer import evaluate as evaluate_fn
+
+    set_quiet(quiet)
+    scores = evaluate_fn(load_run(run, device=device, data_dir=data_dir), split, data_dir=data_dir)
+    _print_table(f"{run} ({split})", [scores])
+
+
+@app.command()
+def datasets() -> None:
+    """List the named datasets (resolved under --data-dir / ATTNAUDIT_DATA) and input formats."""
+    from attnaudit.data.tasks import list_tasks
+
+    _print_table("datasets", [{"name": n, "description": d} for n, d in list_tasks()])
+    out_console.print("Your own files: conll:PATH, csv:PATH, tsv:PATH, jsonl:PATH, sst-trees:PATH, babi:PATH, snli:DIR, hf:NAME")
+
+
+@app.command()
+def models() -> None:
+    """List the model families."""
+    from attnaudit.models import MODELS
+
+    _print_table("models", [{"name": n, "description": d} for n, (_, _, d) in MODELS.items()])
+
+
+@app.command()
+def tests() -> None:
+    """List the faithfulness tests (`attnaudit run <test> --help` for each one's options)."""
+    from attnaudit.experiments import discover
+
+    _print_table("tests", [{"name": n, "paper": c.paper, "description": c.description} for n, c in discover().items()])
+
+
+@app.command()
+def finetune(
+    task: Annotated[str, typer.Option(help="Classification or pair dataset (e.g. sst2, snli, csv:PATH).")],
+    out: Annotated[Path, typer.Option(help="Run directory to write.")],
+    hf: Annotated[str, typer.Option(help="Hugging Face encoder: minilm (embedded), a local directory or a hub name.")] = "minilm",
+    epochs: Annotated[int, typer.Option(help="Epochs (the best dev-accuracy epoch is kept).")] = 1,
+    lr: Annotated[float, typer.Option(help="AdamW peak learning rate (linear warm-up and decay).")] = 2e-5,
+    batch_size: Annotated[int, typer.Option(help="Batch size.")] = 16,
+    limit: Annotated[Optional[int], typer.Option(help="Train on a seeded random sample of N training examples.")] = None,
+    max_len: Annotated[Optional[int], typer.Option(help="Truncate inputs to N wordpieces.")] = None,
+    seed: Annotated[int, typer.Option(help="Random seed (head initialisation, sampling, shuffling, dropout).")] = 0,
+    data_dir: DataDir = None,
+    device: Device = "auto",
+    quiet: Quiet = False,
+) -> None:
+    """Fine-tune a Hugging Face encoder with a classification head; the run directory works with every test.
+
+    Example: attnaudit finetune --task sst2 --out runs/minilm-sst2 --limit 2000 --data-dir ../shared/data
+    """
+    from attnaudit.training.finetune import finetune as finetune_fn
+
+    set_quiet(quiet)
+    run = finetune_fn(
+        task, out, hf=hf, epochs=epochs, lr=lr, batch_size=batch_size, limit=limit, seed=seed,
+        data_dir=data_dir, device=device, max_len=max_len,
+    )
+    out_console.print(f"run written to [bold]{run.path}[/]")
+
+
+@app.command()
+def audit(
+    out: Annotated[Path, typer.Option(help="Folder for results/, summary.csv and report.html.")],
+    task: Annotated[Optional[str], typer.Option(help="Task to train on (with --model) or to run --hf on.")] = None,
+    model: Annotated[Optional[str], typer.Option(help="Model family to train: bilstm, cnn, average, han, flat, transformer.")] = None,
+    run: Annotated[Optional[Path], typer.Option("--run", help="Audit an existing run directory.")] = None,
+    hf: Annotated[Optional[str], typer.Option(help="Hugging Face model: minilm, a local path or a hub name (needs --task).")] = None,
+    only: Annotated[Optional[list[str]], typer.Option(help="Run only this test (repeatable).")] = None,
+    skip: Annotated[Optional[list[str]], typer.Option(help="Leave this test out (repeatable).")] = None,
+    set_: Annotated[Optional[list[str]], typer.Option("--set", help="Test option TEST.OPTION=VALUE, e.g. permutation.permutations=20 (repeatable).")] = None,
+    split: Annotated[str, typer.Option(help="Split to test on.")] = "test",
+    limit: Annotated[Optional[int], typer.Option(help="Use only the first N instances.")] = None,
+    heatmaps: Annotated[int, typer.Option(help="Most and least faithful instances shown as heatmaps (each).")] = 3,
+    attention: Annotated[Optional[str], typer.Option(help="Training: softmax, entmax15, sparsemax or entmax:<alpha>.")] = None,
+    scorer: Annotated[Optional[str], typer.Option(help="Training: RNN attention scorer, tanh or dot.")] = None,
+    layers: Annotated[Optional[int], typer.Option(help="Training: Transformer layers.")] = None,
+    heads: Annotated[Optional[int], typer.Option(help="Training: Transformer heads.")] = None,
+    d_model: Annotated[Optional[int], typer.Option(help="Training: Transformer width.")] = None,
+    hidden_dim: Annotated[Optional[int], typer.Option(help="Training: RNN/CNN hidden size.")] = None,
+    embed_dim: Annotated[Optional[int], typer.Option(help="Training: word embedding size.")] = None,
+    epochs: Annotated[Optional[int], typer.Option(help="Training: maximum epochs.")] = None,
+    batch_size: Annotated[Optional[int], typer.Option(help="Training: batch size.")] = None,
+    lr: Annotated[Optional[float], typer.Option(help="Training: Adam learning rate.")] = None,
+    patience: Annotated[Optional[int], typer.Option(help="Training: epochs without dev improvement before stopping.")] = None,
+    vectors: Annotated[Optional[str], typer.Option(help="Training: pretrained word vectors file.")] = None,
+    max_vocab: Annotated[Optional[int], typer.Option(help="Training: keep at most this many words.")] = None,
+    min_freq: Annotated[Optional[int], typer.Option(help="Training: drop words seen fewer times.")] = None,
+    seed: Annotated[int, typer.Option(help="Random seed (training and tests).")] = 0,
+    data_dir: DataDir = None,
+    device: Device = "auto",
+    quiet: Quiet = False,
+) -> None:
+    """Run every applicable faithfulness test and write OUT/report.html (resumable; trains first if needed).
+
+    Example: attnaudit audit --task synthetic --model bilstm --out audits/bilstm --limit 100
+    """
+    from attnaudit.audit import audit as audit_fn
+    from attnaudit.audit import parse_settings
+
+    set_quiet(quiet)
+    result = audit_fn(
+        out, task=task, model=model, run=run, hf=hf, only=only or None, skip=skip or None, split=split,
+        limit=limit, seed=seed, data_dir=data_dir, device=device, test_options=parse_settings(set_ or []),
+        heatmap_instances=heatmaps, attention=attention, scorer=scorer, layers=layers, heads=heads,
+        d_model=d_model, hidden_dim=hidden_dim, embed_dim=embed_dim, epochs=epochs, batch_size=batch_size,
+        lr=lr, patience=patience, vectors=vectors, max_vocab=max_vocab, min_freq=min_freq,
+    )
+    out_console.print(f"summary: {out / 'summary.csv'}\nreport: [bold]{result.report}[/]")
+    if result.failed:
+        raise AttnAuditError(f"{len(result.failed)} test(s) failed: {', '.join(result.failed)} (details in the report)")
+
+
+@app.command()
+def report(
+    directory: Annotated[Path, typer.Argument(help="Audit folder (or a run directory with results/).")],
+    heatmaps: Annotated[int, typer.Option(help="Most and least faithful instances shown as heatmaps (each).")] = 3,
+    data_dir: DataDir = None,
+    device: Device = "auto",
+    quiet: Quiet = False,
+) -> None:
+    """Write DIRECTORY/report.html from DIRECTORY/results (self-contained HTML)."""
+    from attnaudit.report import build_report
+
+    set_quiet(quiet)
+    out_console.print(f"report: [bold]{build_report(directory, data_dir=data_dir, instances=heatmaps, device=device)}[/]")
+
+
+@app.command()
+def demo(
+    out: Annotated[Path, typer.Option(help="Folder for the demo's runs, audits and report.")] = Path("demo-output"),
+    quick: Annotated[bool, typer.Option(help="Tiny sizes (seconds; for tests).")] = False,
+    quiet: Quiet = False,
+) -> None:
+    """Train a BiLSTM and a Transformer on the synthetic task, audit both (and MiniLM), write one report."""
+    from attnaudit.demo import demo as demo_fn
+
+    set_quiet(quiet)
+    out_console.print(f"demo report: [bold]{demo_fn(out, quick=quick)}[/]")
+
+
+def _cli_type(annotation: Any) -> tuple[Any, bool]:
+    """Map an Options field type to a CLI type; sequences become comma-separated strings."""
+    origin = typing.get_origin(annotation)
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if origin in (list, tuple):
+        return str, True
+    if origin is typing.Union or str(origin) == "<class 'types.UnionType'>":
+        inner, seq = _cli_type(args[0])
+        return Optional[inner], seq
+    return annotation, False
+
+
+def _parse_sequence(value: str, annotation: Any) -> Any:
+    """Read ``"0,0.01,1"`` as the list/tuple the Options field declares."""
+    for candidate in (annotation, *typing.get_args(annotation)):
+        if typing.get_origin(candidate) in (list, tuple):
+            origin = typing.get_origin(candidate)
+            args = [a for a in typing.get_args(candidate) if a is not Ellipsis]
+            cast = args[0] if args else str
+            break
+    else:
+        origin, cast = list, str
+    try:
+        items = [cast(v.strip()) for v in value.split(",") if v.strip()]
+    except ValueError:
+        raise AttnAuditError(f"could not read {value!r} as a comma-separated list of {cast.__name__}") from None
+    return tuple(items) if origin is tuple else items
+
+
+def _make_run_command(name: str, experiment: Any) -> None:
+    """Register ``attnaudit run <name>`` with the common options plus the test's Options."""
+    hints = typing.get_type_hints(experiment.Options)
+    own: list[inspect.Parameter] = []
+    sequences: dict[str, Any] = {}
+    for f in fields(experiment.Options):
+        cli_type, is_seq = _cli_type(hints[f.name])
+        default = f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc]
+        if is_seq:
+            sequences[f.name] = hints[f.name]
+            default = ",".join(str(v) for v in default) if default is not None else None
+        flag = "--" + f.name.replace("_", "-")
+        option = typer.Option(flag, help=f.metadata.get("help", ""))
+        own.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=Annotated[cli_type, option]))
+
+    def command(**kwargs: Any) -> None:
+        from attnaudit.experiments import run_test
+
+        set_quiet(kwargs.pop("quiet"))
+        run_dir, hf, task = kwargs.pop("run_dir"), kwargs.pop("hf"), kwargs.pop("task")
+        common = {k: kwargs.pop(k) for k in ("split", "limit", "seed", "out", "data_dir", "device")}
+        for key, annotation in sequences.items():
+            if kwargs.get(key) is not None:
+                kwargs[key] = _parse_sequence(kwargs[key], annotation)
+        if hf:
+            from attnaudit.models.hf import load_hf
+
+            if not task:
+                raise AttnAuditError("--hf needs --task (the data to run the test on)")
+            if not common["out"]:
+                raise AttnAuditError("--hf needs --out (where to write results)")
+            target: Any = load_hf(hf, task=task, data_dir=common["data_dir"], device=common["device"])
+        elif run_dir is None:
+            raise AttnAuditError("give a run directory, or --hf MODEL --task T --out DIR")
+        else:
+            target = run_dir
+        result = run_test(name, target, **common, **kwargs)
+        _print_table(f"{name}: summary", [result.summary] if result.summary else [])
+        where = Path(common["out"]) if common["out"] else Path(result.meta.get("run") or ".") / "results"
+        out_console.print(f"results: {where / (name + '.json')}" + (f"; figures: {len(result.figures)}" if result.figures else ""))
+
+    common_params = [
+        inspect.Parameter("run_dir", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None,
+                          annotation=Annotated[Optional[Path], typer.Argument(help="Run directory (from `attnaudit train`).")]),
+        inspect.Parameter("split", inspect.Parameter.KEYWORD_ONLY, default="test",
+                          annotation=Annotated[str, typer.Option(help="Split to test on.")]),
+        inspect.Parameter("limit", inspect.Parameter.KEYWORD_ONLY, default=None,
+                          annotation=Annotated[Optional[int], typer.Option(help="Use only the first N instances.")]),
+        inspect.Parameter("seed", inspect.Parameter.KEYWORD_ONLY, default=0,
+                          annotation=Annotated[int, typer.Option(help="Random seed.")]),
+        inspect.Parameter("out", inspect.Parameter.KEYWORD_ONLY, default=None,
+                          annotation=Annotated[Optional[Path], typer.Option(help="Results folder (default RUN/results).")]),
+        inspect.Parameter("hf", inspect.Parameter.KEYWORD_ONLY, default=None,
+                          annotation=Annotated[Optional[str], typer.Option(help="Hugging Face model: minilm, a local path or a hub name.")]),
+        inspect.Parameter("task", inspect.Parameter.KEYWORD_ONLY, default=None,
+                          annotation=Annotated[Optional[str], typer.Option(help="Data for --hf models.")]),
+        inspect.Parameter("data_dir", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=DataDir),
+        inspect.Parameter("device", inspect.Parameter.KEYWORD_ONLY, default="auto", annotation=Device),
+        inspect.Parameter("quiet", inspect.Parameter.KEYWORD_ONLY, default=False, annotation=Quiet),
+    ]
+    command.__signature__ = inspect.Signature(common_params + own)  # type: ignore[attr-defined]
+    command.__doc__ = f"{experiment.description} ({experiment.paper})" if experiment.paper else experiment.description
+    run_app.command(name=name)(command)
+
+
+def _register_run_commands() -> None:
+    from attnaudit.experiments import discover
+
+    for name, cls in discover().items():
+        _make_run_command(name, cls)
+
+
+def _show_warning(message: Any, category: type[Warning], *_: Any, **__: Any) -> None:
+    if issubclass(category, AttnAuditWarning):
+        print(f"warning: {message}", file=sys.stderr)
+
+
+def main() -> None:
+    """Console entry point: one-line errors with exit code 2, one-line warnings."""
+    warnings.showwarning = _show_warning  # type: ignore[assignment]
+    try:
+        _register_run_commands()
+        app(standalone_mode=False)
+    except AttnAuditError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(exc.exit_code)
+    except (typer.Exit, SystemExit) as exc:
+        code = getattr(exc, "exit_code", getattr(exc, "code", 0))
+        sys.exit(code)
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        sys.exit(130)
+    except Exception as exc:  # click usage errors arrive here in standalone_mode=False
+        import click
+
+        if isinstance(exc, click.exceptions.ClickException):
+            print(f"error: {exc.format_message()}", file=sys.stderr)
+            sys.exit(2)
+        if isinstance(exc, click.exceptions.Abort):
+            print("error: aborted", file=sys.stderr)
+            sys.exit(1)
+        raise
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,580 @@
+"""Readers for the dataset formats the attention-faithfulness literature uses.
+
+Every reader returns :class:`Example` objects whose ``meta["source"]`` is ``"path:line"``,
+so a later problem (an unknown label, an empty sentence) can name the offending line.
+Malformed input raises :class:`InputError` with the file and line; recoverable oddities
+(a Latin-1 file) only :func:`warn`.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import json
+import re
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from attnaudit.data.types import Example
+from attnaudit.errors import AttnAuditError, InputError, warn
+
+# Words (keeping inner apostrophes, "don't"), English clitics ("'s", "'re") or single
+# punctuation marks. A regex is enough: the inputs are English research corpora, most of
+# them already tokenised, and the models learn their own embeddings.
+_TOKEN_RE = re.compile(r"\w+(?:'\w+)*|'(?:s|re|ve|ll|d|m|t)\b|[^\w\s]")
+
+SST_FINE_LABELS = ("very negative", "negative", "neutral", "positive", "very positive")
+
+
+def tokenize(text: str) -> list[str]:
+    """Lower-case ``text`` and split it into words and single punctuation marks."""
+    return _TOKEN_RE.findall(text.lower())
+
+
+def _source(path: str | Path, line: int) -> dict[str, Any]:
+    return {"source": f"{path}:{line}"}
+
+
+def iter_text_lines(path: str | Path) -> Iterator[str]:
+    """Yield the lines of a text file (``.gz`` transparently), without line endings.
+
+    Lines are decoded as UTF-8; a line that is not valid UTF-8 is decoded as Latin-1
+    (every byte string is valid Latin-1) and the file is reported once with :func:`warn`.
+    Streaming keeps large files such as word-vector tables out of memory.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise InputError(path, "file not found")
+    if path.is_dir():
+        raise InputError(path, "is a directory, expected a file")
+    opener = gzip.open if path.suffix == ".gz" else open
+    warned = False
+    try:
+        with opener(path, "rb") as handle:
+            for number, raw in enumerate(handle, start=1):
+                raw = raw.rstrip(b"\n").rstrip(b"\r")
+                try:
+                    text = raw.decode("utf-8")
+                except UnicodeDecodeError:
+                    if not warned:
+                        warn(f"{path}: not UTF-8, read as Latin-1")
+                        warned = True
+                    text = raw.decode("latin-1")
+                if number == 1:
+                    text = text.removeprefix("\ufeff")
+                yield text
+    except (gzip.BadGzipFile, zlib.error, EOFError) as exc:
+        raise InputError(path, f"not a valid gzip file ({exc})") from None
+
+
+def read_text_lines(path: str | Path) -> list[str]:
+    """All lines of a text file (see :func:`iter_text_lines`); an empty file is an error."""
+    lines = list(iter_text_lines(path))
+    if not any(line.strip() for line in lines):
+        raise InputError(path, "empty file")
+    return lines
+
+
+def read_conll(
+    path: str | Path, word_col: int = 0, tag_col: int = -1, feature_col: int | None = 1
+) -> list[Example]:
+    """CoNLL column format: one token per line, a blank line between sentences.
+
+    For CoNLL-2000 (``word POS chunk``) the defaults give chunk tags as ``tags`` and the
+    POS tags as ``meta["features"]``. Every token line must have as many columns as the
+    first one. ``-DOCSTART-`` lines (CoNLL-2003) separate sentences like blank lines.
+    """
+    lines = read_text_lines(path)
+    examples: list[Example] = []
+    width: int | None = None
+    words: list[str] = []
+    tags: list[str] = []
+    features: list[str] = []
+    start = 0
+
+    def flush() -> None:
+        if words:
+            meta = _source(path, start)
+            if feature_col is not None:
+                meta["features"] = list(features)
+            examples.append(Example(tokens=list(words), tags=list(tags), meta=meta))
+        words.clear()
+        tags.clear()
+        features.clear()
+
+    for number, line in enumerate(lines, start=1):
+        cols = line.split()
+        if not cols or cols[0] == "-DOCSTART-":
+            flush()
+            continue
+        if width is None:
+            width = len(cols)
+            needed = [word_col, tag_col] + ([feature_col] if feature_col is not None else [])
+            if any(not -width <= c < width for c in needed):
+                raise InputError(
+                    path, f"{width} columns, but columns {needed} were asked for", number
+                )
+        if len(cols) != width:
+            raise InputError(path, f"expected {width} columns, found {len(cols)}", number)
+        if not words:
+            start = number
+        words.append(cols[word_col])
+        tags.append(cols[tag_col])
+        if feature_col is not None:
+            features.append(cols[feature_col])
+    flush()
+    return examples
+
+
+def _parse_tree(text: str, path: str | Path, line: int) -> tuple[list[str], list[tuple[int, int, int]]]:
+    """Parse one PTB tree with integer labels into leaves and labelled spans (pre-order).
+
+    Hand-written because it is a few lines and gives errors with the file line; nltk's
+    Tree.fromstring is not a dependency.
+    """
+    parts = re.findall(r"\(|\)|[^\s()]+", text)
+    leaves: list[str] = []
+    spans: list[tuple[int, int, int]] = []
+    # Each open node: [label, start token index, slot in ``spans``].
+    stack: list[list[int]] = []
+    i = 0
+    while i < len(parts):
+        part = parts[i]
+        if part == "(":
+            if i + 1 >= len(parts) or parts[i + 1] in ("(", ")"):
+                raise InputError(path, "malformed tree: '(' without a label", line)
+            label = parts[i + 1]
+            if label not in {"0", "1", "2", "3", "4"}:
+                raise InputError(path, f"malformed tree: label {label!r} is not 0-4", line)
+            if not stack and spans:
+                raise InputError(path, "malformed tree: more than one root", line)
+            stack.append([int(label), len(leaves), len(spans)])
+            spans.append((0, 0, 0))
+            i += 2
+        elif part == ")":
+            if not stack:
+                raise InputError(path, "malformed tree: unbalanced ')'", line)
+            label, start, slot = stack.pop()
+            if len(leaves) == start:
+                raise InputError(path, "malformed tree: node without words", line)
+            spans[slot] = (start, len(leaves), label)
+            i += 1
+        else:
+            if not stack:
+                raise InputError(path, f"malformed tree: word {part!r} outside a node", line)
+            leaves.append(part)
+            i += 1
+    if stack:
+        raise InputError(path, "malformed tree: unbalanced '(' (missing ')')", line)
+    if not spans:
+        raise InputError(path, "malformed tree: no tree on this line", line)
+    return leaves, spans
+
+
+def read_sst_trees(path: str | Path, binary: bool = True) -> list[Example]:
+    """Stanford Sentiment Treebank trees, one ``(label (label word) ...)`` per line.
+
+    Labels: binary maps root 0-1 to "negative", 3-4 to "positive" and drops neutral (2)
+    roots; otherwise the five names in ``SST_FINE_LABELS``. ``tokens`` are the leaves
+    as written (cased, ``-LRB-`` for parentheses). ``meta["phrases"]`` lists every
+    labelled node, single words included, as ``(start, end_exclusive, label)`` in pre-order
+    (root first); ``meta["root_label"]`` is the root's 0-4 label.
+
+    Rationale rule: for a negative root (0-1) the tokens covered by phrases labelled 0,
+    for a positive root (3-4) those covered by phrases labelled 4, counting only phrases
+    shorter than the whole sentence. These are the parts annotators marked as strongly
+    polar in the sentence's own direction. It may be empty; it is None for neutral roots.
+    """
+    examples: list[Example] = []
+    for number, line in enumerate(read_text_lines(path), start=1):
+        if not line.strip():
+            continue
+        tokens, spans = _parse_tree(line, path, number)
+        root = spans[0][2]
+        if binary:
+            if root == 2:
+                continue
+            label = "negative" if root < 2 else "positive"
+        else:
+            label = SST_FINE_LABELS[root]
+        rationale: list[int] | None = None
+        if root != 2:
+            strong = 0 if root < 2 else 4
+            covered = {
+                t
+                for start, end, lab in spans
+                if lab == strong and end - start < len(tokens)
+                for t in range(start, end)
+            }
+            rationale = sorted(covered)
+        meta = _source(path, number) | {"phrases": spans, "root_label": root}
+        examples.append(Example(tokens=tokens, label=label, rationale=rationale, meta=meta))
+    return examples
+
+
+def _csv_rows(path: str | Path, delimiter: str, quoting: bool) -> Iterator[tuple[int, list[str]]]:
+    """Rows of a CSV/TSV file with the physical line each row starts on; blank rows skipped."""
+    lines = read_text_lines(path)
+    reader = csv.reader(
+        (line + "\n" for line in lines),
+        delimiter=delimiter,
+        quoting=csv.QUOTE_MINIMAL if quoting else csv.QUOTE_NONE,
+        strict=True,
+    )
+    start = 1
+    try:
+        for row in reader:
+            if row and any(cell.strip() for cell in row):
+                yield start, row
+            start = reader.line_num + 1
+    except csv.Error as exc:
+        raise InputError(path, f"malformed CSV: {exc}", reader.line_num) from None
+
+
+def _cell_missing(cell: str) -> bool:
+    return cell.strip().lower() in {"", "nan"}
+
+
+def read_jw_sst_csv(path: str | Path) -> dict[str, list[Example]]:
+    """Jain & Wallace's ``sst_dataset.csv`` (``text,label,exp_split``) split by ``exp_split``.
+
+    The text is already lower-cased and tokenised, so it is split on whitespace only.
+    """
+    splits: dict[str, list[Example]] = {"train": [], "dev": [], "test": []}
+    rows = _csv_rows(path, ",", quoting=True)
+    first = next(rows, None)
+    if first is None or [c.strip() for c in first[1]] != ["text", "label", "exp_split"]:
+        raise InputError(path, "expected the header text,label,exp_split", 1)
+    for number, row in rows:
+        if len(row) != 3:
+            raise InputError(path, f"expected 3 columns, found {len(row)}", number)
+        text, label, split = (c.strip() for c in row)
+        if label not in {"0", "1"}:
+            raise InputError(path, f"label {label!r} is not 0 or 1", number)
+        if split not in splits:
+            raise InputError(path, f"exp_split {split!r} is not train, dev or test", number)
+        tokens = text.split()
+        if not tokens:
+            raise InputError(path, "empty text", number)
+        name = "negative" if label == "0" else "positive"
+        splits[split].append(Example(tokens=tokens, label=name, meta=_source(path, number)))
+    return splits
+
+
+def _column_index(
+    path: str | Path, col: str | int, header: list[str] | None, what: str
+) -> int:
+    if isinstance(col, int):
+        return col
+    if header is None:
+        raise AttnAuditError(f"{path}: {what} column {col!r} given by name but the file has no header")
+    names = [h.strip() for h in header]
+    if col not in names:
+        raise InputError(path, f"no {what} column {col!r}; columns: {', '.join(names)}", 1)
+    return names.index(col)
+
+
+def read_table(
+    path: str | Path,
+    sep: str = ",",
+    text_col: str | int = "text",
+    label_col: str | int = "label",
+    header: bool = True,
+    query_col: str | int | None = None,
+) -> list[Example]:
+    """A CSV/TSV file with a text column, a label column and optionally a query column.
+
+    Columns are chosen by header name or 0-based index. Text is tokenised with
+    :func:`tokenize`. With ``sep="\\t"`` quotes are ordinary characters (the TSV
+    convention, e.g. GLUE); otherwise the CSV quoting rules apply.
+    """
+    rows = _csv_rows(path, sep, quoting=sep != "\t")
+    head: list[str] | None = None
+    if header:
+        first = next(rows, None)
+        if first is None:
+            raise InputError(path, "empty file")
+        head = first[1]
+    cols = {
+        "text": _column_index(path, text_col, head, "text"),
+        "label": _column_index(path, label_col, head, "label"),
+    }
+    if query_col is not None:
+        cols["query"] = _column_index(path, query_col, head, "query")
+    width = len(head) if head is not None else None
+    examples: list[Example] = []
+    for number, row in rows:
+        if width is None:
+            width = len(row)
+        if len(row) != width:
+            raise InputError(path, f"expected {width} columns, found {len(row)}", number)
+        values: dict[str, str] = {}
+        for what, index in cols.items():
+            if not -width <= index < width:
+                raise InputError(path, f"no column {index} ({width} columns)", number)
+            if _cell_missing(row[index]):
+                raise InputError(path, f"empty {what} cell", number)
+            values[what] = row[index].strip()
+        tokens = tokenize(values["text"])
+        if not tokens:
+            raise InputError(path, "text has no words", number)
+        query = tokenize(values["query"]) if "query" in values else None
+        examples.append(
+            Example(tokens=tokens, label=values["label"], query=query, meta=_source(path, number))
+        )
+    if not examples:
+        raise InputError(path, "no data rows")
+    return examples
+
+
+def _clean_ag_news(text: str) -> str:
+    """Undo the AG News dump's escapes: ``\\`` stands for a line break, ``#36;`` for ``&#36;``."""
+    text = text.replace("\\", " ")
+    return re.sub(r"#(\d+);", lambda m: chr(int(m.group(1))), text)
+
+
+def read_ag_news(path: str | Path, classes: list[str] | None = None) -> list[Example]:
+    """AG News CSV rows ``"class","title","description"`` (class 1-based, no header).
+
+    The text is title and description tokenised together; ``classes`` (the lines of
+    ``classes.txt``) name the labels, otherwise the class number is the label.
+    """
+    examples: list[Example] = []
+    for number, row in _csv_rows(path, ",", quoting=True):
+        if len(row) != 3:
+            raise InputError(
+                path, f"expected 3 columns (class, title, description), found {len(row)}", number
+            )
+        cls, title, description = (c.strip() for c in row)
+        if not cls.isdigit() or (classes is not None and not 1 <= int(cls) <= len(classes)):
+            known = f"1-{len(classes)}" if classes is not None else "a number"
+            raise InputError(path, f"class {cls!r} is not {known}", number)
+        tokens = tokenize(_clean_ag_news(f"{title} {description}"))
+        if not tokens:
+            raise InputError(path, "empty title and description", number)
+        label = classes[int(cls) - 1] if classes is not None else cls
+        examples.append(Example(tokens=tokens, label=label, meta=_source(path, number)))
+    return examples
+
+
+def _json_text(value: Any, path: str | Path, number: int, key: str) -> list[str]:
+    """A JSON field as tokens: a string is tokenised, a list of strings taken as tokens."""
+    if isinstance(value, str):
+        tokens = tokenize(value)
+    elif isinstance(value, list) and all(isinstance(v, str) for v in value):
+        tokens = list(value)
+    else:
+        raise InputError(path, f"{key!r} must be a string or a list of strings", number)
+    if not tokens:
+        raise InputError(path, f"empty {key!r}", number)
+    return tokens
+
+
+def read_jsonl(
+    path: str | Path, text_key: str = "text", label_key: str = "label", query_key: str | None = None
+) -> list[Example]:
+    """JSON Lines: one object per line; text may be a string or a list of tokens."""
+    examples: list[Example] = []
+    for number, line in enumerate(read_text_lines(path), start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise InputError(path, f"invalid JSON: {exc.msg}", number) from None
+        if not isinstance(obj, dict):
+            raise InputError(path, "expected a JSON object", number)
+        for key in (text_key, label_key, query_key):
+            if key is not None and key not in obj:
+                raise InputError(path, f"missing key {key!r}", number)
+        label = obj[label_key]
+        if label is None or isinstance(label, (dict, list)) or str(label).strip() == "":
+            raise InputError(path, f"{label_key!r} must be a string or a number", number)
+        examples.append(
+            Example(
+                tokens=_json_text(obj[text_key], path, number, text_key),
+                label=str(label).strip(),
+                query=None if query_key is None else _json_text(obj[query_key], path, number, query_key),
+                meta=_source(path, number),
+            )
+        )
+    return examples
+
+
+def read_plain_per_label(files: dict[str, Path]) -> list[Example]:
+    """One plain-text file per label (e.g. ``{"pos": rt-polarity.pos, ...}``), one example a line."""
+    examples: list[Example] = []
+    for label, path in files.items():
+        for number, line in enumerate(read_text_lines(path), start=1):
+            tokens = tokenize(line)
+            if tokens:
+                examples.append(Example(tokens=tokens, label=label, meta=_source(path, number)))
+    return examples
+
+
+def read_snli(directory: str | Path, split: str) -> list[Example]:
+    """SNLI as line-aligned ``s1.<split>`` (premise), ``s2.<split>`` (hypothesis), ``labels.<split>``."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise InputError(directory, "directory not found")
+    premises, hypotheses, labels = (
+        read_text_lines(directory / f"{stem}.{split}") for stem in ("s1", "s2", "labels")
+    )
+    # Trailing blank lines are harmless; any other count mismatch means the files drifted.
+    premises, hypotheses, labels = (_trim(lines) for lines in (premises, hypotheses, labels))
+    if not len(premises) == len(hypotheses) == len(labels):
+        raise InputError(
+            directory,
+            f"s1.{split}, s2.{split} and labels.{split} are not line-aligned "
+            f"({len(premises)}, {len(hypotheses)} and {len(labels)} lines)",
+        )
+    label_file = directory / f"labels.{split}"
+    examples: list[Example] = []
+    for number, (premise, hypothesis, label) in enumerate(
+        zip(premises, hypotheses, labels), start=1
+    ):
+        tokens, query = tokenize(premise), tokenize(hypothesis)
+        if not tokens or not query or not label.strip():
+            raise InputError(label_file, "empty premise, hypothesis or label", number)
+        examples.append(
+            Example(tokens=tokens, label=label.strip(), query=query, meta=_source(label_file, number))
+        )
+    return examples
+
+
+def _trim(lines: list[str]) -> list[str]:
+    """``lines`` without trailing blank lines."""
+    end = len(lines)
+    while end and not lines[end - 1].strip():
+        end -= 1
+    return lines[:end]
+
+
+def read_babi(path: str | Path) -> list[Example]:
+    """bAbI QA tasks in the original numbered format; one example per question.
+
+    ``tokens`` are the story sentences so far (tokenised, concatenated), ``sentences`` the
+    same split by sentence, ``query`` the question, ``label`` the answer and ``rationale``
+    the token positions of the supporting facts (``meta["supporting"]`` their sentence
+    indices). Question lines take a line number but add no sentence, as in the format.
+    """
+    examples: list[Example] = []
+    story: list[list[str]] = []
+    line_to_sentence: dict[int, int] = {}
+    for number, line in enumerate(read_text_lines(path), start=1):
+        if not line.strip():
+            continue
+        match = re.match(r"\s*(\d+)\s+(.*)$", line)
+        if match is None:
+            raise InputError(path, "expected a line starting with its number", number)
+        index, text = int(match.group(1)), match.group(2)
+        if index == 1:
+            story, line_to_sentence = [], {}
+        if "\t" not in text:
+            tokens = tokenize(text)
+            if not tokens:
+                raise InputError(path, "empty story sentence", number)
+            line_to_sentence[index] = len(story)
+            story.append(tokens)
+            continue
+        fields = [f.strip() for f in text.split("\t")]
+        if len(fields) < 3 or not fields[0] or not fields[1]:
+            raise InputError(path, "expected 'question<TAB>answer<TAB>supporting ids'", number)
+        try:
+            supporting = [line_to_sentence[int(i)] for i in fields[2].split()]
+        except (ValueError, KeyError):
+            raise InputError(
+                path, f"supporting ids {fields[2]!r} do not name earlier story lines", number
+            ) from None
+        if not story:
+            raise InputError(path, "question before any story sentence", number)
+        offsets = [0]
+        for sentence in story:
+            offsets.append(offsets[-1] + len(sentence))
+        rationale = sorted(t for s in set(supporting) for t in range(offsets[s], offsets[s + 1]))
+        examples.append(
+            Example(
+                tokens=[t for sentence in story for t in sentence],
+                label=fields[1],
+                query=tokenize(fields[0]),
+                sentences=[list(s) for s in story],
+                rationale=rationale,
+                meta=_source(path, number) | {"supporting": supporting},
+            )
+        )
+    return examples
+
+
+def _hf_name(name: str) -> tuple[str, str | None]:
+    """``glue/sst2`` → ("glue", "sst2"); ``owner/data/config`` → ("owner/data", "config");
+    ``owner/data/`` → ("owner/data", None); ``imdb`` → ("imdb", None)."""
+    parts = name.split("/")
+    if len(parts) == 1:
+        return name, None
+    if len(parts) == 2:
+        return parts[0], parts[1] or None
+    return "/".join(parts[:-1]), parts[-1] or None
+
+
+_HF_TEXT_KEYS = ("sentence", "text", "premise", "sentence1", "question1", "content", "review")
+_HF_QUERY_KEYS = {"premise": "hypothesis", "sentence1": "sentence2", "question1": "question2"}
+
+
+def read_hf(
+    name: str,
+    split: str,
+    text_key: str | None = None,
+    label_key: str | None = None,
+    query_key: str | None = None,
+) -> list[Example]:
+    """A Hugging Face dataset split via ``datasets.load_dataset`` (``name`` as in :func:`_hf_name`).
+
+    Without keys, the text column is the first of ``sentence``, ``text``, ``premise``,
+    ``sentence1``...; pair datasets (premise/hypothesis, sentence1/sentence2) get a query.
+    Integer labels become the ``ClassLabel`` names when the dataset has them. Rows labelled
+    -1 (the hidden GLUE test labels) are dropped with a warning.
+    """
+    try:
+        import datasets
+    except ImportError as exc:  # pragma: no cover - datasets is a pinned dependency
+        raise AttnAuditError(f"could not load hf:{name}: {exc}") from None
+    path, config = _hf_name(name)
+    try:
+        data = datasets.load_dataset(path, config, split=split)
+    except Exception as exc:  # network, hub and format errors all mean "cannot load"
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise AttnAuditError(f"could not load hf:{name} split {split!r}: {first}") from None
+    columns = list(data.column_names)
+    text_key = text_key or next((k for k in _HF_TEXT_KEYS if k in columns), None)
+    label_key = label_key or ("label" if "label" in columns else None)
+    if text_key is None or label_key is None or text_key not in columns or label_key not in columns:
+        raise AttnAuditError(
+            f"hf:{name}: cannot find the text/label columns among {', '.join(columns)}; "
+            "name them explicitly"
+        )
+    if query_key is None and _HF_QUERY_KEYS.get(text_key) in columns:
+        query_key = _HF_QUERY_KEYS[text_key]
+    feature = data.features[label_key]
+    names = getattr(feature, "names", None)
+    source = f"hf:{name}[{split}]"
+    examples: list[Example] = []
+    dropped = 0
+    for row_number, row in enumerate(data, start=1):
+        label = row[label_key]
+        if label is None or (isinstance(label, int) and label < 0):
+            dropped += 1
+            continue
+        if names is not None and isinstance(label, int):
+            label = names[label]
+        tokens = tokenize(str(row[text_key]))
+        if not tokens:
+            raise InputError(source, f"empty {text_key!r}", row_number)
+        query = None if query_key is None else tokenize(str(row[query_key]))
+        examples.append(
+            Example(tokens=tokens, label=str(label), query=query, meta=_source(source, row_number))
+        )
+    if dropped:
+        warn(f"hf:{name} split {split!r}: dropped {dropped} unlabelled rows")
+    return examples

@@ -1,0 +1,91 @@
+"""Examples, datasets and batches shared by readers, models and experiments."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+
+TaskType = Literal["classification", "pair", "tagging", "seq2seq"]
+
+
+@dataclass
+class Example:
+    """One instance. ``tokens`` is the text (for HAN, ``sentences`` splits it).
+
+    ``label`` is the class name (classification / pair / QA); ``tags`` the per-token
+    labels (tagging); ``query`` the second sentence or question (pair / QA);
+    ``rationale`` the indices of tokens known to matter (synthetic tasks, SST phrases);
+    ``target`` the target-side tokens (seq2seq); ``meta`` anything else (source line...).
+    """
+
+    tokens: list[str]
+    label: str | None = None
+    tags: list[str] | None = None
+    query: list[str] | None = None
+    sentences: list[list[str]] | None = None
+    rationale: list[int] | None = None
+    target: list[str] | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class TaskData:
+    """A task's splits plus what models need to know about it."""
+
+    name: str
+    task_type: TaskType
+    train: list[Example]
+    dev: list[Example]
+    test: list[Example]
+    labels: list[str]
+    notes: list[str] = field(default_factory=list)
+
+    def split(self, name: str) -> list[Example]:
+        from attnaudit.errors import AttnAuditError
+
+        if name not in ("train", "dev", "test"):
+            raise AttnAuditError(f"unknown split {name!r}; choose train, dev or test")
+        return getattr(self, name)
+
+
+@dataclass
+class Batch:
+    """Padded tensors for a list of examples.
+
+    ``tokens`` (B,T) ids — for HAN (B,S,W); ``mask`` same shape, True at real tokens;
+    ``labels`` (B,) or (B,T) with -100 at padding; ``features`` (B,T) ids of an optional
+    per-token feature (POS tags for CoNLL); ``query``/``query_mask`` (B,Q) for the
+    pair/QA models; ``target``/``target_mask`` for seq2seq; ``examples`` the originals.
+    """
+
+    tokens: Tensor
+    mask: Tensor
+    labels: Tensor | None = None
+    features: Tensor | None = None
+    query: Tensor | None = None
+    query_mask: Tensor | None = None
+    target: Tensor | None = None
+    target_mask: Tensor | None = None
+    examples: list[Example] = field(default_factory=list)
+
+    def to(self, device: torch.device | str) -> Batch:
+        def move(t: Tensor | None) -> Tensor | None:
+            return None if t is None else t.to(device)
+
+        return Batch(
+            tokens=self.tokens.to(device),
+            mask=self.mask.to(device),
+            labels=move(self.labels),
+            features=move(self.features),
+            query=move(self.query),
+            query_mask=move(self.query_mask),
+            target=move(self.target),
+            target_mask=move(self.target_mask),
+            examples=self.examples,
+        )
+
+    def __len__(self) -> int:
+        return self.tokens.shape[0]

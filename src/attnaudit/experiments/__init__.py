@@ -1,0 +1,5 @@
+"""Faithfulness tests: one module per test, registered by name (see ``base``)."""
+
+from attnaudit.experiments.base import EXPERIMENTS, Experiment, Result, discover, get_experiment, register, run_test
+
+__all__ = ["EXPERIMENTS", "Experiment", "Result", "discover", "get_experiment", "register", "run_test"]

@@ -1,0 +1,270 @@
+"""Change of activation: evaluate a trained Transformer with another attention normaliser.
+
+The first test of the sparse-attention study (Meister et al. 2021 style, Table 1 "change
+of activation"): a classifier trained with softmax, entmax15 or sparsemax is evaluated
+with every normaliser swapped in at inference, on all layers at once. If accuracy barely
+moves, the exact shape of the distribution (dense vs sparse) is not what the model relies
+on. This module also holds the helpers the shuffle and key tests share (applicability,
+per-instance correctness, attention heatmaps).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from attnaudit.data.types import Batch, Example
+from attnaudit.errors import AttnAuditError
+from attnaudit.experiments.base import Experiment, Result, register, save_figure, summarise
+from attnaudit.metrics import jsd
+from attnaudit.models.attention import check_normaliser
+from attnaudit.models.base import AttentionTrace, Intervention
+from attnaudit.progress import track
+from attnaudit.run import Run
+
+NORMALISERS = ["softmax", "entmax15", "sparsemax"]
+ATTENTION_TABLE = "attention_examples"
+
+
+def transformer_classifier_reason(run: Run) -> str | None:
+    """Why the sparse-attention tests do not apply (None for a Transformer classifier)."""
+    if run.family != "transformer":
+        return (
+            "the sparse-attention tests (activation swap, shuffling, key adversaries) are defined on the "
+            f"self-attention of the attnaudit Transformer classifier; this run is a {run.family!r} model"
+        )
+    if run.task.task_type != "classification":
+        return (
+            "the sparse-attention tests score single-sentence classification accuracy; "
+            f"this Transformer was trained for task type {run.task.task_type!r}"
+        )
+    return None
+
+
+def batch_labels(batch: Batch) -> Tensor:
+    """Gold label ids of a classification batch (the tests need labelled data)."""
+    if batch.labels is None:
+        raise AttnAuditError("this test needs labelled examples; the split has no labels")
+    return batch.labels
+
+
+def query_mean(values: Tensor, query_mask: Tensor) -> Tensor:
+    """Mean of ``(B,H,Q)`` values over heads and real queries, per instance ``(B,)``."""
+    m = query_mask[:, None, :].to(values.dtype).expand_as(values)
+    return (values * m).sum((1, 2)) / m.sum((1, 2)).clamp_min(1.0)
+
+
+def layer_jsd(original: AttentionTrace, changed: AttentionTrace) -> list[Tensor]:
+    """Per layer, the JSD between two traces' attention, mean over heads and real queries ``(B,)``."""
+    out = []
+    for a, b in zip(original.layers, changed.layers):
+        qmask = a.query_mask if a.query_mask is not None else a.mask
+        out.append(query_mean(jsd(a.weights, b.weights), qmask))
+    return out
+
+
+def zero_fraction(trace: AttentionTrace) -> Tensor:
+    """Per instance, the fraction of exactly-zero weights among real (query, key) pairs, all layers."""
+    first = trace.layers[0].weights
+    zeros = torch.zeros(first.shape[0], dtype=torch.float64, device=first.device)
+    count = torch.zeros_like(zeros)
+    for layer in trace.layers:
+        qmask = layer.query_mask if layer.query_mask is not None else layer.mask
+        pairs = (qmask[:, None, :, None] & layer.mask[:, None, None, :]).expand_as(layer.weights)
+        zeros += ((layer.weights == 0) & pairs).sum((1, 2, 3))
+        count += pairs.sum((1, 2, 3))
+    return zeros / count.clamp_min(1.0)
+
+
+def attention_rows(batch: Batch, trace: AttentionTrace, setting: str, show: int, offset: int) -> list[dict[str, Any]]:
+    """Head-mean attention of the last layer for the first ``show`` instances of the split.
+
+    ``offset`` is the index of ``batch``'s first instance in the split; rows hold the real
+    tokens and the ``(n, n)`` matrix, so plots can be drawn from a saved result alone.
+    """
+    rows = []
+    weights = trace.layers[-1].weights.mean(1)
+    for i, example in enumerate(batch.examples):
+        index = offset + i
+        if index >= show:
+            break
+        n = int(batch.mask[i].sum())
+        rows.append(
+            {
+                "index": index,
+                "setting": setting,
+                "tokens": list(example.tokens[:n]),
+                "weights": weights[i, :n, :n].tolist(),
+            }
+        )
+    return rows
+
+
+def plot_attention_rows(rows: Sequence[Mapping[str, Any]], directory: Path, stem: str, title: str) -> list[Path]:
+    """A grid of last-layer attention heatmaps: one row per setting, one column per sentence."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if not rows:
+        return []
+    settings = list(dict.fromkeys(r["setting"] for r in rows))
+    indices = sorted({int(r["index"]) for r in rows})
+    by_key = {(r["setting"], int(r["index"])): r for r in rows}
+    # One colour scale for the whole figure so that settings can be compared by eye.
+    vmax = max(max(max(q) for q in r["weights"]) for r in rows) or 1.0
+    fig, axes = plt.subplots(
+        len(settings),
+        len(indices),
+        figsize=(3.0 * len(indices), 2.8 * len(settings)),
+        squeeze=False,
+        layout="constrained",
+    )
+    for r, setting in enumerate(settings):
+        for c, index in enumerate(indices):
+            ax = axes[r][c]
+            row = by_key.get((setting, index))
+            if row is None:
+                ax.axis("off")
+                continue
+            image = ax.imshow(row["weights"], vmin=0.0, vmax=vmax, cmap="viridis")
+            # Tick labels only under the bottom row (a column is one sentence): drawing
+            # hundreds of tick labels dominates the plotting time.
+            ax.set_yticks([])
+            if r == len(settings) - 1:
+                tokens = row["tokens"]
+                ticks = list(range(0, len(tokens), max(1, -(-len(tokens) // 20))))
+                ax.set_xticks(ticks, [tokens[t] for t in ticks], rotation=90, fontsize=6)
+            else:
+                ax.set_xticks([])
+            if c == 0:
+                ax.set_ylabel(setting, fontsize=9)
+            if r == 0:
+                ax.set_title(f"sentence {index}", fontsize=9)
+    fig.colorbar(image, ax=axes, shrink=0.6)
+    fig.suptitle(title + " (last layer, mean over heads; rows = queries, columns = keys)", fontsize=10)
+    return save_figure(fig, directory, stem)
+
+
+@register
+class ActivationSwap(Experiment):
+    name = "activation-swap"
+    description = "Accuracy of a Transformer classifier evaluated with softmax / entmax15 / sparsemax swapped in"
+    paper = "Meister et al. 2021, Is Sparse Attention more Interpretable? (Table 1: change of activation)"
+
+    @dataclass
+    class Options:
+        normalisers: list[str] = field(
+            default_factory=lambda: list(NORMALISERS),
+            metadata={"help": "Normalisers to evaluate with (softmax, entmax15, sparsemax, entmax:<alpha>)."},
+        )
+        batch_size: int = field(default=64, metadata={"help": "Instances per forward pass."})
+        show: int = field(default=3, metadata={"help": "Sentences shown in the attention heatmap."})
+
+    def applies(self, run: Run) -> str | None:
+        return transformer_classifier_reason(run)
+
+    def run(self, run: Run, examples: list[Example], options: Any, seed: int = 0) -> Result:
+        names = [check_normaliser(n) for n in options.normalisers]
+        trained = run.config.attention
+        model = run.model
+        model.eval()
+        correct: dict[str, list[Tensor]] = {"original": [], **{n: [] for n in names}}
+        divergence: dict[str, list[list[Tensor]]] = {n: [] for n in names}
+        sparsity: dict[str, list[Tensor]] = {"original": [], **{n: [] for n in names}}
+        heatmaps: list[dict[str, Any]] = []
+        offset = 0
+        batches = track(run.batches(examples, options.batch_size), "activation swap", total=-(-len(examples) // options.batch_size))
+        with torch.no_grad():
+            for batch in batches:
+                gold = batch_labels(batch)
+                cache = model.encode(batch)
+                base = model.decode(cache)
+                correct["original"].append(base.logits.argmax(-1) == gold)
+                sparsity["original"].append(zero_fraction(base.trace))
+                heatmaps += attention_rows(batch, base.trace, f"trained ({trained})", options.show, offset)
+                for name in names:
+                    out = model.decode(cache, [Intervention(normaliser=name)])
+                    correct[name].append(out.logits.argmax(-1) == gold)
+                    divergence[name].append(layer_jsd(base.trace, out.trace))
+                    sparsity[name].append(zero_fraction(out.trace))
+                    heatmaps += attention_rows(batch, out.trace, f"-> {name}", options.show, offset)
+                offset += len(batch)
+
+        flat = {k: torch.cat(v).float() for k, v in correct.items()}
+        zeros = {k: torch.cat(v) for k, v in sparsity.items()}
+        n_layers = model.num_attention_layers
+        per_layer = {
+            n: [torch.cat([b[layer] for b in divergence[n]]) for layer in range(n_layers)] for n in names
+        }
+        original = float(flat["original"].mean())
+        rows = []
+        for name in names:
+            acc = float(flat[name].mean())
+            row: dict[str, Any] = {
+                "normaliser": name,
+                "trained": name == trained,
+                "accuracy": acc,
+                "drop": original - acc,
+                "zero_fraction": float(zeros[name].mean()),
+            }
+            for layer in range(n_layers):
+                row[f"jsd_layer{layer}"] = float(per_layer[name][layer].mean())
+            rows.append(row)
+        swapped = [r["accuracy"] for r in rows if not r["trained"]]
+        summary: dict[str, Any] = {
+            "trained_normaliser": trained,
+            "accuracy_original": original,
+            "zero_fraction_original": float(zeros["original"].mean()),
+            **{f"accuracy_{r['normaliser']}": r["accuracy"] for r in rows},
+            "accuracy_swap_mean": summarise(swapped)["mean"],
+        }
+        instances = []
+        for i, example in enumerate(examples):
+            item: dict[str, Any] = {"index": i, "label": example.label, "original_correct": int(flat["original"][i])}
+            for name in names:
+                item[f"correct_{name}"] = int(flat[name][i])
+                item[f"jsd_{name}"] = float(torch.stack([per_layer[name][k][i] for k in range(n_layers)]).mean())
+            instances.append(item)
+        notes = [
+            "the normaliser is swapped on every layer at once at inference; no retraining",
+            "jsd_layer<l>: JSD (nats) between the trained and swapped attention of layer l, "
+            "mean over heads and real queries; zero_fraction: share of exactly-zero weights over real pairs",
+            "accuracy_swap_mean: mean accuracy over the normalisers other than the trained one",
+        ]
+        return Result(
+            test=self.name,
+            summary=summary,
+            instances=instances,
+            tables={"normalisers": rows, ATTENTION_TABLE: heatmaps},
+            meta={"notes": notes, "published": {}},
+        )
+
+    def plot(self, result: Result, directory: Path) -> list[Path]:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        rows = result.tables.get("normalisers", [])
+        paths: list[Path] = []
+        if rows:
+            fig, ax = plt.subplots(figsize=(4.5, 3.2))
+            names = [r["normaliser"] for r in rows]
+            ax.bar(names, [r["accuracy"] for r in rows], color=["C1" if r["trained"] else "C0" for r in rows])
+            ax.axhline(result.summary["accuracy_original"], color="k", ls="--", lw=1, label="trained")
+            ax.set_ylabel("accuracy")
+            ax.set_ylim(0, 1)
+            ax.set_title(f"evaluated with another normaliser (trained: {result.summary['trained_normaliser']})", fontsize=9)
+            ax.legend(fontsize=8)
+            paths += save_figure(fig, directory, "activation-swap")
+        paths += plot_attention_rows(
+            result.tables.get(ATTENTION_TABLE, []), directory, "activation-swap-attention", "attention per normaliser"
+        )
+        return paths

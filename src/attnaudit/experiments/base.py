@@ -1,0 +1,240 @@
+"""One signature, one result type for every faithfulness test.
+
+An experiment is a class registered with :func:`register` that declares
+
+* ``name`` / ``description`` / ``paper`` — shown by ``attnaudit tests``;
+* ``Options`` — a dataclass of its own options (defaults + ``metadata={"help": ...}``);
+  the CLI builds ``attnaudit run <name>`` from it, so CLI and API cannot drift apart;
+* ``applies(run) -> str | None`` — why the test does not apply to this model, or None;
+* ``run(run, examples, options, seed) -> Result`` and ``plot(result, directory) -> [paths]``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pandas as pd
+
+from attnaudit.data.types import Example
+from attnaudit.errors import AttnAuditError, InputError
+from attnaudit.io import atomic_write, atomic_write_json, read_json
+from attnaudit.run import Run
+
+
+@dataclass
+class Result:
+    """What a test measured: headline ``summary``, per-``instances`` rows, named ``tables``.
+
+    Saved as ``results/<test>.json`` (everything) plus ``results/<test>.csv`` (instances),
+    both loadable into pandas; ``meta`` records run, split, options, seed, timing, notes and
+    the published figures to compare against.
+    """
+
+    test: str
+    summary: dict[str, Any] = field(default_factory=dict)
+    instances: list[dict[str, Any]] = field(default_factory=list)
+    tables: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
+    figures: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def save(self, directory: str | Path) -> Path:
+        """Write ``<test>.json`` and ``<test>.csv`` atomically into ``directory``."""
+        directory = Path(directory)
+        if self.instances:
+            frame = pd.DataFrame(self.instances)
+            atomic_write(directory / f"{self.test}.csv", lambda tmp: frame.to_csv(tmp, index=False))
+        return atomic_write_json(directory / f"{self.test}.json", self.to_dict())
+
+    @classmethod
+    def load(cls, path: str | Path) -> Result:
+        data = read_json(path)
+        try:
+            return cls(**data)
+        except TypeError:
+            raise InputError(path, "not an attnaudit result file") from None
+
+    def frame(self, table: str | None = None) -> pd.DataFrame:
+        """Instances (default) or a named table as a DataFrame."""
+        if table is None:
+            return pd.DataFrame(self.instances)
+        if table not in self.tables:
+            raise AttnAuditError(f"result {self.test!r} has no table {table!r}; it has {sorted(self.tables)}")
+        return pd.DataFrame(self.tables[table])
+
+
+class Experiment:
+    """Base class of a registered faithfulness test (see the module docstring)."""
+
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    paper: ClassVar[str] = ""
+
+    @dataclass
+    class Options:
+        pass
+
+    def applies(self, run: Run) -> str | None:
+        """Why this test does not apply to ``run`` (None when it does)."""
+        return None
+
+    def run(self, run: Run, examples: list[Example], options: Any, seed: int = 0) -> Result:
+        raise NotImplementedError
+
+    def plot(self, result: Result, directory: Path) -> list[Path]:
+        """Figures for ``result`` (PNG + SVG) written into ``directory``; default none."""
+        return []
+
+    def verdict(self, result: Result) -> list[dict[str, Any]]:
+        """Rows ``{statistic, value, published, interpretation}`` for the audit's verdict table.
+
+        The default lists the summary items, each beside the published figure of the same
+        name when ``meta["published"]`` has one, without an interpretation; tests override
+        it to say what their numbers mean for faithfulness.
+        """
+        published = result.meta.get("published")
+        published = published if isinstance(published, dict) else {}
+        rows = []
+        for key, value in result.summary.items():
+            paper = published.get(key)
+            rows.append(
+                {
+                    "statistic": key,
+                    "value": value,
+                    "published": paper if isinstance(paper, (int, float, str)) else "",
+                    "interpretation": "",
+                }
+            )
+        return rows
+
+
+EXPERIMENTS: dict[str, type[Experiment]] = {}
+
+
+def register(cls: type[Experiment]) -> type[Experiment]:
+    """Class decorator adding an experiment to the registry under ``cls.name``."""
+    if not cls.name:
+        raise ValueError(f"{cls.__name__} has no name")
+    EXPERIMENTS[cls.name] = cls
+    return cls
+
+
+def discover() -> dict[str, type[Experiment]]:
+    """Import every module of ``attnaudit.experiments`` so each registers itself."""
+    import importlib
+    import pkgutil
+
+    import attnaudit.experiments as package
+
+    for info in pkgutil.iter_modules(package.__path__):
+        if not info.name.startswith("_") and info.name != "base":
+            importlib.import_module(f"attnaudit.experiments.{info.name}")
+    return dict(sorted(EXPERIMENTS.items()))
+
+
+def get_experiment(name: str) -> Experiment:
+    registry = discover()
+    if name not in registry:
+        raise AttnAuditError(f"unknown test {name!r}; available: {', '.join(registry)}")
+    return registry[name]()
+
+
+def make_options(experiment: Experiment, values: dict[str, Any]) -> Any:
+    """Build the experiment's Options dataclass, rejecting unknown names."""
+    known = {f.name for f in fields(experiment.Options)}
+    unknown = set(values) - known
+    if unknown:
+        raise AttnAuditError(
+            f"test {experiment.name!r} has no option(s) {', '.join(sorted(unknown))}; it takes {', '.join(sorted(known)) or 'none'}"
+        )
+    return experiment.Options(**values)
+
+
+def run_test(
+    name: str,
+    run: Run | str | Path,
+    *,
+    split: str = "test",
+    limit: int | None = None,
+    seed: int = 0,
+    out: str | Path | None = None,
+    data_dir: str | Path | None = None,
+    device: str = "auto",
+    plot: bool = True,
+    **options: Any,
+) -> Result:
+    """Run test ``name`` on a run (object or directory) and save JSON, CSV and figures.
+
+    Results go to ``out`` (default ``RUN/results``). Raises a one-line error when the test
+    does not apply to the model family.
+    """
+    from attnaudit.run import load_run
+    from attnaudit.seed import set_seed
+
+    experiment = get_experiment(name)
+    opts = make_options(experiment, options)
+    if not isinstance(run, Run):
+        run = load_run(run, device=device, data_dir=data_dir)
+    reason = experiment.applies(run)
+    if reason:
+        raise AttnAuditError(f"test {name!r} does not apply to this {run.family} model: {reason}")
+    examples = run.examples(split, limit, data_dir=data_dir)
+    if not examples:
+        raise AttnAuditError(f"split {split!r} has no examples")
+    set_seed(seed)
+    start = time.perf_counter()
+    result = experiment.run(run, examples, opts, seed=seed)
+    result.meta.update(
+        {
+            "run": str(run.path) if run.path else None,
+            "model": run.family,
+            "task": run.task.spec,
+            "split": split,
+            "limit": limit,
+            "n": len(examples),
+            "seed": seed,
+            "options": asdict(opts) if is_dataclass(opts) else {},
+            "seconds": round(time.perf_counter() - start, 3),
+        }
+    )
+    directory = Path(out) if out else (Path(run.path) / "results" if run.path else Path("results"))
+    if plot:
+        result.figures = [str(p) for p in experiment.plot(result, directory)]
+    result.save(directory)
+    return result
+
+
+def save_figure(fig: Any, directory: Path, stem: str) -> list[Path]:
+    """Save a matplotlib figure as PNG and SVG (atomically) and close it."""
+    import matplotlib.pyplot as plt
+
+    paths = []
+    for ext in ("png", "svg"):
+        path = Path(directory) / f"{stem}.{ext}"
+        atomic_write(path, lambda tmp, ext=ext: fig.savefig(tmp, format=ext, dpi=130, bbox_inches="tight"))
+        paths.append(path)
+    plt.close(fig)
+    return paths
+
+
+def summarise(values: list[float]) -> dict[str, float]:
+    """mean, std, median, n over the finite values (NaNs are counted, not averaged)."""
+    import numpy as np
+
+    arr = np.asarray(values, dtype=float)
+    finite = arr[np.isfinite(arr)]
+    if finite.size == 0:
+        return {"mean": float("nan"), "std": float("nan"), "median": float("nan"), "n": 0, "n_nan": int(arr.size)}
+    return {
+        "mean": float(finite.mean()),
+        "std": float(finite.std()),
+        "median": float(np.median(finite)),
+        "n": int(finite.size),
+        "n_nan": int(arr.size - finite.size),
+    }
+

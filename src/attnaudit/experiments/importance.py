@@ -1,0 +1,313 @@
+"""Does attention rank the inputs like post-hoc importance does? (Jain & Wallace 2019, §4.1)
+
+Per instance, Kendall's τ-b over the real items (tokens; passage tokens for pair/QA;
+sentences for HAN) between the explained attention and each importance method (gradient,
+leave-one-out, optionally Integrated Gradients or the attention-gradient methods), plus
+gradient vs leave-one-out as the reference row: two post-hoc methods that should agree
+with each other more than either agrees with attention if attention is not an explanation.
+Transformers get the same τ for every layer and head. Jain & Wallace report weak
+attention/importance correlations on SST next to a strong gradient/LOO one.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from attnaudit.data.types import Example
+from attnaudit.errors import AttnAuditError
+from attnaudit.experiments.base import Experiment, Result, register, save_figure, summarise
+from attnaudit.metrics import kendall_tau, kendall_tau_topk
+from attnaudit.progress import track
+from attnaudit.run import Run
+
+SIGNIFICANCE = 0.05
+REFERENCE = ("gradient", "loo")
+PUBLISHED = {
+    "source": "Jain & Wallace (NAACL 2019), SST, BiLSTM encoder with additive (tanh) attention",
+    "attention_vs_gradient": {"mean": 0.351, "std": 0.211, "significant": 0.49},
+    "attention_vs_loo": {"mean": 0.291, "std": 0.191},
+    "gradient_vs_loo": {"mean": 0.656},
+}
+
+
+def pair_name(a: str, b: str) -> str:
+    """Column stem of a compared pair, e.g. ``attention_vs_gradient``."""
+    return f"{a}_vs_{b}"
+
+
+def _significant(pvalues: list[float]) -> float:
+    """Fraction of finite p-values at or below :data:`SIGNIFICANCE` (NaN when there are none)."""
+    finite = [p for p in pvalues if np.isfinite(p)]
+    return float(np.mean([p <= SIGNIFICANCE for p in finite])) if finite else float("nan")
+
+
+@register
+class ImportanceCorrelation(Experiment):
+    """Jain & Wallace's attention-vs-importance rank correlation test."""
+
+    name = "importance"
+    description = "Kendall τ between attention and gradient / leave-one-out / IG importance, per instance"
+    paper = "Jain & Wallace 2019"
+
+    @dataclass
+    class Options:
+        methods: list[str] = field(
+            default_factory=lambda: ["gradient", "loo"],
+            metadata={
+                "help": "Importance methods to compare with attention: gradient, loo, ig, attention_gradient, "
+                "gradient_x_attention. gradient and loo together add the gradient-vs-LOO reference row."
+            },
+        )
+        topk: int = field(default=5, metadata={"help": "k of the top-k τ variant (union of both methods' top k)."})
+        ig_steps: int = field(default=50, metadata={"help": "Integration steps for ig."})
+        batch_size: int = field(default=32, metadata={"help": "Instances per batch."})
+
+    def applies(self, run: Run) -> str | None:
+        if run.task.task_type not in ("classification", "pair"):
+            return (
+                f"a {run.task.task_type} model makes one decision per token, and the importance test ranks the "
+                "inputs behind one decision per instance (classification, pair/QA)"
+            )
+        return None
+
+    def run(self, run: Run, examples: list[Example], options: Any, seed: int = 0) -> Result:
+        from attnaudit.importance import IMPORTANCE, attention_importance, attention_per_head, item_mask
+
+        methods = list(dict.fromkeys(options.methods))
+        unknown = [m for m in methods if m not in IMPORTANCE or m == "attention"]
+        if unknown or not methods:
+            choices = ", ".join(m for m in IMPORTANCE if m != "attention")
+            raise AttnAuditError(f"--methods: unknown or missing method(s) {', '.join(unknown)}; choose from {choices}")
+        if options.topk < 1:
+            raise AttnAuditError(f"--topk must be at least 1, got {options.topk}")
+        if options.batch_size < 1:
+            raise AttnAuditError(f"--batch-size must be at least 1, got {options.batch_size}")
+        pairs = [("attention", m) for m in methods]
+        if all(m in methods for m in REFERENCE):
+            pairs.append(REFERENCE)
+        kwargs = {"ig": {"steps": options.ig_steps}}
+
+        instances: list[dict[str, Any]] = []
+        heads: dict[tuple[int, int | str, str], list[float]] = defaultdict(list)
+        head_p: dict[tuple[int, int | str, str], list[float]] = defaultdict(list)
+        excluded = 0
+        layers_heads = (0, 0)
+        offset = 0
+        total = -(-len(examples) // options.batch_size)
+        was_training = run.model.training
+        run.model.eval()
+        try:
+            for batch in track(run.batches(examples, options.batch_size), "importance", total=total):
+                mask = item_mask(run, batch)
+                scores = {"attention": attention_importance(run, batch)}
+                for method in methods:
+                    scores[method] = IMPORTANCE[method](run, batch, **kwargs.get(method, {}))
+                with torch.no_grad():
+                    pred = run.model(batch).logits.argmax(-1).tolist()
+                per_head = attention_per_head(run, batch)
+                layers_heads = (int(per_head.shape[1]), int(per_head.shape[2]))
+                many = per_head.shape[1] * per_head.shape[2] > 1
+                values = {k: v.detach().cpu().double() for k, v in scores.items()}
+                per_head = per_head.detach().cpu().double()
+                for b, example in enumerate(batch.examples):
+                    index = offset + b
+                    real = mask[b].cpu()
+                    n = int(real.sum())
+                    if n < 2:
+                        excluded += 1
+                        continue
+                    vec = {k: v[b][real].numpy() for k, v in values.items()}
+                    row: dict[str, Any] = {
+                        "index": index,
+                        "source": example.meta.get("source", ""),
+                        "length": n,
+                        "label": example.label,
+                        "pred": run.labels[pred[b]],
+                    }
+                    for a, m in pairs:
+                        name = pair_name(a, m)
+                        tau, p = kendall_tau(vec[a], vec[m])
+                        row[f"tau_{name}"], row[f"p_{name}"] = tau, p
+                        row[f"tau_topk_{name}"] = kendall_tau_topk(vec[a], vec[m], options.topk)[0]
+                    instances.append(row)
+                    if many:
+                        self._per_head(per_head[b][:, :, real].numpy(), vec, methods, heads, head_p)
+                offset += len(batch)
+        finally:
+            run.model.train(was_training)
+        return self._result(run, instances, pairs, methods, heads, head_p, layers_heads, excluded, options)
+
+    @staticmethod
+    def _per_head(
+        attention: np.ndarray,
+        vec: dict[str, np.ndarray],
+        methods: list[str],
+        heads: dict[tuple[int, int | str, str], list[float]],
+        head_p: dict[tuple[int, int | str, str], list[float]],
+    ) -> None:
+        """τ of every head (and the head mean) of every layer against each method, for one instance."""
+        for layer in range(attention.shape[0]):
+            candidates: list[tuple[int | str, np.ndarray]] = [(h, attention[layer, h]) for h in range(attention.shape[1])]
+            candidates.append(("mean", attention[layer].mean(0)))
+            for head, weights in candidates:
+                for method in methods:
+                    tau, p = kendall_tau(weights, vec[method])
+                    heads[(layer, head, method)].append(tau)
+                    head_p[(layer, head, method)].append(p)
+
+    @staticmethod
+    def _result(
+        run: Run,
+        instances: list[dict[str, Any]],
+        pairs: list[tuple[str, str]],
+        methods: list[str],
+        heads: dict[tuple[int, int | str, str], list[float]],
+        head_p: dict[tuple[int, int | str, str], list[float]],
+        layers_heads: tuple[int, int],
+        excluded: int,
+        options: Any,
+    ) -> Result:
+        summary: dict[str, Any] = {"n": len(instances), "excluded_short": excluded}
+        pair_rows, class_rows = [], []
+        for a, m in pairs:
+            name = pair_name(a, m)
+            taus = [r[f"tau_{name}"] for r in instances]
+            stats = summarise(taus)
+            top = summarise([r[f"tau_topk_{name}"] for r in instances])
+            significant = _significant([r[f"p_{name}"] for r in instances])
+            summary.update(
+                {
+                    f"tau_{name}_mean": stats["mean"],
+                    f"tau_{name}_std": stats["std"],
+                    f"tau_{name}_significant": significant,
+                    f"tau_topk_{name}_mean": top["mean"],
+                }
+            )
+            published = PUBLISHED.get(name, {})
+            pair_rows.append(
+                {
+                    "pair": name,
+                    **stats,
+                    "significant": significant,
+                    "topk_mean": top["mean"],
+                    "topk_std": top["std"],
+                    **{f"published_{k}": v for k, v in published.items()},  # type: ignore[union-attr]
+                }
+            )
+            for label in sorted({r["pred"] for r in instances}):
+                subset = [r for r in instances if r["pred"] == label]
+                class_stats = summarise([r[f"tau_{name}"] for r in subset])
+                class_rows.append(
+                    {
+                        "pair": name,
+                        "pred": label,
+                        **class_stats,
+                        "significant": _significant([r[f"p_{name}"] for r in subset]),
+                    }
+                )
+        tables: dict[str, list[dict[str, Any]]] = {"pairs": pair_rows, "by_predicted_class": class_rows}
+        if heads:
+            tables["heads"] = [
+                {
+                    "layer": layer,
+                    "head": head,
+                    "method": method,
+                    **summarise(taus),
+                    "significant": _significant(head_p[(layer, head, method)]),
+                }
+                for (layer, head, method), taus in heads.items()
+            ]
+            for method in methods:
+                for layer in range(layers_heads[0]):
+                    summary[f"tau_layer{layer}_headmean_vs_{method}_mean"] = summarise(heads[(layer, "mean", method)])[
+                        "mean"
+                    ]
+        notes = [
+            "τ is Kendall's τ-b (scipy.stats.kendalltau) over the real items of each instance; "
+            f"'significant' is the fraction of instances with p <= {SIGNIFICANCE}",
+            f"top-k τ: τ over the union of each method's top {options.topk} items (Jain & Wallace's variant)",
+            f"items: {_items(run)}; the explained attention is layer {run.model.explained_layer} "
+            "(mean over heads and real queries)",
+            "gradient: |Σ_d ∂ŷ/∂e·e| with every attention layer detached; ŷ = predicted-class probability",
+            "loo: output change (|Δŷ| binary, TVD multi-class) when the item is removed from the input",
+            f"excluded {excluded} instance(s) with fewer than 2 items (no ranking to compare)",
+            "instances where a method gives constant scores have τ = NaN; counted as n_nan, not averaged",
+        ]
+        if "ig" in methods:
+            notes.append(f"ig: Integrated Gradients, zero baseline, {options.ig_steps} steps, |Σ_d attribution|")
+        if REFERENCE not in pairs:
+            notes.append("no gradient-vs-LOO reference row: it needs both gradient and loo in --methods")
+        if heads:
+            notes.append("per layer and head: table 'heads' (head 'mean' = the head-averaged attention of the layer)")
+        return Result(
+            test="importance",
+            summary=summary,
+            instances=instances,
+            tables=tables,
+            meta={"notes": notes, "published": PUBLISHED, "topk": options.topk, "layers_heads": list(layers_heads)},
+        )
+
+    def plot(self, result: Result, directory: Path) -> list[Path]:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        paths: list[Path] = []
+        pairs = [row["pair"] for row in result.tables.get("pairs", [])]
+        if result.instances and pairs:
+            classes = sorted({str(r["pred"]) for r in result.instances})
+            fig, axes = plt.subplots(1, len(pairs), figsize=(4.2 * len(pairs), 3.4), squeeze=False)
+            bins = np.linspace(-1, 1, 21)
+            for ax, name in zip(axes[0], pairs):
+                for label in classes:
+                    taus = [r[f"tau_{name}"] for r in result.instances if str(r["pred"]) == label]
+                    taus = [t for t in taus if t is not None and np.isfinite(t)]
+                    ax.hist(taus, bins=bins, alpha=0.6, label=f"pred {label} (n={len(taus)})")
+                ax.axvline(0, color="grey", lw=0.8)
+                ax.set_title(name.replace("_vs_", " vs "))
+                ax.set_xlabel("Kendall τ")
+                ax.set_xlim(-1, 1)
+            axes[0][0].set_ylabel("instances")
+            axes[0][-1].legend(fontsize=8)
+            fig.suptitle("Attention vs importance: per-instance Kendall τ by predicted class", y=1.04)
+            paths += save_figure(fig, directory, "importance_tau_hist")
+        heads = [r for r in result.tables.get("heads", []) if r["head"] != "mean"]
+        if heads:
+            methods = sorted({r["method"] for r in heads})
+            n_layers = max(int(r["layer"]) for r in heads) + 1
+            n_heads = max(int(r["head"]) for r in heads) + 1
+            fig, axes = plt.subplots(
+                1, len(methods), figsize=(4.5 * len(methods), 1.5 + 0.45 * n_layers), squeeze=False
+            )
+            for ax, method in zip(axes[0], methods):
+                grid = np.full((n_layers, n_heads), np.nan)
+                for r in heads:
+                    if r["method"] == method and r["mean"] is not None:
+                        grid[int(r["layer"]), int(r["head"])] = r["mean"]
+                image = ax.imshow(grid, cmap="RdBu_r", vmin=-1, vmax=1, aspect="auto")
+                for (layer, head), value in np.ndenumerate(grid):
+                    ax.text(head, layer, f"{value:.2f}", ha="center", va="center", fontsize=8)
+                ax.set_title(f"mean τ: attention vs {method}")
+                ax.set_xlabel("head")
+                ax.set_ylabel("layer")
+                ax.set_xticks(range(n_heads))
+                ax.set_yticks(range(n_layers))
+                fig.colorbar(image, ax=ax, shrink=0.8)
+            paths += save_figure(fig, directory, "importance_heads")
+        return paths
+
+
+def _items(run: Run) -> str:
+    """What the ranked items are for this model family."""
+    if run.family == "han":
+        return "sentences (HAN's sentence-level attention; token scores summed per sentence)"
+    if run.task.task_type == "pair":
+        return "passage tokens (attention and gradients over the passage; the question is fixed)"
+    return "tokens"

@@ -1,0 +1,407 @@
+"""Norm-based analysis of multi-head attention (Kobayashi et al. 2020, "Attention is Not Only a Weight").
+
+An attention head's output is ``Σ_j α_ij f(x_j)`` with ``f(x) = (x W_V + b_V) W_O`` restricted
+to the head (the output bias is shared by every token and left out). A token can receive
+a large weight α yet contribute little when ``‖f(x_j)‖`` is small. Per layer and head we
+measure α_ij, ``‖f(x_j)‖`` and ``‖α_ij f(x_j)‖``, and per layer the head-summed contribution
+``‖Σ_h α^h_ij f_h(x_j)‖``; we then compare the weight and the norm each token category
+([CLS], [SEP], punctuation, other) receives, and correlate α with ``‖f(x)‖`` (Spearman).
+
+Memory stays ``O(B·H·Q·K) + O(B·K·d·H)``: ``f_h(x_j)`` is computed once per key
+``(B,H,K,d)``; ``‖α f‖ = α ‖f‖``; and the head-summed norm uses the per-key Gram matrix
+``G_j[h,g] = ⟨f_h(x_j), f_g(x_j)⟩``, ``‖Σ_h α^h f_h‖² = α^T G_j α``, so no ``(B,Q,K,d)`` or
+``(B,H,Q,K,d)`` tensor is ever built.
+"""
+
+from __future__ import annotations
+
+import math
+import unicodedata
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from attnaudit.data.types import Batch, Example
+from attnaudit.errors import AttnAuditError
+from attnaudit.experiments.base import Experiment, Result, register, save_figure
+from attnaudit.metrics import spearman
+from attnaudit.models.base import AttentionLayer, AttentionModel
+from attnaudit.progress import track
+from attnaudit.run import Run
+
+CATEGORIES = ("[CLS]", "[SEP]", "punct", "other")
+
+
+@dataclass
+class LayerNorms:
+    """One layer's quantities: α ``(B,H,Q,K)``, ``‖f_h(x_j)‖`` ``(B,H,K)``, head-summed norm ``(B,Q,K)``."""
+
+    weights: Tensor
+    fx_norm: Tensor
+    summed_norm: Tensor
+
+    @property
+    def weighted_norm(self) -> Tensor:
+        """``‖α_ij f_h(x_j)‖ = α_ij ‖f_h(x_j)‖`` per head, ``(B,H,Q,K)``."""
+        return self.weights * self.fx_norm[:, :, None, :]
+
+
+def transformed_inputs(model: AttentionModel, record: AttentionLayer, layer: int) -> Tensor:
+    """``f_h(x_j) = (x_j W_V + b_V)|_h W_O|_h`` for every head and key, ``(B,H,K,d)``."""
+    w_v, b_v, w_o, heads = model.value_output_maps(layer)  # type: ignore[attr-defined]
+    b, k, d = record.inputs.shape
+    dh = w_v.shape[1] // heads
+    values = (record.inputs @ w_v + b_v).view(b, k, heads, dh)
+    return torch.einsum("bkhe,hed->bhkd", values, w_o.reshape(heads, dh, -1))
+
+
+def layer_norms(model: AttentionModel, record: AttentionLayer, layer: int) -> LayerNorms:
+    """α, ``‖f(x)‖`` and the head-summed contribution norm of one recorded layer."""
+    f = transformed_inputs(model, record, layer)
+    weights = record.weights
+    gram = torch.einsum("bhkd,bgkd->bkhg", f, f)  # (B,K,H,H)
+    mixed = torch.einsum("bhqk,bkhg->bgqk", weights, gram)  # (B,H,Q,K)
+    squared = (mixed * weights).sum(1).clamp_min(0.0)  # α^T G α, (B,Q,K)
+    return LayerNorms(weights=weights, fx_norm=f.norm(dim=-1), summed_norm=squared.sqrt())
+
+
+def key_tokens(run: Run, batch: Batch) -> list[list[str]]:
+    """The string of every position on the attention key axis ("" at padding).
+
+    Hugging Face models: wordpieces. Our Transformer: the example's tokens; for pair
+    tasks the text (padded to the batch width) followed by the query, as the model lays
+    them out.
+    """
+    width = batch.mask.shape[-1] if batch.query is None else batch.tokens.shape[1] + batch.query.shape[1]
+    wordpieces = getattr(run.model, "wordpieces", None)
+    out: list[list[str]] = []
+    if wordpieces is not None:
+        for pieces in wordpieces(batch):
+            out.append(pieces + [""] * (width - len(pieces)))
+        return out
+    text_width = batch.tokens.shape[1]
+    for i, ex in enumerate(batch.examples):
+        n = int(batch.mask[i].sum())
+        row = list(ex.tokens[:n]) + [""] * (text_width - n)
+        if batch.query is not None and batch.query_mask is not None:
+            q = int(batch.query_mask[i].sum())
+            row += list((ex.query or [])[:q]) + [""] * (batch.query.shape[1] - q)
+        out.append(row)
+    return out
+
+
+def is_punctuation(token: str) -> bool:
+    """True for tokens made only of Unicode punctuation (``.``, ``,``, ``!``, ``--``...)."""
+    return bool(token) and all(unicodedata.category(c).startswith("P") for c in token)
+
+
+def categorise(tokens: list[str], special: dict[str, str]) -> list[int]:
+    """Index into :data:`CATEGORIES` for each token (padding counts as "other"; it is masked anyway)."""
+    codes = []
+    for tok in tokens:
+        if special and tok == special.get("cls"):
+            codes.append(0)
+        elif special and tok == special.get("sep"):
+            codes.append(1)
+        elif is_punctuation(tok):
+            codes.append(2)
+        else:
+            codes.append(3)
+    return codes
+
+
+@dataclass
+class _Totals:
+    """Running sums per (layer, category)."""
+
+    layers: int
+    sums: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def add(self, name: str, layer: int, values: np.ndarray) -> None:
+        self.sums.setdefault(name, np.zeros((self.layers, len(CATEGORIES))))[layer] += values
+
+    def get(self, name: str) -> np.ndarray:
+        return self.sums.get(name, np.zeros((self.layers, len(CATEGORIES))))
+
+
+@register
+class Norms(Experiment):
+    name = "norms"
+    description = "attention weight vs norm of the weighted transformed vector, per token category (Kobayashi et al.)"
+    paper = "Kobayashi et al. 2020"
+
+    @dataclass
+    class Options:
+        batch_size: int = field(default=16, metadata={"help": "Instances per forward pass."})
+        max_pairs: int = field(
+            default=200_000, metadata={"help": "Per layer, at most this many (head, query, key) pairs kept for Spearman."}
+        )
+        heatmap_index: int = field(default=0, metadata={"help": "Instance shown in the heatmap figure."})
+        heatmap_layer: int = field(default=-1, metadata={"help": "Layer shown in the heatmap figure."})
+
+    def applies(self, run: Run) -> str | None:
+        if not hasattr(run.model, "value_output_maps"):
+            return (
+                f"the norm analysis needs multi-head self-attention with value/output projections "
+                f"(our transformer or a Hugging Face encoder); {run.family} attention has no W_V/W_O"
+            )
+        if run.task.task_type == "seq2seq":
+            return "the norm analysis covers encoder self-attention, not seq2seq cross-attention"
+        return None
+
+    def run(self, run: Run, examples: list[Example], options: Any, seed: int = 0) -> Result:
+        model = run.model
+        n_layers = model.num_attention_layers
+        if not -n_layers <= options.heatmap_layer < n_layers:
+            raise AttnAuditError(f"--heatmap-layer {options.heatmap_layer} out of range for {n_layers} layers")
+        if not 0 <= options.heatmap_index < len(examples):
+            raise AttnAuditError(f"--heatmap-index {options.heatmap_index} out of range for {len(examples)} instances")
+        special = getattr(model, "special_tokens", {})
+        totals = _Totals(n_layers)
+        pairs: list[dict[str, list[np.ndarray]]] = [{"alpha": [], "fx": [], "cat": []} for _ in range(n_layers)]
+        generator = torch.Generator().manual_seed(seed)
+        instances: list[dict[str, Any]] = []
+        heatmap: list[dict[str, Any]] = []
+        heat_layer = options.heatmap_layer % n_layers
+        model.eval()
+        done = 0
+        batches = run.batches(examples, options.batch_size)
+        with torch.no_grad():
+            for batch in track(batches, "norms", total=math.ceil(len(examples) / options.batch_size)):
+                trace = model(batch).trace
+                tokens = key_tokens(run, batch)
+                category = torch.tensor([categorise(row, special) for row in tokens], device=batch.mask.device)
+                quota = math.ceil(options.max_pairs * len(batch) / len(examples))
+                rows = [{"index": done + i, "n_tokens": int(trace[0].mask[i].sum())} for i in range(len(batch))]
+                for layer in range(n_layers):
+                    record = trace[layer]
+                    norms = layer_norms(model, record, layer)
+                    self._accumulate(totals, layer, norms, record, category, rows)
+                    self._sample_pairs(pairs[layer], norms, record, category, quota, generator)
+                    if done <= options.heatmap_index < done + len(batch) and layer == heat_layer:
+                        heatmap = self._heatmap(norms, record, tokens, options.heatmap_index - done)
+                instances.extend(rows)
+                done += len(batch)
+        return self._result(totals, pairs, instances, heatmap, heat_layer, special)
+
+    @staticmethod
+    def _accumulate(
+        totals: _Totals, layer: int, norms: LayerNorms, record: AttentionLayer, category: Tensor, rows: list[dict[str, Any]]
+    ) -> None:
+        """Add this batch's sums per category (all over real queries and real keys)."""
+        key = record.mask.to(norms.weights.dtype)  # (B,K)
+        query_mask = record.query_mask if record.query_mask is not None else record.mask
+        query = query_mask.to(norms.weights.dtype)
+        pair_mask = query[:, None, :, None] * key[:, None, None, :]  # (B,1,Q,K)
+        counts = pair_mask.expand_as(norms.weights)
+        cat = category  # (B,K)
+
+        def per_category(values: Tensor) -> np.ndarray:
+            """``values`` (B,...,K): sum per category over everything."""
+            per_key = values.reshape(values.shape[0], -1, values.shape[-1]).sum(1)  # (B,K)
+            out = torch.zeros(len(CATEGORIES), dtype=torch.float64)
+            out.index_add_(0, cat.reshape(-1), per_key.reshape(-1).to(torch.float64))
+            return out.numpy()
+
+        totals.add("weight", layer, per_category(norms.weights * pair_mask))
+        totals.add("weighted_norm", layer, per_category(norms.weighted_norm * pair_mask))
+        totals.add("pairs", layer, per_category(counts))
+        totals.add("fx", layer, per_category(norms.fx_norm * key[:, None, :]))
+        totals.add("keys", layer, per_category(key[:, None, :].expand_as(norms.fx_norm)))
+        # head-averaged weight and head-summed norm per (query, key), and their shares per query row
+        mean_weight = norms.weights.mean(1) * pair_mask[:, 0]  # (B,Q,K)
+        summed = norms.summed_norm * pair_mask[:, 0]
+        totals.add("summed_norm", layer, per_category(summed))
+        totals.add("layer_pairs", layer, per_category(pair_mask[:, 0].expand_as(summed)))
+        norm_share = summed / summed.sum(-1, keepdim=True).clamp_min(torch.finfo(summed.dtype).tiny)
+        for name, share in (("weight_share", mean_weight), ("norm_share", norm_share)):
+            per_instance = torch.zeros(len(rows), len(CATEGORIES), dtype=torch.float64)
+            per_instance.scatter_add_(1, cat, share.sum(1).to(torch.float64))  # summed over query rows
+            n_queries = query.sum(1, keepdim=True).to(torch.float64).clamp_min(1.0)
+            totals.add(name, layer, per_instance.sum(0).numpy())
+            for i, row in enumerate(rows):
+                for c, cname in enumerate(CATEGORIES):
+                    row[f"L{layer}_{cname}_{name}"] = float(per_instance[i, c] / n_queries[i, 0])
+        totals.add("rows", layer, np.full(len(CATEGORIES), float(query.sum())))
+
+    @staticmethod
+    def _sample_pairs(
+        store: dict[str, list[np.ndarray]],
+        norms: LayerNorms,
+        record: AttentionLayer,
+        category: Tensor,
+        quota: int,
+        generator: torch.Generator,
+    ) -> None:
+        """Keep up to ``quota`` random real (head, query, key) pairs of (α, ‖f(x_j)‖, category)."""
+        query_mask = record.query_mask if record.query_mask is not None else record.mask
+        real = (query_mask[:, None, :, None] & record.mask[:, None, None, :]).expand_as(norms.weights)
+        alpha = norms.weights[real]
+        fx = norms.fx_norm[:, :, None, :].expand_as(norms.weights)[real]
+        cat = category[:, None, None, :].expand_as(norms.weights)[real]
+        if alpha.numel() > quota:
+            keep = torch.randperm(alpha.numel(), generator=generator)[:quota].to(alpha.device)
+            alpha, fx, cat = alpha[keep], fx[keep], cat[keep]
+        store["alpha"].append(alpha.float().cpu().numpy())
+        store["fx"].append(fx.float().cpu().numpy())
+        store["cat"].append(cat.to(torch.int8).cpu().numpy())
+
+    @staticmethod
+    def _heatmap(norms: LayerNorms, record: AttentionLayer, tokens: list[list[str]], i: int) -> list[dict[str, Any]]:
+        """Rows (query, key, tokens, head-averaged α, head-summed norm) for one instance."""
+        real = record.mask[i].nonzero().flatten().tolist()
+        weight = norms.weights[i].mean(0)
+        summed = norms.summed_norm[i]
+        return [
+            {
+                "query": q,
+                "key": k,
+                "query_token": tokens[i][q],
+                "key_token": tokens[i][k],
+                "weight": float(weight[q, k]),
+                "norm": float(summed[q, k]),
+            }
+            for q in real
+            for k in real
+        ]
+
+    def _result(
+        self,
+        totals: _Totals,
+        pairs: list[dict[str, list[np.ndarray]]],
+        instances: list[dict[str, Any]],
+        heatmap: list[dict[str, Any]],
+        heat_layer: int,
+        special: dict[str, str],
+    ) -> Result:
+        def ratio(num: str, den: str) -> np.ndarray:
+            d = totals.get(den)
+            return np.divide(totals.get(num), d, out=np.full_like(d, np.nan), where=d > 0)
+
+        mean_weight, mean_weighted = ratio("weight", "pairs"), ratio("weighted_norm", "pairs")
+        mean_fx, mean_summed = ratio("fx", "keys"), ratio("summed_norm", "layer_pairs")
+        weight_share, norm_share = ratio("weight_share", "rows"), ratio("norm_share", "rows")
+        present = totals.get("keys").sum(0) > 0
+        layer_rows, corr_rows = [], []
+        for layer, store in enumerate(pairs):
+            alpha = np.concatenate(store["alpha"]) if store["alpha"] else np.zeros(0)
+            fx = np.concatenate(store["fx"]) if store["fx"] else np.zeros(0)
+            cat = np.concatenate(store["cat"]) if store["cat"] else np.zeros(0, dtype=np.int8)
+            corr: dict[str, Any] = {"layer": layer, "all": _rho(alpha, fx), "n_pairs": int(alpha.size)}
+            for c, cname in enumerate(CATEGORIES):
+                if not present[c]:
+                    continue
+                sel = cat == c
+                corr[cname] = _rho(alpha[sel], fx[sel])
+                layer_rows.append(
+                    {
+                        "layer": layer,
+                        "category": cname,
+                        "mean_weight": mean_weight[layer, c],
+                        "mean_weighted_norm": mean_weighted[layer, c],
+                        "mean_fx_norm": mean_fx[layer, c],
+                        "mean_summed_norm": mean_summed[layer, c],
+                        "weight_share": weight_share[layer, c],
+                        "norm_share": norm_share[layer, c],
+                        "spearman_alpha_fx": corr[cname],
+                        "n_keys": int(totals.get("keys")[layer, c]),
+                    }
+                )
+            corr_rows.append(corr)
+        summary: dict[str, Any] = {"spearman_alpha_fx": float(np.nanmean([r["all"] for r in corr_rows]))}
+        for c, cname in enumerate(CATEGORIES):
+            if present[c]:
+                summary[f"{cname}_weight_share"] = float(np.nanmean(weight_share[:, c]))
+                summary[f"{cname}_norm_share"] = float(np.nanmean(norm_share[:, c]))
+                summary[f"{cname}_spearman"] = float(np.nanmean([r.get(cname, np.nan) for r in corr_rows]))
+        notes = [
+            "weights α are per head; 'summed norm' is ‖Σ_h α^h_ij f_h(x_j)‖ per layer (Kobayashi's layer-level view); "
+            "shares are per query row: the fraction of head-averaged weight, and of summed norm, landing on a category",
+            "punct = tokens made only of Unicode punctuation (Kobayashi used periods and commas)",
+            f"Spearman over at most {sum(r['n_pairs'] for r in corr_rows)} sampled (head, query, key) pairs",
+        ]
+        specials = [c for c in ("[CLS]", "[SEP]") if f"{c}_weight_share" in summary]
+        if specials:
+            holds = all(
+                summary[f"{c}_norm_share"] < summary[f"{c}_weight_share"] and summary[f"{c}_spearman"] < 0 for c in specials
+            )
+            summary["finding_holds"] = bool(holds)
+            notes.append(
+                "finding_holds: every special token category gets a smaller share of the norm than of the weight "
+                "(layer average) and α is anti-correlated with ‖f(x)‖ for it"
+            )
+        else:
+            notes.append("this model has no [CLS]/[SEP] tokens; the special-token finding cannot be checked")
+        return Result(
+            test=self.name,
+            summary=summary,
+            instances=instances,
+            tables={"layers": layer_rows, "spearman": corr_rows, "heatmap": heatmap},
+            meta={
+                "notes": notes,
+                "heatmap_layer": heat_layer,
+                "special_tokens": special,
+                "published": {
+                    "paper": "Kobayashi et al. 2020, Attention is Not Only a Weight (EMNLP), Section 4",
+                    "setting": "pre-trained BERT-base, 992 Wikipedia sequences (Clark et al. 2019 data)",
+                    "finding": "[CLS], [SEP], periods and commas receive large weights α but small ‖α f(x)‖; "
+                    "α and ‖f(x)‖ are negatively correlated for them, so BERT pays little attention to special tokens",
+                },
+            },
+        )
+
+    def plot(self, result: Result, directory: Path) -> list[Path]:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        paths: list[Path] = []
+        rows = result.tables.get("layers", [])
+        if rows:
+            layers = sorted({r["layer"] for r in rows})
+            cats = [c for c in CATEGORIES if any(r["category"] == c for r in rows)]
+            fig, axes = plt.subplots(1, 2, figsize=(11, 3.6), sharey=True)
+            width = 0.8 / len(cats)
+            for ax, key, title in zip(axes, ("weight_share", "norm_share"), ("attention weight α", "norm ‖Σ_h α f(x)‖")):
+                for n, cname in enumerate(cats):
+                    values = [next((r[key] for r in rows if r["layer"] == l and r["category"] == cname), np.nan) for l in layers]
+                    ax.bar(np.array(layers) + (n - (len(cats) - 1) / 2) * width, values, width, label=cname)
+                ax.set_title(f"share of {title}")
+                ax.set_xlabel("layer")
+                ax.set_xticks(layers)
+            axes[0].set_ylabel("mean share per query")
+            axes[1].legend(fontsize=8)
+            fig.suptitle("Weight vs norm received per token category (Kobayashi et al. 2020, Fig. 2/3 style)", y=1.04)
+            paths += save_figure(fig, directory, "norms_by_category")
+        heat = result.tables.get("heatmap", [])
+        if heat:
+            queries = sorted({r["query"] for r in heat})
+            labels = {r["query"]: r["query_token"] for r in heat}
+            index = {q: i for i, q in enumerate(queries)}
+            weight = np.zeros((len(queries), len(queries)))
+            norm = np.zeros_like(weight)
+            for r in heat:
+                weight[index[r["query"]], index[r["key"]]] = r["weight"]
+                norm[index[r["query"]], index[r["key"]]] = r["norm"]
+            size = max(4.0, 0.32 * len(queries) + 2)
+            fig, axes = plt.subplots(1, 2, figsize=(2 * size, size))
+            for ax, matrix, title in zip(axes, (weight, norm), ("α (mean over heads)", "‖Σ_h α f(x)‖")):
+                ax.imshow(matrix, cmap="Reds")
+                ax.set_title(title)
+                ax.set_xticks(range(len(queries)), [labels[q] for q in queries], rotation=90, fontsize=7)
+                ax.set_yticks(range(len(queries)), [labels[q] for q in queries], fontsize=7)
+            fig.suptitle(f"layer {result.meta.get('heatmap_layer')}", y=1.02)
+            paths += save_figure(fig, directory, "norms_heatmap")
+        return paths
+
+
+def _rho(a: np.ndarray, b: np.ndarray) -> float:
+    """Spearman ρ, NaN when fewer than 3 pairs or a constant input."""
+    if a.size < 3 or np.all(a == a[0]) or np.all(b == b[0]):
+        return float("nan")
+    return float(spearman(a, b)[0])

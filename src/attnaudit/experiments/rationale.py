@@ -1,0 +1,402 @@
+"""Ground-truth rationale test: does each explanation rank the tokens known to matter first?
+
+Tasks whose examples carry ``Example.rationale`` (the synthetic tasks' planted signal words,
+SST trees' strongly polar phrases, bAbI supporting-fact tokens) give a ground truth no
+faithfulness test of the attention literature has: the tokens the label depends on. Every
+explanation — attention, gradient, leave-one-out, Integrated Gradients and, for
+self-attention models, attention rollout (Abnar & Zuidema 2020) and the head-summed
+norm ``‖Σ_h α f_h(x)‖`` (Kobayashi et al. 2020) — scores the items of the explained layer;
+per instance we measure how well those scores retrieve the rationale:
+
+* average precision (AP; the mean over instances is the MAP) and ROC-AUC of the scores
+  against the binary "in the rationale" labels (scikit-learn);
+* precision at k = |rationale|: the share of the k highest-scored units that are in the
+  rationale, with ties at the cut-off shared out in expectation (a sparse explanation
+  with many exact zeros must not be credited or penalised by index order).
+
+Units are the words of the example (HAN: sentences, a sentence counting as rationale when it
+holds a rationale word; Hugging Face models: wordpiece scores summed per word, special
+tokens left out). Scores are compared by magnitude (absolute values).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from sklearn.metrics import average_precision_score, roc_auc_score
+from torch import Tensor
+
+from attnaudit.data.types import Batch, Example
+from attnaudit.errors import AttnAuditError
+from attnaudit.experiments.base import Experiment, Result, register, save_figure, summarise
+from attnaudit.progress import track
+from attnaudit.run import Run
+
+ScoreFn = Callable[[Run, Batch], Tensor]
+SELF_ATTENTION = ("transformer", "hf")
+METRICS = ("ap", "auc", "precision_at_k")
+
+
+# --------------------------------------------------------------------------- explanations
+
+
+def _explained_record(run: Run, batch: Batch) -> tuple[Any, int, Any]:
+    """(trace, explained layer index, that layer's record) of an unperturbed forward pass."""
+    model = run.model
+    with torch.no_grad():
+        trace = model(batch).trace
+    index = model.explained_layer % len(trace)
+    return trace, index, trace[index]
+
+
+def _query_row(run: Run, values: Tensor, query_mask: Tensor | None) -> Tensor:
+    """``(B,Q,K)`` -> ``(B,K)``: the ``[CLS]`` row for Hugging Face encoders, else the mean over real queries."""
+    query = getattr(run.model, "explanation_query", None)
+    if query is not None:
+        return values[:, query]
+    if query_mask is None:
+        return values.mean(1)
+    qm = query_mask[:, :, None].to(values.dtype)
+    return (values * qm).sum(1) / qm.sum(1).clamp_min(1.0)
+
+
+def _on_items(run: Run, batch: Batch, values: Tensor) -> Tensor:
+    """Key-axis values ``(B,K')`` restricted to the explained items (pair Transformers: the passage), 0 at padding."""
+    from attnaudit.importance import item_mask
+
+    mask = item_mask(run, batch)
+    return values[:, : mask.shape[1]] * mask.to(values.dtype)
+
+
+def rollout_importance(run: Run, batch: Batch) -> Tensor:
+    """Attention rollout through every layer (Abnar & Zuidema 2020) read at the explanation query, ``(B,K)``.
+
+    Heads are averaged and the residual connection counted with weight 0.5, as in the
+    paper; the row is ``[CLS]``'s for Hugging Face encoders and the mean over real
+    queries for our mean-pooled Transformer.
+    """
+    from attnaudit.flow import rollout
+
+    trace, index, record = _explained_record(run, batch)
+    weights = [layer.weights for layer in list(trace.layers)[: index + 1]]
+    rolled = rollout(weights, mask=record.mask)[:, -1]
+    return _on_items(run, batch, _query_row(run, rolled, record.query_mask))
+
+
+def norm_importance(run: Run, batch: Batch) -> Tensor:
+    """Kobayashi et al.'s head-summed contribution ``‖Σ_h α^h_ij f_h(x_j)‖`` of the explained layer, ``(B,K)``."""
+    from attnaudit.experiments.norms import layer_norms
+
+    _, index, record = _explained_record(run, batch)
+    with torch.no_grad():
+        norms = layer_norms(run.model, record, index).summed_norm
+    return _on_items(run, batch, _query_row(run, norms, record.query_mask))
+
+
+def explanations(run: Run, ig_steps: int = 20) -> dict[str, ScoreFn]:
+    """The explanations available for ``run``, each ``fn(run, batch) -> (B, K)`` over the explained items.
+
+    Attention, gradient, leave-one-out and Integrated Gradients for every classifier;
+    rollout and norms for self-attention models. A Hugging Face encoder without a trained
+    head makes no prediction to explain, so only the attention-based scores remain.
+    """
+    from attnaudit.importance import IMPORTANCE, integrated_gradients
+
+    methods: dict[str, ScoreFn] = {"attention": IMPORTANCE["attention"]}
+    if getattr(run.model, "trained_head", True):
+        methods["gradient"] = IMPORTANCE["gradient"]
+        methods["loo"] = IMPORTANCE["loo"]
+        methods["ig"] = partial(integrated_gradients, steps=ig_steps)
+    if run.family in SELF_ATTENTION:
+        methods["rollout"] = rollout_importance
+        if hasattr(run.model, "value_output_maps"):
+            methods["norms"] = norm_importance
+    return methods
+
+
+# --------------------------------------------------------------------------- units
+
+
+@dataclass
+class Units:
+    """How the items of one instance map onto scoring units and which units are rationale.
+
+    ``item_unit[i]``: the unit of item ``i`` (-1: none, e.g. ``[CLS]``); ``positive``: bool per unit.
+    """
+
+    item_unit: np.ndarray
+    positive: np.ndarray
+
+    def scores(self, item_scores: np.ndarray) -> np.ndarray:
+        """Per-unit magnitude: ``|score|`` summed over the unit's items."""
+        out = np.zeros(self.positive.size)
+        keep = self.item_unit >= 0
+        np.add.at(out, self.item_unit[keep], np.abs(item_scores[: self.item_unit.size][keep]))
+        return out
+
+
+def _hf_word_ids(run: Run, ex: Example, ids: list[int]) -> np.ndarray | None:
+    """Word index of each wordpiece of ``ex`` (-1 for special tokens and the query), or None if it cannot be aligned."""
+    tokenizer = run.model.tokenizer  # type: ignore[attr-defined]
+    if not getattr(tokenizer, "is_fast", False):
+        return None
+    pair = [ex.query] if run.task.task_type == "pair" and ex.query else None
+    enc = tokenizer([ex.tokens], pair, is_split_into_words=True, truncation=True, max_length=len(ids))
+    if enc["input_ids"][0] != ids:
+        return None  # the collator's space-joined text tokenised differently; no safe alignment
+    sequence = enc.sequence_ids(0)
+    return np.array([w if w is not None and s == 0 else -1 for w, s in zip(enc.word_ids(0), sequence)], dtype=int)
+
+
+def instance_units(run: Run, batch: Batch, row: int) -> Units | None:
+    """Scoring units of instance ``row`` of ``batch``; None when the example has no usable rationale."""
+    ex = batch.examples[row]
+    rationale = set(ex.rationale or [])
+    if not rationale:
+        return None
+    mask = batch.mask[row]
+    if run.family == "han":
+        n_sent = int(mask.any(-1).sum())
+        lengths = [len(s) for s in (ex.sentences or [ex.tokens])][:n_sent]
+        starts = np.cumsum([0, *lengths])
+        positive = np.array([any(a <= r < b for r in rationale) for a, b in zip(starts[:-1], starts[1:])])
+        return Units(np.arange(n_sent), positive)
+    n_items = int(mask.sum())
+    if run.family == "hf":
+        word_of = _hf_word_ids(run, ex, batch.tokens[row, :n_items].tolist())
+        if word_of is None:
+            return None
+        n_words = int(word_of.max()) + 1 if (word_of >= 0).any() else 0
+        return Units(word_of, np.isin(np.arange(n_words), list(rationale)))
+    n_words = min(n_items, len(ex.tokens))
+    return Units(np.arange(n_words), np.isin(np.arange(n_words), list(rationale)))
+
+
+# --------------------------------------------------------------------------- scores
+
+
+def precision_at_k(scores: np.ndarray, positive: np.ndarray, k: int) -> float:
+    """Share of the ``k`` highest scores that are positive, ties at the cut-off shared out in expectation.
+
+    Items tied with the k-th largest score fill the remaining places at random, so they
+    contribute their positive fraction times the number of places left.
+    """
+    if k < 1 or scores.size == 0:
+        return math.nan
+    k = min(k, scores.size)
+    cut = np.sort(scores)[::-1][k - 1]
+    above = scores > cut
+    tied = scores == cut
+    places = k - int(above.sum())
+    hits = float(positive[above].sum()) + places * float(positive[tied].mean())
+    return hits / k
+
+
+def random_average_precision(n: int, r: int) -> float:
+    """Expected AP of a uniformly random ranking of ``n`` units with ``r`` positives.
+
+    A positive at rank ``t`` has on average ``(t-1)(r-1)/(n-1)`` positives above it, so
+    ``E[AP] = (1/n) Σ_t (1 + (t-1)(r-1)/(n-1)) / t = (r-1)/(n-1) + H_n (n-r) / (n(n-1))``.
+    """
+    if r < 1 or n < 1:
+        return math.nan
+    if n == 1:
+        return 1.0
+    harmonic = float(np.sum(1.0 / np.arange(1, n + 1)))
+    return (r - 1) / (n - 1) + harmonic * (n - r) / (n * (n - 1))
+
+
+def score_against(scores: np.ndarray, positive: np.ndarray) -> dict[str, float]:
+    """AP, ROC-AUC and precision@|rationale| of ``scores`` against ``positive`` (NaN when undefined)."""
+    r = int(positive.sum())
+    if r == 0 or not np.isfinite(scores).all():
+        return {m: math.nan for m in METRICS}
+    both = 0 < r < positive.size
+    return {
+        "ap": float(average_precision_score(positive, scores)),
+        "auc": float(roc_auc_score(positive, scores)) if both else math.nan,
+        "precision_at_k": precision_at_k(scores, positive, r),
+    }
+
+
+# --------------------------------------------------------------------------- the test
+
+
+@register
+class Rationale(Experiment):
+    name = "rationale"
+    description = (
+        "Score each explanation (attention, gradient, LOO, IG; rollout and norms for Transformers) "
+        "against the known rationale tokens: MAP, ROC-AUC and precision@k"
+    )
+    paper = "attnaudit ground-truth check (rationales: synthetic tasks, SST phrases, bAbI supporting facts)"
+
+    @dataclass
+    class Options:
+        methods: list[str] = field(
+            default_factory=lambda: ["attention", "gradient", "loo", "ig", "rollout", "norms"],
+            metadata={"help": "Explanations to score (those the model does not support are skipped with a note)."},
+        )
+        ig_steps: int = field(default=20, metadata={"help": "Integrated Gradients steps."})
+        batch_size: int = field(default=32, metadata={"help": "Instances per batch."})
+
+    def applies(self, run: Run) -> str | None:
+        if run.task.task_type not in ("classification", "pair"):
+            return f"a {run.task.task_type} model makes one decision per token; the explanations score one per instance"
+        data = run.data()
+        if not any(ex.rationale for ex in data.test + data.dev):
+            return f"the examples of task {run.task.spec or data.name!r} carry no rationale"
+        return None
+
+    def run(self, run: Run, examples: list[Example], options: Any, seed: int = 0) -> Result:
+        available = explanations(run, options.ig_steps)
+        unknown = [m for m in options.methods if m not in ("attention", "gradient", "loo", "ig", "rollout", "norms")]
+        if unknown:
+            raise AttnAuditError(f"rationale: unknown method(s) {', '.join(unknown)}; choose attention, gradient, loo, ig, rollout, norms")
+        methods = [m for m in options.methods if m in available]
+        if not methods:
+            raise AttnAuditError(f"rationale: none of {', '.join(options.methods)} applies to this {run.family} model")
+        chosen = [(i, ex) for i, ex in enumerate(examples) if ex.rationale]
+        if not chosen:
+            raise AttnAuditError("rationale: no example of this split has a rationale")
+        rows: list[dict[str, Any]] = []
+        unaligned = 0
+        subset = [ex for _, ex in chosen]
+        batches = run.batches(subset, options.batch_size)
+        offset = 0
+        for batch in track(batches, "rationale", total=-(-len(subset) // options.batch_size)):
+            scores = {m: available[m](run, batch).detach().cpu().double().numpy() for m in methods}
+            for b in range(len(batch)):
+                units = instance_units(run, batch, b)
+                index = chosen[offset + b][0]
+                if units is None or not units.positive.any():
+                    unaligned += 1
+                    continue
+                n, r = int(units.positive.size), int(units.positive.sum())
+                row: dict[str, Any] = {
+                    "index": index,
+                    "units": n,
+                    "rationale_size": r,
+                    "random_ap": random_average_precision(n, r),
+                    "random_precision_at_k": r / n,
+                }
+                for m in methods:
+                    for metric, value in score_against(units.scores(scores[m][b]), units.positive).items():
+                        row[f"{m}_{metric}"] = value
+                rows.append(row)
+            offset += len(batch)
+        return self._result(run, rows, methods, options, len(examples) - len(chosen), unaligned)
+
+    def _result(
+        self, run: Run, rows: list[dict[str, Any]], methods: list[str], options: Any, without: int, unaligned: int
+    ) -> Result:
+        table = []
+        summary: dict[str, Any] = {"n": len(rows)}
+        for m in methods:
+            stats = {metric: summarise([r[f"{m}_{metric}"] for r in rows]) for metric in METRICS}
+            table.append({"method": m, **{k: s["mean"] for k, s in stats.items()}, "n": stats["ap"]["n"]})
+            summary.update({f"{m}_{'map' if k == 'ap' else k}": s["mean"] for k, s in stats.items()})
+        random_row = {
+            "method": "random",
+            "ap": summarise([r["random_ap"] for r in rows])["mean"],
+            "auc": 0.5,
+            "precision_at_k": summarise([r["random_precision_at_k"] for r in rows])["mean"],
+            "n": len(rows),
+        }
+        table.append(random_row)
+        summary["random_map"] = random_row["ap"]
+        summary["random_precision_at_k"] = random_row["precision_at_k"]
+        ranked = [t for t in table[:-1] if math.isfinite(t["ap"])]
+        summary["best_method"] = max(ranked, key=lambda t: t["ap"])["method"] if ranked else ""
+        skipped = [m for m in options.methods if m not in methods]
+        unit = {"han": "sentences (rationale = sentences holding a rationale word)", "hf": "words (wordpiece scores summed)"}
+        notes = [
+            f"units: {unit.get(run.family, 'words')}; scores compared by magnitude (absolute values)",
+            "precision_at_k: k = rationale size; ties at the cut-off count by their positive share",
+            "random: the expected AP of a uniformly random ranking (exact) and the rationale share of the units "
+            "(precision@k of a random ranking); ROC-AUC of a random ranking is 0.5",
+            "roc-auc is undefined (NaN, not averaged) when every unit of an instance is in the rationale",
+        ]
+        if without:
+            notes.append(f"{without} example(s) without a rationale were left out")
+        if unaligned:
+            notes.append(f"{unaligned} example(s) whose rationale could not be mapped onto the model's items were left out")
+        if skipped:
+            notes.append(f"not available for this {run.family} model: {', '.join(skipped)}")
+        return Result(
+            test=self.name,
+            summary=summary,
+            instances=rows,
+            tables={"methods": table},
+            meta={
+                "notes": notes,
+                "methods": methods,
+                "published": {
+                    "source": "no published counterpart: the tests of Jain & Wallace, Serrano & Smith and "
+                    "Wiegreffe & Pinter have no ground-truth rationale",
+                },
+            },
+        )
+
+    def plot(self, result: Result, directory: Path) -> list[Path]:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        table = result.tables.get("methods", [])
+        if not table:
+            return []
+        labels = [t["method"] for t in table]
+        x = np.arange(len(labels))
+        fig, ax = plt.subplots(figsize=(1.2 * len(labels) + 2.5, 3.4))
+        for j, (metric, name) in enumerate((("ap", "MAP"), ("auc", "ROC-AUC"), ("precision_at_k", "precision@k"))):
+            values = [np.nan if t[metric] is None else t[metric] for t in table]
+            ax.bar(x + (j - 1) * 0.27, values, width=0.27, label=name)
+        ax.set_xticks(x, labels)
+        ax.set_ylim(0, 1.05)
+        ax.set_ylabel("score vs rationale")
+        ax.set_title("Explanations against the known rationale (higher is better)", fontsize=10)
+        ax.legend(fontsize=8, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.12), frameon=False)
+        return save_figure(fig, directory, "rationale_scores")
+
+    def verdict(self, result: Result) -> list[dict[str, Any]]:
+        s = result.summary
+        base = s.get("random_map")
+        rows = []
+        for t in result.tables.get("methods", []):
+            if t["method"] == "random" or t["ap"] is None or not math.isfinite(t["ap"]) or base is None:
+                continue
+            lift = t["ap"] - base
+            if lift > 0.5 * (1 - base):
+                meaning = "finds the rationale well"
+            elif lift > 0.1:
+                meaning = "finds the rationale partly"
+            else:
+                meaning = "does no better than a random ranking"
+            rows.append(
+                {
+                    "statistic": f"{t['method']}_map",
+                    "value": t["ap"],
+                    "published": "",
+                    "interpretation": f"{t['method']}: MAP {t['ap']:.3f} vs {base:.3f} for a random ranking "
+                    f"(precision@k {t['precision_at_k']:.3f}): {meaning}",
+                }
+            )
+        if s.get("best_method"):
+            rows.append(
+                {
+                    "statistic": "best_method",
+                    "value": s["best_method"],
+                    "published": "",
+                    "interpretation": f"{s['best_method']} ranks the known rationale highest",
+                }
+            )
+        return rows

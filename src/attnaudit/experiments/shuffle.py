@@ -1,0 +1,186 @@
+"""Shuffling: randomly permute each attention row over the real keys and measure accuracy.
+
+Sparse-attention study, Table 1 "shuffling" (after Jain & Wallace's permutation test, here
+on every layer of a Transformer): the weights a query assigns are kept but moved to other
+tokens. A large accuracy drop means the model depends on *where* attention goes; the study
+reports that shuffling costs an entmax15 Transformer far more than a softmax one.
+Settings: one layer at a time (the other layers untouched) and all layers at once;
+``repeats`` independent permutations per setting, each from its own seeded generator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from attnaudit.data.types import Example
+from attnaudit.errors import AttnAuditError
+from attnaudit.experiments.activation_swap import (
+    ATTENTION_TABLE,
+    attention_rows,
+    batch_labels,
+    plot_attention_rows,
+    transformer_classifier_reason,
+)
+from attnaudit.experiments.base import Experiment, Result, register, save_figure, summarise
+from attnaudit.models.base import Intervention
+from attnaudit.progress import track
+from attnaudit.run import Run
+
+PUBLISHED = {
+    "shuffle_drop_points": {"softmax": 7.0, "entmax15": 26.75},
+    "source": "sparse-attention study, Table 1 (Transformer on SST-2), as quoted in the attnaudit brief",
+}
+
+
+def permute_rows(weights: Tensor, key_mask: Tensor, generator: torch.Generator) -> Tensor:
+    """Each row of ``weights`` (B,H,Q,K) randomly permuted over the real keys of ``key_mask`` (B,K).
+
+    Padding keys keep weight 0 and real keys need not be contiguous (pair inputs pad the
+    text before the query): random sort keys with padding forced last pick a random order
+    of the real keys, which is then written back onto the real positions in ascending order.
+    """
+    noise = torch.rand(weights.shape, generator=generator).to(weights.device)
+    noise = noise.masked_fill(~key_mask[:, None, None, :], 2.0)
+    source = noise.argsort(-1)
+    target = (~key_mask).to(torch.int8).argsort(dim=-1, stable=True)[:, None, None, :].expand_as(weights)
+    return torch.zeros_like(weights).scatter(-1, target, weights.gather(-1, source))
+
+
+def seeded_generator(*keys: int) -> torch.Generator:
+    """A CPU generator whose seed is derived from ``keys`` (seed, repeat, setting) without collisions."""
+    state = np.random.SeedSequence([int(k) for k in keys]).generate_state(1, dtype=np.uint64)[0]
+    return torch.Generator().manual_seed(int(state))
+
+
+def _shuffler(generator: torch.Generator) -> Callable[[Tensor, Tensor], Tensor]:
+    """A weights intervention permuting rows with ``generator`` (consumed batch after batch)."""
+    return lambda w, mask: permute_rows(w, mask, generator)
+
+
+@register
+class Shuffle(Experiment):
+    name = "shuffle"
+    description = "Accuracy when each attention row is randomly permuted over real keys, per layer and in all layers"
+    paper = "Meister et al. 2021, Is Sparse Attention more Interpretable? (Table 1: shuffling)"
+
+    @dataclass
+    class Options:
+        repeats: int = field(default=5, metadata={"help": "Independent permutations per setting (mean ± std)."})
+        batch_size: int = field(default=64, metadata={"help": "Instances per forward pass."})
+        show: int = field(default=3, metadata={"help": "Sentences shown in the attention heatmap."})
+
+    def applies(self, run: Run) -> str | None:
+        return transformer_classifier_reason(run)
+
+    def run(self, run: Run, examples: list[Example], options: Any, seed: int = 0) -> Result:
+        if options.repeats < 1:
+            raise AttnAuditError(f"--repeats must be at least 1, got {options.repeats}")
+        model = run.model
+        model.eval()
+        n_layers = model.num_attention_layers
+        # Setting index s: 0..L-1 one layer, L all layers at once.
+        settings = [f"layer{layer}" for layer in range(n_layers)] + ["all"]
+        generators = {
+            (s, r): seeded_generator(seed, r, s) for s in range(len(settings)) for r in range(options.repeats)
+        }
+        original: list[Tensor] = []
+        shuffled: dict[tuple[int, int], list[Tensor]] = {key: [] for key in generators}
+        heatmaps: list[dict[str, Any]] = []
+        offset = 0
+        total = -(-len(examples) // options.batch_size)
+        with torch.no_grad():
+            for batch in track(run.batches(examples, options.batch_size), "shuffle", total=total):
+                gold = batch_labels(batch)
+                cache = model.encode(batch)
+                base = model.decode(cache)
+                original.append(base.logits.argmax(-1) == gold)
+                heatmaps += attention_rows(batch, base.trace, "original", options.show, offset)
+                for s in range(len(settings)):
+                    for r in range(options.repeats):
+                        fn = _shuffler(generators[(s, r)])
+                        if s < n_layers:
+                            # Layers before s are unchanged: restart the model at layer s.
+                            out = model.decode(model.cache_at(base.trace, s, cache), [Intervention(layer=s, weights=fn)])
+                        else:
+                            out = model.decode(cache, [Intervention(weights=fn)])
+                        shuffled[(s, r)].append(out.logits.argmax(-1) == gold)
+                        if s == n_layers and r == 0:
+                            heatmaps += attention_rows(batch, out.trace, "shuffled (all layers)", options.show, offset)
+                offset += len(batch)
+
+        base_correct = torch.cat(original).float()
+        correct = {key: torch.cat(v).float() for key, v in shuffled.items()}
+        accuracy_original = float(base_correct.mean())
+        rows = []
+        summary: dict[str, Any] = {"trained_normaliser": run.config.attention, "accuracy_original": accuracy_original}
+        for s, setting in enumerate(settings):
+            accs = [float(correct[(s, r)].mean()) for r in range(options.repeats)]
+            stats = summarise(accs)
+            rows.append(
+                {
+                    "setting": setting,
+                    "layer": s if s < n_layers else None,
+                    "accuracy_mean": stats["mean"],
+                    "accuracy_std": stats["std"],
+                    "drop_mean": accuracy_original - stats["mean"],
+                    "repeats": options.repeats,
+                }
+            )
+            summary[f"accuracy_shuffle_{setting}_mean"] = stats["mean"]
+            summary[f"accuracy_shuffle_{setting}_std"] = stats["std"]
+        summary["drop_all_mean"] = accuracy_original - summary["accuracy_shuffle_all_mean"]
+        instances = []
+        for i, example in enumerate(examples):
+            item: dict[str, Any] = {"index": i, "label": example.label, "original_correct": int(base_correct[i])}
+            for s, setting in enumerate(settings):
+                item[f"correct_{setting}"] = float(np.mean([float(correct[(s, r)][i]) for r in range(options.repeats)]))
+            instances.append(item)
+        notes = [
+            "each attention row (every head and query) is permuted over the real keys after the normaliser; "
+            "padding keeps weight 0",
+            f"accuracy is mean ± std (population) over {options.repeats} seeded permutations per setting; "
+            "correct_<setting> per instance is the share of repeats it stayed correct",
+            "the study's 'shuffling' row corresponds to setting 'all' (identical to layer0 for a 1-layer model)",
+        ]
+        return Result(
+            test=self.name,
+            summary=summary,
+            instances=instances,
+            tables={"settings": rows, ATTENTION_TABLE: heatmaps},
+            meta={"notes": notes, "published": PUBLISHED},
+        )
+
+    def plot(self, result: Result, directory: Path) -> list[Path]:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        rows = result.tables.get("settings", [])
+        paths: list[Path] = []
+        if rows:
+            fig, ax = plt.subplots(figsize=(1.2 * len(rows) + 2.5, 3.2))
+            x = np.arange(len(rows))
+            ax.errorbar(
+                x, [r["accuracy_mean"] for r in rows], yerr=[r["accuracy_std"] or 0.0 for r in rows],
+                fmt="o", capsize=4, label="shuffled (mean ± std)",
+            )
+            ax.axhline(result.summary["accuracy_original"], color="k", ls="--", lw=1, label="original")
+            ax.set_xticks(x, [r["setting"] for r in rows])
+            ax.set_xlabel("attention shuffled in")
+            ax.set_ylabel("accuracy")
+            ax.set_ylim(0, 1.02)
+            ax.set_title(f"shuffled attention ({result.summary['trained_normaliser']})", fontsize=9)
+            ax.legend(fontsize=8)
+            paths += save_figure(fig, directory, "shuffle")
+        paths += plot_attention_rows(
+            result.tables.get(ATTENTION_TABLE, []), directory, "shuffle-attention", "original vs shuffled attention"
+        )
+        return paths

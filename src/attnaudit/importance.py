@@ -1,0 +1,609 @@
+"""Post-hoc feature importance over the items of the explained attention layer.
+
+Every method has the signature ``fn(run, batch, **kw) -> Tensor (B, K)``: one score per
+*item* of the attention that the single-attention tests examine (``model.explained_layer``):
+tokens for the recurrent/convolutional/average classifiers and Transformers, passage tokens
+for pair/QA models, sentences for HAN. Scores are 0 at padding. The decision explained is
+the predicted class of the unperturbed model, ``ŷ`` its probability (Jain & Wallace 2019).
+
+* ``attention``: the explained attention itself (mean over heads and real queries).
+* ``gradient``: ``|Σ_d ∂ŷ/∂e_{t,d} · e_{t,d}|`` with attention detached (J&W's gradient).
+* ``attention_gradient`` / ``gradient_x_attention``: ``∂ŷ/∂α`` and ``α · ∂ŷ/∂α`` on the
+  explained layer (Serrano & Smith 2019).
+* ``loo``: output change when the item is *removed* from the input (J&W's leave-one-out),
+  computed with family-specific shortcuts; :func:`loo_importance_reference` is the plain
+  Captum ``FeatureAblation`` version used to check them.
+* ``ig``: Integrated Gradients (Captum) on the embeddings, zero baseline.
+
+Tagging and seq2seq models make one decision per token, not per instance, so these
+methods raise :class:`~attnaudit.errors.AttnAuditError` for them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from attnaudit.data.types import Batch
+from attnaudit.errors import AttnAuditError
+from attnaudit.metrics import output_change
+from attnaudit.models.attention import normalise
+from attnaudit.models.base import AttentionModel, Cache, Intervention, ModelOutput, detach_weights
+from attnaudit.models.han import HierarchicalAttentionNetwork
+from attnaudit.models.rnn import (
+    AttentionClassifier,
+    AverageEncoder,
+    PairAttentionClassifier,
+    RecurrentEncoder,
+)
+from attnaudit.run import Run
+
+ImportanceFn = Callable[..., Tensor]
+
+# Elements (floats) one chunk of leave-one-out rows may occupy in its largest tensor:
+# 2**23 floats = 32 MB keeps memory bounded for long documents without slowing short ones.
+_CHUNK_ELEMENTS = 1 << 23
+# Activation elements per batched forward pass of the leave-one-out recomputation: passes of
+# a few hundred short sentences run faster on CPU than one pass over every deletion at once.
+_PASS_ELEMENTS = 1 << 21
+
+
+@contextmanager
+def _evaluating(model: nn.Module) -> Iterator[None]:
+    """Eval mode (no dropout) for the duration, then the previous mode again."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)
+
+
+def _check_task(run: Run) -> None:
+    if run.task.task_type not in ("classification", "pair"):
+        raise AttnAuditError(
+            f"importance explains one decision per instance; a {run.task.task_type} model makes one per token"
+        )
+
+
+def _hierarchical(model: AttentionModel) -> bool:
+    return isinstance(model, HierarchicalAttentionNetwork)
+
+
+def item_mask(run: Run, batch: Batch) -> Tensor:
+    """``(B, K)`` bool, True at the real items of the explained layer (tokens; HAN: sentences)."""
+    mask = batch.mask.bool()
+    return mask.any(-1) if _hierarchical(run.model) else mask
+
+
+def _single_items(mask: Tensor) -> Tensor:
+    """``(B,)`` True for instances with fewer than two items (no ranking, no leave-one-out)."""
+    return mask.sum(-1) < 2
+
+
+def _layer_index(model: AttentionModel, layer: int | None) -> int:
+    n = model.num_attention_layers
+    index = model.explained_layer if layer is None else layer
+    if not -n <= index < n:
+        raise AttnAuditError(f"attention layer {index} out of range for a model with {n} attention layer(s)")
+    return index % n
+
+
+def _reduce(weights: Tensor, query_mask: Tensor | None, head: int | None) -> Tensor:
+    """``(B,H,Q,K)`` -> ``(B,K)``: mean over real queries, then over heads (or one head)."""
+    if query_mask is None:
+        per_head = weights.mean(2)
+    else:
+        qm = query_mask[:, None, :, None].to(weights.dtype)
+        per_head = (weights * qm).sum(2) / qm.sum(2).clamp_min(1.0)
+    if head is None:
+        return per_head.mean(1)
+    if not -weights.shape[1] <= head < weights.shape[1]:
+        raise AttnAuditError(f"head {head} out of range for a layer with {weights.shape[1]} head(s)")
+    return per_head[:, head]
+
+
+def _to_items(values: Tensor, run: Run, batch: Batch, layer: int) -> Tensor:
+    """Per-key values of attention layer ``layer`` as ``(B, K)`` over that layer's items, 0 at padding.
+
+    HAN's word layer has one row per sentence; its words are flattened to ``(B, S*W)``.
+    Pair Transformers attend over text then query; only the text (passage) keys are items.
+    """
+    b = batch.mask.shape[0]
+    if _hierarchical(run.model) and layer == 0:
+        mask = batch.mask.bool().reshape(b, -1)
+    else:
+        mask = item_mask(run, batch)
+    return values.reshape(b, -1)[:, : mask.shape[1]] * mask.to(values.dtype)
+
+
+def _predicted(probs: Tensor) -> Tensor:
+    """Predicted-class probability ``ŷ`` per instance, ``(B,)``."""
+    return probs.gather(1, probs.argmax(-1, keepdim=True)).squeeze(1)
+
+
+def attention_importance(run: Run, batch: Batch, layer: int | None = None, head: int | None = None) -> Tensor:
+    """The explained attention ``(B, K)``: mean over heads (or ``head``) and real queries.
+
+    ``layer`` defaults to ``model.explained_layer`` (the last one for Transformers). HAN's
+    word layer (``layer=0``) gives ``(B, S*W)``: the word weights within each sentence.
+    """
+    _check_task(run)
+    model = run.model
+    index = _layer_index(model, layer)
+    with _evaluating(model), torch.no_grad():
+        record = model(batch).trace[index]
+        values = _reduce(record.weights, record.query_mask, head)
+    return _to_items(values, run, batch, index)
+
+
+def attention_per_head(run: Run, batch: Batch) -> Tensor:
+    """Attention of every layer and head over the explained items, ``(B, L, H, K)``.
+
+    Mean over real queries. Only layers whose keys are the explained items are included:
+    every layer of a Transformer, the one layer of the single-attention classifiers, and
+    HAN's sentence layer alone (its word layer attends within sentences).
+    """
+    _check_task(run)
+    model = run.model
+    with _evaluating(model), torch.no_grad():
+        trace = model(batch).trace
+    layers = [model.explained_layer % len(trace)] if _hierarchical(model) else range(len(trace))
+    stacked = []
+    for index in layers:
+        record = trace[index]
+        heads = [
+            _to_items(_reduce(record.weights, record.query_mask, h), run, batch, index)
+            for h in range(record.weights.shape[1])
+        ]
+        stacked.append(torch.stack(heads, 1))
+    return torch.stack(stacked, 1)
+
+
+def _token_scores(per_token: Tensor, run: Run, batch: Batch, absolute: bool) -> Tensor:
+    """Per-token scores ``(B,T)`` (HAN ``(B,S,W)``) -> ``(B,K)`` over items, 0 at padding.
+
+    ``absolute`` takes ``|·|`` per token first; HAN then sums a sentence's tokens.
+    """
+    scores = per_token.abs() if absolute else per_token
+    if _hierarchical(run.model):
+        scores = (scores * batch.mask.to(scores.dtype)).sum(-1)
+    mask = item_mask(run, batch)
+    return scores[:, : mask.shape[1]] * mask.to(scores.dtype)
+
+
+def gradient_importance(run: Run, batch: Batch) -> Tensor:
+    """Jain & Wallace's gradient: ``|Σ_d ∂ŷ/∂e_{t,d} · e_{t,d}|`` per token, ``(B, K)``.
+
+    Every attention layer is detached (treated as a constant), so the gradient flows only
+    through the values. HAN: the token scores of a sentence are summed. Pair Transformers
+    embed text and query together; only the text (passage) positions are returned.
+    """
+    _check_task(run)
+    model = run.model
+    with _evaluating(model), torch.enable_grad():
+        embeddings = model.embed(batch).detach().requires_grad_(True)
+        probs = model(batch, [detach_weights()], embeddings=embeddings).probs
+        (grad,) = torch.autograd.grad(_predicted(probs).sum(), embeddings)
+    return _token_scores((grad * embeddings).sum(-1).detach(), run, batch, absolute=True)
+
+
+def _attention_grad(run: Run, batch: Batch) -> tuple[Tensor, Tensor, Tensor | None, int]:
+    """``(α, ∂ŷ/∂α, query_mask, layer)`` on the explained layer, each ``(B,H,Q,K)``."""
+    _check_task(run)
+    model = run.model
+    index = _layer_index(model, None)
+    with _evaluating(model):
+        with torch.no_grad():
+            record = model(batch).trace[index]
+        weights = record.weights.detach().clone().requires_grad_(True)
+        with torch.enable_grad():
+            probs = model(batch, [Intervention(layer=index, weights=weights)]).probs
+            (grad,) = torch.autograd.grad(_predicted(probs).sum(), weights)
+    return weights.detach(), grad, record.query_mask, index
+
+
+def attention_gradient(run: Run, batch: Batch) -> Tensor:
+    """Serrano & Smith's gradient w.r.t. attention: ``∂ŷ/∂α`` on the explained layer, ``(B, K)``.
+
+    Signed (positive: more weight on the item raises ``ŷ``); mean over heads and real queries.
+    """
+    _, grad, query_mask, index = _attention_grad(run, batch)
+    return _to_items(_reduce(grad, query_mask, None), run, batch, index)
+
+
+def gradient_times_attention(run: Run, batch: Batch) -> Tensor:
+    """``α · ∂ŷ/∂α`` on the explained layer (signed), mean over heads and real queries, ``(B, K)``."""
+    weights, grad, query_mask, index = _attention_grad(run, batch)
+    return _to_items(_reduce(weights * grad, query_mask, None), run, batch, index)
+
+
+# --------------------------------------------------------------------------- leave-one-out
+
+
+def _select_extra(extra: dict[str, Any], index: Tensor, batch_size: int) -> dict[str, Any]:
+    """``cache.extra`` for the rows ``index``: per-instance tensors are gathered, the rest kept."""
+    return {
+        key: value[index] if isinstance(value, Tensor) and value.dim() and value.shape[0] == batch_size else value
+        for key, value in extra.items()
+    }
+
+
+def _compact(batch: Batch, index: Tensor, keep: Tensor, pad_id: int) -> Batch:
+    """Instances ``index`` of ``batch`` with only the items in ``keep`` ``(R, K)``, shifted left.
+
+    This is what "removing" an item means: later tokens move up one position (the
+    Transformer's positions and the CNN's windows change accordingly). Items are tokens,
+    or whole sentences for hierarchical ``(B,S,W)`` tokens. The query is kept unchanged.
+    """
+    tokens, mask = batch.tokens[index], batch.mask[index].bool()
+    count = keep.sum(1)
+    width = max(int(count.max()), 1)
+    order = torch.sort((~keep).to(torch.int8), dim=1, stable=True).indices[:, :width]
+    valid = torch.arange(width, device=keep.device)[None, :] < count[:, None]
+    features = None
+    if tokens.dim() == 3:
+        gather = order[:, :, None].expand(-1, -1, tokens.shape[2])
+        tokens, mask = tokens.gather(1, gather), mask.gather(1, gather) & valid[:, :, None]
+    else:
+        tokens, mask = tokens.gather(1, order), valid
+        if batch.features is not None:
+            features = batch.features[index].gather(1, order).masked_fill(~mask, 0)
+    return Batch(
+        tokens=tokens.masked_fill(~mask, pad_id),
+        mask=mask,
+        features=features,
+        query=None if batch.query is None else batch.query[index],
+        query_mask=None if batch.query_mask is None else batch.query_mask[index],
+    )
+
+
+def _drop_one(mask: Tensor, rows: Tensor) -> Tensor:
+    """``(R, K)`` item masks: instance ``rows[:,0]``'s items without item ``rows[:,1]``."""
+    keep = mask[rows[:, 0]].clone()
+    keep[torch.arange(len(rows), device=rows.device), rows[:, 1]] = False
+    return keep
+
+
+def _chunks(n: int, per_row: int, budget: int = _CHUNK_ELEMENTS) -> Iterator[slice]:
+    """Slices of ``range(n)`` such that ``rows * per_row`` stays within ``budget`` elements."""
+    size = max(1, budget // max(per_row, 1))
+    for start in range(0, n, size):
+        yield slice(start, min(start + size, n))
+
+
+LooMethod = Callable[[AttentionModel, Batch, Tensor, Tensor, Cache, ModelOutput], Tensor]
+
+
+def _loo_recompute(
+    model: AttentionModel, batch: Batch, mask: Tensor, rows: Tensor, cache: Cache, output: ModelOutput
+) -> Tensor:
+    """Probabilities ``(R,C)`` with one item removed per row, by full forward passes.
+
+    For encoders whose every state may change when a token goes (CNN windows, Transformer
+    self-attention, the flat GRU). All deletions of a batch run together, sorted by length
+    so each pass pads only to its own longest row, in passes of :data:`_PASS_ELEMENTS`.
+    """
+    order = torch.argsort(mask.sum(1)[rows[:, 0]], descending=True, stable=True)
+    width = max(model.config.d_model, model.config.hidden_dim, model.config.embed_dim)
+    per_row = batch.tokens[0].numel() * (batch.tokens.shape[-1] + width)
+    out = []
+    for part in _chunks(len(rows), per_row, _PASS_ELEMENTS):
+        sub = rows[order[part]]
+        out.append(model(_compact(batch, sub[:, 0], _drop_one(mask, sub), model.config.pad_id)).probs)
+    probs = torch.cat(out)
+    return probs[torch.argsort(order)]
+
+
+def _loo_context_free(
+    model: AttentionModel, batch: Batch, mask: Tensor, rows: Tensor, cache: Cache, output: ModelOutput
+) -> Tensor:
+    """Leave-one-out for context-free states (the ``average`` encoder) without re-encoding.
+
+    A state depends only on its own token and the attention scores only on the state (and
+    the question, which does not change), so removing item ``i`` = renormalising the
+    original scores without ``i``: one ``(K, K)`` weight matrix per instance (row ``i``
+    leaves out item ``i``) gives every leave-one-out context in one matmul. The classifier
+    sees the states only through the context vector, so each context is decoded as a
+    one-state cache (a single key always gets weight 1), which runs the model's own
+    output layers on it.
+    """
+    record = output.trace[0]
+    scores, values = record.scores[:, 0, 0], record.inputs
+    b_size, k = mask.shape
+    others = ~torch.eye(k, dtype=torch.bool, device=mask.device)
+    contexts = []
+    for part in _chunks(b_size, k * (k + values.shape[-1])):
+        keep = mask[part][:, None, :] & others
+        weights = normalise(scores[part][:, None, :].expand(-1, k, -1), keep, model.config.attention)
+        contexts.append(torch.bmm(weights, values[part]))
+    context = torch.cat(contexts)[rows[:, 0], rows[:, 1]]
+    single = Cache(
+        states=context[:, None, :],
+        mask=torch.ones(len(rows), 1, dtype=torch.bool, device=mask.device),
+        extra=_select_extra(cache.extra, rows[:, 0], b_size),
+    )
+    return model.decode(single).probs
+
+
+def _lstm_run(
+    proj: Tensor,
+    index: Tensor,
+    lengths: Tensor,
+    w_hh: Tensor,
+    h0: Tensor,
+    c0: Tensor,
+    keep_cells: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """One LSTM direction for ``R`` rows, each from its own start state.
+
+    ``proj`` ``(N, 4h)`` holds precomputed input projections (biases included); row ``r``
+    reads ``proj[index[r, s]]`` at step ``s < lengths[r]``. Hand-written rather than
+    ``nn.LSTM`` because ``nn.LSTM`` neither starts different rows from different cell
+    states in one packed call nor returns the cell state of every step, and leave-one-out
+    needs both. Rows are sorted by length so step ``s`` only computes the rows still
+    running (as packing does). Returns hidden (and optionally cell) states ``(R, S, h)``,
+    zero past each row's length. (``index_select`` throughout: advanced indexing is
+    several times slower on CPU.)
+    """
+    r, steps = index.shape
+    hidden = w_hh.shape[1]
+    order = torch.argsort(lengths, descending=True, stable=True)
+    running = (lengths[order][None, :] > torch.arange(steps, device=lengths.device)[:, None]).sum(1).tolist()
+    index = index.index_select(0, order).t().contiguous()  # (S, R): step s reads index[s, :n]
+    h, c = h0.index_select(0, order), c0.index_select(0, order)
+    hs = proj.new_zeros(r, steps, hidden)
+    cs = proj.new_zeros(r, steps, hidden) if keep_cells else None
+    w = w_hh.t()
+    for s, n in enumerate(running):
+        if n == 0:
+            break
+        h, c = h[:n], c[:n]
+        gates = torch.addmm(proj.index_select(0, index[s, :n]), h, w)
+        act = gates.sigmoid()  # PyTorch's gate order i, f, g, o; g's sigmoid is unused
+        g = gates[:, 2 * hidden : 3 * hidden].tanh()
+        c = torch.addcmul(act[:, hidden : 2 * hidden] * c, act[:, :hidden], g)
+        h = act[:, 3 * hidden :] * c.tanh()
+        hs[:n, s] = h
+        if cs is not None:
+            cs[:n, s] = c
+    unsort = torch.argsort(order)
+    return hs.index_select(0, unsort), None if cs is None else cs.index_select(0, unsort)
+
+
+def _loo_bilstm(
+    model: AttentionModel, batch: Batch, mask: Tensor, rows: Tensor, cache: Cache, output: ModelOutput
+) -> Tensor:
+    """Leave-one-out for a single-layer biLSTM, rerunning only what the deletion changes.
+
+    Removing token ``i`` leaves the forward states before ``i`` and the backward states after
+    ``i`` unchanged. For every deletion at once, the forward direction restarts from the
+    original state at ``i-1`` over the suffix, the backward direction from the original
+    state at ``i+1`` over the prefix; input projections are computed once per token.
+    Then attention and the output layers run on the new states with ``i`` masked out
+    (attention is order-free, so a masked key is a removed one).
+    """
+    lstm = model.encoder.rnn  # type: ignore[union-attr]
+    hidden = lstm.hidden_size
+    emb = model.embed(batch)
+    b_size, t = mask.shape
+    lengths = mask.sum(1)
+    steps = torch.arange(t, device=mask.device)
+    base = torch.arange(b_size, device=mask.device)[:, None] * t  # row offsets into the flat (B*T) tensors
+
+    def projection(suffix: str) -> Tensor:
+        w_ih, b_ih, b_hh = (getattr(lstm, f"{n}_l0{suffix}") for n in ("weight_ih", "bias_ih", "bias_hh"))
+        return torch.addmm(b_ih + b_hh, emb.reshape(b_size * t, -1), w_ih.t())
+
+    def flat(states: Tensor) -> Tensor:
+        return states.reshape(b_size * t, hidden)
+
+    pf, pb = projection(""), projection("_reverse")
+    w_f, w_b = lstm.weight_hh_l0, lstm.weight_hh_l0_reverse
+    zeros = emb.new_zeros(b_size, hidden)
+    hf, cf = _lstm_run(pf, base + steps, lengths, w_f, zeros, zeros, keep_cells=True)
+    # The backward direction reads each instance from its own last real token.
+    reverse = (lengths[:, None] - 1 - steps[None, :]).clamp_min(0)
+    hb_rev, cb_rev = _lstm_run(pb, base + reverse, lengths, w_b, zeros, zeros, keep_cells=True)
+    assert cf is not None and cb_rev is not None
+    flip = reverse[:, :, None].expand(-1, -1, hidden)
+    hf, cf, hb, cb = flat(hf), flat(cf), flat(hb_rev.gather(1, flip)), flat(cb_rev.gather(1, flip))
+
+    out = []
+    for part in _chunks(len(rows), t * 8 * hidden):
+        sub = rows[part]
+        b, i = sub[:, 0], sub[:, 1]
+        n, row0, col = lengths[b], base[b], i[:, None]
+        # Forward: restart after i from the state at i-1 (zero state when i = 0).
+        prev = (row0[:, 0] + i - 1).clamp_min(0)
+        live = (i > 0).to(emb.dtype)[:, None]
+        index = row0 + (col + 1 + steps[None, : t - 1]).clamp_max(t - 1)
+        h0, c0 = hf.index_select(0, prev) * live, cf.index_select(0, prev) * live
+        f_out, _ = _lstm_run(pf, index, n - 1 - i, w_f, h0, c0)
+        # Backward: restart before i from the state at i+1 (zero state when i is the last token).
+        nxt = row0[:, 0] + (i + 1).clamp_max(t - 1)
+        live = (i + 1 < n).to(emb.dtype)[:, None]
+        index = row0 + (col - 1 - steps[None, : t - 1]).clamp_min(0)
+        h0, c0 = hb.index_select(0, nxt) * live, cb.index_select(0, nxt) * live
+        b_out, _ = _lstm_run(pb, index, i, w_b, h0, c0)
+
+        # New states: rerun outputs after i (forward) and before i (backward), the originals elsewhere.
+        original = (row0 + steps).reshape(-1)
+        after = (steps[None, :] - col - 1).clamp(0, t - 2)[:, :, None].expand(-1, -1, hidden)
+        before = (col - 1 - steps[None, :]).clamp(0, t - 2)[:, :, None].expand(-1, -1, hidden)
+        new_f = torch.where(
+            (steps[None, :] > col)[:, :, None], f_out.gather(1, after), hf.index_select(0, original).view(-1, t, hidden)
+        )
+        new_b = torch.where(
+            (steps[None, :] < col)[:, :, None], b_out.gather(1, before), hb.index_select(0, original).view(-1, t, hidden)
+        )
+        keep = _drop_one(mask, sub)
+        states = torch.cat([new_f, new_b], -1) * keep[:, :, None].to(emb.dtype)
+        restart = Cache(states=states, mask=keep, extra=_select_extra(cache.extra, b, b_size))
+        out.append(model.decode(restart).probs)
+    return torch.cat(out)
+
+
+def _loo_han(
+    model: AttentionModel, batch: Batch, mask: Tensor, rows: Tensor, cache: Cache, output: ModelOutput
+) -> Tensor:
+    """Leave-one-sentence-out for HAN without rerunning the word GRU.
+
+    Each sentence is encoded on its own, so the word-GRU states of the remaining
+    sentences do not change; the layer-0 cache is re-assembled without the sentence and
+    the word attention, sentence GRU, sentence attention and output are rerun.
+    """
+    b_size, s, w = batch.mask.shape
+    states = cache.states.reshape(b_size, s, w, -1)
+    words = cache.mask.reshape(b_size, s, w)
+    out = []
+    for part in _chunks(len(rows), s * w * states.shape[-1]):
+        sub = rows[part]
+        b = sub[:, 0]
+        keep = _drop_one(mask, sub)
+        count = keep.sum(1)
+        width = max(int(count.max()), 1)
+        order = torch.sort((~keep).to(torch.int8), dim=1, stable=True).indices[:, :width]
+        valid = torch.arange(width, device=keep.device)[None, :] < count[:, None]
+        kept_words = words[b].gather(1, order[:, :, None].expand(-1, -1, w)) & valid[:, :, None]
+        kept = states[b].gather(1, order[:, :, None, None].expand(-1, -1, w, states.shape[-1]))
+        kept = kept * kept_words[..., None].to(kept.dtype)
+        restart = Cache(
+            states=kept.reshape(len(sub) * width, w, -1),
+            mask=kept_words.reshape(len(sub) * width, w),
+            layer=0,
+            extra={"sentence_mask": kept_words.any(-1)},
+        )
+        out.append(model.decode(restart).probs)
+    return torch.cat(out)
+
+
+def _loo_method(model: AttentionModel) -> LooMethod:
+    """The fastest exact leave-one-out for this model family."""
+    if _hierarchical(model):
+        return _loo_han
+    if isinstance(model, (AttentionClassifier, PairAttentionClassifier)):
+        encoder = model.encoder
+        if isinstance(encoder, AverageEncoder):
+            return _loo_context_free
+        if isinstance(encoder, RecurrentEncoder) and isinstance(encoder.rnn, nn.LSTM):
+            rnn = encoder.rnn
+            if rnn.num_layers == 1 and rnn.bidirectional and rnn.bias and not rnn.proj_size:
+                return _loo_bilstm
+    return _loo_recompute
+
+
+def _finish_loo(changes: Tensor, mask: Tensor) -> Tensor:
+    """0 at padding; NaN at the item of a one-item instance (removing it leaves no input)."""
+    changes = changes * mask.to(changes.dtype)
+    return changes.masked_fill(_single_items(mask)[:, None] & mask, float("nan"))
+
+
+def loo_importance(run: Run, batch: Batch) -> Tensor:
+    """Leave-one-out: output change (:func:`~attnaudit.metrics.output_change`) when item i is removed.
+
+    ``(B, K)``; |Δŷ| for binary models, TVD for multi-class. Exact removal (later items
+    move up), computed by the cheapest exact route for the family: renormalised scores
+    for ``average``, suffix/prefix reruns for ``bilstm``, sentence reassembly for HAN, and
+    batched full recomputation otherwise. One-item instances get NaN.
+    """
+    _check_task(run)
+    model = run.model
+    mask = item_mask(run, batch)
+    with _evaluating(model), torch.no_grad():
+        cache = model.encode(batch)
+        output = model.decode(cache)
+        full = output.probs
+        changes = full.new_zeros(mask.shape)
+        rows = (mask & ~_single_items(mask)[:, None]).nonzero()
+        if len(rows):
+            dropped = _loo_method(model)(model, batch, mask, rows, cache, output)
+            changes[rows[:, 0], rows[:, 1]] = output_change(dropped, full[rows[:, 0]])
+    return _finish_loo(changes, mask)
+
+
+def loo_importance_reference(run: Run, batch: Batch) -> Tensor:
+    """Leave-one-out with Captum ``FeatureAblation``: the check for :func:`loo_importance`.
+
+    The ablated input is a ``keep`` indicator per item; the forward function removes the
+    items whose indicator is 0 (:func:`_compact`) and returns the output change against the
+    unperturbed prediction, so Captum's attribution ``f(x) − f(x without i)`` is ``−LOO``.
+    One full forward pass per item position, as Captum does it.
+    """
+    from captum.attr import FeatureAblation
+
+    _check_task(run)
+    model = run.model
+    mask = item_mask(run, batch)
+    everyone = torch.arange(len(batch), device=mask.device)
+    with _evaluating(model), torch.no_grad():
+        full = model(batch).probs
+
+        def forward(keep: Tensor) -> Tensor:
+            sub = _compact(batch, everyone, (keep > 0.5) & mask, model.config.pad_id)
+            return output_change(model(sub).probs, full)
+
+        attributions = FeatureAblation(forward).attribute(mask.to(full.dtype), baselines=0.0)
+    return _finish_loo(-attributions, mask)
+
+
+# --------------------------------------------------------------------------- integrated gradients
+
+
+def integrated_gradients(run: Run, batch: Batch, steps: int = 50, absolute: bool = True) -> Tensor:
+    """Integrated Gradients (Captum) of ``ŷ`` w.r.t. the item embeddings, zero baseline, ``(B, K)``.
+
+    Attributions are summed over the embedding dimension per token; with ``absolute``
+    (the default, like :func:`gradient_importance`) the sum's absolute value is taken, so
+    scores rank magnitude regardless of direction. HAN sums its tokens' values per sentence.
+    ``absolute=False`` keeps the sign, so a row sums to ``f(x) − f(0)`` up to the
+    integration error (completeness). Pair models: only the passage embeddings are
+    integrated; the question stays as it is.
+    """
+    from captum.attr import IntegratedGradients
+
+    _check_task(run)
+    if steps < 1:
+        raise AttnAuditError(f"integrated gradients needs steps >= 1, got {steps}")
+    model = run.model
+    t = batch.tokens.shape[1]
+    with _evaluating(model):
+        with torch.no_grad():
+            target = model(batch).probs.argmax(-1)
+            embeddings = model.embed(batch)
+        hierarchical = _hierarchical(model)
+        passage = embeddings if hierarchical else embeddings[:, :t]
+        rest = None if hierarchical or embeddings.shape[1] == t else embeddings[:, t:]
+
+        def forward(
+            x: Tensor, tokens: Tensor, mask: Tensor, features: Tensor | None,
+            query: Tensor | None, query_mask: Tensor | None, tail: Tensor | None,
+        ) -> Tensor:
+            emb = x if tail is None else torch.cat([x, tail], 1)
+            sub = Batch(tokens=tokens, mask=mask, features=features, query=query, query_mask=query_mask)
+            return model(sub, embeddings=emb).probs
+
+        per_pass = max(1, 4096 // max(len(batch), 1))
+        attributions = IntegratedGradients(forward).attribute(
+            passage,
+            target=target,
+            additional_forward_args=(batch.tokens, batch.mask, batch.features, batch.query, batch.query_mask, rest),
+            n_steps=steps,
+            internal_batch_size=len(batch) * min(steps, per_pass),
+        )
+    return _token_scores(attributions.sum(-1).detach(), run, batch, absolute)
+
+
+IMPORTANCE: dict[str, ImportanceFn] = {
+    "attention": attention_importance,
+    "gradient": gradient_importance,
+    "attention_gradient": attention_gradient,
+    "gradient_x_attention": gradient_times_attention,
+    "loo": loo_importance,
+    "ig": integrated_gradients,
+}
+"""Importance methods by name; each is ``fn(run, batch) -> (B, K)`` (erasure ranks items with them)."""

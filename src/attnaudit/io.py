@@ -1,0 +1,74 @@
+"""Atomic writes: a result file either exists complete or not at all."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+
+def atomic_write(path: str | Path, writer: Callable[[Path], None]) -> Path:
+    """Call ``writer(tmp_path)`` then rename the temporary file onto ``path``.
+
+    The rename is atomic on POSIX, so a reader never sees a half-written file and a
+    killed process leaves only a stray ``.tmp`` file behind, never a truncated result.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; results should be readable like any file
+    tmp_path = Path(tmp)
+    try:
+        writer(tmp_path)
+        os.replace(tmp_path, path)
+    finally:
+        if tmp_path.exists():
+            tmp_path.unlink()
+    return path
+
+
+def atomic_write_text(path: str | Path, text: str) -> Path:
+    """Write ``text`` to ``path`` atomically (UTF-8)."""
+    return atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+
+
+def _clean(obj: Any) -> Any:
+    """Make ``obj`` strict-JSON: NaN/inf become None, numpy/torch scalars become floats."""
+    if isinstance(obj, dict):
+        return {str(k): _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    if hasattr(obj, "tolist") and not isinstance(obj, (str, bytes)):
+        return _clean(obj.tolist())
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, Path):
+        return str(obj)
+    return obj
+
+
+def atomic_write_json(path: str | Path, obj: Any) -> Path:
+    """Write ``obj`` as indented strict JSON, atomically."""
+    return atomic_write_text(path, json.dumps(_clean(obj), indent=2, allow_nan=False) + "\n")
+
+
+def read_json(path: str | Path) -> Any:
+    """Read a JSON file, turning a decode error into an ``InputError`` with the line."""
+    from attnaudit.errors import InputError
+
+    path = Path(path)
+    if not path.exists():
+        raise InputError(path, "file not found")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise InputError(path, f"invalid JSON: {exc.msg}", exc.lineno) from None
+    except UnicodeDecodeError:
+        raise InputError(path, "not a UTF-8 JSON file") from None

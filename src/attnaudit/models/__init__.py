@@ -1,0 +1,61 @@
+"""Model families behind one interface, built from a :class:`ModelConfig` by name."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from importlib import import_module
+
+from attnaudit.errors import AttnAuditError
+from attnaudit.models.base import (
+    AttentionLayer,
+    AttentionModel,
+    AttentionTrace,
+    Cache,
+    Intervention,
+    ModelConfig,
+    ModelOutput,
+    detach_weights,
+    freeze_to,
+    freeze_uniform,
+    uniform_weights,
+)
+
+# name -> (module, builder, description); modules import lazily so the CLI starts fast.
+MODELS: dict[str, tuple[str, str, str]] = {
+    "bilstm": ("attnaudit.models.rnn", "build_rnn_model", "BiLSTM encoder + additive/dot attention (Jain & Wallace)"),
+    "cnn": ("attnaudit.models.rnn", "build_rnn_model", "CNN encoder (kernels 1,3,5,7 x 32) + attention"),
+    "average": ("attnaudit.models.rnn", "build_rnn_model", "context-free per-token MLP + attention (Wiegreffe & Pinter)"),
+    "han": ("attnaudit.models.han", "build_han_model", "Hierarchical Attention Network, word + sentence GRU (Yang et al.)"),
+    "flat": ("attnaudit.models.han", "build_han_model", "flat variant of HAN: one biGRU + attention over all tokens"),
+    "transformer": (
+        "attnaudit.models.transformer",
+        "build_transformer_model",
+        "Transformer encoder classifier/tagger, softmax/entmax15/sparsemax attention",
+    ),
+}
+
+
+def build_model(config: ModelConfig) -> AttentionModel:
+    """Instantiate the family named by ``config.model``."""
+    if config.model not in MODELS:
+        raise AttnAuditError(f"unknown model {config.model!r}; choose one of {', '.join(MODELS)}")
+    module, builder, _ = MODELS[config.model]
+    build: Callable[[ModelConfig], AttentionModel] = getattr(import_module(module), builder)
+    return build(config)
+
+
+__all__ = [
+    "MODELS",
+    "AttentionLayer",
+    "AttentionModel",
+    "AttentionTrace",
+    "Cache",
+    "Intervention",
+    "ModelConfig",
+    "ModelOutput",
+    "build_model",
+    "detach_weights",
+    "freeze_to",
+    "freeze_uniform",
+    "uniform_weights",
+]

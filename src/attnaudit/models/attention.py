@@ -1,0 +1,98 @@
+"""Attention normalisers and the one function that applies interventions to a layer.
+
+Every model computes attention through :func:`normalise` and :func:`apply_weight_interventions`
+/ :func:`apply_key_interventions`, so an intervention means the same thing in every family.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from entmax import entmax15, entmax_bisect, sparsemax
+from torch import Tensor
+
+from attnaudit.errors import AttnAuditError
+from attnaudit.models.base import Intervention
+
+NORMALISERS = ("softmax", "entmax15", "sparsemax", "entmax:<alpha>")
+
+
+def check_normaliser(name: str) -> str:
+    """Validate a normaliser name; return it unchanged."""
+    if name in ("softmax", "entmax15", "sparsemax"):
+        return name
+    if name.startswith("entmax:"):
+        try:
+            alpha = float(name.split(":", 1)[1])
+        except ValueError:
+            alpha = 0.0
+        if alpha >= 1.0:
+            return name
+    raise AttnAuditError(
+        f"unknown attention normaliser {name!r}; choose softmax, entmax15, sparsemax or entmax:<alpha >= 1>"
+    )
+
+
+def normalise(scores: Tensor, mask: Tensor, name: str = "softmax") -> Tensor:
+    """Turn scores ``(..., K)`` into distributions over the keys where ``mask`` is True.
+
+    ``mask`` broadcasts against ``scores`` (e.g. ``(B,1,1,K)``). Padded keys get exactly 0.
+    """
+    check_normaliser(name)
+    mask = mask.expand_as(scores)
+    # A large finite negative rather than -inf: entmax's sort-based threshold handles it,
+    # and fully-masked rows (padding queries) stay finite instead of NaN.
+    filled = scores.masked_fill(~mask, torch.finfo(scores.dtype).min / 4)
+    if name == "softmax":
+        out = torch.softmax(filled, dim=-1)
+    elif name == "entmax15":
+        out = entmax15(filled, dim=-1)
+    elif name == "sparsemax":
+        out = sparsemax(filled, dim=-1)
+    else:
+        alpha = float(name.split(":", 1)[1])
+        out = torch.softmax(filled, dim=-1) if alpha == 1.0 else entmax_bisect(filled, alpha=alpha, dim=-1)
+    return out * mask.to(out.dtype)
+
+
+def apply_key_interventions(keys: Tensor, interventions: Sequence[Intervention]) -> Tensor:
+    """Replace the keys of a layer (tensor or function), in order."""
+    for iv in interventions:
+        if iv.keys is not None:
+            keys = iv.keys(keys) if callable(iv.keys) else iv.keys.to(keys.device, keys.dtype).expand_as(keys)
+    return keys
+
+
+def normaliser_for(default: str, interventions: Sequence[Intervention]) -> str:
+    """The normaliser to use: the last intervention that swaps it wins."""
+    for iv in interventions:
+        if iv.normaliser is not None:
+            default = check_normaliser(iv.normaliser)
+    return default
+
+
+def apply_weight_interventions(
+    weights: Tensor, key_mask: Tensor, interventions: Sequence[Intervention]
+) -> Tensor:
+    """Replace a layer's weights ``(B,H,Q,K)`` (tensor or function of them), in order."""
+    for iv in interventions:
+        if iv.weights is None:
+            continue
+        if callable(iv.weights):
+            weights = iv.weights(weights, key_mask)
+        else:
+            weights = iv.weights.to(weights.device, weights.dtype).expand_as(weights)
+    return weights
+
+
+def attention_weights(
+    scores: Tensor,
+    key_mask: Tensor,
+    normaliser: str,
+    interventions: Sequence[Intervention],
+) -> Tensor:
+    """Scores ``(B,H,Q,K)`` -> weights, with normaliser swaps and weight replacements applied."""
+    name = normaliser_for(normaliser, interventions)
+    weights = normalise(scores, key_mask[:, None, None, :], name)
+    return apply_weight_interventions(weights, key_mask, interventions)

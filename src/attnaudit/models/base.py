@@ -1,0 +1,237 @@
+"""The one model interface every experiment talks to.
+
+Every model family (additive/dot attention classifiers, the pair/QA variant, HAN,
+Transformers, Hugging Face encoders, the NMT model) is an :class:`AttentionModel`:
+
+* ``forward(batch, interventions)`` returns :class:`ModelOutput` — logits plus an
+  :class:`AttentionTrace` with, per attention layer, the weights as
+  ``(batch, heads, query, key)`` (the Hugging Face convention), the keys, values,
+  the states that entered attention and the key padding mask.
+* ``encode(batch)`` runs everything *before* the first attention layer and returns a
+  :class:`Cache`; ``decode(cache, interventions, start_layer)`` runs attention layer
+  ``start_layer`` and everything after it.  ``forward == decode(encode(...))``.
+  Experiments that only change attention (permutation, adversarial search, erasure)
+  encode once and decode many times.
+* Interventions (:class:`Intervention`) replace weights (a tensor or a function of
+  the computed weights), replace keys, swap the normaliser, or freeze attention to
+  uniform / supplied distributions, per layer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any, Literal
+
+import torch
+from torch import Tensor, nn
+
+TaskType = Literal["classification", "pair", "tagging", "seq2seq"]
+WeightsFn = Callable[[Tensor, Tensor], Tensor]
+"""``fn(weights (B,H,Q,K), key_mask (B,K) bool) -> new weights (B,H,Q,K)``."""
+KeysFn = Callable[[Tensor], Tensor]
+
+
+@dataclass
+class Intervention:
+    """A change to one attention layer (``layer=None``: every layer).
+
+    ``weights``: a ``(B,H,Q,K)`` tensor (broadcastable) or a :data:`WeightsFn`, applied
+    after the normaliser. ``keys``: a tensor shaped like the layer's keys, or a function
+    of them, applied before scoring. ``normaliser``: evaluate with another normaliser
+    (``softmax``, ``entmax15``, ``sparsemax``, ``entmax:<alpha>``).
+    """
+
+    layer: int | None = None
+    weights: Tensor | WeightsFn | None = None
+    keys: Tensor | KeysFn | None = None
+    normaliser: str | None = None
+
+    def applies_to(self, layer: int) -> bool:
+        return self.layer is None or self.layer == layer
+
+
+def uniform_weights(weights: Tensor, mask: Tensor) -> Tensor:
+    """Uniform distribution over the real (unmasked) keys, shaped like ``weights``."""
+    m = mask[:, None, None, :].to(weights.dtype).expand_as(weights)
+    return m / m.sum(-1, keepdim=True).clamp_min(1.0)
+
+
+def freeze_uniform(layer: int | None = None) -> Intervention:
+    """Attention frozen to uniform over real tokens (Wiegreffe & Pinter's baseline)."""
+    return Intervention(layer=layer, weights=uniform_weights)
+
+
+def freeze_to(distributions: Tensor, layer: int | None = None) -> Intervention:
+    """Attention frozen to supplied distributions ``(B,H,Q,K)`` (no gradient flows to them)."""
+    return Intervention(layer=layer, weights=distributions.detach())
+
+
+def detach_weights(layer: int | None = None) -> Intervention:
+    """Treat attention as a constant: gradients flow only through values (J&W's gradient)."""
+    return Intervention(layer=layer, weights=lambda w, _m: w.detach())
+
+
+@dataclass
+class AttentionLayer:
+    """What one attention computation saw and produced.
+
+    ``weights`` (B,H,Q,K); ``scores`` the pre-normaliser logits (same shape, -inf at
+    padding) or None; ``keys``/``values`` (B,H,K,d) (additive attention: H=1);
+    ``inputs`` (B,K,d) the states that entered the layer; ``mask`` (B,K) True at real
+    keys; ``query_mask`` (B,Q) True at real queries.
+    """
+
+    weights: Tensor
+    mask: Tensor
+    inputs: Tensor
+    keys: Tensor | None = None
+    values: Tensor | None = None
+    scores: Tensor | None = None
+    query_mask: Tensor | None = None
+    name: str = ""
+
+
+@dataclass
+class AttentionTrace:
+    """All attention layers of one forward pass, in order."""
+
+    layers: list[AttentionLayer] = field(default_factory=list)
+
+    @property
+    def weights(self) -> tuple[Tensor, ...]:
+        """Attention per layer as a tuple of ``(batch, heads, query, key)``, like HF."""
+        return tuple(layer.weights for layer in self.layers)
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+    def __getitem__(self, i: int) -> AttentionLayer:
+        return self.layers[i]
+
+
+@dataclass
+class Cache:
+    """States entering attention layer ``layer``; enough to rerun the rest of the model.
+
+    ``states`` (B,K,d); ``mask`` (B,K); ``extra`` carries family-specific tensors
+    (the question encoding of the pair/QA model, HAN's sentence structure, ...).
+    """
+
+    states: Tensor
+    mask: Tensor
+    layer: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ModelOutput:
+    """Logits ``(B,C)`` (classification) or ``(B,T,C)`` (tagging) and the attention trace."""
+
+    logits: Tensor
+    trace: AttentionTrace
+
+    @property
+    def probs(self) -> Tensor:
+        return self.logits.softmax(-1)
+
+
+@dataclass
+class ModelConfig:
+    """Everything needed to rebuild a model; saved as ``config.json`` next to the weights."""
+
+    model: str
+    task_type: TaskType
+    vocab_size: int
+    num_labels: int
+    embed_dim: int = 300
+    hidden_dim: int = 128
+    scorer: Literal["tanh", "dot"] = "tanh"
+    attention: str = "softmax"
+    layers: int = 1
+    heads: int = 4
+    d_model: int = 128
+    d_ff: int = 256
+    dropout: float = 0.1
+    max_len: int = 512
+    pad_id: int = 0
+    cnn_kernels: tuple[int, ...] = (1, 3, 5, 7)
+    cnn_filters: int = 32
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
+        known = {f.name for f in fields(cls)}
+        kwargs = {k: v for k, v in data.items() if k in known}
+        if "cnn_kernels" in kwargs:
+            kwargs["cnn_kernels"] = tuple(kwargs["cnn_kernels"])
+        return cls(**kwargs)
+
+    def with_(self, **changes: Any) -> ModelConfig:
+        return replace(self, **changes)
+
+
+class AttentionModel(nn.Module):
+    """Base class: subclasses implement ``embed``, ``encode`` and ``decode``.
+
+    ``explained_layer`` names the attention layer the single-attention tests
+    (importance, permutation, adversarial, erasure) examine: the only one for the
+    additive models, the sentence level for HAN, the last layer for Transformers.
+    """
+
+    config: ModelConfig
+    explained_layer: int = -1
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+
+    @property
+    def num_attention_layers(self) -> int:
+        raise NotImplementedError
+
+    def embed(self, batch: Any) -> Tensor:
+        """Input embeddings ``(B,T,E)`` (or ``(B,S,W,E)`` for HAN): the gradient target."""
+        raise NotImplementedError
+
+    def encode(self, batch: Any, embeddings: Tensor | None = None) -> Cache:
+        """Everything before attention layer 0, optionally from given embeddings."""
+        raise NotImplementedError
+
+    def decode(
+        self,
+        cache: Cache,
+        interventions: Sequence[Intervention] = (),
+        start_layer: int | None = None,
+    ) -> ModelOutput:
+        """Attention layer ``start_layer`` (default ``cache.layer``) and all after it.
+
+        The returned trace holds only the layers that were run.
+        """
+        raise NotImplementedError
+
+    def cache_at(self, trace: AttentionTrace, layer: int, base: Cache) -> Cache:
+        """A cache that restarts the model at attention layer ``layer`` of ``trace``.
+
+        The default takes the states that entered that layer; families whose later
+        layers need more (HAN's sentence structure) override it.
+        """
+        layer = layer % max(len(trace), 1)
+        entry = trace[layer]
+        return Cache(states=entry.inputs, mask=entry.mask, layer=layer, extra=dict(base.extra))
+
+    def forward(  # type: ignore[override]
+        self,
+        batch: Any,
+        interventions: Sequence[Intervention] = (),
+        embeddings: Tensor | None = None,
+    ) -> ModelOutput:
+        return self.decode(self.encode(batch, embeddings), interventions)
+
+
+def interventions_for(interventions: Sequence[Intervention], layer: int) -> list[Intervention]:
+    """The interventions that apply to attention layer ``layer``, in order."""
+    return [iv for iv in interventions if iv.applies_to(layer)]

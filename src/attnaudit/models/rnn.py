@@ -1,0 +1,371 @@
+"""Additive / dot attention over a recurrent, convolutional or context-free encoder.
+
+The model family of Jain & Wallace (2019) and Wiegreffe & Pinter (2019): embed the
+tokens, encode them (``bilstm``, ``cnn``, ``average``, or ``bigru`` for the flat HAN
+variant), score every state against a learned query (classification) or against the
+encoded question (pair tasks: NLI, bAbI QA), normalise the scores with
+:func:`attnaudit.models.attention.attention_weights`, and classify the weighted sum of
+the states. There is exactly one attention layer, so ``encode`` stops at the encoder
+states and ``decode`` (attention + output) is cheap to rerun for permutation,
+adversarial search and erasure.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+from attnaudit.data.types import Batch
+from attnaudit.errors import AttnAuditError
+from attnaudit.models.attention import apply_key_interventions, attention_weights, check_normaliser
+from attnaudit.models.base import (
+    AttentionLayer,
+    AttentionModel,
+    AttentionTrace,
+    Cache,
+    Intervention,
+    ModelConfig,
+    ModelOutput,
+    interventions_for,
+)
+
+ENCODERS = ("bilstm", "cnn", "average", "bigru")
+SCORERS = ("tanh", "dot")
+
+
+class Encoder(nn.Module):
+    """Maps embeddings ``(B,T,E)`` and a mask ``(B,T)`` to states ``(B,T,output_dim)``, zero at padding."""
+
+    output_dim: int
+
+    def forward(self, x: Tensor, mask: Tensor) -> Tensor:  # pragma: no cover - interface
+        raise NotImplementedError
+
+
+class RecurrentEncoder(Encoder):
+    """Single-layer bidirectional LSTM or GRU over packed sequences.
+
+    Packing means a padded position is never read, so an example gives the same states
+    alone or inside a batch with longer ones. Empty rows (HAN's padding sentences) are
+    run with length 1 and then zeroed, because ``pack_padded_sequence`` rejects length 0.
+    """
+
+    def __init__(self, cell: Literal["lstm", "gru"], input_dim: int, hidden_per_direction: int) -> None:
+        super().__init__()
+        rnn_class = nn.LSTM if cell == "lstm" else nn.GRU
+        self.rnn = rnn_class(input_dim, hidden_per_direction, batch_first=True, bidirectional=True)
+        self.output_dim = 2 * hidden_per_direction
+
+    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
+        lengths = mask.sum(-1).clamp_min(1).cpu()
+        packed = pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
+        out, _ = self.rnn(packed)
+        out, _ = pad_packed_sequence(out, batch_first=True, total_length=x.shape[1])
+        return out * mask[..., None].to(out.dtype)
+
+
+class ConvEncoder(Encoder):
+    """Parallel 'same'-padded convolutions (one per kernel width) + ReLU, concatenated.
+
+    Padding positions are zeroed before the convolution (so a padded token contributes
+    exactly what the implicit zero padding beyond the sequence would) and after it.
+    """
+
+    def __init__(self, input_dim: int, kernels: Sequence[int], filters: int) -> None:
+        super().__init__()
+        self.convs = nn.ModuleList(nn.Conv1d(input_dim, filters, k, padding="same") for k in kernels)
+        self.output_dim = filters * len(kernels)
+
+    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
+        m = mask[..., None].to(x.dtype)
+        inputs = (x * m).transpose(1, 2)
+        out = torch.cat([torch.relu(conv(inputs)) for conv in self.convs], dim=1).transpose(1, 2)
+        return out * m
+
+
+class AverageEncoder(Encoder):
+    """Per-token ``tanh(W e_t + b)``: no context, Wiegreffe & Pinter's diagnostic encoder."""
+
+    def __init__(self, input_dim: int, hidden_dim: int) -> None:
+        super().__init__()
+        self.proj = nn.Linear(input_dim, hidden_dim)
+        self.output_dim = hidden_dim
+
+    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
+        return torch.tanh(self.proj(x)) * mask[..., None].to(x.dtype)
+
+
+def build_encoder(kind: str, input_dim: int, config: ModelConfig) -> Encoder:
+    """The encoder named ``kind``; ``bigru`` uses ``hidden_dim // 2`` per direction (HAN's width)."""
+    if kind == "bilstm":
+        return RecurrentEncoder("lstm", input_dim, config.hidden_dim)
+    if kind == "bigru":
+        return RecurrentEncoder("gru", input_dim, max(config.hidden_dim // 2, 1))
+    if kind == "cnn":
+        if not config.cnn_kernels or config.cnn_filters < 1:
+            raise AttnAuditError("the cnn encoder needs at least one kernel width and cnn_filters >= 1")
+        return ConvEncoder(input_dim, config.cnn_kernels, config.cnn_filters)
+    if kind == "average":
+        return AverageEncoder(input_dim, config.hidden_dim)
+    raise AttnAuditError(f"unknown encoder {kind!r}; choose one of {', '.join(ENCODERS)}")
+
+
+class AdditiveScorer(nn.Module):
+    """``v^T tanh(W k_t + U q + b)`` (Bahdanau et al.); without a question ``v`` is the learned context vector."""
+
+    def __init__(self, key_dim: int, hidden_dim: int, query_dim: int | None = None) -> None:
+        super().__init__()
+        self.key_proj = nn.Linear(key_dim, hidden_dim)
+        self.query_proj = nn.Linear(query_dim, hidden_dim, bias=False) if query_dim is not None else None
+        self.v = nn.Linear(hidden_dim, 1, bias=False)
+
+    def forward(self, keys: Tensor, query: Tensor | None = None) -> Tensor:
+        """Keys ``(B,1,T,d)`` (and question ``(B,dq)``) -> scores ``(B,1,1,T)``."""
+        hidden = self.key_proj(keys)
+        if self.query_proj is not None:
+            if query is None:
+                raise AttnAuditError("this attention scorer is question-conditioned but got no question")
+            hidden = hidden + self.query_proj(query)[:, None, None, :]
+        return self.v(torch.tanh(hidden)).transpose(-1, -2)
+
+
+class DotScorer(nn.Module):
+    """``k_t . q / sqrt(d)`` with ``q`` a learned vector, or ``W q`` for a question ``q``."""
+
+    def __init__(self, key_dim: int, query_dim: int | None = None) -> None:
+        super().__init__()
+        self.scale = math.sqrt(key_dim)
+        if query_dim is None:
+            self.query: nn.Parameter | None = nn.Parameter(torch.randn(key_dim) / math.sqrt(key_dim))
+            self.query_proj: nn.Linear | None = None
+        else:
+            self.query = None
+            self.query_proj = nn.Linear(query_dim, key_dim, bias=False)
+
+    def forward(self, keys: Tensor, query: Tensor | None = None) -> Tensor:
+        """Keys ``(B,1,T,d)`` (and question ``(B,dq)``) -> scores ``(B,1,1,T)``."""
+        if self.query_proj is not None:
+            if query is None:
+                raise AttnAuditError("this attention scorer is question-conditioned but got no question")
+            q = self.query_proj(query)
+        else:
+            assert self.query is not None
+            q = self.query.expand(keys.shape[0], -1)
+        return (keys @ q[:, None, :, None]).transpose(-1, -2) / self.scale
+
+
+def build_scorer(kind: str, key_dim: int, hidden_dim: int, query_dim: int | None = None) -> nn.Module:
+    """``tanh`` (additive) or ``dot`` scorer over keys of width ``key_dim``."""
+    if kind == "tanh":
+        return AdditiveScorer(key_dim, hidden_dim, query_dim)
+    if kind == "dot":
+        return DotScorer(key_dim, query_dim)
+    raise AttnAuditError(f"unknown attention scorer {kind!r}; choose one of {', '.join(SCORERS)}")
+
+
+def layer_interventions(interventions: Sequence[Intervention], layer: int, num_layers: int) -> list[Intervention]:
+    """Interventions for ``layer``, also matching negative indices (``Intervention(layer=-1)``)."""
+    resolved = [
+        replace(iv, layer=iv.layer % num_layers) if iv.layer is not None and -num_layers <= iv.layer < 0 else iv
+        for iv in interventions
+    ]
+    return interventions_for(resolved, layer)
+
+
+def resolve_start_layer(cache: Cache, start_layer: int | None, num_layers: int) -> int:
+    """The layer ``decode`` starts at; it must be the one whose inputs ``cache`` holds."""
+    start = cache.layer if start_layer is None else start_layer
+    if not -num_layers <= start < num_layers:
+        raise AttnAuditError(f"start_layer {start} out of range for a model with {num_layers} attention layer(s)")
+    start %= num_layers
+    if start != cache.layer:
+        raise AttnAuditError(
+            f"the cache holds the inputs of attention layer {cache.layer}, not {start}; "
+            "build one with model.cache_at(trace, layer, cache)"
+        )
+    return start
+
+
+def attend(
+    states: Tensor,
+    mask: Tensor,
+    scorer: nn.Module,
+    normaliser: str,
+    interventions: Sequence[Intervention],
+    query: Tensor | None = None,
+    name: str = "attention",
+) -> tuple[Tensor, AttentionLayer]:
+    """One single-query attention over ``states`` ``(B,T,d)``: context ``(B,d)`` and its record.
+
+    ``interventions`` must already be filtered to this layer. Keys and values are both the
+    states; a keys intervention changes what the scorer sees, never the values.
+    """
+    values = states[:, None]
+    keys = apply_key_interventions(values, interventions)
+    scores = scorer(keys, query).masked_fill(~mask[:, None, None, :], float("-inf"))
+    weights = attention_weights(scores, mask, normaliser, interventions)
+    context = (weights @ values)[:, 0, 0]
+    record = AttentionLayer(
+        weights=weights, mask=mask, inputs=states, keys=keys, values=values, scores=scores, name=name
+    )
+    return context, record
+
+
+def check_ids(ids: Tensor, vocab_size: int, what: str) -> None:
+    """Token ids must index the embedding table; say so in one line rather than an IndexError."""
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
+        raise AttnAuditError(f"{what} ids must lie in [0, {vocab_size}); got {int(ids.min())}..{int(ids.max())}")
+
+
+class AttentionClassifier(AttentionModel):
+    """Encoder + attention with a learned query + ``Linear(context)`` (Jain & Wallace 2019).
+
+    ``encoder`` overrides ``config.model`` as the encoder name (the flat HAN variant uses
+    ``bigru``).
+    """
+
+    explained_layer = 0
+
+    def __init__(self, config: ModelConfig, encoder: str | None = None) -> None:
+        super().__init__(config)
+        check_normaliser(config.attention)
+        self.embedding = nn.Embedding(config.vocab_size, config.embed_dim, padding_idx=config.pad_id)
+        self.dropout = nn.Dropout(config.dropout)
+        self.encoder = build_encoder(encoder or config.model, config.embed_dim, config)
+        d = self.encoder.output_dim
+        self.scorer = build_scorer(config.scorer, d, config.hidden_dim)
+        self.output = nn.Linear(d, config.num_labels)
+
+    @property
+    def num_attention_layers(self) -> int:
+        return 1
+
+    def embed(self, batch: Batch) -> Tensor:
+        """Token embeddings ``(B,T,E)``."""
+        if batch.tokens.dim() != 2:
+            raise AttnAuditError(f"{self.config.model} expects tokens (B,T), got shape {tuple(batch.tokens.shape)}")
+        check_ids(batch.tokens, self.config.vocab_size, "token")
+        return self.embedding(batch.tokens)
+
+    def encoder_states(self, embeddings: Tensor, mask: Tensor) -> Tensor:
+        """Encoder states ``(B,T,d)`` from embeddings: the only part leave-one-out must rerun."""
+        return self.encoder(embeddings, mask)
+
+    def encode(self, batch: Batch, embeddings: Tensor | None = None) -> Cache:
+        emb = self.embed(batch) if embeddings is None else embeddings
+        mask = batch.mask.bool()
+        return Cache(states=self.encoder_states(self.dropout(emb), mask), mask=mask, layer=0)
+
+    def decode(
+        self,
+        cache: Cache,
+        interventions: Sequence[Intervention] = (),
+        start_layer: int | None = None,
+    ) -> ModelOutput:
+        """Attention over the cached states and the output layer."""
+        resolve_start_layer(cache, start_layer, 1)
+        context, record = attend(
+            cache.states,
+            cache.mask.bool(),
+            self.scorer,
+            self.config.attention,
+            layer_interventions(interventions, 0, 1),
+        )
+        return ModelOutput(logits=self.output(context), trace=AttentionTrace([record]))
+
+
+class PairAttentionClassifier(AttentionModel):
+    """Question-conditioned attention over a passage (Jain & Wallace's NLI/QA model).
+
+    Passage (``batch.tokens``: SNLI premise, bAbI story) and question (``batch.query``:
+    hypothesis, question) have separate encoders of the same kind. The question vector
+    ``q`` is the mean of the question states over real tokens: with a bidirectional
+    encoder every state has seen the whole (short) question, and unlike final states the
+    mean is defined for every encoder kind. Attention scores each passage state against
+    ``q``; the output is ``Linear(tanh(Linear([c; q; c*q; |c-q|])))``.
+    """
+
+    explained_layer = 0
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__(config)
+        check_normaliser(config.attention)
+        self.embedding = nn.Embedding(config.vocab_size, config.embed_dim, padding_idx=config.pad_id)
+        self.dropout = nn.Dropout(config.dropout)
+        self.encoder = build_encoder(config.model, config.embed_dim, config)
+        self.query_encoder = build_encoder(config.model, config.embed_dim, config)
+        d = self.encoder.output_dim
+        self.scorer = build_scorer(config.scorer, d, config.hidden_dim, query_dim=d)
+        self.combine = nn.Linear(4 * d, config.hidden_dim)
+        self.output = nn.Linear(config.hidden_dim, config.num_labels)
+
+    @property
+    def num_attention_layers(self) -> int:
+        return 1
+
+    def embed(self, batch: Batch) -> Tensor:
+        """Passage embeddings ``(B,T,E)`` (attention is over the passage, so gradients are too)."""
+        if batch.tokens.dim() != 2:
+            raise AttnAuditError(f"{self.config.model} expects tokens (B,T), got shape {tuple(batch.tokens.shape)}")
+        check_ids(batch.tokens, self.config.vocab_size, "token")
+        return self.embedding(batch.tokens)
+
+    def encoder_states(self, embeddings: Tensor, mask: Tensor) -> Tensor:
+        """Passage encoder states ``(B,T,d)`` from embeddings."""
+        return self.encoder(embeddings, mask)
+
+    def encode_query(self, batch: Batch) -> Tensor:
+        """The question vector ``(B,d)``: mean of the question states over real tokens."""
+        if batch.query is None or batch.query_mask is None:
+            raise AttnAuditError("a pair model needs batches with query and query_mask (hypothesis or question)")
+        check_ids(batch.query, self.config.vocab_size, "query token")
+        qmask = batch.query_mask.bool()
+        states = self.query_encoder(self.dropout(self.embedding(batch.query)), qmask)
+        m = qmask[..., None].to(states.dtype)
+        return (states * m).sum(1) / m.sum(1).clamp_min(1.0)
+
+    def encode(self, batch: Batch, embeddings: Tensor | None = None) -> Cache:
+        emb = self.embed(batch) if embeddings is None else embeddings
+        mask = batch.mask.bool()
+        states = self.encoder_states(self.dropout(emb), mask)
+        return Cache(states=states, mask=mask, layer=0, extra={"query": self.encode_query(batch)})
+
+    def decode(
+        self,
+        cache: Cache,
+        interventions: Sequence[Intervention] = (),
+        start_layer: int | None = None,
+    ) -> ModelOutput:
+        """Question-conditioned attention over the cached passage states and the QA decoder."""
+        resolve_start_layer(cache, start_layer, 1)
+        q = cache.extra["query"]
+        context, record = attend(
+            cache.states,
+            cache.mask.bool(),
+            self.scorer,
+            self.config.attention,
+            layer_interventions(interventions, 0, 1),
+            query=q,
+        )
+        features = torch.cat([context, q, context * q, (context - q).abs()], dim=-1)
+        logits = self.output(torch.tanh(self.combine(self.dropout(features))))
+        return ModelOutput(logits=logits, trace=AttentionTrace([record]))
+
+
+def build_rnn_model(config: ModelConfig) -> AttentionModel:
+    """The classifier for ``classification``, the question-conditioned model for ``pair``."""
+    if config.model not in ENCODERS:
+        raise AttnAuditError(f"unknown encoder {config.model!r}; choose one of {', '.join(ENCODERS)}")
+    if config.task_type == "classification":
+        return AttentionClassifier(config)
+    if config.task_type == "pair":
+        return PairAttentionClassifier(config)
+    raise AttnAuditError(
+        f"no {config.model} attention model for task_type {config.task_type!r}; use classification or pair"
+    )

@@ -1,0 +1,291 @@
+"""Transformer encoder classifier and tagger with interventions on every attention layer.
+
+A post-LN encoder (Vaswani et al. 2017; BERT): per layer, multi-head self-attention with
+separate ``q_proj``/``k_proj``/``v_proj``/``out_proj`` maps, then a GELU feed-forward
+block, each wrapped in dropout + residual + LayerNorm. Attention goes through
+:func:`attnaudit.models.attention.attention_weights` so the normaliser (softmax, entmax,
+sparsemax) and every :class:`~attnaudit.models.base.Intervention` behave exactly as in
+the other model families.
+
+Pair tasks (NLI, QA) concatenate the query after the text *inside the model*: the text
+keeps its padding, the query follows it, a learned segment embedding tells them apart
+and positions restart at 0 in the query, so attention runs over ``T + Q`` keys and
+padding never shifts a position. ``embed`` returns the concatenated embeddings so that
+gradient importance lines up with the attention key axis.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import replace
+
+import torch
+from torch import Tensor, nn
+
+from attnaudit.data.types import Batch
+from attnaudit.errors import AttnAuditError
+from attnaudit.models.attention import apply_key_interventions, attention_weights, check_normaliser
+from attnaudit.models.base import (
+    AttentionLayer,
+    AttentionModel,
+    AttentionTrace,
+    Cache,
+    Intervention,
+    ModelConfig,
+    ModelOutput,
+    interventions_for,
+)
+
+
+def split_heads(x: Tensor, heads: int) -> Tensor:
+    """``(B,T,d)`` -> ``(B,H,T,d/H)``: the layout keys interventions see."""
+    b, t, d = x.shape
+    return x.view(b, t, heads, d // heads).transpose(1, 2)
+
+
+def merge_heads(x: Tensor) -> Tensor:
+    """``(B,H,T,dh)`` -> ``(B,T,H*dh)``, the inverse of :func:`split_heads`."""
+    b, h, t, dh = x.shape
+    return x.transpose(1, 2).reshape(b, t, h * dh)
+
+
+def sinusoidal_positions(length: int, dim: int) -> Tensor:
+    """The fixed sine/cosine position table of Vaswani et al. (2017), ``(length, dim)``."""
+    pos = torch.arange(length, dtype=torch.float32)[:, None]
+    freq = torch.exp(torch.arange(0, dim, 2, dtype=torch.float32) * (-math.log(10000.0) / dim))
+    table = torch.zeros(length, dim)
+    table[:, 0::2] = torch.sin(pos * freq)
+    table[:, 1::2] = torch.cos(pos * freq)[:, : dim // 2]
+    return table
+
+
+class EncoderLayer(nn.Module):
+    """One post-LN encoder layer, hand-written rather than ``nn.MultiheadAttention``.
+
+    ``nn.MultiheadAttention`` fuses the projections and computes the softmax inside one
+    call, so there is no point at which keys can be replaced, the normaliser swapped or
+    the weights overwritten before they are applied to the values; here every step is
+    explicit and interventions are applied between them.
+    """
+
+    def __init__(self, d_model: int, heads: int, d_ff: int, dropout: float, normaliser: str) -> None:
+        super().__init__()
+        self.heads = heads
+        self.normaliser = normaliser
+        self.q_proj = nn.Linear(d_model, d_model)
+        self.k_proj = nn.Linear(d_model, d_model)
+        self.v_proj = nn.Linear(d_model, d_model)
+        self.out_proj = nn.Linear(d_model, d_model)
+        self.attention_norm = nn.LayerNorm(d_model)
+        self.ffn = nn.Sequential(nn.Linear(d_model, d_ff), nn.GELU(), nn.Linear(d_ff, d_model))
+        self.ffn_norm = nn.LayerNorm(d_model)
+        self.dropout = nn.Dropout(dropout)
+
+    def attend(
+        self, x: Tensor, mask: Tensor, interventions: Sequence[Intervention] = (), name: str = ""
+    ) -> tuple[Tensor, AttentionLayer]:
+        """Self-attention output ``(B,T,d)`` (after ``out_proj``) and the layer's record.
+
+        Attention probabilities get no dropout, so the recorded weights are exactly the
+        ones applied to the values.
+        """
+        q = split_heads(self.q_proj(x), self.heads)
+        k = apply_key_interventions(split_heads(self.k_proj(x), self.heads), interventions)
+        v = split_heads(self.v_proj(x), self.heads)
+        scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+        scores = scores.masked_fill(~mask[:, None, None, :], float("-inf"))
+        weights = attention_weights(scores, mask, self.normaliser, interventions)
+        out = self.out_proj(merge_heads(weights @ v))
+        record = AttentionLayer(
+            weights=weights, mask=mask, inputs=x, keys=k, values=v, scores=scores, query_mask=mask, name=name
+        )
+        return out, record
+
+    def forward(
+        self, x: Tensor, mask: Tensor, interventions: Sequence[Intervention] = (), name: str = ""
+    ) -> tuple[Tensor, AttentionLayer]:
+        attended, record = self.attend(x, mask, interventions, name)
+        h = self.attention_norm(x + self.dropout(attended))
+        return self.ffn_norm(h + self.dropout(self.ffn(h))), record
+
+
+class TransformerEncoderModel(AttentionModel):
+    """Embeddings + positions (+ segment, + per-token features) and a stack of encoder layers.
+
+    Subclasses add the output head (:meth:`head`). ``explained_layer`` is the last layer.
+    """
+
+    explained_layer = -1
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__(config)
+        if config.d_model % config.heads:
+            raise AttnAuditError(f"d_model={config.d_model} is not divisible by heads={config.heads}")
+        if config.layers < 1:
+            raise AttnAuditError(f"a Transformer needs at least one layer, got layers={config.layers}")
+        check_normaliser(config.attention)
+        d = config.d_model
+        self.embedding = nn.Embedding(config.vocab_size, config.embed_dim, padding_idx=config.pad_id)
+        nn.init.normal_(self.embedding.weight, std=config.embed_dim**-0.5)
+        with torch.no_grad():
+            self.embedding.weight[config.pad_id].zero_()
+        # Pretrained vectors (e.g. 300-d GloVe) keep their width; a projection maps them to d_model.
+        self.embed_proj: nn.Module = nn.Linear(config.embed_dim, d) if config.embed_dim != d else nn.Identity()
+        self.scale = math.sqrt(d)
+        self.register_buffer("positions", sinusoidal_positions(config.max_len, d), persistent=False)
+        self.segment = nn.Embedding(2, d) if config.task_type == "pair" else None
+        feature_vocab = config.extra.get("feature_vocab_size")
+        self.feature_embedding = nn.Embedding(int(feature_vocab), d) if feature_vocab else None
+        # BERT-style LayerNorm on the summed input keeps pretrained vectors and positions on one scale.
+        self.embed_norm = nn.LayerNorm(d)
+        self.dropout = nn.Dropout(config.dropout)
+        self.layers = nn.ModuleList(
+            EncoderLayer(d, config.heads, config.d_ff, config.dropout, config.attention) for _ in range(config.layers)
+        )
+
+    @property
+    def num_attention_layers(self) -> int:
+        return len(self.layers)
+
+    def split_heads(self, x: Tensor) -> Tensor:
+        """``(B,T,d_model)`` -> ``(B,H,T,dh)`` with this model's head count."""
+        return split_heads(x, self.config.heads)
+
+    def merge_heads(self, x: Tensor) -> Tensor:
+        """``(B,H,T,dh)`` -> ``(B,T,d_model)``."""
+        return merge_heads(x)
+
+    @staticmethod
+    def _check_ids(ids: Tensor, size: int, what: str) -> None:
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= size):
+            raise AttnAuditError(f"{what} ids must lie in [0, {size}); got {int(ids.min())}..{int(ids.max())}")
+
+    def _check_length(self, ids: Tensor, what: str) -> None:
+        if ids.shape[-1] > self.config.max_len:
+            raise AttnAuditError(
+                f"{what} sequence of length {ids.shape[-1]} exceeds max_len={self.config.max_len}; "
+                "truncate the input or raise max_len"
+            )
+
+    def _query(self, batch: Batch) -> tuple[Tensor, Tensor]:
+        if batch.query is None or batch.query_mask is None:
+            raise AttnAuditError("a pair-task Transformer needs batches with query and query_mask")
+        return batch.query, batch.query_mask.bool()
+
+    def embed(self, batch: Batch) -> Tensor:
+        """Token embeddings ``(B,T,E)``; for pair tasks text then query, ``(B,T+Q,E)``."""
+        self._check_ids(batch.tokens, self.config.vocab_size, "token")
+        if self.segment is None:
+            return self.embedding(batch.tokens)
+        query, _ = self._query(batch)
+        self._check_ids(query, self.config.vocab_size, "query token")
+        return self.embedding(torch.cat([batch.tokens, query], dim=1))
+
+    def encode(self, batch: Batch, embeddings: Tensor | None = None) -> Cache:
+        """Scaled (projected) embeddings + sinusoidal positions (+ segment, + features), normed, dropout."""
+        emb = self.embed(batch) if embeddings is None else embeddings
+        self._check_length(batch.tokens, "token")
+        t = batch.tokens.shape[1]
+        added = self.positions[:t]
+        if self.feature_embedding is not None and batch.features is not None:
+            if batch.features.shape != batch.tokens.shape:
+                raise AttnAuditError(
+                    f"features shape {tuple(batch.features.shape)} differs from tokens {tuple(batch.tokens.shape)}"
+                )
+            self._check_ids(batch.features, self.feature_embedding.num_embeddings, "feature")
+            added = added + self.feature_embedding(batch.features)
+        mask = batch.mask.bool()
+        if self.segment is not None:
+            query, query_mask = self._query(batch)
+            self._check_length(query, "query")
+            text = added + self.segment.weight[0]
+            second = self.positions[: query.shape[1]] + self.segment.weight[1]
+            added = torch.cat([text.expand(emb.shape[0], -1, -1), second.expand(emb.shape[0], -1, -1)], dim=1)
+            mask = torch.cat([mask, query_mask], dim=1)
+        x = self.embed_proj(emb) * self.scale + added
+        states = self.dropout(self.embed_norm(x))
+        extra = {"text_len": t} if self.segment is not None else {}
+        return Cache(states=states, mask=mask, layer=0, extra=extra)
+
+    def _layer_interventions(self, interventions: Sequence[Intervention], layer: int) -> list[Intervention]:
+        """Interventions for ``layer``, also matching negative indices (``explained_layer = -1``)."""
+        n = len(self.layers)
+        resolved = [
+            replace(iv, layer=iv.layer % n) if iv.layer is not None and -n <= iv.layer < 0 else iv
+            for iv in interventions
+        ]
+        return interventions_for(resolved, layer)
+
+    def decode(
+        self,
+        cache: Cache,
+        interventions: Sequence[Intervention] = (),
+        start_layer: int | None = None,
+    ) -> ModelOutput:
+        """Run layers ``start_layer``..L-1 (default ``cache.layer``) and the head."""
+        n = len(self.layers)
+        start = cache.layer if start_layer is None else start_layer
+        if not -n <= start < n:
+            raise AttnAuditError(f"start_layer {start} out of range for a {n}-layer Transformer")
+        x, mask = cache.states, cache.mask.bool()
+        trace = AttentionTrace()
+        for index in range(start % n, n):
+            x, record = self.layers[index](x, mask, self._layer_interventions(interventions, index), f"layer{index}")
+            trace.layers.append(record)
+        return ModelOutput(logits=self.head(x, mask), trace=trace)
+
+    def head(self, states: Tensor, mask: Tensor) -> Tensor:
+        """Logits from the final states ``(B,T,d)`` and the key mask ``(B,T)``."""
+        raise NotImplementedError
+
+    def value_output_maps(self, layer: int) -> tuple[Tensor, Tensor, Tensor, int]:
+        """``(W_V, b_V, W_O, heads)`` of attention layer ``layer``, as right-multiplied maps.
+
+        ``v = x @ W_V + b_V`` (``W_V`` (d,d)) and the attention output is
+        ``concat_heads(sum_j a_ij v_j) @ W_O + b_O`` (``W_O`` (d,d)); head ``h`` owns columns
+        ``h*dh:(h+1)*dh`` of ``W_V`` and the same rows of ``W_O``. ``b_O`` (the layer's
+        ``out_proj.bias``) is shared by all tokens, so norm-based analyses (Kobayashi et al.
+        2020) and identifiability (Brunner et al. 2020) do not need it.
+        """
+        block = self.layers[layer]
+        return block.v_proj.weight.t(), block.v_proj.bias, block.out_proj.weight.t(), self.config.heads
+
+
+class TransformerClassifier(TransformerEncoderModel):
+    """Sequence (or pair) classifier: mean of the final states over real tokens -> Linear."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        if config.task_type not in ("classification", "pair"):
+            raise AttnAuditError(
+                f"TransformerClassifier needs task_type classification or pair, got {config.task_type}"
+            )
+        super().__init__(config)
+        self.classifier = nn.Linear(config.d_model, config.num_labels)
+
+    def head(self, states: Tensor, mask: Tensor) -> Tensor:
+        m = mask[..., None].to(states.dtype)
+        pooled = (states * m).sum(1) / m.sum(1).clamp_min(1.0)
+        return self.classifier(self.dropout(pooled))
+
+
+class TransformerTagger(TransformerEncoderModel):
+    """Sequence tagger: a Linear on every token's final state, logits ``(B,T,C)``."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        if config.task_type != "tagging":
+            raise AttnAuditError(f"TransformerTagger needs task_type tagging, got {config.task_type}")
+        super().__init__(config)
+        self.classifier = nn.Linear(config.d_model, config.num_labels)
+
+    def head(self, states: Tensor, mask: Tensor) -> Tensor:
+        return self.classifier(self.dropout(states))
+
+
+def build_transformer_model(config: ModelConfig) -> TransformerEncoderModel:
+    """The classifier for classification/pair tasks, the tagger for tagging."""
+    if config.task_type == "tagging":
+        return TransformerTagger(config)
+    if config.task_type in ("classification", "pair"):
+        return TransformerClassifier(config)
+    raise AttnAuditError(f"no Transformer encoder model for task_type {config.task_type!r}")

@@ -1,0 +1,150 @@
+"""``attnaudit report DIR``: turn an audit folder (or a run's results) into ``DIR/report.html``.
+
+``DIR`` is an audit output folder (``results/``, ``audit.json``) or a run directory whose
+``results/`` were written by ``attnaudit run``. The heatmaps come from
+``results/heatmaps.json``; when it is missing they are computed from the run (the audit's
+run, ``DIR/run``, or ``DIR`` itself) and saved there.
+"""
+
+from __future__ import annotations
+
+import datetime
+from pathlib import Path
+from typing import Any
+
+from attnaudit.errors import AttnAuditError
+from attnaudit.experiments.base import Result, discover
+from attnaudit.io import atomic_write_json, atomic_write_text, read_json
+from attnaudit.report.html import Section, render
+from attnaudit.run import Run
+
+RESULTS = "results"
+HEATMAPS = "heatmaps.json"
+REPORT = "report.html"
+
+
+def _load_results(results_dir: Path) -> tuple[dict[str, Result], list[str]]:
+    """Every ``<test>.json`` result in ``results_dir``; unreadable files become notes."""
+    results, notes = {}, []
+    for path in sorted(results_dir.glob("*.json")):
+        if path.name == HEATMAPS:
+            continue
+        try:
+            result = Result.load(path)
+        except AttnAuditError as exc:
+            notes.append(f"{path.name} skipped: {exc}")
+            continue
+        results[result.test] = result
+    return results, notes
+
+
+def _find_run(directory: Path, info: dict[str, Any], data_dir: str | Path | None, device: str) -> Run | None:
+    """The run behind ``directory``: the audit's recorded run or Hugging Face model, ``DIR/run``, or ``DIR``."""
+    from attnaudit.run import load_run
+
+    if info.get("hf") and not info.get("run"):
+        from attnaudit.models.hf import load_hf
+
+        return load_hf(info["hf"], task=info.get("task"), data_dir=data_dir or info.get("data_dir"), device=device)
+    for candidate in (info.get("run"), directory / "run", directory):
+        if candidate and (Path(candidate) / "config.json").exists():
+            return load_run(candidate, device=device, data_dir=data_dir or info.get("data_dir"))
+    return None
+
+
+def _heatmaps(
+    directory: Path,
+    run: Run | None,
+    info: dict[str, Any],
+    split: str,
+    limit: int | None,
+    data_dir: str | Path | None,
+    instances: int,
+    device: str,
+) -> tuple[dict[str, Any] | None, str]:
+    """Heatmap data (computed from ``run`` when given, else loaded, else computed from the found run) and a note."""
+    from attnaudit.report.heatmaps import heatmaps_for
+
+    path = directory / RESULTS / HEATMAPS
+    if run is None and path.exists():
+        return read_json(path), ""
+    try:
+        run = run or _find_run(directory, info, data_dir, device)
+        if run is None:
+            return None, "no heatmaps: no run found next to the results to compute them from"
+        if run.task.task_type not in ("classification", "pair"):
+            return None, f"no heatmaps: a {run.task.task_type} model makes one decision per token, not one per instance"
+        examples = run.examples(info.get("split", split), info.get("limit", limit), data_dir=data_dir)
+        data = heatmaps_for(run, examples, directory / RESULTS, instances)
+    except AttnAuditError as exc:
+        return None, f"no heatmaps: {exc}"
+    atomic_write_json(path, data)
+    return data, ""
+
+
+def build_report(
+    directory: str | Path,
+    run: Run | None = None,
+    split: str = "test",
+    limit: int | None = None,
+    data_dir: str | Path | None = None,
+    instances: int = 3,
+    device: str = "auto",
+) -> Path:
+    """Write ``directory/report.html`` from ``directory/results`` (and ``audit.json`` when present).
+
+    ``run`` (the audited run) computes fresh heatmaps; without it they are read from
+    ``results/heatmaps.json`` or computed from the run found next to the results.
+    ``instances``: most/least faithful instances shown (each).
+    """
+    from attnaudit.audit import AUDIT, order_tests, verdict_rows
+
+    directory = Path(directory)
+    results_dir = directory / RESULTS
+    if not results_dir.is_dir():
+        raise AttnAuditError(f"{directory}: no results/ folder (run `attnaudit audit` or `attnaudit run` first)")
+    info = read_json(directory / AUDIT) if (directory / AUDIT).exists() else {}
+    results, notes = _load_results(results_dir)
+    if not results and not info.get("tests"):
+        raise AttnAuditError(f"{results_dir}: no test results to report")
+    registry = discover()
+    log = {entry["test"]: entry for entry in info.get("tests", [])}
+    names = [e["test"] for e in info.get("tests", [])] or order_tests(results)
+    names += [n for n in order_tests(results) if n not in names]
+    sections = []
+    for name in names:
+        cls = registry.get(name)
+        entry = log.get(name, {})
+        section = Section(name=name, description=cls.description if cls else "", paper=cls.paper if cls else "")
+        if entry.get("status") in ("skipped", "failed"):
+            section.status = entry["status"]
+            section.reason = entry.get("reason") or entry.get("error", "")
+            section.traceback = entry.get("traceback", "")
+        elif name in results:
+            section.result = results[name]
+            section.verdict = [{k: v for k, v in row.items() if k != "test"} for row in verdict_rows(name, results[name])]
+        else:
+            continue
+        sections.append(section)
+    heatmaps, heatmap_note = _heatmaps(directory, run, info, split, limit, data_dir, instances, device)
+    first = next(iter(results.values()), None)
+    meta = first.meta if first else {}
+    model = info.get("model") or meta.get("model")
+    if info.get("hf"):
+        model = f"Hugging Face encoder {'/'.join(Path(info['hf']).parts[-2:])}"
+    task = info.get("task") or meta.get("task")
+    facts = [
+        ("model", model),
+        ("task", task),
+        ("split", info.get("split") or meta.get("split")),
+        ("instances", meta.get("n")),
+        ("seed", info.get("seed", meta.get("seed"))),
+        ("run", info.get("run") or meta.get("run")),
+        ("generated", datetime.datetime.now().strftime("%Y-%m-%d %H:%M")),
+    ]
+    failed = [s.name for s in sections if s.status == "failed"]
+    if failed:
+        notes.append(f"{len(failed)} test(s) failed: {', '.join(failed)} (see their sections)")
+    title = f"Attention faithfulness audit: {model or 'model'} on {task or 'task'}"
+    page = render(title, facts, sections, heatmaps, heatmap_note, notes, results_dir)
+    return atomic_write_text(directory / REPORT, page)

@@ -1,0 +1,295 @@
+"""The audit report as one self-contained HTML file: inline CSS, base64 PNG figures, no script.
+
+Every piece of text that comes from data or results (tokens, labels, notes, error messages,
+option values) goes through :func:`html.escape`, so a token such as
+``<script>alert(1)</script>`` is shown as text and never parsed as markup. The page has no
+JavaScript at all; collapsible parts use ``<details>``.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from attnaudit.experiments.base import Result
+
+HEAT_RGB = (230, 97, 1)
+"""Heatmap colour at full importance (the orange end of ColorBrewer's PuOr); lighter = less."""
+MAX_TABLE_ROWS = 50
+MAX_INSTANCE_ROWS = 20
+
+CSS = """
+body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:#1b1b1b;margin:0;background:#fafafa}
+main{max-width:1100px;margin:0 auto;padding:24px 28px 60px;background:#fff}
+h1{font-size:24px;margin:0 0 4px}h2{font-size:19px;margin:32px 0 8px;border-bottom:1px solid #ddd;padding-bottom:4px}
+h3{font-size:15px;margin:18px 0 6px}
+.meta{color:#555;margin:0 0 12px}.muted{color:#666}
+table{border-collapse:collapse;margin:6px 0 12px;font-size:13px}
+th,td{border:1px solid #ddd;padding:3px 8px;text-align:left;vertical-align:top}
+th{background:#f1f1f1}td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
+table.verdict td:nth-child(5){max-width:480px}
+.status-failed{color:#b00020;font-weight:600}.status-skipped{color:#8a6d00}
+nav{font-size:13px;margin:8px 0 0}nav a{margin-right:10px;color:#0b57d0;text-decoration:none}
+img.figure{max-width:100%;border:1px solid #eee;margin:6px 0}
+ul.notes{margin:4px 0 10px 18px;padding:0}
+details{margin:6px 0}summary{cursor:pointer;color:#0b57d0}
+pre{background:#f6f6f6;padding:8px;overflow-x:auto;font-size:12px}
+.instance{border:1px solid #e3e3e3;border-radius:4px;padding:8px 10px;margin:10px 0}
+.instance .head{font-size:13px;color:#333;margin-bottom:4px}
+table.heat{border:none;margin:0}table.heat th{background:none;border:none;font-weight:600;white-space:nowrap;padding:4px 8px 4px 0;font-size:12px;color:#444}
+table.heat td{border:none;padding:2px 0;line-height:1.9}
+.tok{display:inline-block;padding:0 3px;margin:1px 1px;border-radius:2px;font-family:ui-monospace,Menlo,Consolas,monospace;font-size:12px;color:#111;white-space:pre}
+.tok.rat{box-shadow:inset 0 -2px 0 #0b57d0}
+.legend .tok{margin-right:6px}
+"""
+
+
+@dataclass
+class Section:
+    """One test's part of the report."""
+
+    name: str
+    description: str = ""
+    paper: str = ""
+    result: Result | None = None
+    verdict: list[dict[str, Any]] = field(default_factory=list)
+    status: str = "done"
+    reason: str = ""
+    traceback: str = ""
+
+
+def esc(value: Any) -> str:
+    """Escaped text for any value (quotes too, so it is safe inside attributes)."""
+    return html.escape(str(value), quote=True)
+
+
+def fmt(value: Any) -> str:
+    """A cell value as escaped text: floats to 4 significant digits, None/NaN as 'n/a'."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "n/a"
+    if isinstance(value, bool):
+        return esc(value)
+    if isinstance(value, float):
+        return esc(f"{value:.4g}")
+    if isinstance(value, (dict, list, tuple)):
+        return esc(json.dumps(value, default=str))
+    return esc(value)
+
+
+def _numeric(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def table(rows: list[dict[str, Any]], css: str = "", limit: int = MAX_TABLE_ROWS) -> str:
+    """An HTML table of row dicts (columns: the union of keys, in first-seen order)."""
+    if not rows:
+        return '<p class="muted">(empty)</p>'
+    columns: list[str] = []
+    for row in rows:
+        columns.extend(k for k in row if k not in columns)
+    head = "".join(f"<th>{esc(c)}</th>" for c in columns)
+    body = []
+    for row in rows[:limit]:
+        cells = "".join(
+            f'<td class="num">{fmt(row.get(c))}</td>' if _numeric(row.get(c)) else f"<td>{fmt(row.get(c, ''))}</td>"
+            for c in columns
+        )
+        body.append(f"<tr>{cells}</tr>")
+    more = f'<p class="muted">first {limit} of {len(rows)} rows (all of them are in the CSV/JSON)</p>' if len(rows) > limit else ""
+    cls = f' class="{esc(css)}"' if css else ""
+    return f"<table{cls}><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>{more}"
+
+
+def figure(path: Path) -> str:
+    """A PNG inlined as base64 (no file or network access when the report is opened)."""
+    data = base64.b64encode(path.read_bytes()).decode("ascii")
+    return f'<img class="figure" alt="{esc(path.stem)}" src="data:image/png;base64,{data}">'
+
+
+def _figure_paths(result: Result, results_dir: Path) -> list[Path]:
+    """The PNG figures of a result: its recorded paths, else the file of that name in ``results_dir``."""
+    found = []
+    for name in result.figures:
+        path = Path(name)
+        if path.suffix.lower() != ".png":
+            continue
+        for candidate in (path, results_dir / path.name):
+            if candidate.is_file():
+                found.append(candidate)
+                break
+    return found
+
+
+def _anchor(name: str) -> str:
+    return "test-" + "".join(c if c.isalnum() or c in "-_" else "-" for c in name)
+
+
+def verdict_table(sections: list[Section]) -> str:
+    """Top table: per test its headline statistics, the published figure beside ours, and what they say."""
+    rows = []
+    rank = {"done": 0, "failed": 1, "skipped": 2}  # results first, then failures, then tests that do not apply
+    for s in sorted(sections, key=lambda s: rank.get(s.status, 0)):
+        link = f'<a href="#{_anchor(s.name)}">{esc(s.name)}</a>'
+        if s.status == "failed":
+            rows.append(f'<tr><td>{link}</td><td class="status-failed">failed</td><td></td><td></td><td>{esc(s.reason)}</td></tr>')
+            continue
+        if s.status == "skipped":
+            rows.append(f'<tr><td>{link}</td><td class="status-skipped">not applicable</td><td></td><td></td><td>{esc(s.reason)}</td></tr>')
+            continue
+        shown = [r for r in s.verdict if r.get("interpretation")] or s.verdict[:1]
+        for r in shown:
+            value = r.get("value")
+            cell = f'<td class="num">{fmt(value)}</td>' if _numeric(value) else f"<td>{fmt(value)}</td>"
+            rows.append(
+                f"<tr><td>{link}</td><td>{esc(r.get('statistic', ''))}</td>{cell}"
+                f"<td>{fmt(r.get('published', ''))}</td><td>{esc(r.get('interpretation', ''))}</td></tr>"
+            )
+    head = "<tr><th>test</th><th>statistic</th><th>ours</th><th>published</th><th>what it says about faithfulness</th></tr>"
+    return f'<table class="verdict"><thead>{head}</thead><tbody>{"".join(rows)}</tbody></table>'
+
+
+def _published_block(published: Any) -> str:
+    if not published:
+        return ""
+    if isinstance(published, dict):
+        items = "".join(f"<li><b>{esc(k)}</b>: {fmt(v)}</li>" for k, v in published.items())
+        return f'<h3>Published</h3><ul class="notes">{items}</ul>'
+    return f"<h3>Published</h3><p>{fmt(published)}</p>"
+
+
+def test_section(section: Section, results_dir: Path) -> str:
+    """One test: description, verdict, summary, figures, tables, notes, options."""
+    parts = [f'<section id="{_anchor(section.name)}"><h2>{esc(section.name)}</h2>']
+    if section.description:
+        paper = f' <span class="muted">({esc(section.paper)})</span>' if section.paper else ""
+        parts.append(f"<p>{esc(section.description)}{paper}</p>")
+    result = section.result
+    if section.status == "skipped":
+        parts.append(f'<p class="status-skipped">Not applicable: {esc(section.reason)}</p></section>')
+        return "".join(parts)
+    if section.status == "failed" or result is None:
+        parts.append(f'<p class="status-failed">Failed: {esc(section.reason)}</p>')
+        if section.traceback:
+            parts.append(f"<details><summary>traceback</summary><pre>{esc(section.traceback)}</pre></details>")
+        parts.append("</section>")
+        return "".join(parts)
+    meta = result.meta
+    facts = [f"{k}: {fmt(meta[k])}" for k in ("n", "split", "limit", "seed", "seconds") if meta.get(k) is not None]
+    if facts:
+        parts.append(f'<p class="meta">{" · ".join(facts)}</p>')
+    if section.verdict:
+        parts.append("<h3>Verdict</h3>" + table(section.verdict))
+    parts.append("<h3>Summary</h3>" + table([{"statistic": k, "value": v} for k, v in result.summary.items()]))
+    for path in _figure_paths(result, results_dir):
+        parts.append(figure(path))
+    for name, rows in result.tables.items():
+        parts.append(f"<details><summary>table: {esc(name)} ({len(rows)} rows)</summary>{table(rows)}</details>")
+    if result.instances:
+        parts.append(
+            f"<details><summary>instances ({len(result.instances)}; full list in {esc(result.test)}.csv)</summary>"
+            f"{table(result.instances, limit=MAX_INSTANCE_ROWS)}</details>"
+        )
+    notes = meta.get("notes") or []
+    if notes:
+        parts.append('<h3>Notes</h3><ul class="notes">' + "".join(f"<li>{esc(n)}</li>" for n in notes) + "</ul>")
+    parts.append(_published_block(meta.get("published")))
+    if meta.get("options"):
+        parts.append(f"<details><summary>options</summary>{table([meta['options']])}</details>")
+    parts.append("</section>")
+    return "".join(parts)
+
+
+def token(text: str, weight: float, score: float, rationale: bool) -> str:
+    """One token span, background opacity proportional to ``weight`` in [0, 1]."""
+    r, g, b = HEAT_RGB
+    alpha = min(max(weight, 0.0), 1.0)
+    cls = "tok rat" if rationale else "tok"
+    return (
+        f'<span class="{cls}" style="background:rgba({r},{g},{b},{alpha:.3f})" '
+        f'title="{esc(f"{score:.4g}")}">{esc(text)}</span>'
+    )
+
+
+def heatmap_block(instance: dict[str, Any]) -> str:
+    """One instance: a row of token spans per explanation, each scaled to its own maximum magnitude."""
+    items = [str(t) for t in instance.get("items", [])]
+    rationale = set(instance.get("rationale") or [])
+    head = [f"#{esc(instance.get('index'))}", f"gold: {esc(instance.get('label'))}"]
+    if instance.get("predicted") is not None:
+        head.append(f"predicted: {esc(instance['predicted'])}")
+    if instance.get("tau") is not None:
+        head.append(f"τ(attention, gradient) = {fmt(instance['tau'])}")
+    rows = []
+    for method, scores in instance.get("scores", {}).items():
+        values = [abs(float(v)) for v in scores[: len(items)]]
+        peak = max(values, default=0.0) or 1.0
+        spans = "".join(token(t, v / peak, v, i in rationale) for i, (t, v) in enumerate(zip(items, values)))
+        rows.append(f"<tr><th>{esc(method)}</th><td>{spans}</td></tr>")
+    return (
+        f'<div class="instance"><div class="head">{" · ".join(head)}</div>'
+        f'<table class="heat">{"".join(rows)}</table></div>'
+    )
+
+
+def heatmaps_section(heatmaps: dict[str, Any] | None, note: str) -> str:
+    """All instances' heatmaps, with a legend and how the instances were chosen."""
+    parts = ['<section id="heatmaps"><h2>Explanations per instance</h2>']
+    if not heatmaps or not heatmaps.get("instances"):
+        parts.append(f'<p class="muted">{esc(note or "no heatmaps were computed")}</p></section>')
+        return "".join(parts)
+    parts.append(
+        f"<p>{esc(heatmaps.get('selection', ''))}. Each row is one explanation over the explained items; the "
+        "darker the background, the larger the importance (each row scaled to its own maximum; hover for the value). "
+        "Underlined items belong to the known rationale.</p>"
+    )
+    parts.append(
+        '<p class="legend">'
+        + token("low", 0.08, 0.0, False)
+        + token("medium", 0.5, 0.5, False)
+        + token("high", 1.0, 1.0, False)
+        + token("rationale", 0.0, 0.0, True)
+        + "</p>"
+    )
+    parts.extend(heatmap_block(instance) for instance in heatmaps["instances"])
+    parts.append("</section>")
+    return "".join(parts)
+
+
+def render(
+    title: str,
+    facts: list[tuple[str, Any]],
+    sections: list[Section],
+    heatmaps: dict[str, Any] | None,
+    heatmap_note: str,
+    notes: list[str],
+    results_dir: Path,
+) -> str:
+    """The whole page as a string."""
+    fact_line = " · ".join(f"{esc(k)}: {fmt(v)}" for k, v in facts if v not in (None, ""))
+    nav = "".join(f'<a href="#{_anchor(s.name)}">{esc(s.name)}</a>' for s in sections)
+    general = ""
+    if notes:
+        general = '<h3>Notes</h3><ul class="notes">' + "".join(f"<li>{esc(n)}</li>" for n in notes) + "</ul>"
+    body = [
+        f"<header><h1>{esc(title)}</h1><p class=\"meta\">{fact_line}</p>",
+        f'<nav><a href="#verdict">verdict</a><a href="#heatmaps">heatmaps</a>{nav}</nav></header>',
+        '<section id="verdict"><h2>Verdict</h2>',
+        "<p>Each test's headline numbers, the published figure where the paper reports one, and what they "
+        "say about whether attention explains the predictions.</p>",
+        verdict_table(sections),
+        general,
+        "</section>",
+        heatmaps_section(heatmaps, heatmap_note),
+        *(test_section(s, results_dir) for s in sections),
+    ]
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>{esc(title)}</title><style>{CSS}</style></head>"
+        f"<body><main>{''.join(body)}</main></body></html>\n"
+    )

@@ -1,0 +1,125 @@
+"""Run directories: ``model.safetensors`` + ``config.json`` + ``vocab.json``; never pickle.
+
+A checkpoint is only ever read with safetensors and JSON, so loading an untrusted run
+cannot execute code. A file that looks like a pickle (``torch.save`` output) is refused.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from attnaudit.errors import InputError
+from attnaudit.io import atomic_write, atomic_write_json, read_json
+
+WEIGHTS = "model.safetensors"
+CONFIG = "config.json"
+VOCAB = "vocab.json"
+FEATURE_VOCAB = "feature_vocab.json"
+METRICS = "metrics.json"
+
+_PICKLE_MAGIC = (b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05", b"PK\x03\x04")
+
+
+def save_tensors(path: str | Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> Path:
+    """Atomically write tensors (made contiguous, CPU) as safetensors."""
+    clean = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
+    return atomic_write(path, lambda tmp: save_file(clean, str(tmp), metadata=metadata))
+
+
+def load_tensors(path: str | Path) -> dict[str, torch.Tensor]:
+    """Read a safetensors file; refuse pickles and report corruption as one line."""
+    path = Path(path)
+    if not path.exists():
+        raise InputError(path, "checkpoint not found")
+    with path.open("rb") as fh:
+        head = fh.read(4)
+    if head.startswith(_PICKLE_MAGIC):
+        raise InputError(path, "looks like a pickle/torch.save file; attnaudit only loads safetensors and never unpickles")
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+        raise InputError(path, f"corrupt or truncated safetensors file ({str(exc).splitlines()[0][:120]})") from None
+
+
+def save_model(directory: Path, model: nn.Module) -> Path:
+    return save_tensors(directory / WEIGHTS, model.state_dict())
+
+
+def load_state_into(model: nn.Module, path: Path) -> None:
+    """Load weights, turning shape/key mismatches into a clear error (e.g. a foreign vocabulary)."""
+    state = load_tensors(path)
+    own = model.state_dict()
+    missing = sorted(set(own) - set(state))
+    unexpected = sorted(set(state) - set(own))
+    if missing or unexpected:
+        raise InputError(path, f"checkpoint does not match the model: missing {missing[:3]}, unexpected {unexpected[:3]}")
+    for key, value in state.items():
+        if value.shape != own[key].shape:
+            raise InputError(
+                path,
+                f"checkpoint does not match the model/vocabulary: {key} has shape {tuple(value.shape)}, "
+                f"expected {tuple(own[key].shape)}",
+            )
+    model.load_state_dict(state)
+
+
+def write_config(directory: Path, config: dict[str, Any]) -> Path:
+    return atomic_write_json(directory / CONFIG, config)
+
+
+def read_config(directory: Path) -> dict[str, Any]:
+    directory = Path(directory)
+    if directory.is_file():
+        load_tensors(directory)  # refuses pickles with the right message
+        raise InputError(directory, "expected a run directory (config.json + model.safetensors), got a file")
+    if not directory.is_dir():
+        raise InputError(directory, "run directory not found")
+    config = read_json(directory / CONFIG)
+    if not isinstance(config, dict) or "model" not in config or "task" not in config:
+        raise InputError(directory / CONFIG, "not an attnaudit run config (needs 'model' and 'task')")
+    return config
+
+
+def save_optimizer(path: Path, optimizer: torch.optim.Optimizer, extra: dict[str, torch.Tensor]) -> None:
+    """Optimizer state as safetensors (tensors) + JSON metadata (param groups, scalars)."""
+    state = optimizer.state_dict()
+    tensors: dict[str, torch.Tensor] = dict(extra)
+    scalars: dict[str, Any] = {}
+    for pid, pstate in state["state"].items():
+        for name, value in pstate.items():
+            key = f"opt.{pid}.{name}"
+            if torch.is_tensor(value):
+                tensors[key] = value
+            else:
+                scalars[key] = value
+    meta = {"param_groups": state["param_groups"], "scalars": scalars}
+    save_tensors(path, tensors, metadata={"optimizer": json.dumps(meta)})
+
+
+def load_optimizer(path: Path, optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
+    """Restore optimizer state written by :func:`save_optimizer`; return the extra tensors."""
+    from safetensors import safe_open
+
+    tensors = load_tensors(path)
+    with safe_open(str(path), framework="pt") as fh:
+        meta = json.loads((fh.metadata() or {})["optimizer"])
+    state: dict[int, dict[str, Any]] = {}
+    extra: dict[str, torch.Tensor] = {}
+    for key, value in tensors.items():
+        if key.startswith("opt."):
+            _, pid, name = key.split(".", 2)
+            state.setdefault(int(pid), {})[name] = value
+        else:
+            extra[key] = value
+    for key, value in meta["scalars"].items():
+        _, pid, name = key.split(".", 2)
+        state.setdefault(int(pid), {})[name] = value
+    optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
+    return extra

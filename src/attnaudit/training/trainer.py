@@ -1,0 +1,317 @@
+"""Adam + early stopping on dev, resumable per epoch, checkpoints as safetensors + JSON.
+
+``train`` is idempotent: a finished run directory (``metrics.json`` present, same
+config) is loaded rather than retrained, and a killed run resumes from its last
+finished epoch with the same numbers an uninterrupted run gives (CPU).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import time
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from attnaudit import __version__
+from attnaudit.data.types import Example, TaskData
+from attnaudit.errors import AttnAuditError
+from attnaudit.io import atomic_write_json, read_json
+from attnaudit.metrics import score_classification, score_tagging
+from attnaudit.models import MODELS, ModelConfig, build_model
+from attnaudit.progress import status, track
+from attnaudit.run import Run, TaskSpec
+from attnaudit.seed import resolve_device, set_seed
+from attnaudit.training.checkpoint import (
+    CONFIG,
+    FEATURE_VOCAB,
+    METRICS,
+    VOCAB,
+    WEIGHTS,
+    load_optimizer,
+    load_state_into,
+    save_model,
+    save_optimizer,
+    save_tensors,
+    write_config,
+)
+
+# Per-family defaults (the literature's settings where they exist); CLI flags override.
+FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
+    "bilstm": {"embed_dim": 300, "hidden_dim": 128, "lr": 1e-3, "weight_decay": 1e-5, "batch_size": 32},
+    "cnn": {"embed_dim": 300, "hidden_dim": 128, "lr": 1e-3, "weight_decay": 1e-5, "batch_size": 32},
+    "average": {"embed_dim": 300, "hidden_dim": 128, "lr": 1e-3, "weight_decay": 1e-5, "batch_size": 32},
+    "han": {"embed_dim": 200, "hidden_dim": 100, "lr": 1e-3, "weight_decay": 0.0, "batch_size": 32},
+    "flat": {"embed_dim": 200, "hidden_dim": 100, "lr": 1e-3, "weight_decay": 0.0, "batch_size": 32},
+    "transformer": {
+        "embed_dim": 128,
+        "d_model": 128,
+        "d_ff": 256,
+        "layers": 1,
+        "heads": 4,
+        "lr": 5e-4,
+        "weight_decay": 0.0,
+        "batch_size": 32,
+        "dropout": 0.1,
+    },
+}
+_MODEL_FIELDS = {f.name for f in fields(ModelConfig)}
+
+
+@dataclass
+class TrainConfig:
+    """Optimisation settings, saved with the run."""
+
+    epochs: int = 10
+    batch_size: int = 32
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    patience: int = 3
+    clip: float = 5.0
+    seed: int = 0
+    min_freq: int = 1
+    max_vocab: int | None = None
+    vectors: str | None = None
+    features: bool = False
+
+
+def _dev_score(scores: dict[str, float], task_type: str) -> float:
+    return scores["f1"] if task_type == "tagging" else scores["accuracy"]
+
+
+def predict(run: Run, examples: list[Example], batch_size: int = 64, desc: str | None = None) -> dict[str, Any]:
+    """Gold labels, predictions and probabilities for ``examples`` (eval mode, no grad)."""
+    model = run.model
+    was_training = model.training
+    model.eval()
+    gold: list[Any] = []
+    pred: list[Any] = []
+    probs: list[list[float]] = []
+    batches = run.batches(examples, batch_size)
+    if desc:
+        batches = track(batches, desc, total=-(-len(examples) // batch_size))
+    with torch.no_grad():
+        for batch in batches:
+            out = model(batch)
+            p = out.logits.softmax(-1)
+            if run.task.task_type == "tagging":
+                ids = p.argmax(-1)
+                for i, ex in enumerate(batch.examples):
+                    n = int(batch.mask[i].sum())
+                    pred.append([run.labels[j] for j in ids[i, :n].tolist()])
+                    gold.append(list(ex.tags or [])[:n])
+            else:
+                pred.extend(run.labels[j] for j in p.argmax(-1).tolist())
+                gold.extend(ex.label for ex in batch.examples)
+                probs.extend(p.tolist())
+    model.train(was_training)
+    return {"gold": gold, "pred": pred, "probs": probs}
+
+
+def evaluate_examples(run: Run, examples: list[Example], desc: str | None = None) -> dict[str, float]:
+    """Accuracy/macro-F1/ROC-AUC (classification) or chunk P/R/F1 (tagging)."""
+    out = predict(run, examples, desc=desc)
+    if run.task.task_type == "tagging":
+        return score_tagging(out["gold"], out["pred"])
+    return score_classification(out["gold"], out["pred"], out["probs"], run.labels)
+
+
+def evaluate(run: Run | str | Path, split: str = "test", data_dir: str | Path | None = None) -> dict[str, float]:
+    """Score a run (object or directory) on a split."""
+    from attnaudit.run import load_run
+
+    if not isinstance(run, Run):
+        run = load_run(run, data_dir=data_dir)
+    return evaluate_examples(run, run.examples(split, data_dir=data_dir), desc=f"evaluate {split}")
+
+
+def _config_hash(config: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _build_vocabs(data: TaskData, cfg: TrainConfig) -> tuple[Any, Any]:
+    from attnaudit.data.vocab import Vocab
+
+    token_lists = [ex.tokens for ex in data.train] + [ex.query for ex in data.train if ex.query]
+    vocab = Vocab.build(token_lists, min_freq=cfg.min_freq, max_size=cfg.max_vocab)
+    features = None
+    if cfg.features:
+        feats = [ex.meta["features"] for ex in data.train if "features" in ex.meta]
+        if not feats:
+            raise AttnAuditError(f"--features asked for, but task {data.name!r} has no per-token features")
+        features = Vocab.build(feats)
+    return vocab, features
+
+
+def train(
+    task: str | TaskData,
+    model: str,
+    out: str | Path,
+    *,
+    data_dir: str | Path | None = None,
+    dev: str | None = None,
+    test: str | None = None,
+    split_seed: int = 0,
+    device: str = "auto",
+    resume: bool = True,
+    quiet_eval: bool = False,
+    **options: Any,
+) -> Run:
+    """Train ``model`` on ``task`` into run directory ``out`` and return the loaded run.
+
+    ``options`` are ModelConfig fields (``attention``, ``scorer``, ``layers``, ``heads``,
+    ``d_model``, ``hidden_dim``, ``embed_dim``, ``dropout``, ``max_len``, ``extra``) and
+    TrainConfig fields (``epochs``, ``batch_size``, ``lr``, ``patience``, ``seed``, ...);
+    ``None`` values fall back to the family defaults.
+    """
+    from attnaudit.data.batching import Collator
+    from attnaudit.data.vocab import load_vectors
+    from attnaudit.models.attention import check_normaliser
+    from attnaudit.run import load_run
+
+    if model not in MODELS:
+        raise AttnAuditError(f"unknown model {model!r}; choose one of {', '.join(MODELS)}")
+    options = {k: v for k, v in options.items() if v is not None}
+    unknown = set(options) - _MODEL_FIELDS - {f.name for f in fields(TrainConfig)}
+    if unknown:
+        raise AttnAuditError(f"unknown training option(s): {', '.join(sorted(unknown))}")
+    merged = {**FAMILY_DEFAULTS[model], **options}
+    cfg = TrainConfig(**{k: v for k, v in merged.items() if k in {f.name for f in fields(TrainConfig)}})
+    check_normaliser(merged.get("attention", "softmax"))
+
+    out = Path(out)
+    if isinstance(task, TaskData):
+        data = task
+    else:
+        from attnaudit.data.tasks import load_task
+
+        data = load_task(task, data_dir=data_dir, seed=split_seed, dev=dev, test=test)
+    spec = TaskSpec(
+        spec=task if isinstance(task, str) else data.name,
+        task_type=data.task_type,
+        labels=list(data.labels),
+        data_dir=str(data_dir) if data_dir else None,
+        seed=split_seed,
+        dev=dev,
+        test=test,
+    )
+    set_seed(cfg.seed)
+    vocab, feature_vocab = _build_vocabs(data, cfg)
+    extra = dict(merged.get("extra", {}))
+    if feature_vocab is not None:
+        extra["feature_vocab_size"] = len(feature_vocab)
+    model_fields = {k: v for k, v in merged.items() if k in _MODEL_FIELDS and k != "extra"}
+    config = ModelConfig(
+        model=model,
+        task_type=data.task_type,  # type: ignore[arg-type]
+        vocab_size=len(vocab),
+        num_labels=len(data.labels),
+        extra=extra,
+        **{k: v for k, v in model_fields.items() if k not in ("model", "task_type", "vocab_size", "num_labels")},
+    )
+    run_config = {
+        "kind": "attnaudit",
+        "version": __version__,
+        "model": config.to_dict(),
+        "train": asdict(cfg),
+        "task": spec.to_dict(),
+    }
+    config_hash = _config_hash({k: v for k, v in run_config.items() if k != "version"})
+    run_config["hash"] = config_hash
+
+    existing = out / CONFIG
+    if resume and (out / METRICS).exists() and existing.exists() and read_json(existing).get("hash") == config_hash:
+        status(f"[green]{out}[/]: already trained with this config, loading it")
+        return load_run(out, device=device, data_dir=data_dir)
+
+    dev_device = resolve_device(device)
+    net = build_model(config)
+    if cfg.vectors:
+        net.embedding.weight.data.copy_(load_vectors(cfg.vectors, vocab, config.embed_dim))
+    net.to(dev_device)
+    optimizer = torch.optim.Adam(net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    collate = Collator(
+        vocab, data.labels, data.task_type, hierarchical=model == "han", max_len=config.max_len, feature_vocab=feature_vocab
+    )
+    run = Run(model=net, collate=collate, task=spec, path=out, device=dev_device, info=run_config, _data=data)
+
+    out.mkdir(parents=True, exist_ok=True)
+    ckpt = out / "checkpoint"
+    state_file = ckpt / "state.json"
+    state: dict[str, Any] = {"epoch": 0, "best": float("-inf"), "bad": 0, "history": [], "seconds": 0.0}
+    if resume and state_file.exists() and read_json(state_file).get("hash") == config_hash:
+        state = read_json(state_file)
+        load_state_into(net, ckpt / "last.safetensors")
+        rng = load_optimizer(ckpt / "optimizer.safetensors", optimizer)
+        torch.set_rng_state(rng["rng"])
+        status(f"resuming {out} after epoch {state['epoch']}")
+    else:
+        for stale in (out / METRICS, ckpt):
+            if stale.is_dir():
+                shutil.rmtree(stale)
+            elif stale.exists():
+                stale.unlink()
+        write_config(out, run_config)
+        vocab.save(out / VOCAB)
+        if feature_vocab is not None:
+            feature_vocab.save(out / FEATURE_VOCAB)
+
+    loss_fn = nn.CrossEntropyLoss(ignore_index=-100)
+    n_batches = -(-len(data.train) // cfg.batch_size)
+    while state["epoch"] < cfg.epochs and state["bad"] < cfg.patience:
+        epoch = state["epoch"] + 1
+        start = time.perf_counter()
+        net.train()
+        total, count = 0.0, 0
+        for batch in track(
+            run.batches(data.train, cfg.batch_size, shuffle=True, seed=cfg.seed * 1000 + epoch),
+            f"epoch {epoch}/{cfg.epochs}",
+            total=n_batches,
+        ):
+            logits = net(batch).logits
+            loss = loss_fn(logits.reshape(-1, logits.shape[-1]), batch.labels.reshape(-1))
+            optimizer.zero_grad()
+            loss.backward()
+            nn.utils.clip_grad_norm_(net.parameters(), cfg.clip)
+            optimizer.step()
+            total += float(loss.detach()) * len(batch)
+            count += len(batch)
+        scores = evaluate_examples(run, data.dev)
+        score = _dev_score(scores, data.task_type)
+        improved = score > state["best"]
+        if improved:
+            state["best"], state["bad"] = score, 0
+            save_model(out, net)
+        else:
+            state["bad"] += 1
+        state["seconds"] += time.perf_counter() - start
+        state["epoch"] = epoch
+        state["history"].append({"epoch": epoch, "train_loss": total / max(count, 1), "dev": scores})
+        status(f"epoch {epoch}: train loss {total / max(count, 1):.4f}, dev {score:.4f}{' *' if improved else ''}")
+        # Commit order: weights, then optimizer/RNG, then state.json last (the commit point).
+        save_tensors(ckpt / "last.safetensors", net.state_dict())
+        save_optimizer(ckpt / "optimizer.safetensors", optimizer, {"rng": torch.get_rng_state()})
+        atomic_write_json(state_file, {**state, "hash": config_hash})
+
+    load_state_into(net, out / WEIGHTS)
+    net.eval()
+    metrics = {
+        "dev": evaluate_examples(run, data.dev),
+        "test": evaluate_examples(run, data.test),
+        "epochs": state["epoch"],
+        "best_dev": state["best"],
+        "train_seconds": state["seconds"],
+        "history": state["history"],
+        "selection": "best dev " + ("chunk F1" if data.task_type == "tagging" else "accuracy"),
+        "notes": data.notes,
+    }
+    atomic_write_json(out / METRICS, metrics)
+    shutil.rmtree(ckpt, ignore_errors=True)
+    if not quiet_eval:
+        status(f"[green]done[/]: dev {metrics['dev']}, test {metrics['test']}")
+    return run

@@ -1,0 +1,89 @@
+"""Training: dev-based selection, idempotent re-runs, and resume after kill -9 gives identical results."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from attnaudit.data.synthetic import synthetic_task
+from attnaudit.errors import AttnAuditError
+from attnaudit.run import load_run
+from attnaudit.training.trainer import evaluate, train
+
+TINY = {"embed_dim": 16, "hidden_dim": 8}
+
+SCRIPT = """
+import sys, torch
+torch.set_num_threads(1)
+from attnaudit.progress import set_quiet
+from attnaudit.training.trainer import train
+set_quiet(True)
+train("synthetic", "bilstm", sys.argv[1], epochs=6, patience=10, embed_dim=16, hidden_dim=16, seed=3)
+"""
+
+
+def _metrics(path: Path) -> dict:
+    data = json.loads((path / "metrics.json").read_text())
+    data.pop("train_seconds")
+    for row in data["history"]:
+        row.pop("seconds", None)
+    return data
+
+
+def test_train_writes_run_and_reloads_identically(tmp_path: Path) -> None:
+    run = train("synthetic", "bilstm", tmp_path / "run", epochs=2, seed=1, **TINY)
+    for name in ("config.json", "model.safetensors", "vocab.json", "metrics.json"):
+        assert (tmp_path / "run" / name).exists(), name
+    assert not (tmp_path / "run" / "checkpoint").exists()
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["selection"] == "best dev accuracy"
+    assert metrics["best_dev"] == max(h["dev"]["accuracy"] for h in metrics["history"])
+    reloaded = load_run(tmp_path / "run")
+    assert evaluate(reloaded, "test") == metrics["test"]
+    again = train("synthetic", "bilstm", tmp_path / "run", epochs=2, seed=1, **TINY)  # idempotent: loads
+    assert torch.equal(again.model.embedding.weight, reloaded.model.embedding.weight)
+    assert run.task.labels == reloaded.task.labels
+
+
+def test_same_seed_same_weights(tmp_path: Path) -> None:
+    train("synthetic", "average", tmp_path / "a", epochs=1, seed=5, **TINY)
+    train("synthetic", "average", tmp_path / "b", epochs=1, seed=5, **TINY)
+    a, b = load_file(tmp_path / "a" / "model.safetensors"), load_file(tmp_path / "b" / "model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert _metrics(tmp_path / "a") == _metrics(tmp_path / "b")
+
+
+def test_bad_options_are_one_line_errors(tmp_path: Path) -> None:
+    with pytest.raises(AttnAuditError, match="unknown model 'lstm'"):
+        train("synthetic", "lstm", tmp_path / "x")
+    with pytest.raises(AttnAuditError, match="unknown attention normaliser"):
+        train("synthetic", "transformer", tmp_path / "x", attention="softmin")
+    with pytest.raises(AttnAuditError, match="unknown training option"):
+        train("synthetic", "bilstm", tmp_path / "x", colour="red")
+
+
+def test_kill_during_training_then_resume_matches_uninterrupted(tmp_path: Path) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path / "full")], check=True, env=env)
+    proc = subprocess.Popen([sys.executable, "-c", SCRIPT, str(tmp_path / "killed")], env=env)
+    state = tmp_path / "killed" / "checkpoint" / "state.json"
+    deadline = time.time() + 120
+    while time.time() < deadline and not (state.exists() and json.loads(state.read_text())["epoch"] >= 2):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (tmp_path / "killed" / "metrics.json").exists(), "killed run must not look complete"
+    subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path / "killed")], check=True, env=env)
+    full = load_file(tmp_path / "full" / "model.safetensors")
+    resumed = load_file(tmp_path / "killed" / "model.safetensors")
+    assert all(torch.equal(full[k], resumed[k]) for k in full)
+    assert _metrics(tmp_path / "full") == _metrics(tmp_path / "killed")
