@@ -85,6 +85,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "test_accuracy": metrics.get("test", {}).get("accuracy"),
         "dev_accuracy": metrics.get("dev", {}).get("accuracy"),
         "epochs_trained": metrics.get("epochs"),
+        "train_seconds": metrics.get("train_seconds"),
         "run": str(run.path),
         "trained_here": trained_here,
         "setting": "bilstm, tanh attention, embed 300 (random init: no pretrained vectors offline), hidden 128, "

@@ -61,7 +61,7 @@ SELF_ATTENTION_FAMILIES = ("transformer", "hf")
 # used only if the test's Options has it, and --set overrides it.
 AUDIT_DEFAULTS: dict[str, dict[str, Any]] = {
     "uniform": {"epochs": 3},
-    "seeds": {"seeds": 3, "epochs": 3},
+    "seeds": {"seeds": [1, 2], "epochs": 3},
     "diagnostic": {"epochs": 3},
     "global-adversary": {"epochs": 3},
     "probe": {"epochs": 3},
@@ -267,6 +267,7 @@ def audit(
     device: str = "auto",
     test_options: dict[str, dict[str, Any]] | None = None,
     heatmap_instances: int = 3,
+    figures: bool = True,
     **train_options: Any,
 ) -> AuditResult:
     """Audit a model's attention with every applicable test and write ``out/report.html``.
@@ -276,7 +277,8 @@ def audit(
     of ``attnaudit train``) into ``out/run``. ``test_options`` overrides options per test,
     e.g. ``{"permutation": {"permutations": 20}}``. ``heatmap_instances``: the report shows
     this many most and this many least faithful instances (by τ(attention, gradient) when
-    the importance test ran; else the first ``2 × heatmap_instances``).
+    the importance test ran; else the first ``2 × heatmap_instances``). ``figures=False``
+    skips the tests' plots (much faster on a busy CPU; the report then has tables only).
     """
     from attnaudit.report import build_report
     from attnaudit.seed import set_seed
@@ -311,7 +313,9 @@ def audit(
                 status(f"{prefix}: [yellow]skipped[/] ({reason})")
                 log.append(entry)
                 continue
-            digest = _hash({"test": name, "options": entry["options"], "split": split, "limit": limit, "seed": seed, "run": identity})
+            digest = _hash(
+                {"test": name, "options": entry["options"], "split": split, "limit": limit, "seed": seed, "run": identity, "figures": figures}
+            )
             cached = _reusable(results_dir / f"{name}.json", digest)
             if cached is not None:
                 outcome.results[name] = cached
@@ -322,7 +326,7 @@ def audit(
             status(f"{prefix}: running")
             set_seed(seed)
             result = run_test(
-                name, target, split=split, limit=limit, seed=seed, out=results_dir, data_dir=data_dir, **entry["options"]
+                name, target, split=split, limit=limit, seed=seed, out=results_dir, data_dir=data_dir, plot=figures, **entry["options"]
             )
             result.meta["audit"] = {"options_hash": digest}
             result.save(results_dir)

@@ -264,6 +264,31 @@ def demo(
     out_console.print(f"demo report: [bold]{demo_fn(out, quick=quick)}[/]")
 
 
+@app.command()
+def sweep(
+    config: Annotated[Path, typer.Argument(help="Sweep YAML file (format: examples/sweep.yaml).")],
+    engine: Annotated[str, typer.Option(help="local (process pool) or ray.")] = "local",
+    address: Annotated[Optional[str], typer.Option(help="Ray address for --engine ray (default: start a local Ray).")] = None,
+    workers: Annotated[Optional[int], typer.Option(help="Jobs run at once (default: one per CPU core).")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="Sweep folder (default: the file's `out`).")] = None,
+    data_dir: Annotated[Optional[Path], typer.Option("--data-dir", help="Datasets folder (default: the file's `data_dir`, else $ATTNAUDIT_DATA).")] = None,
+    quiet: Quiet = False,
+) -> None:
+    """Train and audit a grid (datasets x models x normalisers x seeds x lambda); one table OUT/sweep.csv.
+
+    Example: attnaudit sweep examples/sweep.yaml --workers 2
+    """
+    from attnaudit.sweep import sweep as sweep_fn
+
+    set_quiet(quiet)
+    result = sweep_fn(config, engine=engine, address=address, workers=workers, out=out, data_dir=data_dir)
+    for job in result.failed:
+        print(f"failed: {job['id']}: {job['error']}")
+    out_console.print(f"{len(result.jobs)} job(s), {len(result.skipped)} already finished; table: [bold]{result.csv}[/]")
+    if result.failed:
+        raise AttnAuditError(f"{len(result.failed)} of {len(result.jobs)} sweep job(s) failed (see {result.csv})")
+
+
 def _cli_type(annotation: Any) -> tuple[Any, bool]:
     """Map an Options field type to a CLI type; sequences become comma-separated strings."""
     origin = typing.get_origin(annotation)

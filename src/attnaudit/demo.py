@@ -23,7 +23,8 @@ from attnaudit.experiments.base import discover
 from attnaudit.io import atomic_write_json, atomic_write_text, read_json
 from attnaudit.progress import status
 
-# Sizes: the full demo finishes in minutes on 2 cores; --quick in seconds (for tests).
+# Sizes: the full demo finishes in minutes on 2 cores; --quick in seconds (for tests: tiny
+# models, a handful of instances, and no figures, whose drawing would dominate its time).
 MODELS: dict[str, dict[str, dict[str, Any]]] = {
     "full": {
         "bilstm": {"embed_dim": 32, "hidden_dim": 32, "epochs": 4, "lr": 3e-3},
@@ -46,11 +47,12 @@ TESTS: dict[str, dict[str, dict[str, Any]]] = {
         "key-adversary": {"epochs": 1, "train_limit": 500},
         "random-keys": {"epochs": 1, "train_limit": 500},
         "opposite-keys": {"epochs": 1, "train_limit": 500},
+        "rollout": {"flow_limit": 20},
         "uniform": {"epochs": 2},
-        "seeds": {"seeds": 2, "epochs": 2},
+        "seeds": {"seeds": [1, 2], "epochs": 2},
         "diagnostic": {"epochs": 2},
-        "global-adversary": {"epochs": 2},
-        "probe": {"epochs": 2},
+        "global-adversary": {"lambdas": [0.2, 3.0], "epochs": 2},
+        "probe": {"lambdas": [0.2, 3.0], "epochs": 2},
     },
     "quick": {
         "permutation": {"permutations": 3},
@@ -62,11 +64,12 @@ TESTS: dict[str, dict[str, dict[str, Any]]] = {
         "key-adversary": {"epochs": 1, "train_limit": 16, "hidden": 8},
         "random-keys": {"epochs": 1, "train_limit": 16, "hidden": 8},
         "opposite-keys": {"epochs": 1, "train_limit": 16, "hidden": 8},
+        "rollout": {"flow_limit": 2, "importance": ["gradient"]},
         "uniform": {"epochs": 1},
-        "seeds": {"seeds": 2, "epochs": 1},
+        "seeds": {"seeds": [1], "epochs": 1},
         "diagnostic": {"epochs": 1},
-        "global-adversary": {"epochs": 1},
-        "probe": {"epochs": 1},
+        "global-adversary": {"lambdas": [0.2], "epochs": 1},
+        "probe": {"lambdas": [0.2], "variants": ["frozen"], "epochs": 1},
         "norms": {"max_pairs": 2000},
     },
 }
@@ -104,7 +107,7 @@ def sentences_task() -> TaskData:
                     ["six hand-written review sentences; rationale = the sentiment words"])
 
 
-def _pretrained(out: Path, options: dict[str, dict[str, Any]]) -> AuditResult | None:
+def _pretrained(out: Path, options: dict[str, dict[str, Any]], figures: bool) -> AuditResult | None:
     """Norms and rollout on MiniLM (when the embedded model is installed)."""
     from attnaudit.models.hf import load_hf
 
@@ -117,7 +120,7 @@ def _pretrained(out: Path, options: dict[str, dict[str, Any]]) -> AuditResult | 
     except AttnAuditError as exc:
         status(f"pretrained part skipped: {exc}")
         return None
-    return audit(out, run=run, only=tests, test_options={t: options.get(t, {}) for t in tests})
+    return audit(out, run=run, only=tests, test_options={t: options.get(t, {}) for t in tests}, figures=figures)
 
 
 def _rationale_rows(label: str, outcome: AuditResult) -> list[dict[str, Any]]:
@@ -171,9 +174,9 @@ def demo(out: str | Path = "demo-output", quick: bool = False) -> Path:
         status(f"[bold]demo {step}/3[/]: training a {family} on the synthetic task")
         run = train("synthetic", family, out / "runs" / family, seed=0, quiet_eval=True, **settings)
         status(f"[bold]demo {step}/3[/]: auditing the {family}")
-        audits[family] = audit(out / family, run=run, limit=LIMIT[size], test_options=options)
+        audits[family] = audit(out / family, run=run, limit=LIMIT[size], test_options=options, figures=not quick)
     status("[bold]demo 3/3[/]: pretrained MiniLM (norms and rollout on built-in sentences)")
-    pretrained = _pretrained(out / "minilm", options)
+    pretrained = _pretrained(out / "minilm", options, figures=not quick)
     if pretrained is not None:
         audits["minilm"] = pretrained
     seconds = time.perf_counter() - start

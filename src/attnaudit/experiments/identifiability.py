@@ -227,6 +227,27 @@ class Identifiability(Experiment):
             },
         )
 
+    def verdict(self, result: Result) -> list[dict[str, Any]]:
+        """Whether raw attention is identifiable at these lengths (Brunner et al. 2020, §4)."""
+        s = result.summary
+        d_head, long_n, share, l1 = s.get("d_head"), s.get("long_n"), s.get("long_null_dim_positive_share"), s.get("long_l1_mean")
+        if not long_n:
+            meaning = f"every sequence is at most d_head = {d_head} tokens long: raw attention is identifiable here"
+            return [{"statistic": "long_n", "value": long_n, "published": "", "interpretation": meaning}]
+        if not isinstance(share, (int, float)) or share != share:
+            return super().verdict(result)
+        l1_text = f"; mean L1 distance between raw and effective attention {l1:.3f}" if isinstance(l1, (int, float)) else ""
+        return [
+            {
+                "statistic": "long_null_dim_positive_share",
+                "value": share,
+                "published": "null space of dimension n − d_head beyond d_head tokens (Brunner et al. 2020)",
+                "interpretation": f"for {share:.0%} of (head, instance) pairs longer than d_head = {d_head} tokens other "
+                f"attention weights give exactly the same output{l1_text}: the raw weights are not identifiable, "
+                "so reading them as the explanation over-interprets them",
+            }
+        ]
+
     def plot(self, result: Result, directory: Path) -> list[Path]:
         import matplotlib
 

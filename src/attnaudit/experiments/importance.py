@@ -123,18 +123,7 @@ class ImportanceCorrelation(Experiment):
                         excluded += 1
                         continue
                     vec = {k: v[b][real].numpy() for k, v in values.items()}
-                    row: dict[str, Any] = {
-                        "index": index,
-                        "source": example.meta.get("source", ""),
-                        "length": n,
-                        "label": example.label,
-                        "pred": run.labels[pred[b]],
-                    }
-                    for a, m in pairs:
-                        name = pair_name(a, m)
-                        tau, p = kendall_tau(vec[a], vec[m])
-                        row[f"tau_{name}"], row[f"p_{name}"] = tau, p
-                        row[f"tau_topk_{name}"] = kendall_tau_topk(vec[a], vec[m], options.topk)[0]
+                    row = self._instance_row(index, example, n, run.labels[pred[b]], vec, pairs, options.topk)
                     instances.append(row)
                     if many:
                         self._per_head(per_head[b][:, :, real].numpy(), vec, methods, heads, head_p)
@@ -142,6 +131,30 @@ class ImportanceCorrelation(Experiment):
         finally:
             run.model.train(was_training)
         return self._result(run, instances, pairs, methods, heads, head_p, layers_heads, excluded, options)
+
+    @staticmethod
+    def _instance_row(
+        index: int,
+        example: Example,
+        length: int,
+        pred: str,
+        vec: dict[str, np.ndarray],
+        pairs: list[tuple[str, str]],
+        topk: int,
+    ) -> dict[str, Any]:
+        """τ, p-value and top-k τ of every pair for one instance (``vec``: scores over its real items)."""
+        row: dict[str, Any] = {
+            "index": index,
+            "source": example.meta.get("source", ""),
+            "length": length,
+            "label": example.label,
+            "pred": pred,
+        }
+        for a, m in pairs:
+            name = pair_name(a, m)
+            row[f"tau_{name}"], row[f"p_{name}"] = kendall_tau(vec[a], vec[m])
+            row[f"tau_topk_{name}"] = kendall_tau_topk(vec[a], vec[m], topk)[0]
+        return row
 
     @staticmethod
     def _per_head(
@@ -252,6 +265,45 @@ class ImportanceCorrelation(Experiment):
             tables=tables,
             meta={"notes": notes, "published": PUBLISHED, "topk": options.topk, "layers_heads": list(layers_heads)},
         )
+
+    def verdict(self, result: Result) -> list[dict[str, Any]]:
+        """Mean Kendall τ of each pair, read as agreement strength, beside Jain & Wallace's SST figures."""
+        s = result.summary
+        published = result.meta.get("published") or {}
+
+        def strength(tau: float) -> str:
+            size = abs(tau)
+            word = "little" if size < 0.2 else "weak" if size < 0.4 else "moderate" if size < 0.6 else "strong"
+            return f"{word} {'agreement' if tau >= 0 else 'disagreement'}"
+
+        reference = s.get("tau_gradient_vs_loo_mean")
+        reference = reference if isinstance(reference, (int, float)) and np.isfinite(reference) else None
+        rows = []
+        for key, value in s.items():
+            if not (key.startswith("tau_") and key.endswith("_mean") and "_vs_" in key) or key.startswith(("tau_topk", "tau_layer")):
+                continue
+            if not isinstance(value, (int, float)) or not np.isfinite(value):
+                continue
+            pair = key[len("tau_") : -len("_mean")]
+            a, b = pair.split("_vs_", 1)
+            paper = published.get(pair, {}) if isinstance(published, dict) else {}
+            significant = s.get(f"tau_{pair}_significant")
+            text = f"mean τ({a}, {b}) = {value:.2f}: {strength(value)}"
+            if isinstance(significant, (int, float)) and np.isfinite(significant):
+                text += f"; significant (p ≤ 0.05) for {significant:.0%} of instances"
+            if a == "attention" and reference is not None and reference > value + 0.1:
+                text += f"; gradient and LOO agree more with each other (τ = {reference:.2f}) than {b} does with attention"
+            if isinstance(paper, dict) and "mean" in paper:
+                text += f"; J&W report {paper['mean']:.3f}"
+            rows.append(
+                {
+                    "statistic": key,
+                    "value": value,
+                    "published": f"{paper['mean']} (J&W 2019, SST BiLSTM)" if isinstance(paper, dict) and "mean" in paper else "",
+                    "interpretation": text,
+                }
+            )
+        return rows or super().verdict(result)
 
     def plot(self, result: Result, directory: Path) -> list[Path]:
         import matplotlib

@@ -280,6 +280,33 @@ class KeyTest(Experiment):
             meta={"notes": self.notes(options), "published": {}},
         )
 
+    def verdict(self, result: Result) -> list[dict[str, Any]]:
+        """What learned keys do to accuracy and attention, read per key test (sparse-attention study, Table 1)."""
+        s = result.summary
+        before, after, moved = s.get("accuracy_original"), s.get("accuracy_attacked"), s.get("jsd_mean")
+        if not all(isinstance(v, (int, float)) for v in (before, after, moved)):
+            return super().verdict(result)
+        change = f"accuracy {before:.3f} → {after:.3f}, attention moved by JSD {moved:.3f} nats"
+        if self.opposite:
+            meaning = (
+                f"{change}: keys alone push the decisions to the opposite label, so attention steers the prediction"
+                if after < before - 0.1
+                else f"{change}: changing only the keys does not flip the decisions"
+            )
+        elif self.source == "noise":
+            meaning = (
+                f"{change}: with keys that carry no content the model stays accurate, so attention's content matters little"
+                if after >= before - 0.05
+                else f"{change}: without content in the keys the model loses accuracy, so it uses what attention selects"
+            )
+        else:
+            meaning = (
+                f"{change}: very different attention keeps the predictions, so attention is not a unique explanation"
+                if after >= before - 0.05
+                else f"{change}: moving the keys costs accuracy; the adversary could not keep the predictions"
+            )
+        return [{"statistic": "accuracy_attacked", "value": after, "published": "", "interpretation": meaning}]
+
     def notes(self, options: Any) -> list[str]:
         """Caveats recorded with the result."""
         return [

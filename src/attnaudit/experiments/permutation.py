@@ -35,7 +35,7 @@ from attnaudit.progress import track
 from attnaudit.run import Run
 
 # Elements (weights + repeated states) allowed in one decode call; bounds memory on long inputs.
-DECODE_BUDGET = 2**24
+DECODE_BUDGET = 2**20
 
 TAGGING_REASON = (
     "a tagger predicts one label per token, each from its own attention row; Jain & Wallace's "

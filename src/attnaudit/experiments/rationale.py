@@ -379,8 +379,10 @@ class Rationale(Experiment):
                 meaning = "finds the rationale well"
             elif lift > 0.1:
                 meaning = "finds the rationale partly"
+            elif lift > 0.02:
+                meaning = "barely better than a random ranking"
             else:
-                meaning = "does no better than a random ranking"
+                meaning = "no better than a random ranking"
             rows.append(
                 {
                     "statistic": f"{t['method']}_map",

@@ -355,7 +355,7 @@ class HFCollator:
         batch = Batch(tokens=enc["input_ids"], mask=enc["attention_mask"].bool(), examples=list(examples))
         if self.token_types and "token_type_ids" in enc:
             batch.features = enc["token_type_ids"]
-        if any(ex.label is not None for ex in examples):
+        if self.labels and any(ex.label is not None for ex in examples):  # no label set (no task): unlabelled
             ids = []
             for ex in examples:
                 if ex.label is None or ex.label not in self.label_ids:

@@ -101,10 +101,10 @@ def build_report(
 
     directory = Path(directory)
     results_dir = directory / RESULTS
-    if not results_dir.is_dir():
-        raise AttnAuditError(f"{directory}: no results/ folder (run `attnaudit audit` or `attnaudit run` first)")
     info = read_json(directory / AUDIT) if (directory / AUDIT).exists() else {}
-    results, notes = _load_results(results_dir)
+    if not results_dir.is_dir() and not info:
+        raise AttnAuditError(f"{directory}: no results/ folder (run `attnaudit audit` or `attnaudit run` first)")
+    results, notes = _load_results(results_dir) if results_dir.is_dir() else ({}, [])
     if not results and not info.get("tests"):
         raise AttnAuditError(f"{results_dir}: no test results to report")
     registry = discover()

@@ -54,8 +54,10 @@ def select_instances(importance: Result | None, n_examples: int, count: int) -> 
                 taus[index] = float(value)
         if taus:
             ranked = sorted(taus, key=lambda i: (-taus[i], i))
-            chosen = ranked[:count] + [i for i in reversed(ranked[-count:]) if i not in ranked[:count]]
-            return chosen, taus, f"the {count} most and {count} least faithful instances by {column} (importance test)"
+            top = ranked[:count]
+            bottom = [i for i in reversed(ranked[-count:]) if i not in top]
+            how = f"the {len(top)} most and {len(bottom)} least faithful instances by {column} (importance test)"
+            return top + bottom, taus, how
     chosen = list(range(min(2 * count, n_examples)))
     return chosen, {}, f"the first {len(chosen)} instances (the importance test's τ(attention, gradient) was not available)"
 

@@ -140,7 +140,7 @@ def finetune(
     best_run = load_hf_run(out, device=device, data_dir=data_dir)
     best_run._data = data
     metrics = {
-        "dev": evaluate_examples(best_run, data.dev),
+        "dev": next(h["dev"] for h in history if h["dev"]["accuracy"] == best),  # the saved epoch's own scores
         "test": evaluate_examples(best_run, data.test) if data.test else {},
         "epochs": epochs,
         "best_dev": best,

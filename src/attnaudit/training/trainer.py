@@ -11,6 +11,7 @@ import hashlib
 import json
 import shutil
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -19,11 +20,12 @@ import torch
 from torch import nn
 
 from attnaudit import __version__
-from attnaudit.data.types import Example, TaskData
+from attnaudit.data.types import Batch, Example, TaskData
 from attnaudit.errors import AttnAuditError
 from attnaudit.io import atomic_write_json, read_json
 from attnaudit.metrics import score_classification, score_tagging
 from attnaudit.models import MODELS, ModelConfig, build_model
+from attnaudit.models.base import Intervention
 from attnaudit.progress import status, track
 from attnaudit.run import Run, TaskSpec
 from attnaudit.seed import resolve_device, set_seed
@@ -61,6 +63,8 @@ FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
     },
 }
 _MODEL_FIELDS = {f.name for f in fields(ModelConfig)}
+InterventionsFn = Callable[[Batch], Sequence[Intervention]]
+"""``fn(batch) -> interventions`` applied in every forward of a frozen-attention model."""
 
 
 @dataclass
@@ -84,8 +88,17 @@ def _dev_score(scores: dict[str, float], task_type: str) -> float:
     return scores["f1"] if task_type == "tagging" else scores["accuracy"]
 
 
-def predict(run: Run, examples: list[Example], batch_size: int = 64, desc: str | None = None) -> dict[str, Any]:
-    """Gold labels, predictions and probabilities for ``examples`` (eval mode, no grad)."""
+def predict(
+    run: Run,
+    examples: list[Example],
+    batch_size: int = 64,
+    desc: str | None = None,
+    interventions: InterventionsFn | None = None,
+) -> dict[str, Any]:
+    """Gold labels, predictions and probabilities for ``examples`` (eval mode, no grad).
+
+    ``interventions(batch)`` are applied in every forward (models trained with frozen attention).
+    """
     model = run.model
     was_training = model.training
     model.eval()
@@ -97,7 +110,7 @@ def predict(run: Run, examples: list[Example], batch_size: int = 64, desc: str |
         batches = track(batches, desc, total=-(-len(examples) // batch_size))
     with torch.no_grad():
         for batch in batches:
-            out = model(batch)
+            out = model(batch, interventions(batch) if interventions else ())
             p = out.logits.softmax(-1)
             if run.task.task_type == "tagging":
                 ids = p.argmax(-1)
@@ -113,9 +126,11 @@ def predict(run: Run, examples: list[Example], batch_size: int = 64, desc: str |
     return {"gold": gold, "pred": pred, "probs": probs}
 
 
-def evaluate_examples(run: Run, examples: list[Example], desc: str | None = None) -> dict[str, float]:
+def evaluate_examples(
+    run: Run, examples: list[Example], desc: str | None = None, interventions: InterventionsFn | None = None
+) -> dict[str, float]:
     """Accuracy/macro-F1/ROC-AUC (classification) or chunk P/R/F1 (tagging)."""
-    out = predict(run, examples, desc=desc)
+    out = predict(run, examples, desc=desc, interventions=interventions)
     if run.task.task_type == "tagging":
         return score_tagging(out["gold"], out["pred"])
     return score_classification(out["gold"], out["pred"], out["probs"], run.labels)
@@ -202,6 +217,9 @@ def train(
     )
     set_seed(cfg.seed)
     vocab, feature_vocab = _build_vocabs(data, cfg)
+    vectors = load_vectors(cfg.vectors, vocab, seed=cfg.seed) if cfg.vectors else None
+    if vectors is not None:
+        merged["embed_dim"] = vectors.shape[1]  # the vectors decide the embedding size
     extra = dict(merged.get("extra", {}))
     if feature_vocab is not None:
         extra["feature_vocab_size"] = len(feature_vocab)
@@ -231,8 +249,8 @@ def train(
 
     dev_device = resolve_device(device)
     net = build_model(config)
-    if cfg.vectors:
-        net.embedding.weight.data.copy_(load_vectors(cfg.vectors, vocab, config.embed_dim))
+    if vectors is not None:
+        net.embedding.weight.data.copy_(vectors)
     net.to(dev_device)
     optimizer = torch.optim.Adam(net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     collate = Collator(

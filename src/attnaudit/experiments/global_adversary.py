@@ -1,0 +1,367 @@
+"""Model-consistent adversarial training: a whole new model whose attention differs from the base's.
+
+Unlike the per-instance search of Jain & Wallace (``adversarial``), a new model of the same
+architecture is trained end to end (one sub-run per λ, ``RUN/subruns/global-adversary/
+lambda-<λ>-seed-<s>``), with the base model fixed and run alongside on every batch:
+
+* **classification** (Wiegreffe & Pinter 2019, §4): loss ``TVD(ŷ_adv, ŷ_base) − λ·KL(α_adv ‖ α_base)``,
+  both per-instance and averaged over the batch (KL averaged over heads and query rows),
+  λ ∈ {0, 0.001, 0.01, 0.1, 1, 10}. Per λ: mean JSD of the attention and mean TVD of the
+  predictions from the base on the tested instances, and the adversary's own test score; the
+  figure puts the λ curve, the seed models (``seeds`` test) and the uniform model (``uniform``
+  test) on the same JSD-vs-TVD axes (W&P Fig. 5);
+* **sequence tagging** (the CoNLL-2000 study): loss ``NLL(ŷ_adv, base's predicted tags) −
+  λ·KL(α_base ‖ α_adv)``, KL per real token and head, averaged, λ ∈ {0.2, 0.5, 1, 2, 3}. Per λ:
+  chunk F1, mean KL and mean NLL (token-level means over the tested sentences); the point
+  where NLL starts to rise steeply is the breakpoint of a continuous two-segment
+  piecewise-linear fit of NLL against KL (:func:`breakpoint_fit`).
+
+The attention compared is the base's explained layer (the only one of the RNN family, the
+last of a Transformer). The adversary keeps no gold labels: it only has to match the base's
+outputs. Its epoch is selected by the lowest dev loss (its own objective).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from attnaudit.data.types import Batch, Example
+from attnaudit.errors import AttnAuditError
+from attnaudit.experiments.base import Experiment, Result, register, save_figure
+from attnaudit.experiments.permutation import row_mean
+from attnaudit.experiments.seeds import compare, identity_rows, weighted_mean
+from attnaudit.experiments.uniform import frozen_uniform
+from attnaudit.metrics import output_change
+from attnaudit.models.base import AttentionLayer, AttentionModel, ModelOutput
+from attnaudit.progress import status
+from attnaudit.run import Run, load_run
+from attnaudit.training.adversary import (
+    LossFn,
+    SubRun,
+    Variant,
+    base_scores,
+    check_same_inputs,
+    score_key,
+    subrun_dir,
+    train_variant,
+    trainable_reason,
+)
+from attnaudit.training.checkpoint import METRICS
+from attnaudit.training.trainer import InterventionsFn
+
+NAME = "global-adversary"
+DEFAULT_LAMBDAS = {
+    "classification": [0.0, 0.001, 0.01, 0.1, 1.0, 10.0],
+    "pair": [0.0, 0.001, 0.01, 0.1, 1.0, 10.0],
+    "tagging": [0.2, 0.5, 1.0, 2.0, 3.0],
+}
+PUBLISHED_TAGGING = {
+    "base_test_f1": 0.90,
+    "f1@0.2": 0.90,
+    "f1@3": 0.75,
+    "breakpoint_kl": 0.33,
+    "source": "CoNLL-2000 sequence-tagging attention study, 1-layer 4-head Transformer: Table 1 "
+    "(original 0.90; adversary λ=0.2 0.90, λ=3 0.75) and the NLL-vs-KL figure (steep rise near KL ≈ 0.33)",
+}
+PUBLISHED_CLASSIFICATION = {
+    "claim": "W&P Fig. 5: adversaries reach higher attention JSD than the seed models only at a cost in "
+    "prediction TVD on most data sets; the uniform model is far in JSD and often close in TVD",
+}
+
+
+def differentiable_kl(p: Tensor, q: Tensor, eps: float = 1e-10) -> Tensor:
+    """``KL(p ‖ q)`` in nats along the last axis with finite gradients at exact zeros.
+
+    Same value as :func:`attnaudit.metrics.kl` (the same ``eps`` smoothing of ``q``, which keeps
+    ``log q`` finite), but ``p·log p`` uses ``log max(p, tiny)``: ``xlogy``'s derivative is
+    ``-inf`` at ``p = 0`` (padding keys), which the masked softmax backward turns into NaN.
+    """
+    tiny = torch.finfo(p.dtype).tiny
+    q_smooth = (q + eps) / (1.0 + q.shape[-1] * eps)
+    return (p * (p.clamp_min(tiny).log() - q_smooth.log())).sum(-1)
+
+
+def _rows(layer: AttentionLayer) -> Tensor:
+    """Real query rows ``(B,Q)`` of an attention record (all rows for single-query attention)."""
+    if layer.query_mask is not None:
+        return layer.query_mask.bool()
+    size, _, q, _ = layer.weights.shape
+    return layer.mask.new_ones(size, q, dtype=torch.bool)
+
+
+def _reference(base: AttentionModel) -> Any:
+    """``fn(batch) -> base output`` in eval mode without gradient (the fixed model the adversary tracks)."""
+    base.eval()
+
+    def fn(batch: Batch) -> ModelOutput:
+        with torch.no_grad():
+            return base(batch)
+
+    return fn
+
+
+def classification_loss(base: AttentionModel, lam: float) -> LossFn:
+    """W&P: ``mean_i [TVD(ŷ_adv, ŷ_base) − λ·KL(α_adv ‖ α_base)]``, KL averaged over heads and query rows."""
+    reference, layer = _reference(base), base.explained_layer
+
+    def loss(batch: Batch, output: ModelOutput) -> Tensor:
+        ref = reference(batch)
+        mine, theirs = output.trace[layer], ref.trace[layer]
+        change = output_change(output.probs, ref.probs)
+        divergence = row_mean(differentiable_kl(mine.weights, theirs.weights), _rows(theirs))
+        return (change - lam * divergence).mean()
+
+    return loss
+
+
+def tagging_loss(base: AttentionModel, lam: float) -> LossFn:
+    """The tagging study: ``NLL(ŷ_adv, base tags) − λ·KL(α_base ‖ α_adv)``, both means over real tokens (KL also over heads)."""
+    reference, layer = _reference(base), base.explained_layer
+
+    def loss(batch: Batch, output: ModelOutput) -> Tensor:
+        ref = reference(batch)
+        real = batch.mask.bool()
+        target = ref.logits.argmax(-1).masked_fill(~real, -100)
+        logits = output.logits
+        nll = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), ignore_index=-100)
+        theirs, mine = ref.trace[layer], output.trace[layer]
+        per_row = differentiable_kl(theirs.weights, mine.weights)
+        rows = _rows(theirs)[:, None, :].expand_as(per_row).to(per_row.dtype)
+        return nll - lam * (per_row * rows).sum() / rows.sum().clamp_min(1.0)
+
+    return loss
+
+
+def adversary_variant(run: Run, lam: float) -> Variant:
+    """The adversary of ``run`` at ``λ``: classification (W&P) or tagging objective by task type."""
+    tagging = run.task.task_type == "tagging"
+    loss = tagging_loss(run.model, lam) if tagging else classification_loss(run.model, lam)
+    objective = "nll(base tags) - lambda*kl(base||adv)" if tagging else "tvd - lambda*kl(adv||base)"
+    return Variant(key={"kind": "adversary", "objective": objective, "lambda": float(lam)}, loss=loss)
+
+
+def adversary(run: Run, lam: float, seed: int, epochs: int | None = None) -> SubRun:
+    """The global adversary at ``λ`` (trained, or loaded when finished); shared with ``diagnostic`` and ``probe``."""
+    if lam < 0:
+        raise AttnAuditError(f"λ must be non-negative, got {lam:g}")
+    out = subrun_dir(run, NAME, f"lambda-{lam:g}-seed-{seed}")
+    return train_variant(run, out, adversary_variant(run, lam), epochs=epochs, seed=seed, label=f"adversary λ={lam:g}")
+
+
+def breakpoint_fit(x: np.ndarray, y: np.ndarray, grid: int = 401) -> dict[str, float]:
+    """Continuous two-segment piecewise-linear least-squares fit ``y ≈ a + b·x + c·max(0, x − x₀)``.
+
+    ``x₀`` (the breakpoint) is searched on a grid between the second-smallest and the
+    second-largest ``x`` (each segment keeps at least two points), ``a, b, c`` by least squares
+    for each candidate. Returns ``breakpoint``, ``slope_before`` (b), ``slope_after`` (b + c) and
+    the ``sse``; NaNs when fewer than 4 distinct ``x`` values leave nothing to choose.
+    """
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    keep = np.isfinite(x) & np.isfinite(y)
+    x, y = x[keep], y[keep]
+    nan = {"breakpoint": float("nan"), "slope_before": float("nan"), "slope_after": float("nan"), "sse": float("nan")}
+    if np.unique(x).size < 4:
+        return nan
+    xs = np.sort(x)
+    best = nan
+    for x0 in np.linspace(xs[1], xs[-2], grid):
+        design = np.stack([np.ones_like(x), x, np.maximum(0.0, x - x0)], 1)
+        coef, *_ = np.linalg.lstsq(design, y, rcond=None)
+        sse = float(((design @ coef - y) ** 2).sum())
+        if not sse >= best["sse"]:  # also true while best["sse"] is NaN
+            best = {"breakpoint": float(x0), "slope_before": float(coef[1]), "slope_after": float(coef[1] + coef[2]), "sse": sse}
+    return best
+
+
+def finished_subruns(run: Run, test: str) -> list[Path]:
+    """Finished sub-run directories of another test (``metrics.json`` present), by name."""
+    root = Path(run.path) / "subruns" / test if run.path else None
+    return sorted(d for d in root.iterdir() if (d / METRICS).exists()) if root and root.is_dir() else []
+
+
+def reference_points(run: Run, examples: list[Example]) -> list[dict[str, Any]]:
+    """The seed models and uniform models already trained by the ``seeds`` / ``uniform`` tests,
+    compared with the base on the same instances (points of the W&P figure; nothing is trained).
+    """
+    points = []
+    sources: list[tuple[str, str, InterventionsFn | None]] = [("seeds", "seed", None), ("uniform", "uniform", frozen_uniform)]
+    for test, kind, interventions in sources:
+        for directory in finished_subruns(run, test):
+            other = load_run(directory, device=str(run.device))
+            check_same_inputs(run, other)
+            c = compare(run, other.model, examples, interventions)
+            points.append(
+                {
+                    "kind": kind,
+                    "name": directory.name,
+                    "mean_jsd": float(np.mean(c["jsd"])),
+                    "mean_tvd": float(np.mean(c["tvd"])),
+                    "mean_kl": weighted_mean(c["kl_base_other"], c["rows"]),
+                    "mean_nll": weighted_mean(c["nll"], c["outputs"]),
+                }
+            )
+    return points
+
+
+@register
+class GlobalAdversary(Experiment):
+    """Train adversarial models over a λ sweep; how far can attention move while outputs stay?"""
+
+    name = NAME
+    description = "train a new model whose attention diverges from the base's while its predictions match (λ sweep)"
+    paper = "Wiegreffe & Pinter 2019 §4 (classification); CoNLL-2000 tagging study (NLL − λ·KL)"
+
+    @dataclass
+    class Options:
+        lambdas: list[float] = field(
+            default_factory=list,
+            metadata={"help": "λ values (default: 0,0.001,0.01,0.1,1,10 for classification; 0.2,0.5,1,2,3 for tagging)."},
+        )
+        epochs: int | None = field(default=None, metadata={"help": "Training epochs per adversary (default: the base run's)."})
+
+    def applies(self, run: Run) -> str | None:
+        return trainable_reason(run)
+
+    def run(self, run: Run, examples: list[Example], options: Any, seed: int = 0) -> Result:
+        task_type = run.task.task_type
+        tagging = task_type == "tagging"
+        lambdas = list(dict.fromkeys(float(v) for v in (options.lambdas or DEFAULT_LAMBDAS[task_type])))
+        key = score_key(task_type)
+        base = base_scores(run)
+        table, columns = [], {}
+        for n, lam in enumerate(lambdas, 1):
+            status(f"global adversary: λ={lam:g} ({n}/{len(lambdas)})")
+            sub = adversary(run, lam, seed, options.epochs)
+            c = compare(run, sub.model, examples)
+            columns[lam] = c
+            table.append(
+                {
+                    "lambda": lam,
+                    f"test_{key}": sub.metrics["test"][key],
+                    "mean_jsd": float(np.mean(c["jsd"])),
+                    "mean_tvd": float(np.mean(c["tvd"])),
+                    # Each objective's own KL direction: KL(adv‖base) for W&P, KL(base‖adv) per token for tagging.
+                    "mean_kl": weighted_mean(c["kl_base_other"], c["rows"]) if tagging else float(np.mean(c["kl_other_base"])),
+                    "mean_nll": weighted_mean(c["nll"], c["outputs"]),
+                    "agreement": weighted_mean(c["agreement"], c["outputs"]),
+                    "epochs": sub.metrics.get("epochs"),
+                    "trained_now": sub.trained,
+                }
+            )
+        instances = identity_rows(run, examples, next(iter(columns.values())))
+        for i, row in enumerate(instances):
+            for lam, c in columns.items():
+                if tagging:
+                    row[f"kl_lambda{lam:g}"] = float(c["kl_base_other"][i])
+                    row[f"nll_lambda{lam:g}"] = float(c["nll"][i])
+                else:
+                    row[f"jsd_lambda{lam:g}"] = float(c["jsd"][i])
+                    row[f"tvd_lambda{lam:g}"] = float(c["tvd"][i])
+        points = reference_points(run, examples)
+        summary: dict[str, Any] = {"metric": key, f"base_test_{key}": base["test"][key]}
+        notes = [
+            "attention compared at the base's explained layer; JSD/TVD/KL/NLL are measured on the tested instances, "
+            f"{key} on the whole test split",
+        ]
+        tables: dict[str, list[dict[str, Any]]] = {"lambdas": table, "reference_points": points}
+        for row in table:
+            lam = row["lambda"]
+            summary[f"{key}@{lam:g}"] = row[f"test_{key}"]
+            if tagging:
+                summary[f"kl@{lam:g}"] = row["mean_kl"]
+                summary[f"nll@{lam:g}"] = row["mean_nll"]
+            else:
+                summary[f"jsd@{lam:g}"] = row["mean_jsd"]
+                summary[f"tvd@{lam:g}"] = row["mean_tvd"]
+        if tagging:
+            fit = breakpoint_fit(np.array([r["mean_kl"] for r in table]), np.array([r["mean_nll"] for r in table]))
+            summary["breakpoint_kl"] = fit["breakpoint"]
+            summary["nll_slope_before"] = fit["slope_before"]
+            summary["nll_slope_after"] = fit["slope_after"]
+            notes.append(
+                "breakpoint: continuous two-segment piecewise-linear least-squares fit of mean NLL against mean KL over "
+                "the λ points, breakpoint searched on a grid between the 2nd-smallest and 2nd-largest KL "
+                "(needs ≥ 4 distinct KL values)"
+            )
+            published: dict[str, Any] = dict(PUBLISHED_TAGGING)
+        else:
+            published = dict(PUBLISHED_CLASSIFICATION)
+        if not points:
+            notes.append("no finished seeds/uniform sub-runs: run the seeds and uniform tests first to add their points")
+        return Result(self.name, summary, instances, tables, {"notes": notes, "published": published})
+
+    def plot(self, result: Result, directory: Path) -> list[Path]:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        table, points = result.tables["lambdas"], result.tables.get("reference_points", [])
+        tagging = "breakpoint_kl" in result.summary
+        xkey, ykey = ("mean_kl", "mean_nll") if tagging else ("mean_jsd", "mean_tvd")
+        fig, ax = plt.subplots(figsize=(5.2, 3.9), layout="constrained")
+        xs, ys = [r[xkey] for r in table], [r[ykey] for r in table]
+        ax.plot(xs, ys, "o-", color="#c44e52", label="adversary (λ)")
+        for r, x, y in zip(table, xs, ys):
+            ax.annotate(f"{r['lambda']:g}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
+        for kind, marker, colour in (("seed", "^", "#4c72b0"), ("uniform", "s", "#55a868")):
+            chosen = [p for p in points if p["kind"] == kind]
+            if chosen:
+                ax.scatter([p[xkey] for p in chosen], [p[ykey] for p in chosen], marker=marker, color=colour, label=kind, zorder=3)
+        if tagging and np.isfinite(result.summary.get("breakpoint_kl") or np.nan):
+            x0 = result.summary["breakpoint_kl"]
+            ax.axvline(x0, color="grey", linestyle="--", label=f"breakpoint KL={x0:.3g}")
+        ax.set_xlabel("mean KL(α_base ‖ α_adv) per token and head" if tagging else "mean JSD(α_adv, α_base)")
+        ax.set_ylabel("mean NLL of the base's tags" if tagging else "mean TVD(ŷ_adv, ŷ_base)")
+        ax.set_title("global adversary: " + ("NLL vs KL" if tagging else "attention vs prediction distance"))
+        ax.legend(fontsize=8)
+        paths = save_figure(fig, directory, "global_adversary_nll_vs_kl" if tagging else "global_adversary_jsd_vs_tvd")
+        key = result.summary["metric"]
+        fig, ax = plt.subplots(figsize=(4.6, 3.4), layout="constrained")
+        ax.plot([str(f"{r['lambda']:g}") for r in table], [r[f"test_{key}"] for r in table], "o-", color="#c44e52", label="adversary")
+        ax.axhline(result.summary[f"base_test_{key}"], color="#4c72b0", linestyle="--", label="base")
+        ax.set_xlabel("λ")
+        ax.set_ylabel(f"test {key}")
+        ax.legend(fontsize=8)
+        return paths + save_figure(fig, directory, "global_adversary_scores")
+
+    def verdict(self, result: Result) -> list[dict[str, Any]]:
+        s, table = result.summary, result.tables["lambdas"]
+        key = s["metric"]
+        published = result.meta.get("published", {})
+        if "breakpoint_kl" in s:
+            worst = min(table, key=lambda r: r[f"test_{key}"])
+            return [
+                {
+                    "statistic": "breakpoint_kl",
+                    "value": s["breakpoint_kl"],
+                    "published": published.get("breakpoint_kl", ""),
+                    "interpretation": "attention can move this far (KL per token and head) before the adversary's "
+                    "predictions start to diverge quickly from the base's",
+                },
+                {
+                    "statistic": f"{key}@{worst['lambda']:g}",
+                    "value": worst[f"test_{key}"],
+                    "published": published.get(f"{key}@{worst['lambda']:g}", ""),
+                    "interpretation": f"lowest adversary {key} (base {s[f'base_test_{key}']:.3f}): pushing attention away "
+                    "costs accuracy, so the base's attention is not freely replaceable",
+                },
+            ]
+        seeds = [p for p in result.tables.get("reference_points", []) if p["kind"] == "seed"]
+        bound = max((p["mean_tvd"] for p in seeds), default=0.05)
+        within = [r for r in table if r["mean_tvd"] <= bound]
+        best = max(within, key=lambda r: r["mean_jsd"]) if within else None
+        seed_jsd = max((p["mean_jsd"] for p in seeds), default=float("nan"))
+        meaning = (
+            f"largest attention JSD {best['mean_jsd']:.3f} (λ={best['lambda']:g}) among adversaries whose TVD ≤ {bound:.3f}"
+            + (f"; seeds reach JSD {seed_jsd:.3f}" if seeds else " (no seed models yet: bound 0.05)")
+            if best
+            else f"no adversary keeps mean TVD ≤ {bound:.3f}: different attention costs prediction fidelity"
+        )
+        return [{"statistic": "max_jsd_at_seed_tvd", "value": best["mean_jsd"] if best else None, "published": "", "interpretation": meaning}]

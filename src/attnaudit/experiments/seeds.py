@@ -1,0 +1,242 @@
+"""Variance across random seeds (Wiegreffe & Pinter 2019, §3.2): the adversary's baseline.
+
+The base model is retrained with ``N`` other seeds (default 5) — same data, config and
+settings, :func:`attnaudit.training.trainer.train`, each seed a resumable sub-run in
+``RUN/subruns/seeds/seed-<s>``. Per instance, each seed model's explained attention is
+compared with the base's (JSD, averaged over heads and real query rows) and its prediction
+with the base's (TVD; a tagger's averaged over real tokens); the instance's statistic is the
+median over seeds. Equally good models already disagree this much, so an adversary's
+attention is only remarkable when it is further from the base than this.
+
+:func:`compare` (one model against the base, instance by instance) is shared by the
+uniform, global-adversary tests.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from attnaudit.data.types import Example
+from attnaudit.errors import AttnAuditError
+from attnaudit.experiments.base import Experiment, Result, register, save_figure, summarise
+from attnaudit.experiments.permutation import evaluation, max_attention, plot_against_max_attention, row_mean
+from attnaudit.metrics import jsd, kl, tvd
+from attnaudit.models.base import AttentionModel
+from attnaudit.progress import status
+from attnaudit.run import Run
+from attnaudit.training.adversary import (
+    EVAL_BATCH,
+    base_scores,
+    base_seed,
+    score_key,
+    subrun_dir,
+    train_standard,
+    trainable_reason,
+)
+from attnaudit.training.trainer import InterventionsFn
+
+COMPARISON_COLUMNS = ("jsd", "kl_base_other", "kl_other_base", "tvd", "nll", "agreement")
+
+
+def compare(
+    base: Run,
+    other: AttentionModel,
+    examples: Sequence[Example],
+    interventions: InterventionsFn | None = None,
+    batch_size: int = EVAL_BATCH,
+) -> dict[str, np.ndarray]:
+    """``other`` against the base model, one value per instance (both in eval mode, no gradient).
+
+    Attention at the base's explained layer (same index in ``other``), averaged over heads
+    and real query rows: ``jsd``, ``kl_base_other`` = KL(α_base ‖ α_other), ``kl_other_base``.
+    Outputs (a tagger's averaged over real tokens): ``tvd`` of the predicted distributions,
+    ``nll`` = −log p_other(base's predicted label), ``agreement`` = fraction of equal
+    predicted labels. Also the base's ``max_attention``, ``rows`` (real query rows) and
+    ``outputs`` (predictions per instance: 1, or the tokens of a tagged sentence), the
+    weights for token-level means.
+    """
+    layer = base.model.explained_layer
+    tagging = base.task.task_type == "tagging"
+    columns: dict[str, list[torch.Tensor]] = defaultdict(list)
+    with evaluation(base.model), evaluation(other), torch.no_grad():
+        for batch in base.batches(list(examples), batch_size):
+            ours = base.model(batch)
+            theirs = other(batch, interventions(batch) if interventions else ())
+            mine, yours = ours.trace[layer], theirs.trace[layer]
+            size, _, q, _ = mine.weights.shape
+            rows = mine.query_mask.bool() if mine.query_mask is not None else mine.mask.new_ones(size, q, dtype=torch.bool)
+            columns["jsd"].append(row_mean(jsd(yours.weights, mine.weights), rows))
+            columns["kl_base_other"].append(row_mean(kl(mine.weights, yours.weights), rows))
+            columns["kl_other_base"].append(row_mean(kl(yours.weights, mine.weights), rows))
+            columns["max_attention"].append(max_attention(mine.weights, rows))
+            columns["rows"].append(rows.sum(-1).to(torch.float64))
+            target = ours.logits.argmax(-1)
+            nll = -theirs.logits.log_softmax(-1).gather(-1, target[..., None]).squeeze(-1)
+            change = tvd(theirs.probs, ours.probs)
+            agree = (theirs.logits.argmax(-1) == target).to(nll.dtype)
+            if tagging:
+                real = batch.mask.bool().to(nll.dtype)
+                count = real.sum(-1).clamp_min(1.0)
+                nll, change, agree = ((v * real).sum(-1) / count for v in (nll, change, agree))
+                outputs = real.sum(-1)
+            else:
+                outputs = torch.ones_like(nll)
+            columns["nll"].append(nll)
+            columns["tvd"].append(change)
+            columns["agreement"].append(agree)
+            columns["outputs"].append(outputs.to(torch.float64))
+    return {name: torch.cat(values).double().cpu().numpy() for name, values in columns.items()}
+
+
+def weighted_mean(values: np.ndarray, weights: np.ndarray) -> float:
+    """``Σ w·v / Σ w`` over finite values (token-level means from per-sentence means)."""
+    keep = np.isfinite(values)
+    total = float(weights[keep].sum())
+    return float((values[keep] * weights[keep]).sum() / total) if total else float("nan")
+
+
+def identity_rows(run: Run, examples: Sequence[Example], comparison: dict[str, np.ndarray]) -> list[dict[str, Any]]:
+    """The columns every per-instance row starts with (``predicted`` is the base's class; one
+    panel, ``tokens``, for a tagger).
+    """
+    tagging = run.task.task_type == "tagging"
+    predicted: list[str] = []
+    if not tagging:
+        with evaluation(run.model), torch.no_grad():
+            for batch in run.batches(list(examples), EVAL_BATCH):
+                predicted += [run.labels[i] for i in run.model(batch).logits.argmax(-1).tolist()]
+    return [
+        {
+            "index": i,
+            "source": str(ex.meta.get("source", "")),
+            "label": ex.label if not tagging else "",
+            "predicted": "tokens" if tagging else predicted[i],
+            "items": len(ex.tokens),
+            "max_attention": float(comparison["max_attention"][i]),
+        }
+        for i, ex in enumerate(examples)
+    ]
+
+
+@register
+class SeedVariance(Experiment):
+    """W&P's variance calibration: retrain with other seeds, compare attention and predictions."""
+
+    name = "seeds"
+    description = "retrain with N other seeds: per-instance attention JSD / prediction TVD from the base (the adversary's baseline)"
+    paper = "Wiegreffe & Pinter 2019, §3.2"
+
+    @dataclass
+    class Options:
+        seeds: list[int] = field(
+            default_factory=lambda: [1, 2, 3, 4, 5],
+            metadata={"help": "Training seeds of the extra models (the base run's own seed is skipped)."},
+        )
+        epochs: int | None = field(default=None, metadata={"help": "Training epochs per model (default: the base run's)."})
+
+    def applies(self, run: Run) -> str | None:
+        return trainable_reason(run)
+
+    def run(self, run: Run, examples: list[Example], options: Any, seed: int = 0) -> Result:
+        own = base_seed(run)
+        seeds = list(dict.fromkeys(s for s in options.seeds if s != own))
+        notes = [
+            "JSD: explained attention layer, averaged over heads and real query rows; TVD: predicted "
+            "distributions" + (", averaged over real tokens" if run.task.task_type == "tagging" else "")
+            + "; per instance the median over seeds",
+        ]
+        if own in options.seeds:
+            notes.append(f"seed {own} skipped: it is the base run's own seed")
+        if not seeds:
+            raise AttnAuditError(f"give at least one seed other than the base run's seed {own}")
+        key = score_key(run.task.task_type)
+        jsds, tvds, table = [], [], []
+        for n, s in enumerate(seeds, 1):
+            status(f"seeds: model {n}/{len(seeds)} (seed {s})")
+            sub = train_standard(run, subrun_dir(run, self.name, f"seed-{s}"), seed=s, epochs=options.epochs)
+            comparison = compare(run, sub.model, examples)
+            jsds.append(comparison["jsd"])
+            tvds.append(comparison["tvd"])
+            table.append(
+                {
+                    "seed": s,
+                    f"dev_{key}": sub.metrics["dev"][key],
+                    f"test_{key}": sub.metrics["test"][key],
+                    "mean_jsd": float(np.mean(comparison["jsd"])),
+                    "median_jsd": float(np.median(comparison["jsd"])),
+                    "mean_tvd": float(np.mean(comparison["tvd"])),
+                    "median_tvd": float(np.median(comparison["tvd"])),
+                    "epochs": sub.metrics.get("epochs"),
+                    "trained_now": sub.trained,
+                }
+            )
+        jsd_all, tvd_all = np.stack(jsds, 1), np.stack(tvds, 1)
+        instances = identity_rows(run, examples, comparison)
+        for i, row in enumerate(instances):
+            row.update(
+                jsd_median=float(np.median(jsd_all[i])),
+                jsd_max=float(jsd_all[i].max()),
+                tvd_median=float(np.median(tvd_all[i])),
+                tvd_max=float(tvd_all[i].max()),
+                **{f"jsd_seed{s}": float(jsd_all[i, j]) for j, s in enumerate(seeds)},
+                **{f"tvd_seed{s}": float(tvd_all[i, j]) for j, s in enumerate(seeds)},
+            )
+        scores = [row[f"test_{key}"] for row in table]
+        jsd_stats = summarise(np.median(jsd_all, 1).tolist())
+        tvd_stats = summarise(np.median(tvd_all, 1).tolist())
+        summary = {
+            "seeds": len(seeds),
+            "metric": key,
+            f"base_test_{key}": base_scores(run)["test"][key],
+            f"seeds_test_{key}_mean": float(np.mean(scores)),
+            f"seeds_test_{key}_std": float(np.std(scores)),
+            "median_jsd": jsd_stats["median"],
+            "mean_jsd": jsd_stats["mean"],
+            "median_tvd": tvd_stats["median"],
+            "mean_tvd": tvd_stats["mean"],
+        }
+        meta = {
+            "notes": notes,
+            "published": {
+                "claim": "W&P (Fig. 3): attention of models differing only in the seed can already be far apart "
+                "(high JSD at low TVD), more so on some data sets (e.g. SST) than others; compare adversaries to this",
+            },
+        }
+        return Result(self.name, summary, instances, {"seeds": table}, meta)
+
+    def plot(self, result: Result, directory: Path) -> list[Path]:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        frame = result.frame()
+        paths = plot_against_max_attention(
+            frame, "jsd_median", "median JSD over seeds", "seed variance of attention", directory, "seeds_jsd_vs_max_attention"
+        )
+        fig, ax = plt.subplots(figsize=(4.6, 3.6), layout="constrained")
+        ax.scatter(frame["jsd_median"], frame["tvd_median"], s=8, alpha=0.5, color="#4c72b0")
+        ax.set_xlabel("JSD(attention) from base, median over seeds")
+        ax.set_ylabel("TVD(prediction) from base, median")
+        ax.set_title(f"{result.summary.get('seeds', '?')} seeds vs base (n={len(frame)})")
+        return paths + save_figure(fig, directory, "seeds_jsd_tvd")
+
+    def verdict(self, result: Result) -> list[dict[str, Any]]:
+        s = result.summary
+        return [
+            {
+                "statistic": "median_jsd",
+                "value": s.get("median_jsd"),
+                "published": "",
+                "interpretation": "attention differences that retraining with another seed already produces "
+                f"(median JSD {s.get('median_jsd', float('nan')):.3f} at median TVD {s.get('median_tvd', float('nan')):.3f}); "
+                "an adversary's attention is only evidence against this model's attention if it is further away",
+            }
+        ]

@@ -1,0 +1,606 @@
+"""Sweeps: a YAML grid of train + audit jobs, run in a local process pool or on Ray.
+
+The grid is the product datasets × models × normalisers × seeds (× λ). Each job is one
+:func:`attnaudit.audit.audit` call that trains its model into ``OUT/<job-id>/run`` and
+audits it into ``OUT/<job-id>/``, then writes ``OUT/<job-id>/job.json`` (atomically, last:
+the job's commit point). Re-running a sweep skips jobs whose ``job.json`` says they finished
+with the same settings; failed jobs run again (the audit resumes from its stored results).
+Everything is aggregated into ``OUT/sweep.csv`` (one row per job: parameters, status, error,
+then one column per ``test.statistic``) and ``OUT/sweep.json`` (the same plus every job's
+summary rows). See ``examples/sweep.yaml`` for the file format.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+import re
+import time
+import traceback
+import typing
+import warnings
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from attnaudit.errors import AttnAuditError, AttnAuditWarning, InputError
+from attnaudit.io import atomic_write, atomic_write_json, read_json
+from attnaudit.progress import status, track
+
+JOB_FILE = "job.json"
+TABLE_CSV = "sweep.csv"
+TABLE_JSON = "sweep.json"
+ENGINES = ("local", "ray")
+# YAML grid key -> job parameter (the name of the matching `attnaudit train` option).
+GRID_KEYS = {"tasks": "task", "models": "model", "normalisers": "attention", "seeds": "seed", "lambdas": "lambda"}
+TOP_KEYS = ("out", "data_dir", "grid", "train", "audit")
+AUDIT_KEYS = ("only", "skip", "split", "limit", "set")
+LAMBDA_OPTION = "lambdas"
+"""A test whose Options has this list field receives ``[λ]`` from the grid's ``lambdas`` axis."""
+# `train` keyword arguments a sweep may fix for all jobs (the grid sets task, model, attention, seed).
+TRAIN_EXTRA = {"dev": str | None, "test": str | None, "split_seed": int}
+GRID_CONTROLLED = {"model", "task_type", "vocab_size", "num_labels", "attention", "seed"}
+PARAM_COLUMNS = ["job", "task", "model", "attention", "seed", "lambda", "status", "error", "seconds"]
+
+
+@dataclass
+class SweepConfig:
+    """A validated sweep file: the grid axes and the settings shared by every job."""
+
+    path: Path
+    grid: dict[str, list[Any]]
+    out: str | None = None
+    data_dir: str | None = None
+    train: dict[str, Any] = field(default_factory=dict)
+    only: list[str] | None = None
+    skip: list[str] | None = None
+    split: str = "test"
+    limit: int | None = None
+    test_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+@dataclass
+class Job:
+    """One train + audit job; picklable, so it can go to a spawned process or a Ray worker."""
+
+    id: str
+    params: dict[str, Any]
+    out: str
+    cwd: str
+    data_dir: str | None
+    train: dict[str, Any]
+    only: list[str] | None
+    skip: list[str] | None
+    split: str
+    limit: int | None
+    test_options: dict[str, dict[str, Any]]
+
+    def digest(self) -> str:
+        """Hash of everything that determines the job's results (not where it runs)."""
+        settings = {k: v for k, v in asdict(self).items() if k not in ("out", "cwd")}
+        return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+@dataclass
+class SweepResult:
+    """Every job's record (from this run or an earlier one) and the aggregated table."""
+
+    out: Path
+    jobs: list[dict[str, Any]]
+    skipped: list[str]
+    csv: Path
+    json: Path
+
+    @property
+    def failed(self) -> list[dict[str, Any]]:
+        return [job for job in self.jobs if job["status"] != "done"]
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed
+
+
+# --------------------------------------------------------------------------- reading the YAML
+
+
+def _conforms(value: Any, hint: Any) -> bool:
+    """Whether a YAML value fits a type hint (int, float, str, bool, Optional, Literal, list/tuple, dict)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is Any:
+        return True
+    if hint is type(None):
+        return value is None
+    if origin is typing.Literal:
+        return value in args
+    if origin is typing.Union or str(origin) == "<class 'types.UnionType'>":
+        return any(_conforms(value, a) for a in args)
+    if origin in (list, tuple):
+        inner = [a for a in args if a is not Ellipsis]
+        return isinstance(value, list) and all(_conforms(v, inner[0]) for v in value) if inner else isinstance(value, list)
+    if origin is dict or hint is dict:
+        return isinstance(value, dict)
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is str:
+        return isinstance(value, str)
+    return True
+
+
+def _hint_name(hint: Any) -> str:
+    return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
+
+
+class _Reader:
+    """Walks the composed YAML nodes so every error can name the file and line."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        if not path.is_file():
+            raise InputError(path, "sweep file not found" if not path.exists() else "expected a YAML file")
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise InputError(path, "not a UTF-8 text file") from None
+        self.loader = yaml.SafeLoader(text)
+        try:
+            self.root = self.loader.get_single_node()
+        except yaml.MarkedYAMLError as exc:
+            mark = exc.problem_mark or exc.context_mark
+            raise InputError(path, f"invalid YAML: {exc.problem or exc.context}", mark.line + 1 if mark else None) from None
+        except yaml.YAMLError as exc:
+            raise InputError(path, f"invalid YAML: {str(exc).splitlines()[0]}") from None
+        if self.root is None:
+            raise InputError(path, "empty sweep file; it needs at least grid.tasks and grid.models")
+
+    def fail(self, node: yaml.Node | None, message: str) -> typing.NoReturn:
+        raise InputError(self.path, message, node.start_mark.line + 1 if node is not None else None)
+
+    def value(self, node: yaml.Node) -> Any:
+        try:
+            return self.loader.construct_object(node, deep=True)
+        except yaml.YAMLError as exc:
+            self.fail(node, f"invalid YAML value: {str(exc).splitlines()[0]}")
+
+    def mapping(self, node: yaml.Node, what: str, allowed: typing.Iterable[str] | None = None) -> dict[str, tuple[yaml.Node, yaml.Node]]:
+        """``{key: (key node, value node)}``, rejecting non-mappings, duplicate and unknown keys."""
+        if not isinstance(node, yaml.MappingNode):
+            self.fail(node, f"{what} must be a mapping of names to values")
+        allowed = list(allowed) if allowed is not None else None
+        items: dict[str, tuple[yaml.Node, yaml.Node]] = {}
+        for key_node, value_node in node.value:
+            key = self.value(key_node)
+            if not isinstance(key, str):
+                self.fail(key_node, f"{what}: keys must be names, got {key!r}")
+            if key in items:
+                self.fail(key_node, f"{what}: duplicate key {key!r}")
+            if allowed is not None and key not in allowed:
+                self.fail(key_node, f"{what}: unknown key {key!r}; expected one of {', '.join(allowed)}")
+            items[key] = (key_node, value_node)
+        return items
+
+    def items(self, node: yaml.Node, what: str) -> list[tuple[yaml.Node, Any]]:
+        """A list (or one scalar, read as a one-item list) as ``(node, value)`` pairs."""
+        if isinstance(node, yaml.MappingNode):
+            self.fail(node, f"{what} must be a list")
+        nodes = node.value if isinstance(node, yaml.SequenceNode) else [node]
+        pairs = [(n, self.value(n)) for n in nodes]
+        if not pairs:
+            self.fail(node, f"{what} is empty")
+        return pairs
+
+
+def _axis(reader: _Reader, node: yaml.Node, key: str) -> list[Any]:
+    """One grid axis, each item checked (names, normalisers, seeds, λ values); no duplicates."""
+    from attnaudit.models import MODELS
+    from attnaudit.models.attention import check_normaliser
+
+    what = f"grid.{key}"
+    values: list[Any] = []
+    for item_node, value in reader.items(node, what):
+        if key in ("tasks", "models", "normalisers") and not isinstance(value, str):
+            reader.fail(item_node, f"{what}: expected a name, got {value!r}")
+        if key == "models" and value not in MODELS:
+            reader.fail(item_node, f"{what}: unknown model {value!r}; choose one of {', '.join(MODELS)}")
+        if key == "normalisers":
+            try:
+                check_normaliser(value)
+            except AttnAuditError as exc:
+                reader.fail(item_node, f"{what}: {exc}")
+        if key == "seeds" and not _conforms(value, int):
+            reader.fail(item_node, f"{what}: expected an integer seed, got {value!r}")
+        if key == "lambdas" and not _conforms(value, float):
+            reader.fail(item_node, f"{what}: expected a number, got {value!r}")
+        if value in values:
+            reader.fail(item_node, f"{what}: {value!r} listed twice")
+        values.append(value)
+    return values
+
+
+def _train_hints() -> dict[str, Any]:
+    """Options of ``train`` a sweep may set, with their types."""
+    from attnaudit.models.base import ModelConfig
+    from attnaudit.training.trainer import TrainConfig
+
+    hints: dict[str, Any] = {}
+    for cls in (ModelConfig, TrainConfig):
+        types = typing.get_type_hints(cls)
+        hints.update({f.name: types[f.name] for f in fields(cls) if f.name not in GRID_CONTROLLED})
+    return {**hints, **TRAIN_EXTRA}
+
+
+def _test_list(reader: _Reader, node: yaml.Node, what: str, registry: dict[str, Any]) -> list[str]:
+    names = []
+    for item_node, name in reader.items(node, what):
+        if name not in registry:
+            reader.fail(item_node, f"{what}: unknown test {name!r}; available: {', '.join(registry)}")
+        names.append(name)
+    return names
+
+
+def _audit_section(reader: _Reader, node: yaml.Node, config: SweepConfig) -> None:
+    """``audit:`` — only, skip, split, limit and per-test options (``set``), checked against each test's Options."""
+    from attnaudit.experiments.base import discover
+
+    registry = discover()
+    section = reader.mapping(node, "audit", AUDIT_KEYS)
+    if "only" in section:
+        config.only = _test_list(reader, section["only"][1], "audit.only", registry)
+    if "skip" in section:
+        config.skip = _test_list(reader, section["skip"][1], "audit.skip", registry)
+    if "split" in section:
+        split = reader.value(section["split"][1])
+        if split not in ("train", "dev", "test"):
+            reader.fail(section["split"][1], f"audit.split: expected train, dev or test, got {split!r}")
+        config.split = split
+    if "limit" in section:
+        limit = reader.value(section["limit"][1])
+        if limit is not None and (not _conforms(limit, int) or limit < 1):
+            reader.fail(section["limit"][1], f"audit.limit: expected a positive integer or null, got {limit!r}")
+        config.limit = limit
+    if "set" in section:
+        for test, (test_key, options_node) in reader.mapping(section["set"][1], "audit.set").items():
+            if test not in registry:
+                reader.fail(test_key, f"audit.set: unknown test {test!r}; available: {', '.join(registry)}")
+            hints = typing.get_type_hints(registry[test].Options)
+            for option, (option_key, value_node) in reader.mapping(options_node, f"audit.set.{test}").items():
+                option = option.replace("-", "_")
+                if option not in hints:
+                    reader.fail(option_key, f"audit.set.{test}: no option {option!r}; it takes {', '.join(hints) or 'none'}")
+                value = reader.value(value_node)
+                if not _conforms(value, hints[option]):
+                    reader.fail(value_node, f"audit.set.{test}.{option}: expected {_hint_name(hints[option])}, got {value!r}")
+                config.test_options.setdefault(test, {})[option] = value
+
+
+def lambda_tests(config: SweepConfig) -> list[str]:
+    """The selected tests that take a ``lambdas`` option (they receive the grid's λ)."""
+    from attnaudit.experiments.base import discover
+
+    registry = discover()
+    selected = [n for n in registry if (not config.only or n in config.only) and n not in (config.skip or ())]
+    return [n for n in selected if LAMBDA_OPTION in {f.name for f in fields(registry[n].Options)}]
+
+
+def load_config(path: str | Path) -> SweepConfig:
+    """Read and validate a sweep YAML file; errors name the file and line (``InputError``)."""
+    reader = _Reader(Path(path))
+    top = reader.mapping(reader.root, "the sweep file", TOP_KEYS)
+    if "grid" not in top:
+        reader.fail(reader.root, "missing 'grid' (with at least tasks and models)")
+    grid_section = reader.mapping(top["grid"][1], "grid", GRID_KEYS)
+    for required in ("tasks", "models"):
+        if required not in grid_section:
+            reader.fail(top["grid"][0], f"grid: missing {required!r}")
+    grid = {key: _axis(reader, value, key) for key, (_, value) in grid_section.items()}
+    config = SweepConfig(path=Path(path), grid=grid)
+    for key in ("out", "data_dir"):
+        if key in top:
+            value = reader.value(top[key][1])
+            if not isinstance(value, str) or not value:
+                reader.fail(top[key][1], f"{key}: expected a path, got {value!r}")
+            setattr(config, key, value)
+    if "train" in top:
+        hints = _train_hints()
+        for option, (key_node, value_node) in reader.mapping(top["train"][1], "train").items():
+            if option in GRID_CONTROLLED:
+                reader.fail(key_node, f"train.{option}: set by the grid (tasks, models, normalisers, seeds), not here")
+            if option not in hints:
+                reader.fail(key_node, f"train: unknown option {option!r}; allowed: {', '.join(sorted(hints))}")
+            value = reader.value(value_node)
+            if not _conforms(value, hints[option]):
+                reader.fail(value_node, f"train.{option}: expected {_hint_name(hints[option])}, got {value!r}")
+            config.train[option] = value
+    if "audit" in top:
+        _audit_section(reader, top["audit"][1], config)
+    if "lambdas" in grid:
+        takers = lambda_tests(config)
+        lambda_node = grid_section["lambdas"][1]
+        if not takers:
+            reader.fail(lambda_node, f"grid.lambdas: none of the selected tests has a {LAMBDA_OPTION!r} option")
+        for test in takers:
+            if LAMBDA_OPTION in config.test_options.get(test, {}):
+                reader.fail(lambda_node, f"grid.lambdas and audit.set.{test}.{LAMBDA_OPTION} both set λ; keep one")
+    reader.loader.dispose()
+    return config
+
+
+# --------------------------------------------------------------------------- planning
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9.]+", "-", text).strip("-.")[:40] or "x"
+
+
+def job_id(params: dict[str, Any]) -> str:
+    """A readable folder name: ``task_model_normaliser_s<seed>[_l<λ>]``."""
+    parts = [_slug(params["task"]), params["model"], _slug(params["attention"]), f"s{params['seed']}"]
+    if "lambda" in params:
+        parts.append(f"l{params['lambda']:g}")
+    return "_".join(parts)
+
+
+def plan(config: SweepConfig, out: str | Path, data_dir: str | Path | None = None) -> list[Job]:
+    """The grid's jobs in a fixed order (tasks, then models, normalisers, seeds, λ)."""
+    axes = {param: config.grid.get(key) for key, param in GRID_KEYS.items()}
+    axes["attention"] = axes["attention"] or ["softmax"]
+    axes["seed"] = axes["seed"] or [0]
+    names = [k for k, v in axes.items() if v is not None]
+    takers = lambda_tests(config) if axes.get("lambda") else []
+    out = Path(out).resolve()
+    jobs: list[Job] = []
+    seen: set[str] = set()
+    for values in itertools.product(*(axes[k] for k in names)):
+        params = dict(zip(names, values))
+        test_options = {k: dict(v) for k, v in config.test_options.items()}
+        for test in takers:
+            test_options.setdefault(test, {})[LAMBDA_OPTION] = [float(params["lambda"])]
+        ident = job_id(params)
+        if ident in seen:  # two task specs with the same slug: keep the folders apart
+            ident += "-" + hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()[:6]
+        seen.add(ident)
+        jobs.append(
+            Job(
+                id=ident,
+                params=params,
+                out=str(out / ident),
+                cwd=os.getcwd(),
+                data_dir=str(Path(data_dir).resolve()) if data_dir else None,
+                train=dict(config.train),
+                only=config.only,
+                skip=config.skip,
+                split=config.split,
+                limit=config.limit,
+                test_options=test_options,
+            )
+        )
+    return jobs
+
+
+def finished(job: Job) -> dict[str, Any] | None:
+    """The stored record of ``job`` when it already finished with the same settings."""
+    path = Path(job.out) / JOB_FILE
+    if not path.exists():
+        return None
+    try:
+        record = read_json(path)
+    except AttnAuditError:
+        return None
+    ok = isinstance(record, dict) and record.get("status") == "done" and record.get("digest") == job.digest()
+    return record if ok else None
+
+
+# --------------------------------------------------------------------------- one job
+
+
+def _error_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    message = lines[0] if lines else ""
+    return message if isinstance(exc, AttnAuditError) else f"{type(exc).__name__}: {message}".rstrip(": ")
+
+
+def run_job(job: Job) -> dict[str, Any]:
+    """Train and audit one job; never raises: the outcome (done/failed, error, summary rows) is returned.
+
+    Runs with one torch thread (the pool or Ray provides the parallelism) and writes the
+    record to ``OUT/<job-id>/job.json`` last, so a job killed midway is simply rerun.
+    """
+    import torch
+
+    from attnaudit.audit import audit
+    from attnaudit.progress import set_quiet
+
+    torch.set_num_threads(1)
+    set_quiet(True)
+    if Path(job.cwd).is_dir():  # relative task paths mean what they meant where the sweep started
+        os.chdir(job.cwd)
+    start = time.perf_counter()
+    record: dict[str, Any] = {"id": job.id, "params": job.params, "digest": job.digest(), "status": "failed", "error": None}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", AttnAuditWarning)
+        try:
+            Path(job.out).mkdir(parents=True, exist_ok=True)
+            params = job.params
+            outcome = audit(
+                job.out, task=params["task"], model=params["model"], only=job.only, skip=job.skip, split=job.split,
+                limit=job.limit, seed=params["seed"], data_dir=job.data_dir, device="auto", test_options=job.test_options,
+                attention=params["attention"], **job.train,
+            )
+            record["rows"] = outcome.rows
+            record["failed_tests"] = outcome.failed
+            if outcome.ok:
+                record["status"] = "done"
+            else:
+                record["error"] = "test(s) failed: " + "; ".join(f"{k}: {v}" for k, v in outcome.failed.items())
+        except Exception as exc:  # a failing job is reported; the sweep goes on
+            record["error"] = _error_line(exc)
+            record["traceback"] = traceback.format_exc(limit=8)
+    record["warnings"] = sorted({str(w.message) for w in caught if issubclass(w.category, AttnAuditWarning)})
+    record["seconds"] = round(time.perf_counter() - start, 3)
+    try:
+        atomic_write_json(Path(job.out) / JOB_FILE, record)
+    except OSError as exc:  # the job folder itself is unusable; the sweep still gets the record
+        record["error"] = record["error"] or f"could not write {JOB_FILE}: {exc}"
+        record["status"] = "failed"
+    return record
+
+
+def _crashed(job: Job, exc: BaseException) -> dict[str, Any]:
+    """Record for a job whose worker died (killed, out of memory) before returning."""
+    return {"id": job.id, "params": job.params, "digest": job.digest(), "status": "failed", "error": f"worker died: {_error_line(exc)}"}
+
+
+# --------------------------------------------------------------------------- engines
+
+
+def _init_worker() -> None:
+    """Process-pool initialiser: one thread per worker (the pool is the parallelism)."""
+    import torch
+
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+
+
+def _run_local(jobs: list[Job], workers: int) -> Iterator[dict[str, Any]]:
+    """Jobs in a spawn-context process pool; yields records as jobs finish."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    context = multiprocessing.get_context("spawn")  # fork would copy torch's thread pools and locks
+    with ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_init_worker) as pool:
+        futures = {pool.submit(run_job, job): job for job in jobs}
+        for future in as_completed(futures):
+            try:
+                yield future.result()
+            except Exception as exc:  # BrokenProcessPool and the like: the job's worker died
+                yield _crashed(futures[future], exc)
+
+
+def _run_ray(jobs: list[Job], address: str | None, workers: int | None) -> Iterator[dict[str, Any]]:
+    """Jobs as Ray tasks (one CPU each) on the cluster at ``address``, or a local Ray when none is running."""
+    try:
+        import ray
+    except ImportError:
+        raise AttnAuditError("--engine ray needs the ray package: pip install 'attnaudit[ray]'") from None
+
+    started = not ray.is_initialized()
+    if started:
+        try:
+            if address:
+                ray.init(address=address, log_to_driver=False)
+            else:
+                ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False)
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            raise AttnAuditError(f"could not connect to Ray{f' at {address}' if address else ''}: {_error_line(exc)}") from None
+    try:
+        remote = ray.remote(num_cpus=1, max_retries=0)(run_job)
+        pending = {remote.remote(job): job for job in jobs}
+        while pending:
+            done, _ = ray.wait(list(pending), num_returns=1)
+            for ref in done:
+                job = pending.pop(ref)
+                try:
+                    yield ray.get(ref)
+                except Exception as exc:  # RayTaskError / WorkerCrashedError: the worker died
+                    yield _crashed(job, exc)
+    finally:
+        if started:
+            ray.shutdown()
+
+
+# --------------------------------------------------------------------------- aggregation
+
+
+def _cell(value: Any) -> Any:
+    return json.dumps(value, default=str) if isinstance(value, (dict, list, tuple)) else value
+
+
+def table_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per job: parameters, status, error, seconds, then ``test.statistic`` columns."""
+    rows = []
+    for record in records:
+        row = {"job": record["id"], **record["params"], "status": record["status"], "error": record.get("error") or "",
+               "seconds": record.get("seconds")}
+        for item in record.get("rows", []):
+            statistic = item["statistic"]
+            value = item["interpretation"] if statistic in ("skipped", "error") else item["value"]
+            row[f"{item['test']}.{statistic}"] = _cell(value)
+        rows.append(row)
+    return rows
+
+
+def write_table(out: Path, records: list[dict[str, Any]], config: Path) -> tuple[Path, Path]:
+    """``OUT/sweep.csv`` (wide, one row per job) and ``OUT/sweep.json`` (records with summary rows)."""
+    import pandas as pd
+
+    rows = table_rows(records)
+    columns = [c for c in PARAM_COLUMNS if any(c in r for r in rows)]
+    columns += sorted({c for r in rows for c in r} - set(columns))
+    frame = pd.DataFrame(rows, columns=columns)
+    csv = atomic_write(out / TABLE_CSV, lambda tmp: frame.to_csv(tmp, index=False))
+    summary = {
+        "config": str(config),
+        "jobs": len(records),
+        "failed": sum(r["status"] != "done" for r in records),
+        "records": [{k: v for k, v in r.items() if k != "traceback"} for r in records],
+    }
+    return csv, atomic_write_json(out / TABLE_JSON, summary)
+
+
+def sweep(
+    config: str | Path | SweepConfig,
+    engine: str = "local",
+    address: str | None = None,
+    workers: int | None = None,
+    out: str | Path | None = None,
+    data_dir: str | Path | None = None,
+) -> SweepResult:
+    """Run every job of a sweep file that has not finished yet and aggregate all of them.
+
+    ``engine`` is ``local`` (a spawn process pool of ``workers`` processes, default one per
+    core) or ``ray`` (tasks with ``num_cpus=1`` on ``ray.init(address=address)``; with no
+    address and no running Ray, a local one with ``workers`` CPUs). ``out`` and ``data_dir``
+    override the file's ``out``/``data_dir``; the data directory falls back to
+    ``$ATTNAUDIT_DATA``. Failed jobs are in ``result.failed``; they never stop the others.
+    """
+    if engine not in ENGINES:
+        raise AttnAuditError(f"unknown engine {engine!r}; choose {' or '.join(ENGINES)}")
+    if workers is not None and workers < 1:
+        raise AttnAuditError(f"--workers must be at least 1, got {workers}")
+    if address and engine != "ray":
+        raise AttnAuditError("--address is for --engine ray")
+    settings = config if isinstance(config, SweepConfig) else load_config(config)
+    folder = out or settings.out
+    if not folder:
+        raise AttnAuditError(f"{settings.path}: no output folder; give --out or set 'out:' in the file")
+    data = data_dir or settings.data_dir or os.environ.get("ATTNAUDIT_DATA")
+    jobs = plan(settings, folder, data)
+    root = Path(folder).resolve()
+    root.mkdir(parents=True, exist_ok=True)
+
+    records: dict[str, dict[str, Any]] = {}
+    for job in jobs:
+        stored = finished(job)
+        if stored is not None:
+            records[job.id] = stored
+    todo = [job for job in jobs if job.id not in records]
+    skipped = list(records)
+    status(f"sweep: {len(jobs)} job(s), {len(skipped)} already finished, {len(todo)} to run ({engine}) -> {root}")
+    if todo:
+        count = min(workers or os.cpu_count() or 1, len(todo))
+        stream = _run_local(todo, count) if engine == "local" else _run_ray(todo, address, workers)
+        for record in track(stream, "sweep jobs", total=len(todo)):
+            records[record["id"]] = record
+            if record["status"] != "done":
+                status(f"[red]failed[/] {record['id']}: {record['error']}")
+    ordered = [records[job.id] for job in jobs]
+    csv, summary = write_table(root, ordered, settings.path)
+    return SweepResult(out=root, jobs=ordered, skipped=skipped, csv=csv, json=summary)

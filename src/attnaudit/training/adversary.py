@@ -1,0 +1,340 @@
+"""Training new models beside a base run: frozen attention, adversaries, probes, extra seeds.
+
+The training-based tests (Wiegreffe & Pinter 2019; the CoNLL-2000 tagging study) train new
+models *next to* a trained base run and compare them with it. Every such sub-run uses the
+base's data and vocabulary (its collate function, so both models see identical batches),
+its model config and its optimisation settings (Adam, lr, weight decay, clipping, batch
+size, patience, epochs) and selects its epoch on the dev split. What differs is a
+:class:`Variant`:
+
+* ``interventions(batch)`` applied in every forward, training and evaluation alike
+  (attention frozen to uniform, or to another model's attention on the same batch);
+* ``loss(batch, output)`` replacing cross-entropy on the gold labels (adversaries); a
+  custom loss also selects the epoch by the lowest dev loss rather than the task score;
+* ``model`` changes to the base config (W&P's diagnostic ``average`` encoder) and ``build``
+  (a model that ``build_model`` does not make, e.g. the probe without a query/key path).
+
+Sub-runs are idempotent like :func:`attnaudit.training.trainer.train`: a directory whose
+``metrics.json`` exists with the same config hash is loaded, never retrained; ``metrics.json``
+is written (atomically) last, so a killed sub-run is simply retrained from scratch.
+Extra seeds are plain :func:`~attnaudit.training.trainer.train` calls (:func:`train_standard`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from attnaudit import __version__
+from attnaudit.data.types import Batch, Example
+from attnaudit.errors import AttnAuditError
+from attnaudit.io import atomic_write_json, read_json
+from attnaudit.models import ModelConfig, build_model
+from attnaudit.models.base import AttentionModel, Intervention, ModelOutput, freeze_to
+from attnaudit.progress import status, track
+from attnaudit.run import Run
+from attnaudit.seed import set_seed
+from attnaudit.training.checkpoint import (
+    CONFIG,
+    FEATURE_VOCAB,
+    METRICS,
+    VOCAB,
+    WEIGHTS,
+    load_state_into,
+    save_model,
+    write_config,
+)
+from attnaudit.training.trainer import InterventionsFn, TrainConfig, evaluate_examples, train
+
+LossFn = Callable[[Batch, ModelOutput], Tensor]
+"""``loss(batch, output) -> scalar``: the mean loss of one batch given the model's output on it."""
+
+EVAL_BATCH = 64
+_DERIVED_MODEL_FIELDS = ("model", "task_type", "vocab_size", "num_labels")
+
+
+@dataclass
+class Variant:
+    """How a sub-run differs from standard training of the base model (see the module docstring).
+
+    ``key`` identifies the variant (kind, λ, the source model's hash...) and enters the
+    sub-run's config hash, so a changed source or λ retrains it.
+    """
+
+    key: dict[str, Any]
+    interventions: InterventionsFn | None = None
+    loss: LossFn | None = None
+    model: dict[str, Any] = field(default_factory=dict)
+    build: Callable[[ModelConfig], AttentionModel] | None = None
+
+
+@dataclass
+class SubRun:
+    """A model trained beside the base: ``run`` (base collate and task), its ``metrics``, and
+    the ``interventions`` it must always be run with. ``trained`` is False when it was loaded.
+    """
+
+    run: Run
+    metrics: dict[str, Any]
+    interventions: InterventionsFn | None = None
+    trained: bool = True
+
+    @property
+    def model(self) -> AttentionModel:
+        return self.run.model
+
+    @property
+    def hash(self) -> str:
+        return str(self.run.info.get("hash", ""))
+
+
+def trainable_reason(run: Run) -> str | None:
+    """Why new models cannot be trained beside ``run`` (None when they can)."""
+    if run.info.get("kind") != "attnaudit" or "train" not in run.info:
+        return "these tests retrain the model from its run config; this run was not trained by attnaudit (e.g. a Hugging Face model)"
+    if run.path is None:
+        return "the run has no directory to hold the retrained sub-runs"
+    if run.task.task_type not in ("classification", "pair", "tagging"):
+        return f"retraining is supported for classification, pair and tagging tasks, not {run.task.task_type}"
+    return None
+
+
+def subrun_dir(run: Run, test: str, key: str) -> Path:
+    """``RUN/subruns/<test>/<key>``: where one sub-run (one seed, one λ...) of a test lives."""
+    if run.path is None:
+        raise AttnAuditError("the run has no directory to hold sub-runs")
+    return Path(run.path) / "subruns" / test / key
+
+
+def base_seed(run: Run) -> int:
+    """The training seed the base run was trained with."""
+    return int(run.info["train"].get("seed", 0))
+
+
+def train_settings(run: Run, epochs: int | None = None, seed: int | None = None) -> dict[str, Any]:
+    """The base run's :class:`TrainConfig` as a dict, with ``epochs`` / ``seed`` overridden when given."""
+    if epochs is not None and epochs < 1:
+        raise AttnAuditError(f"--epochs must be at least 1, got {epochs}")
+    known = {f.name for f in fields(TrainConfig)}
+    settings = {k: v for k, v in run.info["train"].items() if k in known}
+    settings = asdict(TrainConfig(**settings))
+    if epochs is not None:
+        settings["epochs"] = epochs
+    if seed is not None:
+        settings["seed"] = seed
+    return settings
+
+
+def standard_options(run: Run, **changes: Any) -> dict[str, Any]:
+    """Keyword options that make :func:`train` rebuild the base run's model and settings.
+
+    With no changes (and the base's own data) the resulting config hash is the base's.
+    ``changes`` whose value is None are ignored.
+    """
+    model = {k: v for k, v in run.info["model"].items() if k not in _DERIVED_MODEL_FIELDS}
+    extra = dict(model.pop("extra", {}) or {})
+    extra.pop("feature_vocab_size", None)  # train() derives it from the feature vocabulary
+    options = {**model, "extra": extra, **train_settings(run)}
+    options.update({k: v for k, v in changes.items() if v is not None})
+    return options
+
+
+def check_same_inputs(base: Run, other: Run) -> None:
+    """Two runs must share vocabulary and labels to be fed the same batches."""
+    if base.collate.vocab.itos != other.collate.vocab.itos or list(base.labels) != list(other.labels):
+        raise AttnAuditError(
+            f"{other.path} does not share the base run's vocabulary and labels, so the two cannot be compared "
+            "instance by instance; retrain it from the base run's data"
+        )
+
+
+def train_standard(base: Run, out: Path, *, seed: int, epochs: int | None = None) -> SubRun:
+    """The base model retrained with another seed by :func:`train` (idempotent, resumable)."""
+    existed = (Path(out) / METRICS).exists()
+    before = (Path(out) / METRICS).stat().st_mtime_ns if existed else None
+    options = standard_options(base, seed=seed, epochs=epochs)
+    run = train(base.data(), base.family, out, device=str(base.device), quiet_eval=True, **options)
+    check_same_inputs(base, run)
+    after = (Path(out) / METRICS).stat().st_mtime_ns
+    return SubRun(run, read_json(Path(out) / METRICS), None, trained=before != after)
+
+
+def attention_of(source: AttentionModel, layers: Sequence[int] | None = None) -> InterventionsFn:
+    """Interventions freezing attention to ``source``'s attention on the same batch.
+
+    ``layers`` (default: every layer of the source) are frozen to the source's layer of the
+    same index. The source is put in eval mode and run without gradient: it is fixed, so
+    its distributions are exactly those one would save per instance beforehand, without
+    holding a ``T×T`` tensor per sentence in memory.
+    """
+    source.eval()
+
+    def interventions(batch: Batch) -> list[Intervention]:
+        with torch.no_grad():
+            trace = source(batch).trace
+        chosen = range(len(trace)) if layers is None else layers
+        return [freeze_to(trace[i].weights, layer=i) for i in chosen]
+
+    return interventions
+
+
+def config_hash(config: dict[str, Any]) -> str:
+    """Hash of a sub-run config (the version excluded), as the trainer hashes runs."""
+    body = {k: v for k, v in config.items() if k not in ("version", "hash")}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def finished(out: Path, digest: str) -> bool:
+    """A sub-run directory holds a finished run with config hash ``digest``."""
+    return (out / METRICS).exists() and (out / CONFIG).exists() and read_json(out / CONFIG).get("hash") == digest
+
+
+def score_key(task_type: str) -> str:
+    """The headline task score, the one standard training selects on: chunk F1 (tagging) or accuracy."""
+    return "f1" if task_type == "tagging" else "accuracy"
+
+
+def selection_score(scores: dict[str, float], task_type: str) -> float:
+    """The dev number standard training selects on."""
+    return scores[score_key(task_type)]
+
+
+def base_scores(run: Run) -> dict[str, Any]:
+    """The base run's dev and test scores: from its ``metrics.json``, else evaluated now."""
+    path = Path(run.path) / METRICS if run.path else None
+    if path is not None and path.exists():
+        metrics = read_json(path)
+        if "dev" in metrics and "test" in metrics:
+            return {"dev": metrics["dev"], "test": metrics["test"]}
+    data = run.data()
+    return {"dev": evaluate_examples(run, data.dev), "test": evaluate_examples(run, data.test)}
+
+
+def _forward(model: AttentionModel, batch: Batch, interventions: InterventionsFn | None) -> ModelOutput:
+    return model(batch, interventions(batch) if interventions else ())
+
+
+def mean_loss(model: AttentionModel, run: Run, examples: list[Example], variant: Variant) -> float:
+    """The variant's loss averaged over ``examples`` (eval mode, no gradient), batches weighted by size."""
+    assert variant.loss is not None
+    was_training = model.training
+    model.eval()
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for batch in run.batches(examples, EVAL_BATCH):
+            total += float(variant.loss(batch, _forward(model, batch, variant.interventions))) * len(batch)
+            count += len(batch)
+    model.train(was_training)
+    return total / max(count, 1)
+
+
+def train_variant(
+    base: Run, out: str | Path, variant: Variant, *, epochs: int | None = None, seed: int | None = None, label: str = ""
+) -> SubRun:
+    """Train (or load, when finished with the same config) one sub-run of ``variant`` into ``out``.
+
+    Same loop as standard training — Adam, gradient clipping, shuffled length-bucketed
+    batches with a per-epoch seed, dev selection with the base's patience — with the
+    variant's interventions and loss. The selected weights are reloaded and scored on dev
+    and test (with the interventions); ``metrics.json`` is written last.
+    """
+    out = Path(out)
+    settings = train_settings(base, epochs, seed)
+    cfg = TrainConfig(**settings)
+    config = ModelConfig.from_dict(base.info["model"]).with_(**variant.model)
+    run_config: dict[str, Any] = {
+        "kind": "attnaudit",
+        "version": __version__,
+        "model": config.to_dict(),
+        "train": settings,
+        "task": base.task.to_dict(),
+        "variant": variant.key,
+        "base": base.info.get("hash"),
+    }
+    digest = config_hash(run_config)
+    run_config["hash"] = digest
+    set_seed(cfg.seed)
+    net = (variant.build or build_model)(config).to(base.device)
+    sub = Run(model=net, collate=base.collate, task=base.task, path=out, device=base.device, info=run_config)
+    if finished(out, digest):
+        load_state_into(net, out / WEIGHTS)
+        net.eval()
+        return SubRun(sub, read_json(out / METRICS), variant.interventions, trained=False)
+
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    write_config(out, run_config)
+    base.collate.vocab.save(out / VOCAB)
+    if base.collate.feature_vocab is not None:
+        base.collate.feature_vocab.save(out / FEATURE_VOCAB)
+
+    data = base.data()
+    task_type = base.task.task_type
+    by_loss = variant.loss is not None
+    loss_fn = variant.loss or _cross_entropy
+    optimizer = torch.optim.Adam(net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    best, bad, history, seconds = float("-inf"), 0, [], 0.0
+    n_batches = -(-len(data.train) // cfg.batch_size)
+    epoch = 0
+    while epoch < cfg.epochs and bad < cfg.patience:
+        epoch += 1
+        start = time.perf_counter()
+        net.train()
+        total, count = 0.0, 0
+        batches = base.batches(data.train, cfg.batch_size, shuffle=True, seed=cfg.seed * 1000 + epoch)
+        for batch in track(batches, f"{label or out.name} epoch {epoch}/{cfg.epochs}", total=n_batches):
+            loss = loss_fn(batch, _forward(net, batch, variant.interventions))
+            optimizer.zero_grad()
+            loss.backward()
+            nn.utils.clip_grad_norm_(net.parameters(), cfg.clip)
+            optimizer.step()
+            total += float(loss.detach()) * len(batch)
+            count += len(batch)
+        record: dict[str, Any] = {"epoch": epoch, "train_loss": total / max(count, 1)}
+        if by_loss:
+            record["dev_loss"] = mean_loss(net, sub, data.dev, variant)
+            score = -record["dev_loss"]
+        else:
+            record["dev"] = evaluate_examples(sub, data.dev, interventions=variant.interventions)
+            score = selection_score(record["dev"], task_type)
+        if score > best:
+            best, bad = score, 0
+            save_model(out, net)
+        else:
+            bad += 1
+        seconds += time.perf_counter() - start
+        history.append(record)
+        status(f"{label or out.name} epoch {epoch}: train loss {record['train_loss']:.4f}, dev {score:.4f}")
+
+    load_state_into(net, out / WEIGHTS)
+    net.eval()
+    metrics: dict[str, Any] = {
+        "dev": evaluate_examples(sub, data.dev, interventions=variant.interventions),
+        "test": evaluate_examples(sub, data.test, interventions=variant.interventions),
+        "epochs": epoch,
+        "best_dev": best,
+        "train_seconds": seconds,
+        "history": history,
+        "selection": "lowest dev loss" if by_loss else "best dev " + ("chunk F1" if task_type == "tagging" else "accuracy"),
+        "variant": variant.key,
+    }
+    atomic_write_json(out / METRICS, metrics)
+    return SubRun(sub, metrics, variant.interventions, trained=True)
+
+
+def _cross_entropy(batch: Batch, output: ModelOutput) -> Tensor:
+    """Standard training's loss: cross-entropy with the gold labels (padding ignored)."""
+    if batch.labels is None:
+        raise AttnAuditError("training needs labelled examples")
+    logits = output.logits
+    return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch.labels.reshape(-1), ignore_index=-100)

@@ -1,0 +1,182 @@
+"""Global adversary: the KL/TVD/NLL objectives on hand cases, the breakpoint fit, both variants end to end."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+from attnaudit.data.synthetic import synthetic_task
+from attnaudit.data.types import Batch
+from attnaudit.experiments.base import run_test
+from attnaudit.experiments.global_adversary import (
+    breakpoint_fit,
+    classification_loss,
+    differentiable_kl,
+    tagging_loss,
+)
+from attnaudit.metrics import kl
+from attnaudit.models.base import AttentionLayer, AttentionTrace, ModelOutput
+from attnaudit.progress import set_quiet
+from attnaudit.run import Run
+from attnaudit.training.trainer import train
+
+set_quiet(True)
+
+
+@pytest.fixture(scope="module")
+def clf(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    data = synthetic_task("classification", seed=0, n_train=200, n_dev=30, n_test=30)
+    return train(
+        data, "bilstm", tmp_path_factory.mktemp("adv-clf") / "run", epochs=3, lr=1e-2, batch_size=16,
+        embed_dim=16, hidden_dim=8, quiet_eval=True,
+    )
+
+
+@pytest.fixture(scope="module")
+def tagger(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    data = synthetic_task("tagging", seed=0, n_train=160, n_dev=30, n_test=30)
+    return train(
+        data, "transformer", tmp_path_factory.mktemp("adv-tag") / "run", epochs=2, lr=1e-2, batch_size=16,
+        embed_dim=16, d_model=16, heads=2, layers=1, d_ff=32, quiet_eval=True,
+    )
+
+
+# ------------------------------------------------------------------------- divergence
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(2, 6).flatmap(lambda n: st.tuples(*[st.lists(st.sampled_from([0.0, 0.1, 0.5, 1.0, 2.0]), min_size=n, max_size=n)] * 2)))
+def test_differentiable_kl_equals_metrics_kl_with_finite_gradients(pair: tuple[list[float], list[float]]) -> None:
+    raw_p = torch.tensor(pair[0], dtype=torch.float64)
+    raw_q = torch.tensor(pair[1], dtype=torch.float64)
+    if raw_p.sum() == 0 or raw_q.sum() == 0:
+        return
+    leaf = raw_p.clone().requires_grad_(True)
+    p = leaf / leaf.sum()  # exact zeros where raw_p is 0, as at padding
+    q = raw_q / raw_q.sum()  # zeros allowed: both smooth q the same way
+    value = differentiable_kl(p, q)
+    assert float(value.detach()) == pytest.approx(float(kl(p.detach(), q)), rel=1e-9, abs=1e-9)
+    value.backward()
+    assert torch.isfinite(leaf.grad).all()
+
+
+def test_differentiable_kl_gradient_through_masked_softmax_is_finite() -> None:
+    logits = torch.tensor([[1.0, 2.0, 0.0]], requires_grad=True)
+    mask = torch.tensor([[True, True, False]])
+    p = torch.softmax(logits.masked_fill(~mask, -1e9), -1) * mask
+    differentiable_kl(p, torch.tensor([[0.5, 0.5, 0.0]])).sum().backward()
+    assert torch.isfinite(logits.grad).all()
+
+
+# ------------------------------------------------------------------------- hand cases
+
+
+class Fixed(nn.Module):
+    """A stand-in base/adversary returning fixed logits and one fixed attention layer."""
+
+    explained_layer = 0
+
+    def __init__(self, logits: list, weights: list, mask: list, query_mask: list | None = None) -> None:
+        super().__init__()
+        self.logits = torch.tensor(logits, dtype=torch.float64)
+        self.weights = torch.tensor(weights, dtype=torch.float64)
+        self.mask = torch.tensor(mask)
+        self.query_mask = None if query_mask is None else torch.tensor(query_mask)
+
+    def forward(self, batch: Batch, interventions: tuple = ()) -> ModelOutput:
+        layer = AttentionLayer(weights=self.weights, mask=self.mask, inputs=self.weights, query_mask=self.query_mask)
+        return ModelOutput(self.logits, AttentionTrace([layer]))
+
+
+def test_classification_objective_on_a_hand_case() -> None:
+    mask = [[True, True, False], [True, True, False]]
+    base = Fixed([[0.0, 0.0], [1.0, 0.0]], [[[[0.5, 0.5, 0.0]]], [[[0.2, 0.8, 0.0]]]], mask)
+    adv = Fixed([[math.log(3.0), 0.0], [1.0, 0.0]], [[[[0.75, 0.25, 0.0]]], [[[0.2, 0.8, 0.0]]]], mask)
+    batch = Batch(tokens=torch.ones(2, 3, dtype=torch.long), mask=torch.tensor(mask))
+    # instance 1: TVD([.75,.25],[.5,.5]) = .25, KL(adv‖base) = .75 ln 1.5 + .25 ln .5; instance 2: identical -> 0, 0
+    kl_1 = 0.75 * math.log(1.5) + 0.25 * math.log(0.5)
+    for lam in (0.0, 0.1, 2.0):
+        loss = classification_loss(base, lam)(batch, adv(batch))
+        assert float(loss) == pytest.approx((0.25 - lam * kl_1) / 2, abs=1e-8)
+
+
+def test_tagging_objective_on_a_hand_case() -> None:
+    mask = [[True, True, False]]
+    # base tags: token 0 -> 0, token 1 -> 1 (the padding position's logits must not count)
+    base_logits = [[[2.0, 0.0], [0.0, 2.0], [5.0, 0.0]]]
+    adv_logits = [[[0.0, 0.0], [0.0, math.log(3.0)], [-9.0, 9.0]]]
+    base_w = [[[[0.5, 0.5, 0.0], [1.0, 0.0, 0.0], [0.5, 0.5, 0.0]]]]
+    adv_w = [[[[0.75, 0.25, 0.0], [0.5, 0.5, 0.0], [1.0, 0.0, 0.0]]]]
+    base = Fixed(base_logits, base_w, mask, query_mask=mask)
+    adv = Fixed(adv_logits, adv_w, mask, query_mask=mask)
+    batch = Batch(tokens=torch.ones(1, 3, dtype=torch.long), mask=torch.tensor(mask))
+    nll = (math.log(2.0) - math.log(0.75)) / 2
+    kl_rows = [0.5 * math.log(0.5 / 0.75) + 0.5 * math.log(0.5 / 0.25), math.log(2.0)]  # KL(base‖adv), real rows only
+    for lam in (0.0, 0.2, 3.0):
+        loss = tagging_loss(base, lam)(batch, adv(batch))
+        assert float(loss) == pytest.approx(nll - lam * sum(kl_rows) / 2, abs=1e-8)
+
+
+# ------------------------------------------------------------------------- breakpoint
+
+
+def test_breakpoint_of_an_exact_hinge() -> None:
+    x = np.array([0.05, 0.15, 0.25, 0.4, 0.6, 0.9])
+    y = 0.2 + 0.1 * x + 4.0 * np.maximum(0.0, x - 0.33)
+    fit = breakpoint_fit(x, y, grid=1001)
+    assert fit["breakpoint"] == pytest.approx(0.33, abs=2e-3)
+    assert fit["slope_before"] == pytest.approx(0.1, abs=0.05) and fit["slope_after"] == pytest.approx(4.1, abs=0.05)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.floats(0.12, 0.78), st.floats(0.5, 5.0), st.floats(-1.0, 1.0))
+def test_breakpoint_recovers_any_inner_kink(x0: float, rise: float, slope: float) -> None:
+    x = np.linspace(0.0, 1.0, 11)
+    y = slope * x + rise * np.maximum(0.0, x - x0)
+    assert breakpoint_fit(x, y, grid=801)["breakpoint"] == pytest.approx(x0, abs=2e-3)
+
+
+def test_breakpoint_needs_four_points() -> None:
+    assert math.isnan(breakpoint_fit(np.array([0.1, 0.2, 0.3]), np.array([1.0, 2.0, 5.0]))["breakpoint"])
+
+
+# ------------------------------------------------------------------------- end to end
+
+
+def test_classification_sweep_with_seed_and_uniform_points(clf: Run, tmp_path: Path) -> None:
+    run_test("seeds", clf, seeds=[1], epochs=1, out=tmp_path, plot=False)
+    run_test("uniform", clf, epochs=1, out=tmp_path, plot=False)
+    result = run_test("global-adversary", clf, lambdas=[0.0, 10.0], epochs=2, out=tmp_path)
+    rows = {row["lambda"]: row for row in result.tables["lambdas"]}
+    assert set(rows) == {0.0, 10.0}
+    assert rows[10.0]["mean_kl"] > rows[0.0]["mean_kl"] + 0.1  # the -λ·KL term pushes attention away
+    kinds = sorted(p["kind"] for p in result.tables["reference_points"])
+    assert kinds == ["seed", "uniform"]
+    assert {"jsd@0", "tvd@10", "accuracy@10"} <= set(result.summary)
+    assert (tmp_path / "global_adversary_jsd_vs_tvd.png").exists()
+    assert "jsd_lambda10" in result.instances[0]
+
+    sub = Path(clf.path) / "subruns" / "global-adversary" / "lambda-10-seed-0" / "metrics.json"
+    stamp = sub.stat().st_mtime_ns
+    again = run_test("global-adversary", clf, lambdas=[10.0], epochs=2, out=tmp_path, plot=False)
+    assert again.tables["lambdas"][0]["trained_now"] is False and sub.stat().st_mtime_ns == stamp
+    assert again.tables["lambdas"][0]["mean_jsd"] == rows[10.0]["mean_jsd"]
+
+
+def test_tagging_sweep_reports_kl_nll_and_breakpoint(tagger: Run, tmp_path: Path) -> None:
+    result = run_test("global-adversary", tagger, lambdas=[0.2, 0.5, 1.0, 2.0], epochs=1, out=tmp_path, limit=12)
+    s = result.summary
+    assert {"f1@0.2", "kl@2", "nll@0.5", "breakpoint_kl", "base_test_f1"} <= set(s)
+    assert result.meta["published"]["breakpoint_kl"] == 0.33 and result.meta["published"]["f1@3"] == 0.75
+    kls = [row["mean_kl"] for row in result.tables["lambdas"]]
+    assert min(kls) <= s["breakpoint_kl"] <= max(kls) or math.isnan(s["breakpoint_kl"])
+    assert all(row["mean_nll"] >= 0 for row in result.tables["lambdas"])
+    assert (tmp_path / "global_adversary_nll_vs_kl.png").exists()
+    assert any("piecewise-linear" in note for note in result.meta["notes"])

@@ -1,0 +1,71 @@
+"""Shared by the reliability tests: running the CLI as a subprocess and checking how it fails."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from attnaudit.data.synthetic import synthetic_task
+
+CLI = [sys.executable, "-m", "attnaudit.cli"]
+TINY_TRAIN = ["--model", "bilstm", "--epochs", "1", "--embed-dim", "8", "--hidden-dim", "8", "--quiet"]
+RESULT_SUFFIXES = (".json", ".csv", ".safetensors", ".html")
+
+
+def cli(*args: object, cwd: Path | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``attnaudit ARGS`` in a fresh interpreter (single-threaded), output captured."""
+    environment = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    environment.pop("ATTNAUDIT_DATA", None)
+    return subprocess.run(
+        [*CLI, *map(str, args)], capture_output=True, text=True, cwd=cwd, env=environment, timeout=600
+    )
+
+
+def written(out: Path) -> list[Path]:
+    """Result-like files under ``out`` (metrics, results, weights, reports); none expected after a failure."""
+    if not out.exists():
+        return []
+    return [p for p in out.rglob("*") if p.is_file() and p.suffix in RESULT_SUFFIXES]
+
+
+def assert_clean_failure(proc: subprocess.CompletedProcess[str], names: str, line: int | None = None, out: Path | None = None) -> str:
+    """Exit 2, one ``error:`` line naming ``names`` (``names:line`` when given), nothing else but warnings.
+
+    Returns the error line. ``out``: the output folder the command was given, which must hold
+    no result file afterwards (nothing half-written).
+    """
+    lines = proc.stderr.splitlines()
+    errors = [line_ for line_ in lines if line_.startswith("error:")]
+    assert proc.returncode == 2, f"exit {proc.returncode}: {proc.stderr[-2000:]}"
+    assert len(errors) == 1, proc.stderr
+    assert all(line_.startswith(("error:", "warning:")) for line_ in lines), proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
+    where = f"{names}:{line}:" if line is not None else names
+    assert where in errors[0], errors[0]
+    if out is not None:
+        assert written(out) == [], written(out)
+    return errors[0]
+
+
+def warnings_of(proc: subprocess.CompletedProcess[str]) -> list[str]:
+    """The ``warning:`` lines of a run that must otherwise be silent on stderr (``--quiet``)."""
+    lines = proc.stderr.splitlines()
+    assert all(line.startswith("warning:") for line in lines), proc.stderr
+    return lines
+
+
+def write_table(path: Path, rows: list[tuple[str, str]], sep: str = ",", header: bool = True) -> Path:
+    """A text/label table (CSV or TSV) with the given rows."""
+    frame = pd.DataFrame(rows, columns=["text", "label"])
+    frame.to_csv(path, sep=sep, index=False, header=header)
+    return path
+
+
+def synthetic_rows(n: int, seed: int = 0) -> list[tuple[str, str]]:
+    """``n`` (text, label) rows of the synthetic classification task."""
+    data = synthetic_task("classification", seed=seed, n_train=n, n_dev=0, n_test=0)
+    return [(" ".join(ex.tokens), str(ex.label)) for ex in data.train]

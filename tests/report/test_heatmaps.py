@@ -1,0 +1,34 @@
+"""Instance selection and heatmap data for the report."""
+
+from __future__ import annotations
+
+import torch
+
+from attnaudit.experiments.base import Result
+from attnaudit.importance import attention_importance
+from attnaudit.report.heatmaps import compute_heatmaps, select_instances, tau_column
+
+
+def test_selection_takes_most_and_least_faithful_by_tau() -> None:
+    rows = [{"index": i, "tau_attention_vs_gradient": t, "p_attention_vs_gradient": 0.0}
+            for i, t in enumerate([0.1, 0.9, None, -0.5, 0.4, -0.2])]
+    importance = Result(test="importance", instances=rows)
+    assert tau_column(rows) == "tau_attention_vs_gradient"
+    chosen, taus, how = select_instances(importance, 6, 2)
+    assert chosen == [1, 4, 3, 5]  # two highest τ, then the lowest and the next lowest
+    assert 2 not in taus and "most and 2 least" in how
+    assert select_instances(None, 10, 2)[0] == [0, 1, 2, 3]
+    assert select_instances(Result(test="importance", instances=[{"index": 0, "x": 1.0}]), 3, 2)[0] == [0, 1, 2]
+
+
+def test_heatmaps_hold_real_scores_for_each_item(tiny_attention_run) -> None:
+    run = tiny_attention_run("transformer")
+    examples = run.examples("test", 5)
+    data = compute_heatmaps(run, examples, [3, 1], {3: 0.25})
+    assert [d["index"] for d in data] == [3, 1] and data[0]["tau"] == 0.25 and data[1]["tau"] is None
+    assert set(data[0]["scores"]) == {"attention", "gradient", "loo", "rollout", "norms"}
+    batch = next(run.batches([examples[3]], 1))
+    expected = attention_importance(run, batch)[0, : len(examples[3].tokens)]
+    assert torch.allclose(torch.tensor(data[0]["scores"]["attention"], dtype=torch.float64), expected.double(), atol=1e-6)
+    assert data[0]["items"] == examples[3].tokens
+    assert data[0]["rationale"] == examples[3].rationale

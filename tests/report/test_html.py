@@ -1,0 +1,88 @@
+"""The HTML report: self-contained, every piece of data escaped, verdicts beside published figures."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import pytest
+
+from attnaudit.errors import AttnAuditError
+from attnaudit.experiments import run_test
+from attnaudit.experiments.base import Result, save_figure
+from attnaudit.io import atomic_write_json
+from attnaudit.report import build_report
+from attnaudit.report.html import esc, fmt, heatmap_block, table
+
+INJECTED = "<script>document.title='pwned'</script>"
+
+
+def _result(tmp_path: Path) -> Result:
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [1, 0])
+    paths = save_figure(fig, tmp_path / "results", "demo_curve")
+    return Result(
+        test="permutation",
+        summary={"median_change_mean": 0.0123, "fraction_insensitive": 0.8},
+        instances=[{"index": 0, "token": INJECTED}],
+        tables={"per_class": [{"predicted": INJECTED, "n": 3}]},
+        meta={"notes": [f"a note with {INJECTED}"], "published": {"fraction_insensitive": 0.75, "source": "J&W"},
+              "n": 1, "split": "test", "seed": 0},
+        figures=[str(p) for p in paths],
+    )
+
+
+def test_escapes_tokens_notes_and_tables_and_inlines_figures(tmp_path: Path) -> None:
+    result = _result(tmp_path)
+    result.save(tmp_path / "results")
+    heatmaps = {
+        "selection": "the first 1 instances",
+        "instances": [{"index": 0, "label": INJECTED, "predicted": "positive", "tau": 0.5, "items": ["good", INJECTED],
+                       "rationale": [0], "scores": {"attention": [0.2, 0.8], "gradient": [1.0, 0.0]}}],
+    }
+    atomic_write_json(tmp_path / "results" / "heatmaps.json", heatmaps)
+    page = build_report(tmp_path).read_text()
+    assert "<script" not in page.lower()
+    assert page.count(esc(INJECTED)) >= 4  # heatmap token, label, note, table cell
+    assert re.search(r'<img class="figure" alt="demo_curve" src="data:image/png;base64,[A-Za-z0-9+/=]{100,}">', page)
+    assert not re.search(r'(src|href)="(https?:)?//', page)  # nothing fetched from anywhere
+    verdict = page.split('<section id="verdict">')[1].split("</section>")[0]
+    assert "median_change_mean" in verdict  # default verdict: first summary row when there is no interpretation
+    section = page.split('<section id="test-permutation">')[1]
+    assert "<td class=\"num\">0.75</td>" in section  # the published figure of the same name sits beside ours
+
+
+def test_heatmap_block_scales_each_row_to_its_maximum() -> None:
+    block = heatmap_block({"index": 3, "label": "x", "items": ["a", "b"], "rationale": [1],
+                           "scores": {"attention": [0.5, 1.0], "loo": [-2.0, 0.0]}})
+    alphas = re.findall(r"rgba\(230,97,1,([0-9.]+)\)", block)
+    assert alphas == ["0.500", "1.000", "1.000", "0.000"]
+    assert block.count('class="tok rat"') == 2  # item 1 is rationale in both rows
+
+
+def test_format_and_table_helpers() -> None:
+    assert fmt(float("nan")) == "n/a" and fmt(None) == "n/a" and fmt(0.123456) == "0.1235"
+    assert fmt({"a": "<b>"}) == esc('{"a": "<b>"}')
+    html = table([{"a": 1}, {"b": "<i>"}], limit=1)
+    assert "<th>a</th><th>b</th>" in html and "first 1 of 2 rows" in html and "<i>" not in html
+
+
+def test_report_computes_heatmaps_from_the_run_directory(tiny_attention_run, tmp_path: Path) -> None:
+    run = tiny_attention_run("bilstm")
+    results = Path(run.path) / "results"
+    run_test("importance", run, limit=6, out=results)
+    (results / "heatmaps.json").unlink(missing_ok=True)
+    page = build_report(run.path, instances=1).read_text()
+    stored = (results / "heatmaps.json").read_text()
+    assert "most and 1 least faithful" in stored
+    assert page.count('<div class="instance">') == 2
+    assert "τ(attention, gradient)" in page
+
+
+def test_no_results_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(AttnAuditError, match="no results"):
+        build_report(tmp_path)

@@ -1,0 +1,156 @@
+"""The one-command audit: outputs, resuming, option overrides, failures, CLI parsing."""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from attnaudit.audit import SUMMARY_COLUMNS, audit, order_tests, parse_settings
+from attnaudit.data.synthetic import synthetic_task
+from attnaudit.errors import AttnAuditError
+from attnaudit.experiments.base import EXPERIMENTS, Experiment, Result, register
+from attnaudit.progress import set_quiet
+from attnaudit.training.trainer import train
+
+set_quiet(True)
+SMALL = {"permutation": {"permutations": 4}, "rationale": {"ig_steps": 2, "methods": ["attention", "gradient"]}}
+TESTS = ["rationale", "permutation"]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory):
+    data = synthetic_task("classification", seed=0, n_train=160, n_dev=20, n_test=20)
+    return train(data, "bilstm", tmp_path_factory.mktemp("run"), epochs=1, embed_dim=8, hidden_dim=8, quiet_eval=True)
+
+
+@pytest.fixture
+def failing_test():
+    """A registered test that always fails (removed again afterwards)."""
+
+    @register
+    class Broken(Experiment):
+        name = "zz-broken"
+        description = "always fails"
+
+        @dataclass
+        class Options:
+            pass
+
+        def run(self, run, examples, options, seed=0):
+            raise RuntimeError("deliberate failure\nsecond line")
+
+    yield "zz-broken"
+    EXPERIMENTS.pop("zz-broken")
+
+
+def test_audit_writes_results_summary_and_report(run, tmp_path: Path) -> None:
+    out = tmp_path / "audit"
+    result = audit(out, run=run, only=TESTS, limit=6, test_options=SMALL)
+    assert result.ok and set(result.results) == set(TESTS)
+    for name in TESTS:
+        stored = Result.load(out / "results" / f"{name}.json")
+        assert stored.meta["audit"]["options_hash"]
+    assert stored.meta["options"]["permutations"] == 4  # the override reached the test
+    summary = pd.read_csv(out / "summary.csv")
+    assert list(summary.columns) == SUMMARY_COLUMNS
+    assert set(summary["test"]) == set(TESTS)
+    assert summary.query("test == 'rationale' and statistic == 'attention_map'")["interpretation"].str.contains("random").all()
+    assert result.report == out / "report.html" and result.report.exists()
+    log = json.loads((out / "audit.json").read_text())
+    assert [t["test"] for t in log["tests"]] == TESTS  # cheap-first order, rationale before permutation
+    heatmaps = json.loads((out / "results" / "heatmaps.json").read_text())
+    assert heatmaps["instances"] and set(heatmaps["instances"][0]["scores"]) == {"attention", "gradient", "loo"}
+
+
+def test_resume_reuses_stored_results_and_matches_uninterrupted(run, tmp_path: Path) -> None:
+    out = tmp_path / "audit"
+    first = audit(out, run=run, only=TESTS, limit=6, test_options=SMALL)
+    stamp = (out / "results" / "rationale.json").stat().st_mtime_ns
+    (out / "results" / "permutation.json").unlink()  # as if the audit had been killed during permutation
+    second = audit(out, run=run, only=TESTS, limit=6, test_options=SMALL)
+    assert (out / "results" / "rationale.json").stat().st_mtime_ns == stamp  # reused, not rerun
+    log = {t["test"]: t["status"] for t in json.loads((out / "audit.json").read_text())["tests"]}
+    assert log == {"rationale": "cached", "permutation": "done"}
+    assert second.results["permutation"].summary == first.results["permutation"].summary
+    assert second.results["permutation"].instances == first.results["permutation"].instances
+    changed = audit(out, run=run, only=["permutation"], limit=6, test_options={"permutation": {"permutations": 5}})
+    assert changed.results["permutation"].meta["options"]["permutations"] == 5  # other options: recomputed
+
+
+def test_failure_is_recorded_and_others_still_run(run, tmp_path: Path, failing_test: str) -> None:
+    out = tmp_path / "audit"
+    result = audit(out, run=run, only=["rationale", failing_test], limit=4, test_options=SMALL)
+    assert not result.ok
+    assert result.failed == {failing_test: "RuntimeError: deliberate failure"}
+    assert "rationale" in result.results
+    summary = pd.read_csv(out / "summary.csv")
+    row = summary[summary["test"] == failing_test].iloc[0]
+    assert row["statistic"] == "error" and "deliberate failure" in row["interpretation"]
+    assert "deliberate failure" in (out / "report.html").read_text()
+
+
+def test_transformer_only_tests_are_skipped_for_rnns(run, tmp_path: Path) -> None:
+    result = audit(tmp_path / "audit", run=run, only=["shuffle"], limit=4)
+    assert "Transformers only" in result.skipped["shuffle"]
+    assert pd.read_csv(tmp_path / "audit" / "summary.csv")["statistic"].tolist() == ["skipped"]
+
+
+def test_bad_arguments_fail_before_any_work(run, tmp_path: Path) -> None:
+    with pytest.raises(AttnAuditError, match="unknown test"):
+        audit(tmp_path, run=run, only=["nope"])
+    with pytest.raises(AttnAuditError, match="has no option"):
+        audit(tmp_path, run=run, only=["permutation"], test_options={"permutation": {"nope": 1}})
+    with pytest.raises(AttnAuditError, match="exactly one"):
+        audit(tmp_path, run=run, model="bilstm", task="synthetic")
+    with pytest.raises(AttnAuditError, match="exactly one"):
+        audit(tmp_path)
+    assert not (tmp_path / "results").exists()
+
+
+def test_parse_settings_types_values() -> None:
+    parsed = parse_settings(["permutation.permutations=20", "permutation.threshold=0.05", "rationale.methods=attention,loo"])
+    assert parsed == {"permutation": {"permutations": 20, "threshold": 0.05}, "rationale": {"methods": ["attention", "loo"]}}
+    for bad, message in [
+        ("permutation", "TEST.OPTION=VALUE"),
+        ("nope.x=1", "unknown test"),
+        ("permutation.nope=1", "has no option"),
+        ("permutation.permutations=many", "cannot read"),
+    ]:
+        with pytest.raises(AttnAuditError, match=message):
+            parse_settings([bad])
+
+
+def test_order_is_cheap_first() -> None:
+    assert order_tests(["seeds", "zeta", "permutation", "identifiability", "uniform"]) == [
+        "identifiability", "permutation", "zeta", "uniform", "seeds",
+    ]
+
+
+def test_cli_exits_nonzero_when_a_test_fails(run, tmp_path: Path, failing_test: str, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    from attnaudit import cli
+
+    out = tmp_path / "cli"
+    argv = ["attnaudit", "audit", "--run", str(run.path), "--out", str(out), "--only", "rationale", "--only", failing_test,
+            "--limit", "4", "--set", "rationale.ig_steps=2", "--quiet"]
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main()
+    assert exit_info.value.code == 2
+    assert "1 test(s) failed: zz-broken" in capsys.readouterr().err
+    assert Result.load(out / "results" / "rationale.json").meta["options"]["ig_steps"] == 2
+    assert (out / "report.html").exists()
+
+
+def test_trains_into_out_run_when_given_task_and_model(tmp_path: Path) -> None:
+    options = {"epochs": 1, "embed_dim": 4, "hidden_dim": 4}
+    result = audit(tmp_path, task="synthetic", model="average", only=["rationale"], limit=3,
+                   test_options={"rationale": {"methods": ["attention"]}}, **options)
+    assert result.ok and (tmp_path / "run" / "model.safetensors").exists()
+    assert json.loads((tmp_path / "audit.json").read_text())["run"] == str(tmp_path / "run")
+    with pytest.raises(AttnAuditError, match="only apply with --task/--model"):
+        audit(tmp_path, run=tmp_path / "run", epochs=1)
