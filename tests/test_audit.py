@@ -154,3 +154,27 @@ def test_trains_into_out_run_when_given_task_and_model(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "audit.json").read_text())["run"] == str(tmp_path / "run")
     with pytest.raises(AttnAuditError, match="only apply with --task/--model"):
         audit(tmp_path, run=tmp_path / "run", epochs=1)
+
+
+def test_default_verdict_lists_summary_beside_published_and_survives_broken_verdicts() -> None:
+    from attnaudit.audit import verdict_rows
+
+    result = Result(test="zz-none", summary={"tau": 0.3, "n": 4}, meta={"published": {"tau": 0.351, "source": "J&W"}})
+    assert Experiment().verdict(result) == [
+        {"statistic": "tau", "value": 0.3, "published": 0.351, "interpretation": ""},
+        {"statistic": "n", "value": 4, "published": "", "interpretation": ""},
+    ]
+
+    class Faulty(Experiment):
+        name = "zz-faulty"
+
+        def verdict(self, result):
+            raise KeyError("missing_statistic")
+
+    EXPERIMENTS["zz-faulty"] = Faulty
+    try:
+        rows = verdict_rows("zz-faulty", result)
+    finally:
+        EXPERIMENTS.pop("zz-faulty")
+    assert [r["statistic"] for r in rows] == ["tau", "n", "verdict"]
+    assert "verdict failed: KeyError" in rows[-1]["interpretation"] and all(r["test"] == "zz-faulty" for r in rows)

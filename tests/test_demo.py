@@ -22,6 +22,8 @@ def test_quick_demo_writes_linked_reports(tmp_path: Path) -> None:
     assert info["failed"] == {} and info["size"] == "quick"
     bilstm = (index.parent / "bilstm" / "summary.csv").read_text()
     assert "rationale,attention_map" in bilstm  # the report scores the explanations against the rationale
+    for summary in index.parent.glob("*/summary.csv"):
+        assert "verdict failed" not in summary.read_text()  # every registered test's verdict ran
     transformer = (index.parent / "transformer" / "summary.csv").read_text()
     assert "rationale,rollout_map" in transformer and "rationale,norms_map" in transformer
 

@@ -7,7 +7,7 @@ applies to it, cheap tests first, and writes
   test finishes, with a hash of its options in ``meta["audit"]``;
 * ``OUT/results/heatmaps.json`` — per-instance explanations for the report's heatmaps;
 * ``OUT/summary.csv`` — one row per verdict statistic (test, statistic, value, published,
-  interpretation), plus a row per skipped or failed test;
+  interpretation), plus a row per skipped or failed test (rewritten by ``attnaudit report``);
 * ``OUT/audit.json`` — what ran, what was skipped and why, errors;
 * ``OUT/report.html`` — the self-contained report (:mod:`attnaudit.report`).
 
@@ -32,7 +32,7 @@ import pandas as pd
 
 from attnaudit.errors import AttnAuditError
 from attnaudit.experiments.base import Experiment, Result, discover, make_options, run_test
-from attnaudit.io import atomic_write, atomic_write_json, read_json
+from attnaudit.io import atomic_write, atomic_write_json
 from attnaudit.progress import status
 from attnaudit.run import Run
 
@@ -70,10 +70,8 @@ AUDIT_DEFAULTS: dict[str, dict[str, Any]] = {
     "opposite-keys": {"epochs": 2, "train_limit": 2000},
 }
 RESULTS = "results"
-HEATMAPS = "heatmaps.json"
 SUMMARY = "summary.csv"
 AUDIT = "audit.json"
-REPORT = "report.html"
 SUMMARY_COLUMNS = ["test", "statistic", "value", "published", "interpretation"]
 
 
@@ -246,6 +244,24 @@ def _cell(value: Any) -> Any:
     return value
 
 
+def summary_rows(log: list[dict[str, Any]], results: dict[str, Result]) -> list[dict[str, Any]]:
+    """Verdict rows of every result plus one row per skipped or failed test, in the audit's order.
+
+    ``log`` is ``audit.json``'s list of tests (empty for results written by ``attnaudit run``).
+    """
+    rows: list[dict[str, Any]] = []
+    logged = [entry["test"] for entry in log]
+    for entry in [*log, *({"test": name} for name in order_tests(results) if name not in logged)]:
+        name, state = entry["test"], entry.get("status")
+        if state == "skipped":
+            rows.append({"test": name, "statistic": "skipped", "value": "", "published": "", "interpretation": entry.get("reason", "")})
+        elif state == "failed":
+            rows.append({"test": name, "statistic": "error", "value": "", "published": "", "interpretation": entry.get("error", "")})
+        elif name in results:
+            rows.extend(verdict_rows(name, results[name]))
+    return rows
+
+
 def write_summary(path: Path, rows: list[dict[str, Any]]) -> Path:
     """``summary.csv``: one row per statistic, skipped and failed tests included."""
     frame = pd.DataFrame([{k: _cell(r.get(k, "")) for k in SUMMARY_COLUMNS} for r in rows], columns=SUMMARY_COLUMNS)
@@ -281,7 +297,6 @@ def audit(
     skips the tests' plots (much faster on a busy CPU; the report then has tables only).
     """
     from attnaudit.report import build_report
-    from attnaudit.seed import set_seed
 
     out = Path(out)
     train_options = {k: v for k, v in train_options.items() if v is not None}
@@ -323,8 +338,7 @@ def audit(
                 status(f"{prefix}: stored result reused")
                 log.append(entry)
                 continue
-            status(f"{prefix}: running")
-            set_seed(seed)
+            status(f"{prefix}: running")  # run_test seeds every test with `seed`
             result = run_test(
                 name, target, split=split, limit=limit, seed=seed, out=results_dir, data_dir=data_dir, plot=figures, **entry["options"]
             )
@@ -344,15 +358,7 @@ def audit(
     target.model.load_state_dict(snapshot)
     target.model.eval()
 
-    for entry in log:
-        name = entry["test"]
-        if name in outcome.results:
-            outcome.rows.extend(verdict_rows(name, outcome.results[name]))
-        elif entry["status"] == "skipped":
-            outcome.rows.append({"test": name, "statistic": "skipped", "value": "", "published": "", "interpretation": entry["reason"]})
-        else:
-            outcome.rows.append({"test": name, "statistic": "error", "value": "", "published": "", "interpretation": entry["error"]})
-    write_summary(out / SUMMARY, outcome.rows)
+    outcome.rows = summary_rows(log, outcome.results)
     atomic_write_json(
         out / AUDIT,
         {
@@ -367,13 +373,7 @@ def audit(
             "tests": log,
         },
     )
-    set_seed(seed)
     outcome.report = build_report(out, run=target, split=split, limit=limit, data_dir=data_dir, instances=heatmap_instances)
     status(f"report: [bold]{outcome.report}[/]" + (f"; [red]{len(outcome.failed)} test(s) failed[/]" if outcome.failed else ""))
     return outcome
 
-
-def load_audit(out: str | Path) -> dict[str, Any]:
-    """``out/audit.json`` (empty when the folder holds results written without ``audit``)."""
-    path = Path(out) / AUDIT
-    return read_json(path) if path.exists() else {}

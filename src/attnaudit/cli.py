@@ -197,6 +197,7 @@ def audit(
     split: Annotated[str, typer.Option(help="Split to test on.")] = "test",
     limit: Annotated[Optional[int], typer.Option(help="Use only the first N instances.")] = None,
     heatmaps: Annotated[int, typer.Option(help="Most and least faithful instances shown as heatmaps (each).")] = 3,
+    figures: Annotated[bool, typer.Option("--figures/--no-figures", help="Draw each test's figures (slow on a busy CPU).")] = True,
     attention: Annotated[Optional[str], typer.Option(help="Training: softmax, entmax15, sparsemax or entmax:<alpha>.")] = None,
     scorer: Annotated[Optional[str], typer.Option(help="Training: RNN attention scorer, tanh or dot.")] = None,
     layers: Annotated[Optional[int], typer.Option(help="Training: Transformer layers.")] = None,
@@ -227,7 +228,7 @@ def audit(
     result = audit_fn(
         out, task=task, model=model, run=run, hf=hf, only=only or None, skip=skip or None, split=split,
         limit=limit, seed=seed, data_dir=data_dir, device=device, test_options=parse_settings(set_ or []),
-        heatmap_instances=heatmaps, attention=attention, scorer=scorer, layers=layers, heads=heads,
+        heatmap_instances=heatmaps, figures=figures, attention=attention, scorer=scorer, layers=layers, heads=heads,
         d_model=d_model, hidden_dim=hidden_dim, embed_dim=embed_dim, epochs=epochs, batch_size=batch_size,
         lr=lr, patience=patience, vectors=vectors, max_vocab=max_vocab, min_freq=min_freq,
     )
@@ -390,8 +391,15 @@ def _register_run_commands() -> None:
         _make_run_command(name, cls)
 
 
+_shown_warnings: set[str] = set()
+
+
 def _show_warning(message: Any, category: type[Warning], *_: Any, **__: Any) -> None:
-    if issubclass(category, AttnAuditWarning):
+    # Each message once per command: Python's own de-duplication is reset whenever a library
+    # enters warnings.catch_warnings (sklearn does, every evaluation), so a truncation warning
+    # would otherwise repeat every epoch.
+    if issubclass(category, AttnAuditWarning) and str(message) not in _shown_warnings:
+        _shown_warnings.add(str(message))
         print(f"warning: {message}", file=sys.stderr)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -14,8 +15,10 @@ from torch import nn
 
 from attnaudit.data.synthetic import synthetic_task
 from attnaudit.data.types import Batch
+from attnaudit.errors import AttnAuditError
 from attnaudit.experiments.base import run_test
 from attnaudit.experiments.global_adversary import (
+    adversary_variant,
     breakpoint_fit,
     classification_loss,
     differentiable_kl,
@@ -25,6 +28,7 @@ from attnaudit.metrics import kl
 from attnaudit.models.base import AttentionLayer, AttentionTrace, ModelOutput
 from attnaudit.progress import set_quiet
 from attnaudit.run import Run
+from attnaudit.training.adversary import train_variant
 from attnaudit.training.trainer import train
 
 set_quiet(True)
@@ -180,3 +184,24 @@ def test_tagging_sweep_reports_kl_nll_and_breakpoint(tagger: Run, tmp_path: Path
     assert all(row["mean_nll"] >= 0 for row in result.tables["lambdas"])
     assert (tmp_path / "global_adversary_nll_vs_kl.png").exists()
     assert any("piecewise-linear" in note for note in result.meta["notes"])
+
+
+def test_tagging_adversary_starts_from_the_base_by_default(tagger: Run, tmp_path: Path) -> None:
+    fine_tuned = run_test("global-adversary", tagger, lambdas=[0.2], epochs=1, out=tmp_path, plot=False, limit=12)
+    run_test("global-adversary", tagger, lambdas=[0.2], epochs=1, init="scratch", out=tmp_path, plot=False, limit=12)
+    root = Path(tagger.path) / "subruns" / "global-adversary"
+    assert (root / "lambda-0.2-seed-0-from-base" / "metrics.json").exists() and (root / "lambda-0.2-seed-0" / "metrics.json").exists()
+    assert any("from the base model" in note for note in fine_tuned.meta["notes"])
+    with pytest.raises(AttnAuditError, match="--init"):
+        run_test("global-adversary", tagger, lambdas=[0.2], epochs=1, init="bogus", plot=False)
+
+
+def test_a_started_model_begins_with_the_base_weights(tagger: Run, tmp_path: Path) -> None:
+    variant = adversary_variant(tagger, 0.2, "base")
+    assert variant.start is tagger.model and variant.key["init"] == "base"
+    assert "init" not in adversary_variant(tagger, 0.2, "scratch").key  # scratch sub-runs keep their earlier hash
+    # a loss with zero gradient leaves Adam (no weight decay here) where it started: exactly the base
+    frozen = dataclasses.replace(variant, loss=lambda batch, output: output.logits.sum() * 0.0)
+    sub = train_variant(tagger, tmp_path / "start", frozen, epochs=1)
+    for name, value in tagger.model.state_dict().items():
+        torch.testing.assert_close(sub.model.state_dict()[name], value, rtol=0, atol=0)

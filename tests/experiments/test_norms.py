@@ -155,15 +155,17 @@ def test_norms_end_to_end_on_hf(tiny_hf: SimpleNamespace, tmp_path: Path) -> Non
     assert everything.tables["spearman"][1]["all"] == pytest.approx(expected, abs=1e-6)
 
 
-def test_norms_on_our_transformer_and_applicability(tiny_transformer_run: Run, tiny_attention_run) -> None:  # type: ignore[no-untyped-def]
-    result = run_test("norms", tiny_transformer_run, split="test", limit=10, plot=False, out=None)
+def test_norms_on_our_transformer_and_applicability(
+    tiny_transformer_run: Run, tiny_attention_run, tmp_path: Path  # type: ignore[no-untyped-def]
+) -> None:
+    result = run_test("norms", tiny_transformer_run, split="test", limit=10, plot=False, out=tmp_path)
     assert "finding_holds" not in result.summary
     assert any("no [CLS]/[SEP]" in note for note in result.meta["notes"])
     assert np.isfinite(result.summary["other_weight_share"])
     from attnaudit.errors import AttnAuditError
 
     with pytest.raises(AttnAuditError, match="no W_V/W_O"):
-        run_test("norms", tiny_attention_run("bilstm"), limit=2, plot=False)
+        run_test("norms", tiny_attention_run("bilstm"), limit=2, plot=False, out=tmp_path)
 
 
 def test_option_errors(tiny_hf: SimpleNamespace, tmp_path: Path) -> None:

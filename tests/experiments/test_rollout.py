@@ -86,9 +86,10 @@ def test_special_tokens_can_be_left_out(hf_run: Run, tmp_path: Path) -> None:
     assert all(r["method"] != "flow" or r["n"] == 0 for r in words.tables["layers"])
 
 
-def test_our_transformer_uses_the_mean_query_row(tiny_transformer_run: Run) -> None:
+def test_our_transformer_uses_the_mean_query_row(tiny_transformer_run: Run, tmp_path: Path) -> None:
     result = run_test(
-        "rollout", tiny_transformer_run, split="test", limit=6, plot=False, flow_limit=2, importance=["gradient", "loo"]
+        "rollout", tiny_transformer_run, split="test", limit=6, plot=False, flow_limit=2, importance=["gradient", "loo"],
+        out=tmp_path,
     )
     assert "mean over real query rows" in result.meta["notes"][0]
     assert np.isfinite(result.summary["rollout_vs_gradient"])
@@ -96,9 +97,9 @@ def test_our_transformer_uses_the_mean_query_row(tiny_transformer_run: Run) -> N
 
 def test_applicability_and_options(tiny_hf: SimpleNamespace, tiny_attention_run, hf_run: Run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(AttnAuditError, match="one attention"):
-        run_test("rollout", tiny_attention_run("bilstm"), limit=2, plot=False)
+        run_test("rollout", tiny_attention_run("bilstm"), limit=2, plot=False, out=tmp_path)
     with pytest.raises(AttnAuditError, match="one per token"):
-        run_test("rollout", tiny_attention_run("tagger"), limit=2, plot=False)
+        run_test("rollout", tiny_attention_run("tagger"), limit=2, plot=False, out=tmp_path)
     torch.manual_seed(0)
     BertModel(tiny_hf.config()).save_pretrained(tmp_path / "bare", safe_serialization=True)
     tiny_hf.tokenizer().save_pretrained(tmp_path / "bare")

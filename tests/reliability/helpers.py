@@ -69,3 +69,21 @@ def synthetic_rows(n: int, seed: int = 0) -> list[tuple[str, str]]:
     """``n`` (text, label) rows of the synthetic classification task."""
     data = synthetic_task("classification", seed=seed, n_train=n, n_dev=0, n_test=0)
     return [(" ".join(ex.tokens), str(ex.label)) for ex in data.train]
+
+
+TIMING_KEYS = frozenset({"seconds", "train_seconds"})
+
+
+def comparable(obj: object, *roots: Path) -> object:
+    """A result/metrics JSON without timing fields and with its folders replaced by ``<root>``.
+
+    Two runs of the same seed must agree on everything else, exactly.
+    """
+    if isinstance(obj, dict):
+        return {k: comparable(v, *roots) for k, v in obj.items() if k not in TIMING_KEYS}
+    if isinstance(obj, list):
+        return [comparable(v, *roots) for v in obj]
+    if isinstance(obj, str):
+        for root in roots:
+            obj = obj.replace(str(root), "<root>")
+    return obj

@@ -9,7 +9,6 @@ with a one-line warning where something was changed.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -25,31 +24,13 @@ from .helpers import TINY_TRAIN, assert_clean_failure, cli, synthetic_rows, warn
 set_quiet(True)
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory: pytest.TempPathFactory) -> Run:
-    """A tiny BiLSTM trained on a synthetic CSV with an explicit test file."""
-    folder = tmp_path_factory.mktemp("trained")
-    rows = synthetic_rows(140)
-    write_table(folder / "train.csv", rows[:120])
-    write_table(folder / "test.csv", rows[120:])
-    return train(
-        f"csv:{folder / 'train.csv'}", "bilstm", folder / "run", test=f"csv:{folder / 'test.csv'}",
-        epochs=1, embed_dim=8, hidden_dim=8, quiet_eval=True,
-    )
-
-
-def _copy_run(run: Run, tmp_path: Path) -> Path:
-    assert run.path is not None
-    return Path(shutil.copytree(run.path, tmp_path / "run"))
-
-
 # --------------------------------------------------------------------------- malformed data files
 
-GOOD = "\n".join(f"{text},{label}" for text, label in synthetic_rows(30))
+FIRST = "{},{}".format(*synthetic_rows(1)[0])
 DATA_CASES = {
     # name: (file name, content, the line the error must name or None)
     "empty csv": ("empty.csv", b"", None),
-    "csv, too many columns": ("wide.csv", f"text,label\n{GOOD.splitlines()[0]}\na b c,positive,extra\n".encode(), 3),
+    "csv, too many columns": ("wide.csv", f"text,label\n{FIRST}\na b c,positive,extra\n".encode(), 3),
     "tsv, too few columns": ("narrow.tsv", b"text\tlabel\ngood film\tpositive\nbad film\n", 3),
     "conll, wrong column count": ("chunks.conll", b"He PRP B-NP\nran VBD B-VP\n\nShe PRP B-NP\nsat B-VP\n", 5),
     "csv, NaN label": ("nan_label.csv", b"text,label\ngood film,positive\nbad film,NaN\n", 3),
@@ -81,9 +62,9 @@ def test_missing_data_directory(tmp_path: Path) -> None:
     )
 
 
-def test_unknown_label_at_test_time_names_the_line(trained: Run, tmp_path: Path) -> None:
+def test_unknown_label_at_test_time_names_the_line(trained: Run, run_copy: Path, tmp_path: Path) -> None:
     """The test file is changed after training to hold a label the model has no output for."""
-    run_dir = _copy_run(trained, tmp_path)
+    run_dir = run_copy
     test_file = Path(trained.task.test.removeprefix("csv:"))  # type: ignore[union-attr]
     changed = tmp_path / "test.csv"
     changed.write_text(test_file.read_text().replace(",negative\n", ",neutral\n", 1))
@@ -130,12 +111,12 @@ def test_5000_token_sentence_is_truncated_with_a_warning(tmp_path: Path) -> None
     long_text = " ".join(f"w{i % 50}" for i in range(5000))
     write_table(tmp_path / "long.csv", [*rows, (long_text, "positive")])
     out = tmp_path / "out"
-    proc = cli("train", "--task", f"csv:{tmp_path / 'long.csv'}", "--out", out, "--model", "transformer", "--epochs", "1",
+    proc = cli("train", "--task", f"csv:{tmp_path / 'long.csv'}", "--out", out, "--model", "transformer", "--epochs", "2",
                "--embed-dim", "8", "--d-model", "8", "--heads", "2", "--layers", "1", "--quiet")
     assert proc.returncode == 0, proc.stderr
-    lines = warnings_of(proc)
-    assert lines and all("max_len=512; truncated" in line for line in lines), lines
-    assert (out / "metrics.json").exists()
+    (line,) = warnings_of(proc)  # one line, though the long sentence is met in both epochs
+    assert line.startswith("warning: ") and line.endswith("longer than max_len=512; truncated")
+    assert json.loads((out / "metrics.json").read_text())["epochs"] == 2
 
 
 def test_one_word_sentences_are_excluded_with_a_note(tmp_path: Path) -> None:
@@ -160,9 +141,9 @@ def test_one_word_sentences_are_excluded_with_a_note(tmp_path: Path) -> None:
     assert len(singles) == 2 and all(row["fraction_attention"] is None for row in singles)
 
 
-def test_all_unknown_tokens_are_scored(trained: Run, tmp_path: Path) -> None:
+def test_all_unknown_tokens_are_scored(run_copy: Path, tmp_path: Path) -> None:
     """A test set of words never seen in training maps to <unk>: evaluated, not rejected."""
-    run_dir = _copy_run(trained, tmp_path)
+    run_dir = run_copy
     write_table(tmp_path / "unknown.csv", [("zyx qwv plo", "positive"), ("mnb vcx", "negative"), ("lkj", "positive")])
     config = json.loads((run_dir / "config.json").read_text())
     config["task"]["test"] = f"csv:{tmp_path / 'unknown.csv'}"
@@ -170,48 +151,6 @@ def test_all_unknown_tokens_are_scored(trained: Run, tmp_path: Path) -> None:
     proc = cli("evaluate", run_dir, "--quiet")
     assert proc.returncode == 0, proc.stderr
     assert "accuracy" in proc.stdout and warnings_of(proc) == []
-
-
-# --------------------------------------------------------------------------- broken run directories
-
-
-def test_truncated_checkpoint(trained: Run, tmp_path: Path) -> None:
-    run_dir = _copy_run(trained, tmp_path)
-    weights = run_dir / "model.safetensors"
-    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
-    out = tmp_path / "out"
-    error = assert_clean_failure(cli("run", "importance", run_dir, "--out", out, "--quiet"), str(weights), out=out)
-    assert "corrupt or truncated" in error
-
-
-def test_garbage_checkpoint(trained: Run, tmp_path: Path) -> None:
-    run_dir = _copy_run(trained, tmp_path)
-    (run_dir / "model.safetensors").write_bytes(bytes(range(256)) * 8)
-    out = tmp_path / "out"
-    assert_clean_failure(cli("run", "importance", run_dir, "--out", out, "--quiet"), str(run_dir / "model.safetensors"), out=out)
-
-
-def test_vocabulary_that_does_not_match_the_checkpoint(trained: Run, tmp_path: Path) -> None:
-    run_dir = _copy_run(trained, tmp_path)
-    vocab = json.loads((run_dir / "vocab.json").read_text())
-    vocab["tokens"] = [*vocab["tokens"], "one", "more"]
-    (run_dir / "vocab.json").write_text(json.dumps(vocab))
-    out = tmp_path / "out"
-    error = assert_clean_failure(cli("run", "importance", run_dir, "--out", out, "--quiet"), str(run_dir / "vocab.json"), out=out)
-    assert "vocabulary has" in error
-
-
-def test_weights_of_another_model(trained: Run, tmp_path: Path) -> None:
-    """Weights from a run with another vocabulary size: a shape mismatch named on the weights file."""
-    rows = synthetic_rows(40, seed=3)
-    write_table(tmp_path / "other.csv", [(text + " extra words", label) for text, label in rows])
-    other = train(f"csv:{tmp_path / 'other.csv'}", "bilstm", tmp_path / "other", epochs=1, embed_dim=8, hidden_dim=8, quiet_eval=True)
-    run_dir = _copy_run(trained, tmp_path)
-    assert other.path is not None
-    shutil.copy(other.path / "model.safetensors", run_dir / "model.safetensors")
-    out = tmp_path / "out"
-    error = assert_clean_failure(cli("run", "importance", run_dir, "--out", out, "--quiet"), str(run_dir / "model.safetensors"), out=out)
-    assert "does not match" in error
 
 
 def test_bad_sweep_file(tmp_path: Path) -> None:

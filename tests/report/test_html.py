@@ -26,7 +26,7 @@ def _result(tmp_path: Path) -> Result:
     ax.plot([0, 1], [1, 0])
     paths = save_figure(fig, tmp_path / "results", "demo_curve")
     return Result(
-        test="permutation",
+        test="zz-unregistered",
         summary={"median_change_mean": 0.0123, "fraction_insensitive": 0.8},
         instances=[{"index": 0, "token": INJECTED}],
         tables={"per_class": [{"predicted": INJECTED, "n": 3}]},
@@ -52,7 +52,7 @@ def test_escapes_tokens_notes_and_tables_and_inlines_figures(tmp_path: Path) -> 
     assert not re.search(r'(src|href)="(https?:)?//', page)  # nothing fetched from anywhere
     verdict = page.split('<section id="verdict">')[1].split("</section>")[0]
     assert "median_change_mean" in verdict  # default verdict: first summary row when there is no interpretation
-    section = page.split('<section id="test-permutation">')[1]
+    section = page.split('<section id="test-zz-unregistered">')[1]
     assert "<td class=\"num\">0.75</td>" in section  # the published figure of the same name sits beside ours
 
 

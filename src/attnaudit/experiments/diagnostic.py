@@ -25,7 +25,7 @@ from typing import Any
 
 from attnaudit.data.types import Example
 from attnaudit.experiments.base import Experiment, Result, register, save_figure
-from attnaudit.experiments.global_adversary import adversary
+from attnaudit.experiments.global_adversary import adversary, resolve_init
 from attnaudit.experiments.uniform import frozen_uniform
 from attnaudit.progress import status
 from attnaudit.run import Run
@@ -61,6 +61,9 @@ class Diagnostic(Experiment):
         adversary_lambda: float = field(
             default=0.1, metadata={"help": "λ of the global adversary whose attention guides setting (d)."}
         )
+        adversary_init: str = field(
+            default="", metadata={"help": "How that adversary starts: scratch or base (default: the task's, see global-adversary --init)."}
+        )
 
     def applies(self, run: Run) -> str | None:
         reason = trainable_reason(run)
@@ -78,7 +81,7 @@ class Diagnostic(Experiment):
         seeds = list(dict.fromkeys(options.seeds)) or [base_seed(run)]
         key = score_key(run.task.task_type)
         status(f"diagnostic: adversary λ={options.adversary_lambda:g}")
-        adv = adversary(run, options.adversary_lambda, seed, options.epochs)
+        adv = adversary(run, options.adversary_lambda, seed, options.epochs, options.adversary_init)
         guides = {
             "learned": ({}, None),
             "uniform": ({}, frozen_uniform),
@@ -124,7 +127,7 @@ class Diagnostic(Experiment):
                 f"guided model: the {GUIDED_ENCODER} encoder with the base's attention scorer, embedding and hidden sizes; "
                 "frozen attention is imposed in training and evaluation",
                 "test scores on the whole test split (the --split/--limit options do not apply: each model is scored on test)",
-                f"adversary: global-adversary sub-run λ={options.adversary_lambda:g}, seed {seed}",
+                f"adversary: global-adversary sub-run λ={options.adversary_lambda:g}, seed {seed}, init {resolve_init(run, options.adversary_init)}",
             ],
             "published": {
                 "claim": "W&P Table 4: the MLP guided by the base LSTM's attention beats the MLP with its own (learned) "

@@ -471,6 +471,53 @@ class Erasure(Experiment):
             },
         )
 
+    def verdict(self, result: Result) -> list[dict[str, Any]]:
+        """Does erasing by attention find the items that decide? (Serrano & Smith 2019, §4-5)."""
+        s = result.summary
+
+        def number(key: str) -> float | None:
+            value = s.get(key)
+            return float(value) if isinstance(value, (int, float)) and np.isfinite(value) else None
+
+        rows = []
+        beats = number("single_top_beats_random")
+        if beats is not None:
+            delta = number("single_delta_jsd_median")
+            rows.append(
+                {
+                    "statistic": "single_top_beats_random",
+                    "value": beats,
+                    "published": "usually, but by small margins (S&S 2019, §4)",
+                    "interpretation": f"erasing the highest-attention item changes the output more than erasing a random "
+                    f"item in {beats:.0%} of instances"
+                    + (f" (median ΔJSD {delta:.3g})" if delta is not None else "")
+                    + ("; attention points at items that matter more than chance" if beats > 0.5 else "; no better than chance"),
+                }
+            )
+        attention = number("flip_attention_median_fraction")
+        if attention is not None:
+            others = {
+                name: number(f"flip_{name}_median_fraction")
+                for name in ("random", "gradient", "gradient_x_attention", "loo", "ig", "attention_gradient")
+            }
+            compared = ", ".join(f"{name} {value:.0%}" for name, value in others.items() if value is not None)
+            better = [name for name, value in others.items() if value is not None and name != "random" and value < attention]
+            rows.append(
+                {
+                    "statistic": "flip_attention_median_fraction",
+                    "value": attention,
+                    "published": "larger than for gradient-based rankings (S&S 2019, Fig. 5)",
+                    "interpretation": f"erasing by attention flips the decision after a median {attention:.0%} of the "
+                    f"items ({compared or 'no other ranking'}); "
+                    + (
+                        f"{', '.join(better)} find the deciding items faster, so attention is not the best account of the decision"
+                        if better
+                        else "no other ranking finds the deciding items faster"
+                    ),
+                }
+            )
+        return rows or super().verdict(result)
+
     def plot(self, result: Result, directory: Path) -> list[Path]:
         import matplotlib
 

@@ -18,7 +18,12 @@ lambda-<λ>-seed-<s>``), with the base model fixed and run alongside on every ba
 
 The attention compared is the base's explained layer (the only one of the RNN family, the
 last of a Transformer). The adversary keeps no gold labels: it only has to match the base's
-outputs. Its epoch is selected by the lowest dev loss (its own objective).
+outputs. Its epoch is selected by the lowest dev loss (its own objective). It starts from a
+fresh initialisation (``--init scratch``, W&P; the classification default) or from the base
+model's weights (``--init base``, the tagging default: fine-tuned away from the base, attention
+starts at KL 0 and λ sets how far it moves — the study's KL scale, breakpoint near 0.33, is out
+of reach of a fresh Transformer, whose attention starts nats away from the base's and, the KL
+term being unbounded, is driven towards the smoothing floor of ~23 nats at any λ > 0).
 """
 
 from __future__ import annotations
@@ -138,20 +143,42 @@ def tagging_loss(base: AttentionModel, lam: float) -> LossFn:
     return loss
 
 
-def adversary_variant(run: Run, lam: float) -> Variant:
+INITS = ("scratch", "base")
+DEFAULT_INIT = {"classification": "scratch", "pair": "scratch", "tagging": "base"}
+
+
+def resolve_init(run: Run, init: str) -> str:
+    """``init`` or, when empty, the task's default: a fresh model for W&P's classification
+    adversary; the base's weights for the tagging study, whose KL scale (breakpoint near 0.33 at
+    λ ≥ 0.2) a freshly initialised adversary cannot show (its attention starts nats away).
+    """
+    return init or DEFAULT_INIT[run.task.task_type]
+
+
+def adversary_variant(run: Run, lam: float, init: str = "scratch") -> Variant:
     """The adversary of ``run`` at ``λ``: classification (W&P) or tagging objective by task type."""
+    if init not in INITS:
+        raise AttnAuditError(f"--init must be one of {', '.join(INITS)}, got {init!r}")
     tagging = run.task.task_type == "tagging"
     loss = tagging_loss(run.model, lam) if tagging else classification_loss(run.model, lam)
     objective = "nll(base tags) - lambda*kl(base||adv)" if tagging else "tvd - lambda*kl(adv||base)"
-    return Variant(key={"kind": "adversary", "objective": objective, "lambda": float(lam)}, loss=loss)
+    key: dict[str, Any] = {"kind": "adversary", "objective": objective, "lambda": float(lam)}
+    if init == "base":
+        key["init"] = init  # absent for scratch, the default, so earlier sub-runs keep their hash
+    return Variant(key=key, loss=loss, start=run.model if init == "base" else None)
 
 
-def adversary(run: Run, lam: float, seed: int, epochs: int | None = None) -> SubRun:
-    """The global adversary at ``λ`` (trained, or loaded when finished); shared with ``diagnostic`` and ``probe``."""
+def adversary(run: Run, lam: float, seed: int, epochs: int | None = None, init: str = "") -> SubRun:
+    """The global adversary at ``λ`` (trained, or loaded when finished); shared with ``diagnostic`` and ``probe``.
+
+    ``init``: ``scratch``, ``base`` or empty for the task's default (:func:`resolve_init`).
+    """
     if lam < 0:
         raise AttnAuditError(f"λ must be non-negative, got {lam:g}")
-    out = subrun_dir(run, NAME, f"lambda-{lam:g}-seed-{seed}")
-    return train_variant(run, out, adversary_variant(run, lam), epochs=epochs, seed=seed, label=f"adversary λ={lam:g}")
+    init = resolve_init(run, init)
+    out = subrun_dir(run, NAME, f"lambda-{lam:g}-seed-{seed}" + ("-from-base" if init == "base" else ""))
+    variant = adversary_variant(run, lam, init)
+    return train_variant(run, out, variant, epochs=epochs, seed=seed, label=f"adversary λ={lam:g} ({init})")
 
 
 def breakpoint_fit(x: np.ndarray, y: np.ndarray, grid: int = 401) -> dict[str, float]:
@@ -224,6 +251,11 @@ class GlobalAdversary(Experiment):
             metadata={"help": "λ values (default: 0,0.001,0.01,0.1,1,10 for classification; 0.2,0.5,1,2,3 for tagging)."},
         )
         epochs: int | None = field(default=None, metadata={"help": "Training epochs per adversary (default: the base run's)."})
+        init: str = field(
+            default="",
+            metadata={"help": "Adversary start: scratch (fresh initialisation) or base (the base model's weights); "
+                      "default scratch for classification, base for tagging."},
+        )
 
     def applies(self, run: Run) -> str | None:
         return trainable_reason(run)
@@ -237,7 +269,7 @@ class GlobalAdversary(Experiment):
         table, columns = [], {}
         for n, lam in enumerate(lambdas, 1):
             status(f"global adversary: λ={lam:g} ({n}/{len(lambdas)})")
-            sub = adversary(run, lam, seed, options.epochs)
+            sub = adversary(run, lam, seed, options.epochs, options.init)
             c = compare(run, sub.model, examples)
             columns[lam] = c
             table.append(
@@ -268,6 +300,8 @@ class GlobalAdversary(Experiment):
         notes = [
             "attention compared at the base's explained layer; JSD/TVD/KL/NLL are measured on the tested instances, "
             f"{key} on the whole test split",
+            f"adversaries start from {'the base model' if resolve_init(run, options.init) == 'base' else 'a fresh initialisation'} "
+            f"(seed {seed})",
         ]
         tables: dict[str, list[dict[str, Any]]] = {"lambdas": table, "reference_points": points}
         for row in table:

@@ -231,7 +231,7 @@ class Identifiability(Experiment):
         """Whether raw attention is identifiable at these lengths (Brunner et al. 2020, §4)."""
         s = result.summary
         d_head, long_n, share, l1 = s.get("d_head"), s.get("long_n"), s.get("long_null_dim_positive_share"), s.get("long_l1_mean")
-        if not long_n:
+        if long_n == 0:
             meaning = f"every sequence is at most d_head = {d_head} tokens long: raw attention is identifiable here"
             return [{"statistic": "long_n", "value": long_n, "published": "", "interpretation": meaning}]
         if not isinstance(share, (int, float)) or share != share:

@@ -359,6 +359,39 @@ class Norms(Experiment):
             },
         )
 
+    def verdict(self, result: Result) -> list[dict[str, Any]]:
+        """Weight share vs norm share per token category, and ρ(α, ‖f(x)‖) (Kobayashi et al. 2020, §4)."""
+        s = result.summary
+        rows = []
+        rho = s.get("spearman_alpha_fx")
+        if isinstance(rho, (int, float)) and math.isfinite(rho):
+            rows.append(
+                {
+                    "statistic": "spearman_alpha_fx",
+                    "value": rho,
+                    "published": "negative for [CLS], [SEP] and punctuation in BERT (Kobayashi et al. 2020)",
+                    "interpretation": f"Spearman ρ(α, ‖f(x)‖) = {rho:.2f}: "
+                    + (
+                        "tokens that receive large weights tend to have small transformed vectors, so the weights "
+                        "overstate their contribution"
+                        if rho < -0.1
+                        else "weights and vector norms do not cancel out; weights roughly track contributions"
+                        if rho > 0.1
+                        else "weights and vector norms are unrelated; the weight alone does not give a token's contribution"
+                    ),
+                }
+            )
+        for category in CATEGORIES:
+            weight, norm = s.get(f"{category}_weight_share"), s.get(f"{category}_norm_share")
+            if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in (weight, norm)) or category == "other":
+                continue
+            if weight > 1.5 * norm and weight >= 0.05:
+                meaning = f"{category} gets {weight:.0%} of the attention weight but {norm:.0%} of ‖αf(x)‖: weights overstate its role"
+            else:
+                meaning = f"{category} gets {weight:.0%} of the weight and {norm:.0%} of ‖αf(x)‖"
+            rows.append({"statistic": f"{category}_weight_share", "value": weight, "published": "", "interpretation": meaning})
+        return rows or super().verdict(result)
+
     def plot(self, result: Result, directory: Path) -> list[Path]:
         import matplotlib
 

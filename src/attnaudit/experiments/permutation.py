@@ -515,6 +515,35 @@ class Permutation(Experiment):
             },
         )
 
+    def verdict(self, result: Result) -> list[dict[str, Any]]:
+        """Share of instances whose output hardly moves when attention is permuted (J&W's Fig. 4 reading)."""
+        s = result.summary
+        share, median, threshold = s.get("fraction_insensitive"), s.get("median_change_median"), s.get("threshold")
+        if not isinstance(share, (int, float)) or not math.isfinite(share) or not isinstance(threshold, (int, float)):
+            return super().verdict(result)
+        if share >= 0.5:
+            meaning = (
+                f"{share:.0%} of instances change their output by less than {threshold:g} when attention is "
+                "permuted: the prediction barely depends on which item gets which weight, so high weights "
+                "need not mark what the decision rests on"
+            )
+        else:
+            meaning = (
+                f"only {share:.0%} of instances are insensitive (output change < {threshold:g}); permuting "
+                "attention changes most outputs: the model depends on where its attention falls"
+            )
+        return [
+            {"statistic": "fraction_insensitive", "value": share, "published": "", "interpretation": meaning},
+            {
+                "statistic": "median_change_median",
+                "value": median,
+                "published": "small for most text classification (J&W 2019, Fig. 4)",
+                "interpretation": f"median over instances of the median output change: {median:.3g}"
+                if isinstance(median, (int, float)) and math.isfinite(median)
+                else "",
+            },
+        ]
+
     def plot(self, result: Result, directory: Path) -> list[Path]:
         frame = result.frame()
         if frame.empty:

@@ -31,7 +31,7 @@ from torch import Tensor, nn
 from attnaudit.data.types import Example
 from attnaudit.errors import AttnAuditError
 from attnaudit.experiments.base import Experiment, Result, register, save_figure
-from attnaudit.experiments.global_adversary import PUBLISHED_TAGGING, adversary
+from attnaudit.experiments.global_adversary import PUBLISHED_TAGGING, adversary, resolve_init
 from attnaudit.models import ModelConfig, build_model
 from attnaudit.models.attention import apply_weight_interventions
 from attnaudit.models.base import AttentionLayer, AttentionModel, Intervention, uniform_weights
@@ -117,6 +117,9 @@ class AttentionProbe(Experiment):
             default_factory=lambda: list(VARIANTS),
             metadata={"help": "Probe variants: frozen (the study's: attention replaced) and/or context (no query/key path, no residual)."},
         )
+        adversary_init: str = field(
+            default="", metadata={"help": "How the adversaries start: scratch or base (default: the task's, see global-adversary --init)."}
+        )
         seeds: list[int] = field(default_factory=list, metadata={"help": "Training seeds of the probes (default: the base run's seed)."})
         epochs: int | None = field(default=None, metadata={"help": "Training epochs of probes and missing adversaries (default: the base run's)."})
 
@@ -138,7 +141,7 @@ class AttentionProbe(Experiment):
         sources: list[tuple[str, AttentionModel, str, float]] = [("original", run.model, str(run.info.get("hash")), base["test"][key])]
         for lam in dict.fromkeys(float(v) for v in options.lambdas):
             status(f"probe: adversary λ={lam:g}")
-            adv = adversary(run, lam, seed, options.epochs)
+            adv = adversary(run, lam, seed, options.epochs, options.adversary_init)
             sources.append((f"adversary λ={lam:g}", adv.model, adv.hash, adv.metrics["test"][key]))
         table, summary = [], {"metric": key, f"base_test_{key}": base["test"][key]}
         for source, model, digest, own in sources:
@@ -180,7 +183,7 @@ class AttentionProbe(Experiment):
                 "each probe is scored on the whole test split with the source's attention on the test instances "
                 "(the --split/--limit options do not apply)",
                 "saved attention = the fixed source model's distributions on the same batch, every layer",
-                f"adversaries: global-adversary sub-runs with seed {seed}",
+                f"adversaries: global-adversary sub-runs with seed {seed}, init {resolve_init(run, options.adversary_init)}",
             ],
             "published": published,
         }

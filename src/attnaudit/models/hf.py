@@ -51,6 +51,7 @@ from attnaudit.models.base import (
     ModelOutput,
     interventions_for,
 )
+from attnaudit.run import Run, TaskSpec
 
 ATTN_IMPLEMENTATION = "attnaudit"
 HF_DIR = "hf"
@@ -428,8 +429,9 @@ def build_hf_model(source: str, task_type: str, num_labels: int | None = None, t
     return HFAttentionModel(hf, tokenizer, task_type, source, has_head if trained_head is None else trained_head)
 
 
-def _make_run(model: HFAttentionModel, spec: Any, device: str | None, path: Path | None, info: dict[str, Any], data: TaskData | None) -> Any:
-    from attnaudit.run import Run
+def _make_run(
+    model: HFAttentionModel, spec: TaskSpec, device: str | None, path: Path | None, info: dict[str, Any], data: TaskData | None
+) -> Run:
     from attnaudit.seed import resolve_device
 
     dev = resolve_device(device)
@@ -444,7 +446,7 @@ def load_hf(
     data_dir: str | Path | None = None,
     device: str | None = "auto",
     num_labels: int | None = None,
-) -> Any:
+) -> Run:
     """A :class:`~attnaudit.run.Run` around a Hugging Face encoder.
 
     ``name_or_path``: ``minilm`` (the embedded all-MiniLM-L6-v2), a local directory or a hub
@@ -452,8 +454,6 @@ def load_hf(
     classification head, tests that need predictions do not apply (``run.model.trained_head``).
     ``num_labels`` adds a fresh head to a headless checkpoint (what fine-tuning starts from).
     """
-    from attnaudit.run import TaskSpec
-
     source = resolve_source(name_or_path)
     data: TaskData | None
     if task is None:
@@ -483,7 +483,7 @@ def load_hf(
     return _make_run(model, spec, device, None, info, data)
 
 
-def save_hf_run(run: Any, out: str | Path, extra: dict[str, Any] | None = None) -> Path:
+def save_hf_run(run: Run, out: str | Path, extra: dict[str, Any] | None = None) -> Path:
     """Write ``out/config.json`` (``kind: hf``) and ``out/hf/`` (``save_pretrained``, safetensors + tokenizer).
 
     The model directory is written next to its final place and swapped in, so an
@@ -494,7 +494,9 @@ def save_hf_run(run: Any, out: str | Path, extra: dict[str, Any] | None = None) 
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    model: HFAttentionModel = run.model
+    model = run.model
+    if not isinstance(model, HFAttentionModel):
+        raise AttnAuditError(f"save_hf_run saves Hugging Face runs, not {run.family}")
     tmp = out / f".{HF_DIR}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     with _quiet_transformers():
@@ -517,9 +519,8 @@ def save_hf_run(run: Any, out: str | Path, extra: dict[str, Any] | None = None) 
     return out
 
 
-def load_hf_run(path: str | Path, device: str | None = "auto", data_dir: str | Path | None = None) -> Any:
+def load_hf_run(path: str | Path, device: str | None = "auto", data_dir: str | Path | None = None) -> Run:
     """Load a run directory written by :func:`save_hf_run` (safetensors + JSON only)."""
-    from attnaudit.run import TaskSpec
     from attnaudit.training.checkpoint import read_config
 
     path = Path(path)

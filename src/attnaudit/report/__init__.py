@@ -1,5 +1,8 @@
 """``attnaudit report DIR``: turn an audit folder (or a run's results) into ``DIR/report.html``.
 
+It also rewrites ``DIR/summary.csv`` from the stored results, so both follow the current
+verdict code.
+
 ``DIR`` is an audit output folder (``results/``, ``audit.json``) or a run directory whose
 ``results/`` were written by ``attnaudit run``. The heatmaps come from
 ``results/heatmaps.json``; when it is missing they are computed from the run (the audit's
@@ -78,6 +81,8 @@ def _heatmaps(
         data = heatmaps_for(run, examples, directory / RESULTS, instances)
     except AttnAuditError as exc:
         return None, f"no heatmaps: {exc}"
+    except Exception as exc:  # the report must still be written when an explanation method breaks
+        return None, f"no heatmaps: computing them failed ({type(exc).__name__}: {exc})"
     atomic_write_json(path, data)
     return data, ""
 
@@ -97,7 +102,7 @@ def build_report(
     ``results/heatmaps.json`` or computed from the run found next to the results.
     ``instances``: most/least faithful instances shown (each).
     """
-    from attnaudit.audit import AUDIT, order_tests, verdict_rows
+    from attnaudit.audit import AUDIT, SUMMARY, order_tests, summary_rows, write_summary
 
     directory = Path(directory)
     results_dir = directory / RESULTS
@@ -111,6 +116,8 @@ def build_report(
     log = {entry["test"]: entry for entry in info.get("tests", [])}
     names = [e["test"] for e in info.get("tests", [])] or order_tests(results)
     names += [n for n in order_tests(results) if n not in names]
+    rows = summary_rows(info.get("tests", []), results)
+    write_summary(directory / SUMMARY, rows)
     sections = []
     for name in names:
         cls = registry.get(name)
@@ -122,7 +129,7 @@ def build_report(
             section.traceback = entry.get("traceback", "")
         elif name in results:
             section.result = results[name]
-            section.verdict = [{k: v for k, v in row.items() if k != "test"} for row in verdict_rows(name, results[name])]
+            section.verdict = [{k: v for k, v in row.items() if k != "test"} for row in rows if row["test"] == name]
         else:
             continue
         sections.append(section)

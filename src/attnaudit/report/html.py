@@ -132,14 +132,12 @@ def _anchor(name: str) -> str:
 def verdict_table(sections: list[Section]) -> str:
     """Top table: per test its headline statistics, the published figure beside ours, and what they say."""
     rows = []
-    rank = {"done": 0, "failed": 1, "skipped": 2}  # results first, then failures, then tests that do not apply
-    for s in sorted(sections, key=lambda s: rank.get(s.status, 0)):
+    for s in sorted(sections, key=lambda s: s.status == "failed"):  # results first, then failures
         link = f'<a href="#{_anchor(s.name)}">{esc(s.name)}</a>'
         if s.status == "failed":
             rows.append(f'<tr><td>{link}</td><td class="status-failed">failed</td><td></td><td></td><td>{esc(s.reason)}</td></tr>')
             continue
         if s.status == "skipped":
-            rows.append(f'<tr><td>{link}</td><td class="status-skipped">not applicable</td><td></td><td></td><td>{esc(s.reason)}</td></tr>')
             continue
         shown = [r for r in s.verdict if r.get("interpretation")] or s.verdict[:1]
         for r in shown:
@@ -150,7 +148,12 @@ def verdict_table(sections: list[Section]) -> str:
                 f"<td>{fmt(r.get('published', ''))}</td><td>{esc(r.get('interpretation', ''))}</td></tr>"
             )
     head = "<tr><th>test</th><th>statistic</th><th>ours</th><th>published</th><th>what it says about faithfulness</th></tr>"
-    return f'<table class="verdict"><thead>{head}</thead><tbody>{"".join(rows)}</tbody></table>'
+    skipped = [s for s in sections if s.status == "skipped"]
+    listed = ""
+    if skipped:
+        links = ", ".join(f'<a href="#{_anchor(s.name)}" title="{esc(s.reason)}">{esc(s.name)}</a>' for s in skipped)
+        listed = f'<p class="status-skipped">Not applicable to this model (each section says why): {links}</p>'
+    return f'<table class="verdict"><thead>{head}</thead><tbody>{"".join(rows)}</tbody></table>{listed}'
 
 
 def _published_block(published: Any) -> str:

@@ -12,7 +12,9 @@ size, patience, epochs) and selects its epoch on the dev split. What differs is 
 * ``loss(batch, output)`` replacing cross-entropy on the gold labels (adversaries); a
   custom loss also selects the epoch by the lowest dev loss rather than the task score;
 * ``model`` changes to the base config (W&P's diagnostic ``average`` encoder) and ``build``
-  (a model that ``build_model`` does not make, e.g. the probe without a query/key path).
+  (a model that ``build_model`` does not make, e.g. the probe without a query/key path);
+* ``start`` a model whose weights the new one starts from instead of a fresh initialisation
+  (an adversary fine-tuned away from the base).
 
 Sub-runs are idempotent like :func:`attnaudit.training.trainer.train`: a directory whose
 ``metrics.json`` exists with the same config hash is loaded, never retrained; ``metrics.json``
@@ -75,6 +77,7 @@ class Variant:
     loss: LossFn | None = None
     model: dict[str, Any] = field(default_factory=dict)
     build: Callable[[ModelConfig], AttentionModel] | None = None
+    start: AttentionModel | None = None
 
 
 @dataclass
@@ -264,6 +267,8 @@ def train_variant(
     run_config["hash"] = digest
     set_seed(cfg.seed)
     net = (variant.build or build_model)(config).to(base.device)
+    if variant.start is not None:
+        net.load_state_dict(variant.start.state_dict())
     sub = Run(model=net, collate=base.collate, task=base.task, path=out, device=base.device, info=run_config)
     if finished(out, digest):
         load_state_into(net, out / WEIGHTS)

@@ -1,0 +1,39 @@
+"""A tiny trained run shared by the reliability tests (copied before any test damages it)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from attnaudit.progress import is_quiet, set_quiet
+from attnaudit.run import Run
+from attnaudit.training.trainer import train
+
+from .helpers import synthetic_rows, write_table
+
+
+@pytest.fixture(scope="session")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    """A tiny BiLSTM trained for one epoch on a 120-row synthetic CSV, with an explicit 20-row test file."""
+    folder = tmp_path_factory.mktemp("trained")
+    rows = synthetic_rows(140)
+    write_table(folder / "train.csv", rows[:120])
+    write_table(folder / "test.csv", rows[120:])
+    previous = is_quiet()
+    set_quiet(True)
+    try:
+        return train(
+            f"csv:{folder / 'train.csv'}", "bilstm", folder / "run", test=f"csv:{folder / 'test.csv'}",
+            epochs=1, embed_dim=8, hidden_dim=8, quiet_eval=True,
+        )
+    finally:
+        set_quiet(previous)
+
+
+@pytest.fixture
+def run_copy(trained: Run, tmp_path: Path) -> Path:
+    """A private copy of the trained run directory, free to corrupt."""
+    assert trained.path is not None
+    return Path(shutil.copytree(trained.path, tmp_path / "run"))
