@@ -356,7 +356,7 @@ def _make_run_command(name: str, experiment: Any) -> None:
         else:
             target = run_dir
         result = run_test(name, target, **common, **kwargs)
-        _print_table(f"{name}: summary", [result.summary] if result.summary else [])
+        _print_table(f"{name}: summary", [{"statistic": k, "value": v} for k, v in result.summary.items()])
         where = Path(common["out"]) if common["out"] else Path(result.meta.get("run") or ".") / "results"
         out_console.print(f"results: {where / (name + '.json')}" + (f"; figures: {len(result.figures)}" if result.figures else ""))
 

@@ -25,7 +25,6 @@ from attnaudit.experiments.erasure import (
     random_other,
 )
 from attnaudit.models import ModelConfig, build_model
-from attnaudit.progress import set_quiet
 from attnaudit.run import Run, TaskSpec
 from attnaudit.training.trainer import train
 
@@ -189,7 +188,6 @@ def _task(family: str) -> TaskData:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
-    set_quiet(True)
     root = tmp_path_factory.mktemp("erasure-runs")
     options = {"epochs": 2, "embed_dim": 16, "hidden_dim": 8, "lr": 1e-2, "quiet_eval": True}
     extra = {"transformer": {"d_model": 16, "heads": 2, "layers": 2, "d_ff": 16, "lr": 3e-3}}

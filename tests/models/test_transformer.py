@@ -12,6 +12,7 @@ from attnaudit.errors import AttnAuditError
 from attnaudit.models.attention import normalise
 from attnaudit.models.base import Intervention, ModelConfig, detach_weights, freeze_uniform, uniform_weights
 from attnaudit.models.transformer import (
+    CONTENT_GAIN,
     TransformerClassifier,
     TransformerTagger,
     build_transformer_model,
@@ -279,7 +280,7 @@ def test_feature_embedding_path() -> None:
     assert not torch.allclose(plain, with_features, atol=1e-4)
     expected_delta = model.feature_embedding(features)
     assert torch.allclose(
-        model.encode(b).states, model.embed_norm(model.embedding(b.tokens) * 4.0 + model.positions[:7] + expected_delta)
+        model.encode(b).states, model.embed_norm(model.embedding(b.tokens) + expected_delta) + model.positions[:7]
     )
     # a model built without features ignores them
     no_features = model_for("tagging")
@@ -346,6 +347,18 @@ def test_projection_and_embedding_gradients() -> None:
     out.logits[:, 0].sum().backward()
     assert emb.grad is not None and emb.grad[b.mask].abs().sum() > 0
     assert torch.all(emb.grad[~b.mask] == 0)  # padded positions cannot influence real ones
+
+
+def test_content_scale_does_not_depend_on_loaded_vectors() -> None:
+    model = model_for()
+    b = batch_of(random_rows(LENGTHS))
+    states = model.encode(b).states
+    content = states - model.positions[:7]
+    rms = content[b.mask].pow(2).mean(-1).sqrt()
+    assert torch.allclose(rms, torch.full_like(rms, CONTENT_GAIN), atol=1e-3)
+    with torch.no_grad():  # e.g. pretrained vectors with a much larger norm
+        model.embedding.weight.mul_(25.0)
+    assert torch.allclose(model.encode(b).states, states, atol=1e-5)
 
 
 def test_sinusoidal_positions_match_formula() -> None:

@@ -21,13 +21,14 @@ last of a Transformer). The adversary keeps no gold labels: it only has to match
 outputs. Its epoch is selected by the lowest dev loss (its own objective). It starts from a
 fresh initialisation (``--init scratch``, W&P; the classification default) or from the base
 model's weights (``--init base``, the tagging default: fine-tuned away from the base, attention
-starts at KL 0 and λ sets how far it moves — the study's KL scale, breakpoint near 0.33, is out
-of reach of a fresh Transformer, whose attention starts nats away from the base's and, the KL
-term being unbounded, is driven towards the smoothing floor of ~23 nats at any λ > 0).
+starts at KL 0, whereas a fresh Transformer's starts nats away, beyond the study's KL scale).
+The KL term is unbounded above except by the ``1e-10`` smoothing of :func:`attnaudit.metrics.kl`
+(at most ≈ 23 nats per row), so an adversary that can afford it drives its attention there.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -100,7 +101,7 @@ def _rows(layer: AttentionLayer) -> Tensor:
     return layer.mask.new_ones(size, q, dtype=torch.bool)
 
 
-def _reference(base: AttentionModel) -> Any:
+def _reference(base: AttentionModel) -> Callable[[Batch], ModelOutput]:
     """``fn(batch) -> base output`` in eval mode without gradient (the fixed model the adversary tracks)."""
     base.eval()
 
@@ -149,8 +150,8 @@ DEFAULT_INIT = {"classification": "scratch", "pair": "scratch", "tagging": "base
 
 def resolve_init(run: Run, init: str) -> str:
     """``init`` or, when empty, the task's default: a fresh model for W&P's classification
-    adversary; the base's weights for the tagging study, whose KL scale (breakpoint near 0.33 at
-    λ ≥ 0.2) a freshly initialised adversary cannot show (its attention starts nats away).
+    adversary; the base's weights for the tagging study, so that its attention starts at KL 0 from
+    the base's (a fresh Transformer's starts nats away, beyond the study's KL scale, breakpoint ≈ 0.33).
     """
     return init or DEFAULT_INIT[run.task.task_type]
 

@@ -38,6 +38,16 @@ from attnaudit.models.base import (
 )
 
 
+CONTENT_GAIN = 0.3
+"""Initial RMS of the content embedding, against 0.71 for the sinusoidal positions.
+
+Measured on CoNLL-2000 chunking with a 1-layer 4-head tagger: with content and positions
+at comparable size the heads learn neighbour (offset +-1, +-2) attention slowly and the
+words are memorised instead (test F1 plateaus near 0.88); at 0.3 the heads become
+positional within two epochs. SST-2 accuracy is unaffected.
+"""
+
+
 def split_heads(x: Tensor, heads: int) -> Tensor:
     """``(B,T,d)`` -> ``(B,H,T,d/H)``: the layout keys interventions see."""
     b, t, d = x.shape
@@ -127,18 +137,17 @@ class TransformerEncoderModel(AttentionModel):
         check_normaliser(config.attention)
         d = config.d_model
         self.embedding = nn.Embedding(config.vocab_size, config.embed_dim, padding_idx=config.pad_id)
-        nn.init.normal_(self.embedding.weight, std=config.embed_dim**-0.5)
-        with torch.no_grad():
-            self.embedding.weight[config.pad_id].zero_()
         # Pretrained vectors (e.g. 300-d GloVe) keep their width; a projection maps them to d_model.
         self.embed_proj: nn.Module = nn.Linear(config.embed_dim, d) if config.embed_dim != d else nn.Identity()
-        self.scale = math.sqrt(d)
-        self.register_buffer("positions", sinusoidal_positions(config.max_len, d), persistent=False)
         self.segment = nn.Embedding(2, d) if config.task_type == "pair" else None
         feature_vocab = config.extra.get("feature_vocab_size")
         self.feature_embedding = nn.Embedding(int(feature_vocab), d) if feature_vocab else None
-        # BERT-style LayerNorm on the summed input keeps pretrained vectors and positions on one scale.
+        # The content (token + feature + segment) embedding is scaled by a LayerNorm rather than by
+        # sqrt(d_model): its size then no longer depends on the vectors loaded into ``embedding``,
+        # and its gain fixes the content:position ratio, which one-layer taggers are sensitive to.
         self.embed_norm = nn.LayerNorm(d)
+        nn.init.constant_(self.embed_norm.weight, CONTENT_GAIN)
+        self.register_buffer("positions", sinusoidal_positions(config.max_len, d), persistent=False)
         self.dropout = nn.Dropout(config.dropout)
         self.layers = nn.ModuleList(
             EncoderLayer(d, config.heads, config.d_ff, config.dropout, config.attention) for _ in range(config.layers)
@@ -183,28 +192,30 @@ class TransformerEncoderModel(AttentionModel):
         return self.embedding(torch.cat([batch.tokens, query], dim=1))
 
     def encode(self, batch: Batch, embeddings: Tensor | None = None) -> Cache:
-        """Scaled (projected) embeddings + sinusoidal positions (+ segment, + features), normed, dropout."""
+        """LayerNorm(projected embeddings + features + segment) + sinusoidal positions, then dropout."""
         emb = self.embed(batch) if embeddings is None else embeddings
         self._check_length(batch.tokens, "token")
         t = batch.tokens.shape[1]
-        added = self.positions[:t]
+        content = self.embed_proj(emb)
         if self.feature_embedding is not None and batch.features is not None:
             if batch.features.shape != batch.tokens.shape:
                 raise AttnAuditError(
                     f"features shape {tuple(batch.features.shape)} differs from tokens {tuple(batch.tokens.shape)}"
                 )
             self._check_ids(batch.features, self.feature_embedding.num_embeddings, "feature")
-            added = added + self.feature_embedding(batch.features)
+            features = self.feature_embedding(batch.features)
+            content = content + torch.cat([features, content.new_zeros(content[:, t:].shape)], dim=1)
+        positions = self.positions[:t]
         mask = batch.mask.bool()
         if self.segment is not None:
             query, query_mask = self._query(batch)
             self._check_length(query, "query")
-            text = added + self.segment.weight[0]
-            second = self.positions[: query.shape[1]] + self.segment.weight[1]
-            added = torch.cat([text.expand(emb.shape[0], -1, -1), second.expand(emb.shape[0], -1, -1)], dim=1)
+            segment_ids = torch.cat([torch.zeros(t, dtype=torch.long), torch.ones(query.shape[1], dtype=torch.long)])
+            content = content + self.segment(segment_ids.to(content.device))
+            # positions restart in the query so that padding the text never shifts them
+            positions = torch.cat([positions, self.positions[: query.shape[1]]])
             mask = torch.cat([mask, query_mask], dim=1)
-        x = self.embed_proj(emb) * self.scale + added
-        states = self.dropout(self.embed_norm(x))
+        states = self.dropout(self.embed_norm(content) + positions)
         extra = {"text_len": t} if self.segment is not None else {}
         return Cache(states=states, mask=mask, layer=0, extra=extra)
 
