@@ -18,7 +18,6 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from rich.console import Console

@@ -73,7 +73,6 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     names = args.only.split(",") if args.only else list(JOBS)
     out_file = RESULTS / "base_models.json"
-    rows: dict[str, Any] = read_json(out_file)["models"] if out_file.exists() else {}
     for name in names:
         job = JOBS[name]
         run_dir = RUNS / name
@@ -82,7 +81,7 @@ def main() -> None:
         wall = time.perf_counter() - start
         metrics = json.loads((run_dir / "metrics.json").read_text())
         score = metrics[job["split"]][job["metric"]]
-        rows[name] = {
+        row = {
             "task": job["task"],
             "model": job["model"],
             "options": job["options"],
@@ -102,7 +101,9 @@ def main() -> None:
         }
         print(f"{name}: {job['split']} {job['metric']} = {score:.4f} (target {job['target']}), "
               f"trained in {metrics['train_seconds']:.0f}s")
-        write_result("base_models", {"models": rows})
+        # Re-read just before writing: several jobs may run in parallel processes.
+        rows: dict[str, Any] = read_json(out_file)["models"] if out_file.exists() else {}
+        write_result("base_models", {"models": {**rows, name: row}})
 
 
 if __name__ == "__main__":

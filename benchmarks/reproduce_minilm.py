@@ -10,7 +10,8 @@
    BERT) on the 872 GLUE SST-2 dev sentences and on ``--snli`` SNLI test pairs
    (``[CLS] a [SEP] b [SEP]``).
 3. Raw attention / rollout / flow vs gradient, leave-one-out and input-gradient importance
-   on the fine-tuned model, first ``--rollout`` GLUE dev sentences, flow for all of them: once
+   on the fine-tuned model, first ``--rollout`` GLUE dev sentences (flow, the expensive part,
+   for the first ``--flow`` of them): once
    reading the [CLS] row (our default) and once with A&Z's max-over-rows scores against
    input gradients, the setting of their Table 3.
 
@@ -69,6 +70,7 @@ def main() -> dict[str, Any]:
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--lr", type=float, default=5e-5)
     parser.add_argument("--rollout", type=int, default=100, help="dev sentences for the rollout/flow experiment")
+    parser.add_argument("--flow", type=int, default=50, help="of those, sentences to compute attention flow for")
     parser.add_argument("--snli", type=int, default=500, help="SNLI test pairs for the norm analysis")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest on a shared 2-core box)")
     args = parser.parse_args()
@@ -95,9 +97,9 @@ def main() -> dict[str, Any]:
     stages["norms"] = time.perf_counter() - tic
 
     tic = time.perf_counter()
-    rollout_cls = run_test("rollout", tuned, split="test", limit=args.rollout, out=out / "results", seed=0, flow_limit=None)
+    rollout_cls = run_test("rollout", tuned, split="test", limit=args.rollout, out=out / "results", seed=0, flow_limit=args.flow)
     rollout_max = run_test(
-        "rollout", tuned, split="test", limit=args.rollout, out=out / "results-max", seed=0, flow_limit=None,
+        "rollout", tuned, split="test", limit=args.rollout, out=out / "results-max", seed=0, flow_limit=args.flow,
         query="max", importance=["input_gradient"],
     )
     stages["rollout"] = time.perf_counter() - tic

@@ -18,7 +18,6 @@ from attnaudit.progress import set_quiet
 from attnaudit.sweep import JOB_FILE, load_config, plan, sweep, table_rows
 
 set_quiet(True)
-REPO = Path(__file__).resolve().parents[1]
 TINY = """\
 grid:
   tasks: [csv:tiny.csv]
@@ -102,12 +101,15 @@ def test_plan_crosses_the_axes_and_routes_lambda(tmp_path: Path, lambda_test: st
 def test_table_has_one_row_per_job_with_statistics_and_errors() -> None:
     records = [
         {"id": "a", "params": {"task": "t", "model": "bilstm", "attention": "softmax", "seed": 0}, "status": "done",
-         "seconds": 1.0, "rows": [{"test": "importance", "statistic": "n", "value": 4, "published": "", "interpretation": ""},
-                                  {"test": "erasure", "statistic": "skipped", "value": "", "published": "", "interpretation": "why"}]},
+         "seconds": 1.0, "summary": {"importance": {"n": 4, "tau_mean": 0.5, "by_class": {"pos": 1}}},
+         "rows": [{"test": "importance", "statistic": "tau_mean", "value": 0.5, "published": "", "interpretation": "weak"},
+                  {"test": "importance", "statistic": "verdict", "value": "ok", "published": "", "interpretation": ""},
+                  {"test": "erasure", "statistic": "skipped", "value": "", "published": "", "interpretation": "why"}]},
         {"id": "b", "params": {"task": "t", "model": "cnn", "attention": "softmax", "seed": 0}, "status": "failed", "error": "boom"},
     ]
     rows = table_rows(records)
-    assert rows[0]["importance.n"] == 4 and rows[0]["erasure.skipped"] == "why" and rows[0]["error"] == ""
+    assert rows[0]["importance.n"] == 4 and rows[0]["importance.tau_mean"] == 0.5 and rows[0]["importance.verdict"] == "ok"
+    assert rows[0]["importance.by_class"] == '{"pos": 1}' and rows[0]["erasure.skipped"] == "why" and rows[0]["error"] == ""
     assert rows[1]["error"] == "boom" and "importance.n" not in rows[1]
 
 

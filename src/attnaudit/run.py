@@ -104,6 +104,10 @@ def load_run(path: str | Path, device: str | None = "auto", data_dir: str | Path
         from attnaudit.models.hf import load_hf_run
 
         return load_hf_run(path, device=device, data_dir=data_dir)
+    if raw.get("kind") == "nmt":
+        from attnaudit.models.seq2seq import load_nmt_run
+
+        return load_nmt_run(path, device=device, data_dir=data_dir)
     try:
         config = ModelConfig.from_dict(raw["model"])
         task = TaskSpec(**raw["task"])

@@ -7,7 +7,7 @@ the job's commit point). Re-running a sweep skips jobs whose ``job.json`` says t
 with the same settings; failed jobs run again (the audit resumes from its stored results).
 Everything is aggregated into ``OUT/sweep.csv`` (one row per job: parameters, status, error,
 then one column per ``test.statistic``) and ``OUT/sweep.json`` (the same plus every job's
-summary rows). See ``examples/sweep.yaml`` for the file format.
+test summaries and verdict rows). See ``examples/sweep.yaml`` for the file format.
 """
 
 from __future__ import annotations
@@ -434,6 +434,7 @@ def run_job(job: Job) -> dict[str, Any]:
                 limit=job.limit, seed=params["seed"], data_dir=job.data_dir, device="auto", test_options=job.test_options,
                 attention=params["attention"], **job.train,
             )
+            record["summary"] = {name: result.summary for name, result in outcome.results.items()}
             record["rows"] = outcome.rows
             record["failed_tests"] = outcome.failed
             if outcome.ok:
@@ -524,15 +525,21 @@ def _cell(value: Any) -> Any:
 
 
 def table_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per job: parameters, status, error, seconds, then ``test.statistic`` columns."""
+    """One row per job: parameters, status, error, seconds, then ``test.statistic`` columns.
+
+    The statistics are each test's whole summary, plus the audit's verdict rows that are not
+    in it; a skipped or failed test has ``test.skipped`` / ``test.error`` with the reason.
+    """
     rows = []
     for record in records:
         row = {"job": record["id"], **record["params"], "status": record["status"], "error": record.get("error") or "",
                "seconds": record.get("seconds")}
+        for test, summary in record.get("summary", {}).items():
+            row.update({f"{test}.{key}": _cell(value) for key, value in summary.items()})
         for item in record.get("rows", []):
             statistic = item["statistic"]
             value = item["interpretation"] if statistic in ("skipped", "error") else item["value"]
-            row[f"{item['test']}.{statistic}"] = _cell(value)
+            row.setdefault(f"{item['test']}.{statistic}", _cell(value))
         rows.append(row)
     return rows
 

@@ -70,6 +70,45 @@ def sinusoidal_positions(length: int, dim: int) -> Tensor:
     return table
 
 
+def multi_head_attention(
+    block: nn.Module,
+    x: Tensor,
+    mask: Tensor,
+    interventions: Sequence[Intervention] = (),
+    name: str = "",
+    *,
+    memory: Tensor | None = None,
+    memory_mask: Tensor | None = None,
+    causal: bool = False,
+) -> tuple[Tensor, AttentionLayer]:
+    """Attention of ``block`` (its ``q_proj``/``k_proj``/``v_proj``/``out_proj``, ``heads``,
+    ``normaliser``) from queries ``x`` (B,Q,d) with mask ``mask`` (B,Q).
+
+    Self-attention by default; with ``memory`` (B,K,d) and ``memory_mask`` (B,K) keys and
+    values come from ``memory`` (encoder-decoder cross-attention) and the record's
+    ``inputs`` are the memory states, so norm analyses see the vectors that were weighted.
+    ``causal``: query ``i`` sees keys ``<= i`` only (a decoder's self-attention); future
+    keys get a large finite negative score, so every normaliser gives them exactly 0.
+    """
+    source, key_mask = (x, mask) if memory is None else (memory, memory_mask)
+    if key_mask is None:
+        raise AttnAuditError("cross-attention needs memory_mask with memory")
+    q = split_heads(block.q_proj(x), block.heads)
+    k = apply_key_interventions(split_heads(block.k_proj(source), block.heads), interventions)
+    v = split_heads(block.v_proj(source), block.heads)
+    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if causal:
+        future = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).triu(1)
+        scores = scores.masked_fill(future, torch.finfo(scores.dtype).min / 4)
+    scores = scores.masked_fill(~key_mask[:, None, None, :], float("-inf"))
+    weights = attention_weights(scores, key_mask, block.normaliser, interventions)
+    out = block.out_proj(merge_heads(weights @ v))
+    record = AttentionLayer(
+        weights=weights, mask=key_mask, inputs=source, keys=k, values=v, scores=scores, query_mask=mask, name=name
+    )
+    return out, record
+
+
 class EncoderLayer(nn.Module):
     """One post-LN encoder layer, hand-written rather than ``nn.MultiheadAttention``.
 
@@ -100,17 +139,7 @@ class EncoderLayer(nn.Module):
         Attention probabilities get no dropout, so the recorded weights are exactly the
         ones applied to the values.
         """
-        q = split_heads(self.q_proj(x), self.heads)
-        k = apply_key_interventions(split_heads(self.k_proj(x), self.heads), interventions)
-        v = split_heads(self.v_proj(x), self.heads)
-        scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
-        scores = scores.masked_fill(~mask[:, None, None, :], float("-inf"))
-        weights = attention_weights(scores, mask, self.normaliser, interventions)
-        out = self.out_proj(merge_heads(weights @ v))
-        record = AttentionLayer(
-            weights=weights, mask=mask, inputs=x, keys=k, values=v, scores=scores, query_mask=mask, name=name
-        )
-        return out, record
+        return multi_head_attention(self, x, mask, interventions, name)
 
     def forward(
         self, x: Tensor, mask: Tensor, interventions: Sequence[Intervention] = (), name: str = ""
@@ -148,6 +177,14 @@ class TransformerEncoderModel(AttentionModel):
         self.embed_norm = nn.LayerNorm(d)
         nn.init.constant_(self.embed_norm.weight, CONTENT_GAIN)
         self.register_buffer("positions", sinusoidal_positions(config.max_len, d), persistent=False)
+        # Small initial vectors (std 1/sqrt(width), as in Vaswani et al.): the LayerNorm makes their
+        # size irrelevant to the forward pass, but Adam's steps are fixed in size, so N(0, 1)
+        # vectors would learn ~10x more slowly relative to their norm.
+        for table in (self.embedding, self.feature_embedding, self.segment):
+            if table is not None:
+                nn.init.normal_(table.weight, std=table.embedding_dim**-0.5)
+        with torch.no_grad():
+            self.embedding.weight[config.pad_id].zero_()
         self.dropout = nn.Dropout(config.dropout)
         self.layers = nn.ModuleList(
             EncoderLayer(d, config.heads, config.d_ff, config.dropout, config.attention) for _ in range(config.layers)

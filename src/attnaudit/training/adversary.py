@@ -102,8 +102,12 @@ class SubRun:
 
 def trainable_reason(run: Run) -> str | None:
     """Why new models cannot be trained beside ``run`` (None when they can)."""
-    if run.info.get("kind") != "attnaudit" or "train" not in run.info:
-        return "these tests retrain the model from its run config; this run was not trained by attnaudit (e.g. a Hugging Face model)"
+    kind = run.info.get("kind")
+    if kind != "attnaudit" or "train" not in run.info:
+        return (
+            f"these tests retrain the model from its attnaudit training config, which this run ({kind or 'unknown kind'}) "
+            "does not have (Hugging Face and translation models are not retrained)"
+        )
     if run.path is None:
         return "the run has no directory to hold the retrained sub-runs"
     if run.task.task_type not in ("classification", "pair", "tagging"):

@@ -1,0 +1,228 @@
+"""Word alignment from cross-attention: weights vs norms (Kobayashi et al. 2020, section 5).
+
+For each decoder block's cross-attention we teacher-force the gold translation and score
+every (target, source) pair two ways:
+
+* weight: ``α_ij`` averaged over heads;
+* norm: ``‖Σ_h α^h_ij f_h(x_j)‖`` — the head-summed vector that source position ``j``
+  adds to the output (:func:`attnaudit.experiments.norms.layer_norms`), as in the paper.
+
+Subword scores are merged into word scores by averaging over the subwords of the source
+word and over the subwords of the target word. The source ``</s>`` is not a word and never
+an alignment candidate. Each target word is aligned to its highest-scoring source word, in
+two settings (Ding et al. 2019; Kobayashi et al. 2020):
+
+* output: the attention of the decoder step that *produces* the target word (position
+  ``p`` predicts subword ``p``);
+* input: the attention of the step whose decoder *input* is that word (position ``p + 1``),
+  i.e. shifted by one step.
+
+AER (Och & Ney 2003, :func:`attnaudit.metrics.aer`) is computed over the whole corpus from
+the sure/possible gold links, per layer, and reported in percent like the paper.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from attnaudit.data.types import Example
+from attnaudit.errors import AttnAuditError
+from attnaudit.experiments.base import Experiment, Result, register, save_figure
+from attnaudit.experiments.norms import layer_norms
+from attnaudit.metrics import aer
+from attnaudit.progress import track
+from attnaudit.run import Run
+
+SETTINGS = ("output", "input")
+METHODS = ("weight", "norm")
+PUBLISHED = {
+    "output_weight_best": 47.7,
+    "output_norm_best": 41.4,
+    "input_weight_best": 29.8,
+    "input_norm_best": 25.0,
+    "source": "Kobayashi et al. 2020, Table 2: 6-layer, 4-head Transformer on ~1.9M Europarl De-En pairs, "
+    "best layer AER (%) on the RWTH gold set",
+}
+
+
+def word_scores(scores: Tensor, target_words: list[int], source_words: list[int]) -> Tensor:
+    """Merge a subword score matrix ``(T_sub, S_sub)`` into words ``(T_words, S_words)``:
+    mean over the target word's subwords of the mean over the source word's subwords."""
+    from attnaudit.data.alignment import word_groups
+
+    rows = word_groups(target_words, max(target_words) + 1).to(scores)
+    cols = word_groups(source_words, max(source_words) + 1).to(scores)
+    return rows @ scores @ cols.t()
+
+
+def argmax_links(words: Tensor) -> set[tuple[int, int]]:
+    """``(source, target)`` links: each target word to its highest-scoring source word."""
+    best = words.argmax(1).tolist()
+    return {(source, target) for target, source in enumerate(best)}
+
+
+def alignment_scores(run: Run, examples: list[Example], batch_size: int = 16) -> list[dict[str, dict[int, Tensor]]]:
+    """Per example, per ``"{setting}_{method}"``, per decoder block: the word score matrix
+    ``(target words, source words)`` (teacher-forced on ``example.target``)."""
+    model = run.model
+    collate: Any = run.collate
+    cross = model.cross_layers  # type: ignore[attr-defined]
+    out: list[dict[str, dict[int, Tensor]]] = []
+    model.eval()
+    with torch.no_grad():
+        for batch in track(run.batches(examples, batch_size), "alignment", total=math.ceil(len(examples) / batch_size)):
+            trace = model(batch).trace
+            per_layer = []
+            for index in cross:
+                record = trace[index]
+                per_layer.append((record.weights.mean(1), layer_norms(model, record, index).summed_norm))
+            for i, ex in enumerate(batch.examples):
+                _, src_words = collate.source.encode(ex.tokens)
+                _, tgt_words = collate.target.encode(ex.target or [])
+                s, t = len(src_words), len(tgt_words)
+                if batch.tokens.shape[1] <= s or batch.target is None or batch.target.shape[1] <= t:
+                    raise AttnAuditError(
+                        f"{ex.meta.get('source', 'example')}: longer than the model's max_len; cannot align it"
+                    )
+                entry: dict[str, dict[int, Tensor]] = {f"{st}_{m}": {} for st in SETTINGS for m in METHODS}
+                for block, matrices in enumerate(per_layer):
+                    for method, matrix in zip(METHODS, matrices):
+                        sub = matrix[i, :, :s].float().cpu()
+                        entry[f"output_{method}"][block] = word_scores(sub[:t], tgt_words, src_words)
+                        entry[f"input_{method}"][block] = word_scores(sub[1 : t + 1], tgt_words, src_words)
+                out.append(entry)
+    return out
+
+
+def _links(example: Example, key: str) -> set[tuple[int, int]]:
+    return {(int(s), int(t)) for s, t in example.meta.get(key, [])}
+
+
+@register
+class Alignment(Experiment):
+    name = "alignment"
+    description = "word alignment from NMT cross-attention, weights vs norms, AER per layer (Kobayashi et al.)"
+    paper = "Kobayashi et al. 2020"
+
+    @dataclass
+    class Options:
+        gold: str = field(
+            default="",
+            metadata={"help": "RWTH gold directory (de, en, alignmentDeEn.talp); default: the split's own links."},
+        )
+        source_lang: str = field(default="de", metadata={"help": "Source file name in the gold directory."})
+        target_lang: str = field(default="en", metadata={"help": "Target file name in the gold directory."})
+        batch_size: int = field(default=16, metadata={"help": "Sentence pairs per forward pass."})
+
+    def applies(self, run: Run) -> str | None:
+        if run.task.task_type != "seq2seq" or not hasattr(run.model, "cross_layers"):
+            return "alignment needs an encoder-decoder (NMT) model with cross-attention; train one with train-nmt"
+        return None
+
+    def run(self, run: Run, examples: list[Example], options: Any, seed: int = 0) -> Result:
+        notes = [
+            "subword scores merged to words by averaging over source and target subwords; </s> is not a candidate",
+            "norm = ||sum_h alpha^h f_h(x)|| (heads summed as vectors); weight = alpha averaged over heads",
+            "output setting: the step that predicts the target word; input: the step that reads it (shifted by one)",
+            "AER in percent, corpus level (Och & Ney 2003)",
+        ]
+        if options.gold:
+            from attnaudit.data.alignment import read_rwth
+
+            examples = read_rwth(options.gold, options.source_lang, options.target_lang)
+            notes.append(f"gold: {len(examples)} pairs from {options.gold} (the run's split was not used)")
+        elif not all("sure" in ex.meta for ex in examples):
+            raise AttnAuditError("these examples carry no gold alignment: pass --gold DIR (RWTH format)")
+        if any(ex.target is None for ex in examples):
+            raise AttnAuditError("alignment needs sentence pairs (examples with a target)")
+        if options.batch_size < 1:
+            raise AttnAuditError(f"--batch-size must be at least 1, got {options.batch_size}")
+        scores = alignment_scores(run, examples, options.batch_size)
+        blocks = len(run.model.cross_layers)  # type: ignore[attr-defined]
+        sure = [_links(ex, "sure") for ex in examples]
+        possible = [_links(ex, "possible") for ex in examples]
+        gold_sure = {(n, *link) for n, links in enumerate(sure) for link in links}
+        gold_possible = {(n, *link) for n, links in enumerate(possible) for link in links}
+        instances = [
+            {"index": n, "source_words": len(ex.tokens), "target_words": len(ex.target or [])}
+            for n, ex in enumerate(examples)
+        ]
+        rows = []
+        for setting in SETTINGS:
+            for block in range(blocks):
+                row: dict[str, Any] = {"setting": setting, "layer": block + 1}
+                for method in METHODS:
+                    key = f"{setting}_{method}"
+                    predicted: set[tuple[int, int, int]] = set()
+                    for n, entry in enumerate(scores):
+                        links = argmax_links(entry[key][block])
+                        predicted |= {(n, *link) for link in links}
+                        instances[n][f"aer_{key}_L{block + 1}"] = 100 * aer(links, sure[n], possible[n])
+                    row[f"aer_{method}"] = 100 * aer(predicted, gold_sure, gold_possible)
+                row["norm_minus_weight"] = row["aer_norm"] - row["aer_weight"]
+                rows.append(row)
+        summary: dict[str, Any] = {}
+        for setting in SETTINGS:
+            for method in METHODS:
+                values = [r[f"aer_{method}"] for r in rows if r["setting"] == setting]
+                best = int(np.argmin(values))
+                summary[f"{setting}_{method}_best"] = values[best]
+                summary[f"{setting}_{method}_best_layer"] = best + 1
+                summary[f"{setting}_{method}_mean"] = float(np.mean(values))
+            summary[f"{setting}_norm_better_layers"] = sum(
+                r["aer_norm"] < r["aer_weight"] for r in rows if r["setting"] == setting
+            )
+        summary["layers"] = blocks
+        summary["pairs"] = len(examples)
+        return Result(
+            test=self.name,
+            summary=summary,
+            instances=instances,
+            tables={"layers": rows},
+            meta={"notes": notes, "published": PUBLISHED},
+        )
+
+    def plot(self, result: Result, directory: Path) -> list[Path]:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        rows = result.tables.get("layers", [])
+        if not rows:
+            return []
+        fig, axes = plt.subplots(1, 2, figsize=(9, 3.4), sharey=True)
+        for ax, setting in zip(axes, SETTINGS):
+            chosen = [r for r in rows if r["setting"] == setting]
+            layers = [r["layer"] for r in chosen]
+            for method, style in zip(METHODS, ("o--", "s-")):
+                ax.plot(layers, [r[f"aer_{method}"] for r in chosen], style, label=method)
+            ax.set_title(f"alignment with the {setting} word")
+            ax.set_xlabel("decoder layer")
+            ax.set_xticks(layers)
+        axes[0].set_ylabel("AER (%)")
+        axes[0].legend()
+        fig.tight_layout()
+        return save_figure(fig, directory, "alignment_aer_by_layer")
+
+    def verdict(self, result: Result) -> list[dict[str, Any]]:
+        rows = []
+        for setting in SETTINGS:
+            weight, norm = result.summary[f"{setting}_weight_best"], result.summary[f"{setting}_norm_best"]
+            rows.append(
+                {
+                    "statistic": f"best-layer AER, {setting} setting (weight / norm)",
+                    "value": f"{weight:.1f} / {norm:.1f}",
+                    "published": f"{PUBLISHED[f'{setting}_weight_best']} / {PUBLISHED[f'{setting}_norm_best']}",
+                    "interpretation": "norms align better than weights" if norm < weight
+                    else "norms do not align better than weights here",
+                }
+            )
+        return rows
