@@ -290,6 +290,42 @@ def sweep(
         raise AttnAuditError(f"{len(result.failed)} of {len(result.jobs)} sweep job(s) failed (see {result.csv})")
 
 
+@app.command("train-nmt")
+def train_nmt_command(
+    out: Annotated[Path, typer.Option(help="Run directory to write.")],
+    task: Annotated[str, typer.Option(help="Seq2seq task: europarl-deen or synthetic-translation.")] = "europarl-deen",
+    layers: Annotated[Optional[int], typer.Option(help="Encoder and decoder layers (each).")] = None,
+    heads: Annotated[Optional[int], typer.Option(help="Attention heads.")] = None,
+    d_model: Annotated[Optional[int], typer.Option(help="Model width.")] = None,
+    d_ff: Annotated[Optional[int], typer.Option(help="Feed-forward width.")] = None,
+    source_vocab: Annotated[Optional[int], typer.Option(help="Source BPE vocabulary size.")] = None,
+    target_vocab: Annotated[Optional[int], typer.Option(help="Target BPE vocabulary size.")] = None,
+    epochs: Annotated[Optional[int], typer.Option(help="Maximum epochs (best dev loss kept).")] = None,
+    max_steps: Annotated[Optional[int], typer.Option(help="Stop after this many optimiser steps.")] = None,
+    batch_size: Annotated[Optional[int], typer.Option(help="Sentence pairs per batch.")] = None,
+    lr: Annotated[Optional[float], typer.Option(help="Peak Adam learning rate (after warm-up).")] = None,
+    warmup: Annotated[Optional[int], typer.Option(help="Warm-up steps.")] = None,
+    max_train_len: Annotated[Optional[int], typer.Option(help="Drop training pairs longer than N subwords.")] = None,
+    seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
+    data_dir: DataDir = None,
+    device: Device = "auto",
+    quiet: Quiet = False,
+) -> None:
+    """Train the encoder-decoder Transformer (NMT) used by `attnaudit run alignment`.
+
+    Example: attnaudit train-nmt --out runs/nmt-deen --data-dir ../shared/data
+    """
+    from attnaudit.models.seq2seq import train_nmt
+
+    set_quiet(quiet)
+    run = train_nmt(
+        task, out, data_dir=data_dir, device=device, layers=layers, heads=heads, d_model=d_model, d_ff=d_ff,
+        source_vocab=source_vocab, target_vocab=target_vocab, epochs=epochs, max_steps=max_steps,
+        batch_size=batch_size, lr=lr, warmup=warmup, max_train_len=max_train_len, seed=seed,
+    )
+    out_console.print(f"run written to [bold]{run.path}[/]")
+
+
 def _cli_type(annotation: Any) -> tuple[Any, bool]:
     """Map an Options field type to a CLI type; sequences become comma-separated strings."""
     origin = typing.get_origin(annotation)

@@ -161,7 +161,9 @@ def test_collator_bos_eos_and_shifted_labels(bpe):
     assert batch.target[0].tolist() == [BOS_ID, *tgt]
     assert batch.labels[0].tolist() == [*tgt, EOS_ID]
     assert batch.target.shape == batch.labels.shape == batch.target_mask.shape
-    assert batch.labels[1, 2:].eq(-100).all() and batch.target[1, 2:].eq(PAD_ID).all()
+    n_low = len(bpe.encode(["low"])[0])
+    assert batch.labels[1, n_low + 1 :].eq(-100).all() and batch.target[1, n_low + 1 :].eq(PAD_ID).all()
+    assert batch.labels[1, n_low] == EOS_ID and not batch.target_mask[1, n_low + 1 :].any()
     source_only = collate([Example(tokens=["low"])])
     assert source_only.target is None and source_only.labels is None
 

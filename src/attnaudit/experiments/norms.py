@@ -186,7 +186,7 @@ class Norms(Experiment):
                         heatmap = self._heatmap(norms, record, tokens, options.heatmap_index - done)
                 instances.extend(rows)
                 done += len(batch)
-        return self._result(totals, pairs, instances, heatmap, heat_layer, special)
+        return self._result(totals, pairs, instances, heatmap, heat_layer, options.heatmap_index, special)
 
     @staticmethod
     def _accumulate(
@@ -198,13 +198,13 @@ class Norms(Experiment):
         query = query_mask.to(norms.weights.dtype)
         pair_mask = query[:, None, :, None] * key[:, None, None, :]  # (B,1,Q,K)
         counts = pair_mask.expand_as(norms.weights)
-        cat = category  # (B,K)
+        cat = category.cpu()  # (B,K); sums are kept on the CPU in float64
 
         def per_category(values: Tensor) -> np.ndarray:
             """``values`` (B,...,K): sum per category over everything."""
             per_key = values.reshape(values.shape[0], -1, values.shape[-1]).sum(1)  # (B,K)
             out = torch.zeros(len(CATEGORIES), dtype=torch.float64)
-            out.index_add_(0, cat.reshape(-1), per_key.reshape(-1).to(torch.float64))
+            out.index_add_(0, cat.reshape(-1), per_key.reshape(-1).to("cpu", torch.float64))
             return out.numpy()
 
         totals.add("weight", layer, per_category(norms.weights * pair_mask))
@@ -220,8 +220,8 @@ class Norms(Experiment):
         norm_share = summed / summed.sum(-1, keepdim=True).clamp_min(torch.finfo(summed.dtype).tiny)
         for name, share in (("weight_share", mean_weight), ("norm_share", norm_share)):
             per_instance = torch.zeros(len(rows), len(CATEGORIES), dtype=torch.float64)
-            per_instance.scatter_add_(1, cat, share.sum(1).to(torch.float64))  # summed over query rows
-            n_queries = query.sum(1, keepdim=True).to(torch.float64).clamp_min(1.0)
+            per_instance.scatter_add_(1, cat, share.sum(1).to("cpu", torch.float64))  # summed over query rows
+            n_queries = query.sum(1, keepdim=True).to("cpu", torch.float64).clamp_min(1.0)
             totals.add(name, layer, per_instance.sum(0).numpy())
             for i, row in enumerate(rows):
                 for c, cname in enumerate(CATEGORIES):
@@ -276,6 +276,7 @@ class Norms(Experiment):
         instances: list[dict[str, Any]],
         heatmap: list[dict[str, Any]],
         heat_layer: int,
+        heat_index: int,
         special: dict[str, str],
     ) -> Result:
         def ratio(num: str, den: str) -> np.ndarray:
@@ -349,6 +350,7 @@ class Norms(Experiment):
             meta={
                 "notes": notes,
                 "heatmap_layer": heat_layer,
+                "heatmap_index": heat_index,
                 "special_tokens": special,
                 "published": {
                     "paper": "Kobayashi et al. 2020, Attention is Not Only a Weight (EMNLP), Section 4",
@@ -433,7 +435,8 @@ class Norms(Experiment):
                 ax.set_title(title)
                 ax.set_xticks(range(len(queries)), [labels[q] for q in queries], rotation=90, fontsize=7)
                 ax.set_yticks(range(len(queries)), [labels[q] for q in queries], fontsize=7)
-            fig.suptitle(f"layer {result.meta.get('heatmap_layer')}", y=1.02)
+            where = f"instance {result.meta.get('heatmap_index')}, layer {result.meta.get('heatmap_layer')} (0-based)"
+            fig.suptitle(where, y=1.02)
             paths += save_figure(fig, directory, "norms_heatmap")
         return paths
 

@@ -58,7 +58,7 @@ def _explained_record(run: Run, batch: Batch) -> tuple[Any, int, Any]:
 
 def _query_row(run: Run, values: Tensor, query_mask: Tensor | None) -> Tensor:
     """``(B,Q,K)`` -> ``(B,K)``: the ``[CLS]`` row for Hugging Face encoders, else the mean over real queries."""
-    query = getattr(run.model, "explanation_query", None)
+    query = run.model.explanation_query
     if query is not None:
         return values[:, query]
     if query_mask is None:

@@ -156,7 +156,7 @@ class Rollout(Experiment):
 
         references = self._check(options)
         model = run.model
-        cls_index = getattr(model, "explanation_query", None)
+        cls_index = model.explanation_query
         special = set(getattr(model, "special_tokens", {}).values())
         flow_limit = len(examples) if options.flow_limit is None else min(options.flow_limit, len(examples))
         n_layers = model.num_attention_layers

@@ -180,10 +180,13 @@ class AttentionModel(nn.Module):
     ``explained_layer`` names the attention layer the single-attention tests
     (importance, permutation, adversarial, erasure) examine: the only one for the
     additive models, the sentence level for HAN, the last layer for Transformers.
+    ``explanation_query`` says which query row of that layer explains the decision.
     """
 
     config: ModelConfig
     explained_layer: int = -1
+    explanation_query: int | None = None
+    """The query row whose attention explains a classification ([CLS]: 0); None = mean over real queries."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()

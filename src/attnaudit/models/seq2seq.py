@@ -37,6 +37,7 @@ from attnaudit.data.types import Batch, Example, TaskData
 from attnaudit.errors import AttnAuditError
 from attnaudit.models.attention import check_normaliser
 from attnaudit.models.base import (
+    AttentionLayer,
     AttentionModel,
     AttentionTrace,
     Cache,
@@ -83,7 +84,7 @@ class DecoderLayer(EncoderLayer):
         self_interventions: Sequence[Intervention],
         cross_interventions: Sequence[Intervention],
         index: int,
-    ) -> tuple[Tensor, Any, Any]:
+    ) -> tuple[Tensor, AttentionLayer, AttentionLayer]:
         """New decoder states and the self- and cross-attention records of block ``index``."""
         attended, self_record = multi_head_attention(self, x, mask, self_interventions, f"self{index}", causal=True)
         h = self.attention_norm(x + self.dropout(attended))
@@ -417,7 +418,9 @@ def train_nmt(
     epochs without improvement. BPE vocabularies (one per side) are learnt on the training
     pairs; training pairs longer than ``max_train_len`` subwords on either side are dropped.
     Afterwards ``metrics.json`` holds dev/test loss and perplexity, BLEU of greedy decoding
-    on ``bleu_split`` (None: skipped) and the per-epoch history.
+    on ``bleu_split`` (None: skipped) and the per-epoch history. ``max_steps`` caps the
+    optimiser steps (the epoch in which it is reached ends there), so a run fits a time
+    budget deterministically.
 
     Like ``train``: a finished run with the same config is loaded, not retrained, and a
     killed run resumes after its last finished epoch.
