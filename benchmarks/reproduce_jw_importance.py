@@ -48,6 +48,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--out", type=Path, default=DEFAULT_RUN, help="run directory to train into")
     parser.add_argument("--epochs", type=int, default=10, help="maximum training epochs (early stopping on dev)")
     parser.add_argument("--seed", type=int, default=0, help="training seed")
+    parser.add_argument("--vectors", default="minilm", help="word vectors for training (J&W used pretrained ones)")
     parser.add_argument("--methods", default="gradient,loo", help="importance methods (comma-separated)")
     args = parser.parse_args(argv)
 
@@ -58,7 +59,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     else:
         run = train(
             "sst", "bilstm", args.out, data_dir=args.data_dir, scorer="tanh", attention="softmax",
-            epochs=args.epochs, seed=args.seed,
+            epochs=args.epochs, seed=args.seed, vectors=args.vectors,
         )
         trained_here = True
     train_seconds = time.perf_counter() - start
@@ -88,8 +89,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "train_seconds": metrics.get("train_seconds"),
         "run": str(run.path),
         "trained_here": trained_here,
-        "setting": "bilstm, tanh attention, embed 300 (random init: no pretrained vectors offline), hidden 128, "
-        "Adam lr 1e-3, weight decay 1e-5, batch 32, dropout 0.1, early stopping on dev accuracy (patience 3)",
+        "setting": {"model": run.info.get("model"), "train": run.info.get("train")},
         "train_or_load_seconds": train_seconds,
         "test_seconds": test_seconds,
         "command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),

@@ -192,6 +192,7 @@ def _check(theta: Tensor, decode: Decoder, explained: Explained) -> tuple[Tensor
 
 
 def _initial(explained: Explained, seed: int, indices: Sequence[int], adversaries: int) -> Tensor:
+    """Starting logits ``(N,A,H,Q,K)`` of a batch, each instance from its own seeded generator."""
     heads = explained.reported.shape[1]
     key_mask, query_rows = explained.key_mask.cpu(), explained.query_rows.cpu()
     theta = [

@@ -223,12 +223,8 @@ def check_ids(ids: Tensor, vocab_size: int, what: str) -> None:
         raise AttnAuditError(f"{what} ids must lie in [0, {vocab_size}); got {int(ids.min())}..{int(ids.max())}")
 
 
-class AttentionClassifier(AttentionModel):
-    """Encoder + attention with a learned query + ``Linear(context)`` (Jain & Wallace 2019).
-
-    ``encoder`` overrides ``config.model`` as the encoder name (the flat HAN variant uses
-    ``bigru``).
-    """
+class _SingleAttentionModel(AttentionModel):
+    """Shared parts of the one-attention-layer models: embedding, dropout, passage encoder."""
 
     explained_layer = 0
 
@@ -238,16 +234,13 @@ class AttentionClassifier(AttentionModel):
         self.embedding = nn.Embedding(config.vocab_size, config.embed_dim, padding_idx=config.pad_id)
         self.dropout = nn.Dropout(config.dropout)
         self.encoder = build_encoder(encoder or config.model, config.embed_dim, config)
-        d = self.encoder.output_dim
-        self.scorer = build_scorer(config.scorer, d, config.hidden_dim)
-        self.output = nn.Linear(d, config.num_labels)
 
     @property
     def num_attention_layers(self) -> int:
         return 1
 
     def embed(self, batch: Batch) -> Tensor:
-        """Token embeddings ``(B,T,E)``."""
+        """(Passage) token embeddings ``(B,T,E)``: attention is over them, so gradients are too."""
         if batch.tokens.dim() != 2:
             raise AttnAuditError(f"{self.config.model} expects tokens (B,T), got shape {tuple(batch.tokens.shape)}")
         check_ids(batch.tokens, self.config.vocab_size, "token")
@@ -256,6 +249,20 @@ class AttentionClassifier(AttentionModel):
     def encoder_states(self, embeddings: Tensor, mask: Tensor) -> Tensor:
         """Encoder states ``(B,T,d)`` from embeddings: the only part leave-one-out must rerun."""
         return self.encoder(embeddings, mask)
+
+
+class AttentionClassifier(_SingleAttentionModel):
+    """Encoder + attention with a learned query + ``Linear(context)`` (Jain & Wallace 2019).
+
+    ``encoder`` overrides ``config.model`` as the encoder name (the flat HAN variant uses
+    ``bigru``).
+    """
+
+    def __init__(self, config: ModelConfig, encoder: str | None = None) -> None:
+        super().__init__(config, encoder)
+        d = self.encoder.output_dim
+        self.scorer = build_scorer(config.scorer, d, config.hidden_dim)
+        self.output = nn.Linear(d, config.num_labels)
 
     def encode(self, batch: Batch, embeddings: Tensor | None = None) -> Cache:
         emb = self.embed(batch) if embeddings is None else embeddings
@@ -280,7 +287,7 @@ class AttentionClassifier(AttentionModel):
         return ModelOutput(logits=self.output(context), trace=AttentionTrace([record]))
 
 
-class PairAttentionClassifier(AttentionModel):
+class PairAttentionClassifier(_SingleAttentionModel):
     """Question-conditioned attention over a passage (Jain & Wallace's NLI/QA model).
 
     Passage (``batch.tokens``: SNLI premise, bAbI story) and question (``batch.query``:
@@ -291,34 +298,13 @@ class PairAttentionClassifier(AttentionModel):
     ``q``; the output is ``Linear(tanh(Linear([c; q; c*q; |c-q|])))``.
     """
 
-    explained_layer = 0
-
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config)
-        check_normaliser(config.attention)
-        self.embedding = nn.Embedding(config.vocab_size, config.embed_dim, padding_idx=config.pad_id)
-        self.dropout = nn.Dropout(config.dropout)
-        self.encoder = build_encoder(config.model, config.embed_dim, config)
         self.query_encoder = build_encoder(config.model, config.embed_dim, config)
         d = self.encoder.output_dim
         self.scorer = build_scorer(config.scorer, d, config.hidden_dim, query_dim=d)
         self.combine = nn.Linear(4 * d, config.hidden_dim)
         self.output = nn.Linear(config.hidden_dim, config.num_labels)
-
-    @property
-    def num_attention_layers(self) -> int:
-        return 1
-
-    def embed(self, batch: Batch) -> Tensor:
-        """Passage embeddings ``(B,T,E)`` (attention is over the passage, so gradients are too)."""
-        if batch.tokens.dim() != 2:
-            raise AttnAuditError(f"{self.config.model} expects tokens (B,T), got shape {tuple(batch.tokens.shape)}")
-        check_ids(batch.tokens, self.config.vocab_size, "token")
-        return self.embedding(batch.tokens)
-
-    def encoder_states(self, embeddings: Tensor, mask: Tensor) -> Tensor:
-        """Passage encoder states ``(B,T,d)`` from embeddings."""
-        return self.encoder(embeddings, mask)
 
     def encode_query(self, batch: Batch) -> Tensor:
         """The question vector ``(B,d)``: mean of the question states over real tokens."""

@@ -41,10 +41,11 @@ from attnaudit.models.base import (
 CONTENT_GAIN = 0.3
 """Initial RMS of the content embedding, against 0.71 for the sinusoidal positions.
 
-Measured on CoNLL-2000 chunking with a 1-layer 4-head tagger: with content and positions
-at comparable size the heads learn neighbour (offset +-1, +-2) attention slowly and the
-words are memorised instead (test F1 plateaus near 0.88); at 0.3 the heads become
-positional within two epochs. SST-2 accuracy is unaffected.
+Measured on CoNLL-2000 chunking with a 1-layer 4-head tagger: with content about as large
+as the positions (Vaswani's sqrt(d_model) scaling) the heads learn neighbour (offset +-1,
++-2) attention slowly, the words are memorised instead and test F1 stalls at 0.87-0.88
+after 10-17 epochs; at 0.3 the heads turn positional within two epochs and F1 passes 0.90
+in six. SST dev accuracy is unchanged (0.79-0.80 on the Jain & Wallace split).
 """
 
 
