@@ -23,7 +23,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Literal
 
-import torch
 from torch import Tensor, nn
 
 TaskType = Literal["classification", "pair", "tagging", "seq2seq"]
@@ -46,9 +45,6 @@ class Intervention:
     weights: Tensor | WeightsFn | None = None
     keys: Tensor | KeysFn | None = None
     normaliser: str | None = None
-
-    def applies_to(self, layer: int) -> bool:
-        return self.layer is None or self.layer == layer
 
 
 def uniform_weights(weights: Tensor, mask: Tensor) -> Tensor:
@@ -235,6 +231,13 @@ class AttentionModel(nn.Module):
         return self.decode(self.encode(batch, embeddings), interventions)
 
 
-def interventions_for(interventions: Sequence[Intervention], layer: int) -> list[Intervention]:
-    """The interventions that apply to attention layer ``layer``, in order."""
-    return [iv for iv in interventions if iv.applies_to(layer)]
+def interventions_for(interventions: Sequence[Intervention], layer: int, num_layers: int) -> list[Intervention]:
+    """The interventions that apply to attention layer ``layer`` of ``num_layers``, in order.
+
+    Negative layer numbers count from the end, as in ``Intervention(layer=model.explained_layer)``.
+    """
+    return [
+        iv
+        for iv in interventions
+        if iv.layer is None or iv.layer == layer or (iv.layer < 0 and iv.layer % num_layers == layer)
+    ]

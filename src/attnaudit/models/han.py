@@ -24,6 +24,7 @@ from attnaudit.models.base import (
     Intervention,
     ModelConfig,
     ModelOutput,
+    interventions_for,
 )
 from attnaudit.models.rnn import (
     AttentionClassifier,
@@ -31,7 +32,7 @@ from attnaudit.models.rnn import (
     attend,
     build_scorer,
     check_ids,
-    layer_interventions,
+
     resolve_start_layer,
 )
 
@@ -103,7 +104,7 @@ class HierarchicalAttentionNetwork(AttentionModel):
                 cache.mask.bool(),
                 self.word_scorer,
                 self.config.attention,
-                layer_interventions(interventions, 0, 2),
+                interventions_for(interventions, 0, 2),
                 name="word",
             )
             trace.layers.append(record)
@@ -115,7 +116,7 @@ class HierarchicalAttentionNetwork(AttentionModel):
             sentence_mask,
             self.sentence_scorer,
             self.config.attention,
-            layer_interventions(interventions, 1, 2),
+            interventions_for(interventions, 1, 2),
             name="sentence",
         )
         trace.layers.append(record)

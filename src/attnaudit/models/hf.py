@@ -28,7 +28,7 @@ import contextlib
 import shutil
 from collections.abc import Iterator, Sequence
 from contextvars import ContextVar
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -269,13 +269,6 @@ class HFAttentionModel(AttentionModel):
         states = self.hf.base_model.embeddings(input_ids=None, **kwargs)
         return Cache(states=states, mask=batch.mask.bool(), layer=0)
 
-    def _layer_interventions(self, interventions: Sequence[Intervention]) -> dict[int, list[Intervention]]:
-        n = self.num_attention_layers
-        resolved = [
-            replace(iv, layer=iv.layer % n) if iv.layer is not None and -n <= iv.layer < 0 else iv for iv in interventions
-        ]
-        return {layer: interventions_for(resolved, layer) for layer in range(n)}
-
     def decode(
         self,
         cache: Cache,
@@ -290,7 +283,7 @@ class HFAttentionModel(AttentionModel):
         x, mask = cache.states, cache.mask.bool()
         # HF's additive padding mask, used only if a layer's attention is not ours (it always is).
         additive = (~mask)[:, None, None, :].to(x.dtype) * torch.finfo(x.dtype).min
-        state = _Active(layer_of=self._layer_of, mask=mask, interventions=self._layer_interventions(interventions))
+        state = _Active(layer_of=self._layer_of, mask=mask, interventions={l: interventions_for(interventions, l, self.num_attention_layers) for l in range(self.num_attention_layers)})
         token = _ACTIVE.set(state)
         trace = AttentionTrace()
         try:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Literal
 
 import torch
@@ -169,15 +168,6 @@ def build_scorer(kind: str, key_dim: int, hidden_dim: int, query_dim: int | None
     raise AttnAuditError(f"unknown attention scorer {kind!r}; choose one of {', '.join(SCORERS)}")
 
 
-def layer_interventions(interventions: Sequence[Intervention], layer: int, num_layers: int) -> list[Intervention]:
-    """Interventions for ``layer``, also matching negative indices (``Intervention(layer=-1)``)."""
-    resolved = [
-        replace(iv, layer=iv.layer % num_layers) if iv.layer is not None and -num_layers <= iv.layer < 0 else iv
-        for iv in interventions
-    ]
-    return interventions_for(resolved, layer)
-
-
 def resolve_start_layer(cache: Cache, start_layer: int | None, num_layers: int) -> int:
     """The layer ``decode`` starts at; it must be the one whose inputs ``cache`` holds."""
     start = cache.layer if start_layer is None else start_layer
@@ -282,7 +272,7 @@ class AttentionClassifier(_SingleAttentionModel):
             cache.mask.bool(),
             self.scorer,
             self.config.attention,
-            layer_interventions(interventions, 0, 1),
+            interventions_for(interventions, 0, 1),
         )
         return ModelOutput(logits=self.output(context), trace=AttentionTrace([record]))
 
@@ -336,7 +326,7 @@ class PairAttentionClassifier(_SingleAttentionModel):
             cache.mask.bool(),
             self.scorer,
             self.config.attention,
-            layer_interventions(interventions, 0, 1),
+            interventions_for(interventions, 0, 1),
             query=q,
         )
         features = torch.cat([context, q, context * q, (context - q).abs()], dim=-1)

@@ -26,7 +26,7 @@ import math
 import shutil
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -198,12 +198,7 @@ class Seq2SeqTransformer(AttentionModel):
     # --- attention stacks ------------------------------------------------------------
 
     def _interventions(self, interventions: Sequence[Intervention], layer: int) -> list[Intervention]:
-        total = self.num_attention_layers
-        resolved = [
-            replace(iv, layer=iv.layer % total) if iv.layer is not None and -total <= iv.layer < 0 else iv
-            for iv in interventions
-        ]
-        return interventions_for(resolved, layer)
+        return interventions_for(interventions, layer, self.num_attention_layers)
 
     def run_encoder(
         self, states: Tensor, mask: Tensor, interventions: Sequence[Intervention] = (), start: int = 0,

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import replace
 
 import torch
 from torch import Tensor, nn
@@ -257,15 +256,6 @@ class TransformerEncoderModel(AttentionModel):
         extra = {"text_len": t} if self.segment is not None else {}
         return Cache(states=states, mask=mask, layer=0, extra=extra)
 
-    def _layer_interventions(self, interventions: Sequence[Intervention], layer: int) -> list[Intervention]:
-        """Interventions for ``layer``, also matching negative indices (``explained_layer = -1``)."""
-        n = len(self.layers)
-        resolved = [
-            replace(iv, layer=iv.layer % n) if iv.layer is not None and -n <= iv.layer < 0 else iv
-            for iv in interventions
-        ]
-        return interventions_for(resolved, layer)
-
     def decode(
         self,
         cache: Cache,
@@ -280,7 +270,7 @@ class TransformerEncoderModel(AttentionModel):
         x, mask = cache.states, cache.mask.bool()
         trace = AttentionTrace()
         for index in range(start % n, n):
-            x, record = self.layers[index](x, mask, self._layer_interventions(interventions, index), f"layer{index}")
+            x, record = self.layers[index](x, mask, interventions_for(interventions, index, len(self.layers)), f"layer{index}")
             trace.layers.append(record)
         return ModelOutput(logits=self.head(x, mask), trace=trace)
 
