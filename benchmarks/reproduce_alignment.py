@@ -52,6 +52,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)  # the machine is shared; one thread was the fastest under load
     start = time.perf_counter()
+    trains_now = not (args.out / "metrics.json").exists()
     run = train_nmt(
         "europarl-deen", args.out, data_dir=args.data_dir, epochs=args.epochs, max_steps=args.max_steps,
         seed=args.seed, **SIZE,
@@ -85,6 +86,7 @@ def main() -> None:
             "bleu_note": "greedy, sacrebleu 13a, cased; validation = newstest (news), out of domain for Europarl",
             "aer_by_layer": layers,
             "summary": result.summary,
+            "diagonal_baseline_aer": result.summary["diagonal_baseline"],
             "verdict": verdict,
             "published": result.meta["published"],
             "notes": [
@@ -97,6 +99,7 @@ def main() -> None:
             "bleu_seconds": metrics.get("bleu_seconds"),
             "alignment_seconds": result.meta["seconds"],
             "wall_seconds": time.perf_counter() - start,
+            "trained_in_this_invocation": trains_now,
             "train_phase_wall_seconds": trained - start,
         },
     )

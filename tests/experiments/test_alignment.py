@@ -11,7 +11,7 @@ import torch
 
 from attnaudit.data.alignment import synthetic_translation
 from attnaudit.experiments import run_test
-from attnaudit.experiments.alignment import Alignment, argmax_links, word_scores
+from attnaudit.experiments.alignment import Alignment, argmax_links, diagonal_links, word_scores
 from attnaudit.metrics import aer
 from attnaudit.progress import set_quiet
 
@@ -21,6 +21,7 @@ def test_word_scores_average_subwords_on_both_sides():
     words = word_scores(scores, target_words=[0, 0], source_words=[0, 0, 1])
     assert torch.allclose(words, torch.tensor([[4.0, 1.0]]))
     assert argmax_links(torch.tensor([[0.1, 0.9], [0.7, 0.3], [0.2, 0.8]])) == {(1, 0), (0, 1), (1, 2)}
+    assert diagonal_links(2, 4) == {(0, 0), (0, 1), (1, 2), (1, 3)} and diagonal_links(3, 3) == {(0, 0), (1, 1), (2, 2)}
 
 
 @pytest.fixture(scope="module")
@@ -49,6 +50,7 @@ def test_trained_model_aligns_synthetic_translation(nmt):
     sure = {(n, s, t) for n, ex in enumerate(data.test) for s, t in ex.meta["sure"]}
     baseline = 100 * aer(monotone, sure, set())
     assert best < 35.0 < baseline
+    assert result.summary["diagonal_baseline"] > 35.0
     layers = result.tables["layers"]
     assert len(layers) == 4 and {r["setting"] for r in layers} == {"output", "input"}
     assert len(result.instances) == 100 and "aer_output_norm_L2" in result.instances[0]

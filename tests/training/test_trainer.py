@@ -86,3 +86,11 @@ def test_kill_during_training_then_resume_matches_uninterrupted(tmp_path: Path) 
     resumed = load_file(tmp_path / "killed" / "model.safetensors")
     assert all(torch.equal(full[k], resumed[k]) for k in full)
     assert _metrics(tmp_path / "full") == _metrics(tmp_path / "killed")
+
+
+def test_lr_schedule_warms_up_then_decays() -> None:
+    from attnaudit.training.trainer import lr_factor
+
+    assert lr_factor(5, 0, 100) == 1.0
+    assert [lr_factor(s, 4, 12) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
+    assert lr_factor(8, 4, 12) == 0.5 and lr_factor(12, 4, 12) == 0.0

@@ -101,6 +101,11 @@ def alignment_scores(run: Run, examples: list[Example], batch_size: int = 16) ->
     return out
 
 
+def diagonal_links(source_words: int, target_words: int) -> set[tuple[int, int]]:
+    """The position-only baseline: target word ``t`` to source word ``⌊(t + ½)·S/T⌋``."""
+    return {(min(source_words - 1, int((t + 0.5) * source_words / target_words)), t) for t in range(target_words)}
+
+
 def _links(example: Example, key: str) -> set[tuple[int, int]]:
     return {(int(s), int(t)) for s, t in example.meta.get(key, [])}
 
@@ -131,7 +136,7 @@ class Alignment(Experiment):
             "subword scores merged to words by averaging over source and target subwords; </s> is not a candidate",
             "norm = ||sum_h alpha^h f_h(x)|| (heads summed as vectors); weight = alpha averaged over heads",
             "output setting: the step that predicts the target word; input: the step that reads it (shifted by one)",
-            "AER in percent, corpus level (Och & Ney 2003)",
+            "AER in percent, corpus level (Och & Ney 2003); diagonal_baseline: position-only alignment, no model",
         ]
         if options.gold:
             from attnaudit.data.alignment import read_rwth
@@ -179,6 +184,10 @@ class Alignment(Experiment):
             summary[f"{setting}_norm_better_layers"] = sum(
                 r["aer_norm"] < r["aer_weight"] for r in rows if r["setting"] == setting
             )
+        diagonal = {
+            (n, *link) for n, ex in enumerate(examples) for link in diagonal_links(len(ex.tokens), len(ex.target or []))
+        }
+        summary["diagonal_baseline"] = 100 * aer(diagonal, gold_sure, gold_possible)
         summary["layers"] = blocks
         summary["pairs"] = len(examples)
         return Result(

@@ -28,6 +28,7 @@ The KL term is unbounded above except by the ``1e-10`` smoothing of :func:`attna
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -145,6 +146,8 @@ def tagging_loss(base: AttentionModel, lam: float) -> LossFn:
 
 
 INITS = ("scratch", "base")
+KL_CEILING = -math.log(1e-10)  # largest KL of one row under metrics.kl's 1e-10 smoothing (nats)
+CEILING_SHARE = 0.75
 DEFAULT_INIT = {"classification": "scratch", "pair": "scratch", "tagging": "base"}
 
 
@@ -316,14 +319,21 @@ class GlobalAdversary(Experiment):
                 summary[f"tvd@{lam:g}"] = row["mean_tvd"]
         if tagging:
             fit = breakpoint_fit(np.array([r["mean_kl"] for r in table]), np.array([r["mean_nll"] for r in table]))
-            summary["breakpoint_kl"] = fit["breakpoint"]
+            rises = fit["slope_after"] > fit["slope_before"]
+            summary["breakpoint_kl"] = fit["breakpoint"] if rises else float("nan")
             summary["nll_slope_before"] = fit["slope_before"]
             summary["nll_slope_after"] = fit["slope_after"]
             notes.append(
                 "breakpoint: continuous two-segment piecewise-linear least-squares fit of mean NLL against mean KL over "
                 "the λ points, breakpoint searched on a grid between the 2nd-smallest and 2nd-largest KL "
-                "(needs ≥ 4 distinct KL values)"
+                "(needs ≥ 4 distinct KL values); NaN when NLL does not rise more steeply after it"
             )
+            if max(r["mean_kl"] for r in table) > CEILING_SHARE * KL_CEILING:
+                notes.append(
+                    f"mean KL reaches {max(r['mean_kl'] for r in table):.1f} nats, near the {KL_CEILING:.1f}-nat ceiling of "
+                    "the 1e-10-smoothed KL: the adversary's attention leaves the base's support, and λ in this range no "
+                    "longer controls how far it moves; smaller λ values trace the rise"
+                )
             published: dict[str, Any] = dict(PUBLISHED_TAGGING)
         else:
             published = dict(PUBLISHED_CLASSIFICATION)

@@ -82,6 +82,20 @@ class TrainConfig:
     max_vocab: int | None = None
     vectors: str | None = None
     features: bool = False
+    warmup: int = 0
+    """Linear warmup over this many steps, then linear decay to 0 at the last epoch; 0 = constant lr."""
+
+
+def lr_factor(step: int, warmup: int, total: int) -> float:
+    """The learning-rate multiplier at optimiser step ``step`` (0-based) of ``total``.
+
+    Stateless (a function of the step alone), so a resumed run follows the same schedule.
+    """
+    if warmup <= 0:
+        return 1.0
+    if step < warmup:
+        return (step + 1) / warmup
+    return max(0.0, (total - step) / max(1, total - warmup))
 
 
 def _dev_score(scores: dict[str, float], task_type: str) -> float:
@@ -286,11 +300,16 @@ def train(
         start = time.perf_counter()
         net.train()
         total, count = 0.0, 0
-        for batch in track(
-            run.batches(data.train, cfg.batch_size, shuffle=True, seed=cfg.seed * 1000 + epoch),
-            f"epoch {epoch}/{cfg.epochs}",
-            total=n_batches,
+        for step, batch in enumerate(
+            track(
+                run.batches(data.train, cfg.batch_size, shuffle=True, seed=cfg.seed * 1000 + epoch),
+                f"epoch {epoch}/{cfg.epochs}",
+                total=n_batches,
+            ),
+            start=(epoch - 1) * n_batches,
         ):
+            for group in optimizer.param_groups:
+                group["lr"] = cfg.lr * lr_factor(step, cfg.warmup, cfg.epochs * n_batches)
             logits = net(batch).logits
             loss = loss_fn(logits.reshape(-1, logits.shape[-1]), batch.labels.reshape(-1))
             optimizer.zero_grad()
