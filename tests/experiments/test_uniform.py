@@ -16,7 +16,7 @@ from attnaudit.metrics import jsd, output_change
 from attnaudit.models.base import uniform_weights
 from attnaudit.progress import set_quiet
 from attnaudit.run import Run
-from attnaudit.training.adversary import train_variant
+from attnaudit.training.adversary import Variant, train_variant
 from attnaudit.training.trainer import predict, train
 
 set_quiet(True)
@@ -104,3 +104,14 @@ def test_not_applicable_without_run_config_or_directory(clf: Run) -> None:
     assert experiment.applies(clf) is None
     assert "(hf) does not have" in experiment.applies(dataclasses.replace(clf, info={"kind": "hf"}))
     assert "no directory" in experiment.applies(dataclasses.replace(clf, path=None))
+
+
+def test_sub_runs_follow_the_base_learning_rate_schedule(clf: Run, tmp_path: Path) -> None:
+    def moved(warmup: int) -> float:
+        info = {**clf.info, "train": {**clf.info["train"], "warmup": warmup}}
+        base = dataclasses.replace(clf, info=info)
+        sub = train_variant(base, tmp_path / f"warmup-{warmup}", Variant(key={"kind": "t"}, start=clf.model), epochs=1)
+        return max(float((sub.model.state_dict()[k] - v).abs().max()) for k, v in clf.model.state_dict().items())
+
+    # a warmup far longer than the run keeps the learning rate near 0: the weights hardly leave the start
+    assert moved(10**7) < 1e-4 < moved(0)

@@ -55,7 +55,7 @@ from attnaudit.training.checkpoint import (
     save_model,
     write_config,
 )
-from attnaudit.training.trainer import InterventionsFn, TrainConfig, evaluate_examples, train
+from attnaudit.training.trainer import InterventionsFn, TrainConfig, evaluate_examples, lr_factor, train
 
 LossFn = Callable[[Batch, ModelOutput], Tensor]
 """``loss(batch, output) -> scalar``: the mean loss of one batch given the model's output on it."""
@@ -249,10 +249,10 @@ def train_variant(
 ) -> SubRun:
     """Train (or load, when finished with the same config) one sub-run of ``variant`` into ``out``.
 
-    Same loop as standard training — Adam, gradient clipping, shuffled length-bucketed
-    batches with a per-epoch seed, dev selection with the base's patience — with the
-    variant's interventions and loss. The selected weights are reloaded and scored on dev
-    and test (with the interventions); ``metrics.json`` is written last.
+    Same loop as standard training — Adam with the base's learning-rate schedule, gradient
+    clipping, shuffled length-bucketed batches with a per-epoch seed, dev selection with the
+    base's patience — with the variant's interventions and loss. The selected weights are
+    reloaded and scored on dev and test (with the interventions); ``metrics.json`` is written last.
     """
     out = Path(out)
     settings = train_settings(base, epochs, seed)
@@ -301,7 +301,10 @@ def train_variant(
         net.train()
         total, count = 0.0, 0
         batches = base.batches(data.train, cfg.batch_size, shuffle=True, seed=cfg.seed * 1000 + epoch)
-        for batch in track(batches, f"{label or out.name} epoch {epoch}/{cfg.epochs}", total=n_batches):
+        tracked = track(batches, f"{label or out.name} epoch {epoch}/{cfg.epochs}", total=n_batches)
+        for step, batch in enumerate(tracked, start=(epoch - 1) * n_batches):
+            for group in optimizer.param_groups:  # the base's learning-rate schedule (warmup, decay)
+                group["lr"] = cfg.lr * lr_factor(step, cfg.warmup, cfg.epochs * n_batches)
             loss = loss_fn(batch, _forward(net, batch, variant.interventions))
             optimizer.zero_grad()
             loss.backward()
