@@ -83,12 +83,12 @@ def test_missing_empty_and_bad_gzip_files(tmp_path: Path) -> None:
 
 # --- CoNLL ------------------------------------------------------------------------------------
 
-CONLL = "Confidence NN B-NP\nin IN B-PP\nthe DT B-NP\n\n\nHe PRP B-NP\nwalks VBZ B-VP\n"
+CONLL = "Patience NN B-NP\nin IN B-PP\nthe DT B-NP\n\n\nHe PRP B-NP\nwalks VBZ B-VP\n"
 
 
 def test_read_conll(tmp_path: Path) -> None:
     examples = read_conll(write(tmp_path / "c.txt", CONLL))
-    assert [e.tokens for e in examples] == [["Confidence", "in", "the"], ["He", "walks"]]
+    assert [e.tokens for e in examples] == [["Patience", "in", "the"], ["He", "walks"]]
     assert examples[0].tags == ["B-NP", "B-PP", "B-NP"]
     assert examples[1].meta["features"] == ["PRP", "VBZ"]
     assert examples[1].meta["source"].endswith("c.txt:6")

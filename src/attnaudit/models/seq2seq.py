@@ -430,11 +430,11 @@ def train_nmt(
         CONFIG,
         METRICS,
         WEIGHTS,
-        load_optimizer,
+        clear_checkpoint,
         load_state_into,
+        resume_epoch,
+        save_epoch,
         save_model,
-        save_optimizer,
-        save_tensors,
         write_config,
     )
 
@@ -490,20 +490,13 @@ def train_nmt(
     optimizer = torch.optim.Adam(net.parameters(), lr=cfg.lr, betas=(0.9, 0.98), eps=1e-9)
 
     out.mkdir(parents=True, exist_ok=True)
-    ckpt = out / "checkpoint"
-    state_file = ckpt / "state.json"
     state: dict[str, Any] = {"epoch": 0, "step": 0, "best": float("inf"), "bad": 0, "history": [], "seconds": 0.0}
-    if resume and state_file.exists() and read_json(state_file).get("hash") == config_hash:
-        state = read_json(state_file)
-        load_state_into(net, ckpt / "last.safetensors")
-        torch.set_rng_state(load_optimizer(ckpt / "optimizer.safetensors", optimizer)["rng"])
+    restored = resume_epoch(out, net, optimizer, config_hash) if resume else None
+    if restored is not None:
+        state = restored
         status(f"resuming {out} after epoch {state['epoch']}")
     else:
-        for stale in (out / METRICS, ckpt):
-            if stale.is_dir():
-                shutil.rmtree(stale)
-            elif stale.exists():
-                stale.unlink()
+        clear_checkpoint(out)
         write_config(out, run_config)
         source.save(out / SOURCE_BPE)
         target.save(out / TARGET_BPE)
@@ -547,9 +540,7 @@ def train_nmt(
         state["history"].append({"epoch": epoch, "train_loss": total / max(count, 1), "dev": dev})
         status(f"epoch {epoch}: train loss {total / max(count, 1):.4f} (smoothed), dev loss {dev['loss']:.4f}"
                f"{' *' if improved else ''}")
-        save_tensors(ckpt / "last.safetensors", net.state_dict())
-        save_optimizer(ckpt / "optimizer.safetensors", optimizer, {"rng": torch.get_rng_state()})
-        atomic_write_json(state_file, {**state, "hash": config_hash})
+        save_epoch(out, net, optimizer, state, config_hash)
 
     load_state_into(net, out / WEIGHTS)
     net.eval()
@@ -573,7 +564,7 @@ def train_nmt(
         metrics["bleu_seconds"] = time.perf_counter() - start
         metrics["bleu"] = f"greedy decoding, sacrebleu 13a, cased, on {bleu_split} ({len(examples)} sentences)"
     atomic_write_json(out / METRICS, metrics)
-    shutil.rmtree(ckpt, ignore_errors=True)
+    shutil.rmtree(out / "checkpoint", ignore_errors=True)  # the run is complete: no resume needed
     status(f"[green]done[/]: dev loss {metrics['dev']['loss']:.4f}"
            + (f", {bleu_split} BLEU {metrics[f'{bleu_split}_bleu']:.2f}" if bleu_split else ""))
     return run

@@ -123,3 +123,34 @@ def load_optimizer(path: Path, optimizer: torch.optim.Optimizer) -> dict[str, to
         state.setdefault(int(pid), {})[name] = value
     optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
     return extra
+
+
+def resume_epoch(out: Path, model: nn.Module, optimizer: torch.optim.Optimizer, config_hash: str) -> dict[str, Any] | None:
+    """Restore the last finished epoch of a killed run with the same config hash.
+
+    Returns its saved training state (model, optimizer and torch RNG are restored), or None
+    when there is no matching checkpoint.
+    """
+    state_file = Path(out) / "checkpoint" / "state.json"
+    if not (state_file.exists() and read_json(state_file).get("hash") == config_hash):
+        return None
+    state = read_json(state_file)
+    load_state_into(model, state_file.parent / "last.safetensors")
+    torch.set_rng_state(load_optimizer(state_file.parent / "optimizer.safetensors", optimizer)["rng"])
+    return state
+
+
+def clear_checkpoint(out: Path) -> None:
+    """Remove a stale epoch checkpoint and ``metrics.json`` before a run starts afresh."""
+    import shutil
+
+    (Path(out) / METRICS).unlink(missing_ok=True)
+    shutil.rmtree(Path(out) / "checkpoint", ignore_errors=True)
+
+
+def save_epoch(out: Path, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any], config_hash: str) -> None:
+    """Checkpoint an epoch: weights, then optimizer + RNG, then ``state.json`` last (the commit point)."""
+    ckpt = Path(out) / "checkpoint"
+    save_tensors(ckpt / "last.safetensors", model.state_dict())
+    save_optimizer(ckpt / "optimizer.safetensors", optimizer, {"rng": torch.get_rng_state()})
+    atomic_write_json(ckpt / "state.json", {**state, "hash": config_hash})

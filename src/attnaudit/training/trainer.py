@@ -35,11 +35,11 @@ from attnaudit.training.checkpoint import (
     METRICS,
     VOCAB,
     WEIGHTS,
-    load_optimizer,
+    clear_checkpoint,
     load_state_into,
+    resume_epoch,
+    save_epoch,
     save_model,
-    save_optimizer,
-    save_tensors,
     write_config,
 )
 
@@ -273,21 +273,13 @@ def train(
     run = Run(model=net, collate=collate, task=spec, path=out, device=dev_device, info=run_config, _data=data)
 
     out.mkdir(parents=True, exist_ok=True)
-    ckpt = out / "checkpoint"
-    state_file = ckpt / "state.json"
     state: dict[str, Any] = {"epoch": 0, "best": float("-inf"), "bad": 0, "history": [], "seconds": 0.0}
-    if resume and state_file.exists() and read_json(state_file).get("hash") == config_hash:
-        state = read_json(state_file)
-        load_state_into(net, ckpt / "last.safetensors")
-        rng = load_optimizer(ckpt / "optimizer.safetensors", optimizer)
-        torch.set_rng_state(rng["rng"])
+    restored = resume_epoch(out, net, optimizer, config_hash) if resume else None
+    if restored is not None:
+        state = restored
         status(f"resuming {out} after epoch {state['epoch']}")
     else:
-        for stale in (out / METRICS, ckpt):
-            if stale.is_dir():
-                shutil.rmtree(stale)
-            elif stale.exists():
-                stale.unlink()
+        clear_checkpoint(out)
         write_config(out, run_config)
         vocab.save(out / VOCAB)
         if feature_vocab is not None:
@@ -330,10 +322,7 @@ def train(
         state["epoch"] = epoch
         state["history"].append({"epoch": epoch, "train_loss": total / max(count, 1), "dev": scores})
         status(f"epoch {epoch}: train loss {total / max(count, 1):.4f}, dev {score:.4f}{' *' if improved else ''}")
-        # Commit order: weights, then optimizer/RNG, then state.json last (the commit point).
-        save_tensors(ckpt / "last.safetensors", net.state_dict())
-        save_optimizer(ckpt / "optimizer.safetensors", optimizer, {"rng": torch.get_rng_state()})
-        atomic_write_json(state_file, {**state, "hash": config_hash})
+        save_epoch(out, net, optimizer, state, config_hash)
 
     load_state_into(net, out / WEIGHTS)
     net.eval()
@@ -348,7 +337,7 @@ def train(
         "notes": data.notes,
     }
     atomic_write_json(out / METRICS, metrics)
-    shutil.rmtree(ckpt, ignore_errors=True)
+    shutil.rmtree(out / "checkpoint", ignore_errors=True)  # the run is complete: no resume needed
     if not quiet_eval:
         status(f"[green]done[/]: dev {metrics['dev']}, test {metrics['test']}")
     return run
