@@ -38,8 +38,20 @@ def register_task(name: str, description: str) -> Callable[[TaskLoader], TaskLoa
     return decorate
 
 
+# Modules that register more tasks; imported on first use (they import this module).
+_TASK_MODULES = ("attnaudit.data.alignment",)
+
+
+def _discover() -> None:
+    from importlib import import_module
+
+    for module in _TASK_MODULES:
+        import_module(module)
+
+
 def list_tasks() -> list[tuple[str, str]]:
     """``(name, description)`` of every registered task, sorted by name."""
+    _discover()
     return sorted((name, desc) for name, (desc, _) in _REGISTRY.items())
 
 
@@ -337,6 +349,8 @@ def load_task(
         data_dir = os.environ[DATA_ENV]
     directory = None if data_dir is None else Path(data_dir).expanduser()
     given = {role: _extra_split(s, role) for role, s in (("dev", dev), ("test", test)) if s is not None}
+    if spec not in _REGISTRY:
+        _discover()
     if spec in _REGISTRY:
         task = _REGISTRY[spec][1](directory, seed)
         if given:
