@@ -418,7 +418,11 @@ def _make_run_command(name: str, experiment: Any) -> None:
         inspect.Parameter("quiet", inspect.Parameter.KEYWORD_ONLY, default=False, annotation=Quiet),
     ]
     command.__signature__ = inspect.Signature(common_params + own)  # type: ignore[attr-defined]
-    command.__doc__ = f"{experiment.description} ({experiment.paper})" if experiment.paper else experiment.description
+    about = f"{experiment.description} ({experiment.paper})" if experiment.paper else experiment.description
+    command.__doc__ = (
+        f"{about}\n\nExamples: attnaudit run {name} runs/sst --limit 200 --data-dir ../shared/data\n\n"
+        f"attnaudit run {name} --hf minilm --task sst2 --out results/minilm --data-dir ../shared/data"
+    )
     run_app.command(name=name)(command)
 
 
