@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +23,7 @@ from attnaudit.experiments.global_adversary import (
     breakpoint_fit,
     classification_loss,
     differentiable_kl,
+    entry_scale,
     tagging_loss,
 )
 from attnaudit.metrics import kl
@@ -126,6 +128,25 @@ def test_tagging_objective_on_a_hand_case() -> None:
     for lam in (0.0, 0.2, 3.0):
         loss = tagging_loss(base, lam)(batch, adv(batch))
         assert float(loss) == pytest.approx(nll - lam * sum(kl_rows) / 2, abs=1e-8)
+        # entry scale: the same KL sum over the 1 head × 2 × 2 real attention entries
+        entry = tagging_loss(base, lam, "entry")(batch, adv(batch))
+        assert float(entry) == pytest.approx(nll - lam * sum(kl_rows) / 4, abs=1e-8)
+    with pytest.raises(AttnAuditError, match="--kl-scale"):
+        tagging_loss(base, 1.0, "row")
+
+
+def test_entry_scale_pools_like_kl_div_mean() -> None:
+    # two sentences (n = 2 and 3) of one head: kl_div(reduction="mean") over their attention entries
+    rows = np.array([2.0, 3.0])
+    per_token = np.array([0.4, 0.9])  # mean KL per row of each sentence
+    assert entry_scale(per_token, rows) == pytest.approx((0.4 * 2 + 0.9 * 3) / (4 + 9))
+    p = torch.tensor([[0.5, 0.5], [0.9, 0.1]])
+    q = torch.tensor([[0.2, 0.8], [0.6, 0.4]])
+    with warnings.catch_warnings():  # torch warns that "mean" divides by the support size: that is the point
+        warnings.simplefilter("ignore", UserWarning)
+        reference = torch.nn.functional.kl_div(q.log(), p, reduction="mean")  # mean over the 2 × 2 entries
+    per_row = (p * (p / q).log()).sum(-1).mean()
+    assert entry_scale(np.array([float(per_row)]), np.array([2.0])) == pytest.approx(float(reference), rel=1e-6)
 
 
 # ------------------------------------------------------------------------- breakpoint
@@ -184,6 +205,20 @@ def test_tagging_sweep_reports_kl_nll_and_breakpoint(tagger: Run, tmp_path: Path
     assert all(row["mean_nll"] >= 0 for row in result.tables["lambdas"])
     assert (tmp_path / "global_adversary_nll_vs_kl.png").exists()
     assert any("piecewise-linear" in note for note in result.meta["notes"])
+
+
+def test_entry_scale_sweep_has_its_own_subruns_and_axis(tagger: Run, clf: Run, tmp_path: Path) -> None:
+    result = run_test("global-adversary", tagger, lambdas=[0.2, 3.0], epochs=1, kl_scale="entry", out=tmp_path, limit=12)
+    root = Path(tagger.path) / "subruns" / "global-adversary"
+    assert (root / "lambda-3-seed-0-from-base-kl-entry" / "metrics.json").exists()
+    row = result.tables["lambdas"][1]
+    assert result.summary["kl_scale"] == "entry" and result.summary["kl@3"] == row["mean_kl_entry"]
+    assert 0 < row["mean_kl_entry"] < row["mean_kl"]  # divided by sentence lengths > 1
+    probe = run_test("probe", tagger, lambdas=[3.0], variants=["frozen"], epochs=1, adversary_kl_scale="entry",
+                     out=tmp_path, plot=False, limit=12)
+    assert "adversary λ=3 (entry KL)/frozen" in probe.summary
+    with pytest.raises(AttnAuditError, match="tagging objective only"):
+        adversary_variant(clf, 0.1, "scratch", "entry")
 
 
 def test_tagging_adversary_starts_from_the_base_by_default(tagger: Run, tmp_path: Path) -> None:

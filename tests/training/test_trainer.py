@@ -94,3 +94,31 @@ def test_lr_schedule_warms_up_then_decays() -> None:
     assert lr_factor(5, 0, 100) == 1.0
     assert [lr_factor(s, 4, 12) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
     assert lr_factor(8, 4, 12) == 0.5 and lr_factor(12, 4, 12) == 0.0
+
+
+def test_word_dropout_replaces_only_real_words_and_is_seeded() -> None:
+    from attnaudit.data.types import Batch
+    from attnaudit.training.trainer import drop_words
+
+    tokens = torch.tensor([[2, 5, 6, 7, 0, 0], [3, 8, 9, 1, 4, 0]])
+    batch = Batch(tokens=tokens, mask=tokens != 0, query=torch.tensor([[5, 6, 0]]), query_mask=torch.tensor([[1, 1, 0]]).bool())
+    assert torch.equal(drop_words(batch, 0.0, 1, 3, torch.Generator().manual_seed(0)).tokens, tokens)
+    everything = drop_words(batch, 1.0, 1, 3, torch.Generator().manual_seed(0))
+    # words (id >= 3) become <unk>; padding and the special id 2 stay; the query is dropped too
+    assert everything.tokens.tolist() == [[2, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 0]]
+    assert everything.query.tolist() == [[1, 1, 0]]
+    big = Batch(tokens=torch.randint(3, 100, (64, 50)), mask=torch.ones(64, 50, dtype=torch.bool))
+    first = drop_words(big, 0.3, 1, 3, torch.Generator().manual_seed(7)).tokens
+    assert torch.equal(first, drop_words(big, 0.3, 1, 3, torch.Generator().manual_seed(7)).tokens)
+    assert abs(float((first == 1).float().mean()) - 0.3) < 0.03
+
+
+def test_word_dropout_trains_and_default_keeps_old_config_hash(tmp_path: Path) -> None:
+    from attnaudit.training.trainer import _config_hash
+
+    run = train("synthetic", "bilstm", tmp_path / "run", epochs=1, seed=1, word_dropout=0.2, **TINY)
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert config["train"]["word_dropout"] == 0.2 and run.model is not None
+    plain = {"model": {"a": 1}, "train": {"epochs": 2}}
+    assert _config_hash({**plain, "train": {"epochs": 2, "word_dropout": 0.0}}) == _config_hash(plain)
+    assert _config_hash({**plain, "train": {"epochs": 2, "word_dropout": 0.1}}) != _config_hash(plain)

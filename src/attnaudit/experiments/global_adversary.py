@@ -24,6 +24,13 @@ model's weights (``--init base``, the tagging default: fine-tuned away from the 
 starts at KL 0, whereas a fresh Transformer's starts nats away, beyond the study's KL scale).
 The KL term is unbounded above except by the ``1e-10`` smoothing of :func:`attnaudit.metrics.kl`
 (at most ≈ 23 nats per row), so an adversary that can afford it drives its attention there.
+
+The tagging KL has two scales (``--kl-scale``): ``token``, the mean KL per real token and head
+(the issue's definition, the default), and ``entry``, the mean over every entry of each
+sentence's ``heads × n × n`` attention (the token scale divided by the sentence length ``n``),
+which is what ``torch.nn.functional.kl_div(..., reduction="mean")`` returns for a sentence. The
+study's KL values (breakpoint ≈ 0.33) are consistent with the entry scale: on our CoNLL model the
+NLL rises at ≈ 13 nats per token, ≈ 0.33 × the mean sentence length.
 """
 
 from __future__ import annotations
@@ -127,8 +134,18 @@ def classification_loss(base: AttentionModel, lam: float) -> LossFn:
     return loss
 
 
-def tagging_loss(base: AttentionModel, lam: float) -> LossFn:
-    """The tagging study: ``NLL(ŷ_adv, base tags) − λ·KL(α_base ‖ α_adv)``, both means over real tokens (KL also over heads)."""
+KL_SCALES = ("token", "entry")
+
+
+def tagging_loss(base: AttentionModel, lam: float, kl_scale: str = "token") -> LossFn:
+    """The tagging study: ``NLL(ŷ_adv, base tags) − λ·KL(α_base ‖ α_adv)``, NLL a mean over real tokens.
+
+    KL: mean over real (token, head) rows (``token``) or over the entries of every sentence's
+    ``heads × n × n`` attention (``entry``: each sentence's row sum divided by ``heads · n²``,
+    pooled over the batch like one unpadded ``kl_div(reduction="mean")``).
+    """
+    if kl_scale not in KL_SCALES:
+        raise AttnAuditError(f"--kl-scale must be one of {', '.join(KL_SCALES)}, got {kl_scale!r}")
     reference, layer = _reference(base), base.explained_layer
 
     def loss(batch: Batch, output: ModelOutput) -> Tensor:
@@ -140,9 +157,19 @@ def tagging_loss(base: AttentionModel, lam: float) -> LossFn:
         theirs, mine = ref.trace[layer], output.trace[layer]
         per_row = differentiable_kl(theirs.weights, mine.weights)
         rows = _rows(theirs)[:, None, :].expand_as(per_row).to(per_row.dtype)
-        return nll - lam * (per_row * rows).sum() / rows.sum().clamp_min(1.0)
+        total = (per_row * rows).sum()
+        if kl_scale == "entry":
+            lengths = batch.mask.sum(-1).to(per_row.dtype)  # n per sentence
+            return nll - lam * total / (per_row.shape[1] * (lengths**2).sum()).clamp_min(1.0)
+        return nll - lam * total / rows.sum().clamp_min(1.0)
 
     return loss
+
+
+def entry_scale(kl_per_token: np.ndarray, rows: np.ndarray) -> float:
+    """Pooled KL per attention entry from per-sentence KL means per token (and head) and sentence lengths."""
+    rows = np.asarray(rows, dtype=float)
+    return float((np.asarray(kl_per_token) * rows).sum() / max((rows**2).sum(), 1.0))
 
 
 INITS = ("scratch", "base")
@@ -159,29 +186,37 @@ def resolve_init(run: Run, init: str) -> str:
     return init or DEFAULT_INIT[run.task.task_type]
 
 
-def adversary_variant(run: Run, lam: float, init: str = "scratch") -> Variant:
+def adversary_variant(run: Run, lam: float, init: str = "scratch", kl_scale: str = "token") -> Variant:
     """The adversary of ``run`` at ``λ``: classification (W&P) or tagging objective by task type."""
     if init not in INITS:
         raise AttnAuditError(f"--init must be one of {', '.join(INITS)}, got {init!r}")
     tagging = run.task.task_type == "tagging"
-    loss = tagging_loss(run.model, lam) if tagging else classification_loss(run.model, lam)
+    if kl_scale != "token" and not tagging:
+        raise AttnAuditError("--kl-scale entry applies to the tagging objective only")
+    loss = tagging_loss(run.model, lam, kl_scale) if tagging else classification_loss(run.model, lam)
     objective = "nll(base tags) - lambda*kl(base||adv)" if tagging else "tvd - lambda*kl(adv||base)"
     key: dict[str, Any] = {"kind": "adversary", "objective": objective, "lambda": float(lam)}
     if init == "base":
         key["init"] = init  # absent for scratch, the default, so earlier sub-runs keep their hash
+    if kl_scale != "token":
+        key["kl_scale"] = kl_scale  # likewise absent at the default
     return Variant(key=key, loss=loss, start=run.model if init == "base" else None)
 
 
-def adversary(run: Run, lam: float, seed: int, epochs: int | None = None, init: str = "") -> SubRun:
+def adversary(
+    run: Run, lam: float, seed: int, epochs: int | None = None, init: str = "", kl_scale: str = "token"
+) -> SubRun:
     """The global adversary at ``λ`` (trained, or loaded when finished); shared with ``diagnostic`` and ``probe``.
 
-    ``init``: ``scratch``, ``base`` or empty for the task's default (:func:`resolve_init`).
+    ``init``: ``scratch``, ``base`` or empty for the task's default (:func:`resolve_init`);
+    ``kl_scale``: the tagging KL's normalisation (``token`` or ``entry``, see the module docstring).
     """
     if lam < 0:
         raise AttnAuditError(f"λ must be non-negative, got {lam:g}")
     init = resolve_init(run, init)
-    out = subrun_dir(run, NAME, f"lambda-{lam:g}-seed-{seed}" + ("-from-base" if init == "base" else ""))
-    variant = adversary_variant(run, lam, init)
+    suffix = ("-from-base" if init == "base" else "") + ("" if kl_scale == "token" else f"-kl-{kl_scale}")
+    out = subrun_dir(run, NAME, f"lambda-{lam:g}-seed-{seed}" + suffix)
+    variant = adversary_variant(run, lam, init, kl_scale)
     return train_variant(run, out, variant, epochs=epochs, seed=seed, label=f"adversary λ={lam:g} ({init})")
 
 
@@ -234,6 +269,7 @@ def reference_points(run: Run, examples: list[Example]) -> list[dict[str, Any]]:
                     "mean_jsd": float(np.mean(c["jsd"])),
                     "mean_tvd": float(np.mean(c["tvd"])),
                     "mean_kl": weighted_mean(c["kl_base_other"], c["rows"]),
+                    "mean_kl_entry": entry_scale(c["kl_base_other"], c["rows"]),
                     "mean_nll": weighted_mean(c["nll"], c["outputs"]),
                 }
             )
@@ -260,6 +296,11 @@ class GlobalAdversary(Experiment):
             metadata={"help": "Adversary start: scratch (fresh initialisation) or base (the base model's weights); "
                       "default scratch for classification, base for tagging."},
         )
+        kl_scale: str = field(
+            default="token",
+            metadata={"help": "Tagging KL normalisation: token (mean per real token and head) or entry "
+                      "(mean over each sentence's heads × n × n attention entries, as kl_div's mean)."},
+        )
 
     def applies(self, run: Run) -> str | None:
         return trainable_reason(run)
@@ -273,7 +314,7 @@ class GlobalAdversary(Experiment):
         table, columns = [], {}
         for n, lam in enumerate(lambdas, 1):
             status(f"global adversary: λ={lam:g} ({n}/{len(lambdas)})")
-            sub = adversary(run, lam, seed, options.epochs, options.init)
+            sub = adversary(run, lam, seed, options.epochs, options.init, options.kl_scale)
             c = compare(run, sub.model, examples)
             columns[lam] = c
             table.append(
@@ -284,6 +325,7 @@ class GlobalAdversary(Experiment):
                     "mean_tvd": float(np.mean(c["tvd"])),
                     # Each objective's own KL direction: KL(adv‖base) for W&P, KL(base‖adv) per token for tagging.
                     "mean_kl": weighted_mean(c["kl_base_other"], c["rows"]) if tagging else float(np.mean(c["kl_other_base"])),
+                    **({"mean_kl_entry": entry_scale(c["kl_base_other"], c["rows"])} if tagging else {}),
                     "mean_nll": weighted_mean(c["nll"], c["outputs"]),
                     "agreement": weighted_mean(c["agreement"], c["outputs"]),
                     "epochs": sub.metrics.get("epochs"),
@@ -308,25 +350,27 @@ class GlobalAdversary(Experiment):
             f"(seed {seed})",
         ]
         tables: dict[str, list[dict[str, Any]]] = {"lambdas": table, "reference_points": points}
+        kl_key = "mean_kl_entry" if options.kl_scale == "entry" else "mean_kl"
         for row in table:
             lam = row["lambda"]
             summary[f"{key}@{lam:g}"] = row[f"test_{key}"]
             if tagging:
-                summary[f"kl@{lam:g}"] = row["mean_kl"]
+                summary[f"kl@{lam:g}"] = row[kl_key]
                 summary[f"nll@{lam:g}"] = row["mean_nll"]
             else:
                 summary[f"jsd@{lam:g}"] = row["mean_jsd"]
                 summary[f"tvd@{lam:g}"] = row["mean_tvd"]
         if tagging:
-            fit = breakpoint_fit(np.array([r["mean_kl"] for r in table]), np.array([r["mean_nll"] for r in table]))
+            summary["kl_scale"] = options.kl_scale
+            fit = breakpoint_fit(np.array([r[kl_key] for r in table]), np.array([r["mean_nll"] for r in table]))
             rises = fit["slope_after"] > fit["slope_before"]
             summary["breakpoint_kl"] = fit["breakpoint"] if rises else float("nan")
             summary["nll_slope_before"] = fit["slope_before"]
             summary["nll_slope_after"] = fit["slope_after"]
             notes.append(
                 "breakpoint: continuous two-segment piecewise-linear least-squares fit of mean NLL against mean KL over "
-                "the λ points, breakpoint searched on a grid between the 2nd-smallest and 2nd-largest KL "
-                "(needs ≥ 4 distinct KL values); NaN when NLL does not rise more steeply after it"
+                f"the λ points ({options.kl_scale}-scale KL), breakpoint searched on a grid between the 2nd-smallest and "
+                "2nd-largest KL (needs ≥ 4 distinct KL values); NaN when NLL does not rise more steeply after it"
             )
             if max(r["mean_kl"] for r in table) > CEILING_SHARE * KL_CEILING:
                 notes.append(
@@ -349,7 +393,8 @@ class GlobalAdversary(Experiment):
 
         table, points = result.tables["lambdas"], result.tables.get("reference_points", [])
         tagging = "breakpoint_kl" in result.summary
-        xkey, ykey = ("mean_kl", "mean_nll") if tagging else ("mean_jsd", "mean_tvd")
+        entry = result.summary.get("kl_scale") == "entry"
+        xkey, ykey = ("mean_kl_entry" if entry else "mean_kl", "mean_nll") if tagging else ("mean_jsd", "mean_tvd")
         fig, ax = plt.subplots(figsize=(5.2, 3.9), layout="constrained")
         xs, ys = [r[xkey] for r in table], [r[ykey] for r in table]
         ax.plot(xs, ys, "o-", color="#c44e52", label="adversary (λ)")
@@ -362,7 +407,8 @@ class GlobalAdversary(Experiment):
         if tagging and np.isfinite(result.summary.get("breakpoint_kl") or np.nan):
             x0 = result.summary["breakpoint_kl"]
             ax.axvline(x0, color="grey", linestyle="--", label=f"breakpoint KL={x0:.3g}")
-        ax.set_xlabel("mean KL(α_base ‖ α_adv) per token and head" if tagging else "mean JSD(α_adv, α_base)")
+        scale = "per attention entry" if entry else "per token and head"
+        ax.set_xlabel(f"mean KL(α_base ‖ α_adv) {scale}" if tagging else "mean JSD(α_adv, α_base)")
         ax.set_ylabel("mean NLL of the base's tags" if tagging else "mean TVD(ŷ_adv, ŷ_base)")
         ax.set_title("global adversary: " + ("NLL vs KL" if tagging else "attention vs prediction distance"))
         ax.legend(fontsize=8)
@@ -387,7 +433,7 @@ class GlobalAdversary(Experiment):
                     "statistic": "breakpoint_kl",
                     "value": s["breakpoint_kl"],
                     "published": published.get("breakpoint_kl", ""),
-                    "interpretation": "attention can move this far (KL per token and head) before the adversary's "
+                    "interpretation": f"attention can move this far (KL {s.get('kl_scale', 'token')} scale) before the adversary's "
                     "predictions start to diverge quickly from the base's",
                 },
                 {

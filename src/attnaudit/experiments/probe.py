@@ -120,6 +120,9 @@ class AttentionProbe(Experiment):
         adversary_init: str = field(
             default="", metadata={"help": "How the adversaries start: scratch or base (default: the task's, see global-adversary --init)."}
         )
+        adversary_kl_scale: str = field(
+            default="token", metadata={"help": "KL normalisation of the tagging adversaries: token or entry (see global-adversary --kl-scale)."}
+        )
         seeds: list[int] = field(default_factory=list, metadata={"help": "Training seeds of the probes (default: the base run's seed)."})
         epochs: int | None = field(default=None, metadata={"help": "Training epochs of probes and missing adversaries (default: the base run's)."})
 
@@ -141,15 +144,16 @@ class AttentionProbe(Experiment):
         sources: list[tuple[str, AttentionModel, str, float]] = [("original", run.model, str(run.info.get("hash")), base["test"][key])]
         for lam in dict.fromkeys(float(v) for v in options.lambdas):
             status(f"probe: adversary λ={lam:g}")
-            adv = adversary(run, lam, seed, options.epochs, options.adversary_init)
-            sources.append((f"adversary λ={lam:g}", adv.model, adv.hash, adv.metrics["test"][key]))
+            adv = adversary(run, lam, seed, options.epochs, options.adversary_init, options.adversary_kl_scale)
+            scale = "" if options.adversary_kl_scale == "token" else f" ({options.adversary_kl_scale} KL)"
+            sources.append((f"adversary λ={lam:g}{scale}", adv.model, adv.hash, adv.metrics["test"][key]))
         table, summary = [], {"metric": key, f"base_test_{key}": base["test"][key]}
         for source, model, digest, own in sources:
             interventions = attention_of(model)
             for variant in dict.fromkeys(options.variants):
                 scores = []
                 for s in seeds:
-                    slug = source.replace("adversary λ=", "adversary-").replace(" ", "")
+                    slug = source.replace("adversary λ=", "adversary-").replace(" KL)", "").replace(" (", "-kl-").replace(" ", "")
                     status(f"probe: {source}, {variant} (seed {s})")
                     sub = train_variant(
                         run,

@@ -12,12 +12,12 @@ import json
 import shutil
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from attnaudit import __version__
 from attnaudit.data.types import Batch, Example, TaskData
@@ -84,6 +84,14 @@ class TrainConfig:
     features: bool = False
     warmup: int = 0
     """Linear warmup over this many steps, then linear decay to 0 at the last epoch; 0 = constant lr."""
+    word_dropout: float = 0.0
+    """Probability of replacing each real training token by ``<unk>`` (a regulariser that also
+    teaches the model what to do with unseen words); 0 = off."""
+
+
+# Options added after the first release enter the config hash only when set, so run
+# directories trained before they existed are still recognised as finished.
+_HASH_IF_SET = {"word_dropout": 0.0}
 
 
 def lr_factor(step: int, warmup: int, total: int) -> float:
@@ -100,6 +108,19 @@ def lr_factor(step: int, warmup: int, total: int) -> float:
 
 def _dev_score(scores: dict[str, float], task_type: str) -> float:
     return scores["f1"] if task_type == "tagging" else scores["accuracy"]
+
+
+def drop_words(batch: Batch, p: float, unk_id: int, first_word_id: int, generator: torch.Generator) -> Batch:
+    """``batch`` with each real word id (>= ``first_word_id``, so specials stay) replaced by
+    ``unk_id`` with probability ``p``, in tokens and query alike."""
+
+    def drop(ids: Tensor | None, mask: Tensor | None) -> Tensor | None:
+        if ids is None or mask is None or p <= 0:
+            return ids
+        hit = (torch.rand(ids.shape, generator=generator) < p).to(ids.device) & mask & (ids >= first_word_id)
+        return ids.masked_fill(hit, unk_id)
+
+    return replace(batch, tokens=drop(batch.tokens, batch.mask), query=drop(batch.query, batch.query_mask))
 
 
 def predict(
@@ -160,6 +181,8 @@ def evaluate(run: Run | str | Path, split: str = "test", data_dir: str | Path | 
 
 
 def _config_hash(config: dict[str, Any]) -> str:
+    train_cfg = {k: v for k, v in config.get("train", {}).items() if _HASH_IF_SET.get(k, object()) != v}
+    config = {**config, "train": train_cfg} if "train" in config else config
     return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -292,6 +315,8 @@ def train(
         start = time.perf_counter()
         net.train()
         total, count = 0.0, 0
+        # One generator per epoch, seeded like the shuffle: a resumed run drops the same words.
+        words = torch.Generator().manual_seed(cfg.seed * 1000 + epoch)
         for step, batch in enumerate(
             track(
                 run.batches(data.train, cfg.batch_size, shuffle=True, seed=cfg.seed * 1000 + epoch),
@@ -302,6 +327,8 @@ def train(
         ):
             for group in optimizer.param_groups:
                 group["lr"] = cfg.lr * lr_factor(step, cfg.warmup, cfg.epochs * n_batches)
+            if cfg.word_dropout > 0:
+                batch = drop_words(batch, cfg.word_dropout, vocab.unk_id, len(vocab.specials), words)
             logits = net(batch).logits
             loss = loss_fn(logits.reshape(-1, logits.shape[-1]), batch.labels.reshape(-1))
             optimizer.zero_grad()
