@@ -78,10 +78,11 @@ def timed(label: str, walls: dict[str, float], fn: Any, *args: Any, **kwargs: An
 
 def conll_scale(base: Run, args: argparse.Namespace, scale: str, walls: dict[str, float]) -> dict[str, Any]:
     """Tables 1 and 2 and the breakpoint with the adversaries' KL on one scale (token or entry)."""
+    out = Path(base.path) / "results" / f"kl-{scale}"  # one results folder (JSON, figures) per scale
     adv: Result = timed(f"global-adversary ({scale} KL)", walls, run_test, "global-adversary", base,
-                        data_dir=args.data_dir, epochs=args.epochs, kl_scale=scale)
+                        data_dir=args.data_dir, epochs=args.epochs, kl_scale=scale, out=out)
     probe: Result = timed(f"probe ({scale} KL)", walls, run_test, "probe", base, data_dir=args.data_dir,
-                          lambdas=[0.2, 3.0], epochs=args.epochs, adversary_kl_scale=scale)
+                          lambdas=[0.2, 3.0], epochs=args.epochs, adversary_kl_scale=scale, out=out)
     f1 = adv.summary
     suffix = "" if scale == "token" else f" ({scale} KL)"
     table1 = compared(

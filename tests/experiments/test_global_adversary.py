@@ -24,6 +24,7 @@ from attnaudit.experiments.global_adversary import (
     classification_loss,
     differentiable_kl,
     entry_scale,
+    nll_breakpoint,
     tagging_loss,
 )
 from attnaudit.metrics import kl
@@ -166,6 +167,16 @@ def test_breakpoint_recovers_any_inner_kink(x0: float, rise: float, slope: float
     x = np.linspace(0.0, 1.0, 11)
     y = slope * x + rise * np.maximum(0.0, x - x0)
     assert breakpoint_fit(x, y, grid=801)["breakpoint"] == pytest.approx(x0, abs=2e-3)
+
+
+def test_no_breakpoint_when_kl_is_flat_or_nll_does_not_rise() -> None:
+    saturated = np.array([21.33, 21.35, 21.35, 21.36, 21.36])  # every λ drove attention off the support
+    fit = nll_breakpoint(saturated, np.array([0.37, 0.37, 0.371, 0.369, 0.371]))
+    assert fit["flat"] and math.isnan(fit["breakpoint"])
+    x = np.array([0.1, 0.3, 0.5, 0.7, 0.9])
+    assert math.isnan(nll_breakpoint(x, 1.0 - x)["breakpoint"])  # falls, never rises
+    rising = nll_breakpoint(x, 0.1 * x + 3.0 * np.maximum(0.0, x - 0.5))
+    assert not rising["flat"] and rising["breakpoint"] == pytest.approx(0.5, abs=0.01)
 
 
 def test_breakpoint_needs_four_points() -> None:

@@ -175,6 +175,7 @@ def entry_scale(kl_per_token: np.ndarray, rows: np.ndarray) -> float:
 INITS = ("scratch", "base")
 KL_CEILING = -math.log(1e-10)  # largest KL of one row under metrics.kl's 1e-10 smoothing (nats)
 CEILING_SHARE = 0.75
+MIN_KL_SPREAD = 0.1  # a breakpoint needs the λ points' KL to span at least this share of the largest
 DEFAULT_INIT = {"classification": "scratch", "pair": "scratch", "tagging": "base"}
 
 
@@ -243,6 +244,19 @@ def breakpoint_fit(x: np.ndarray, y: np.ndarray, grid: int = 401) -> dict[str, f
         if not sse >= best["sse"]:  # also true while best["sse"] is NaN
             best = {"breakpoint": float(x0), "slope_before": float(coef[1]), "slope_after": float(coef[1] + coef[2]), "sse": sse}
     return best
+
+
+def nll_breakpoint(kl: np.ndarray, nll: np.ndarray) -> dict[str, Any]:
+    """:func:`breakpoint_fit` of NLL against KL, with ``breakpoint`` NaN when NLL does not rise
+    more steeply after it, or when the KL values are ``flat`` (spread < 10% of the largest: every
+    λ drove attention equally far, so there is no curve to break)."""
+    kl = np.asarray(kl, dtype=float)
+    fit: dict[str, Any] = breakpoint_fit(kl, nll)
+    spread = float(kl.max() - kl.min()) if kl.size else 0.0
+    fit["flat"] = spread < MIN_KL_SPREAD * float(np.abs(kl).max(initial=0.0))
+    if fit["flat"] or not fit["slope_after"] > fit["slope_before"]:
+        fit["breakpoint"] = float("nan")
+    return fit
 
 
 def finished_subruns(run: Run, test: str) -> list[Path]:
@@ -362,9 +376,10 @@ class GlobalAdversary(Experiment):
                 summary[f"tvd@{lam:g}"] = row["mean_tvd"]
         if tagging:
             summary["kl_scale"] = options.kl_scale
-            fit = breakpoint_fit(np.array([r[kl_key] for r in table]), np.array([r["mean_nll"] for r in table]))
-            rises = fit["slope_after"] > fit["slope_before"]
-            summary["breakpoint_kl"] = fit["breakpoint"] if rises else float("nan")
+            fit = nll_breakpoint(np.array([r[kl_key] for r in table]), np.array([r["mean_nll"] for r in table]))
+            summary["breakpoint_kl"] = fit["breakpoint"]
+            if fit["flat"]:
+                notes.append("KL barely varies across the λ points (spread under 10% of the largest): no breakpoint is fitted")
             summary["nll_slope_before"] = fit["slope_before"]
             summary["nll_slope_after"] = fit["slope_after"]
             notes.append(
