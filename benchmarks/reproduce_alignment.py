@@ -50,8 +50,9 @@ def main() -> None:
     parser.add_argument("--max-steps", type=int, default=4000)
     parser.add_argument("--patience", type=int, default=15, help="epochs without dev improvement (dev is out-of-domain news)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (1 was the fastest on a loaded machine)")
     args = parser.parse_args()
-    torch.set_num_threads(1)  # the machine is shared; one thread was the fastest under load
+    torch.set_num_threads(args.threads)
     start = time.perf_counter()
     trains_now = not (args.out / "metrics.json").exists()
     run = train_nmt(
