@@ -283,7 +283,7 @@ def reference_points(run: Run, examples: list[Example]) -> list[dict[str, Any]]:
                     "mean_jsd": float(np.mean(c["jsd"])),
                     "mean_tvd": float(np.mean(c["tvd"])),
                     "mean_kl": weighted_mean(c["kl_base_other"], c["rows"]),
-                    "mean_kl_entry": entry_scale(c["kl_base_other"], c["rows"]),
+                    **({"mean_kl_entry": entry_scale(c["kl_base_other"], c["rows"])} if run.task.task_type == "tagging" else {}),
                     "mean_nll": weighted_mean(c["nll"], c["outputs"]),
                 }
             )
