@@ -46,7 +46,11 @@ from attnaudit.models.base import (
     ModelOutput,
     interventions_for,
 )
-from attnaudit.models.transformer import EncoderLayer, multi_head_attention, sinusoidal_positions
+from attnaudit.models.transformer import (
+    EncoderLayer,
+    multi_head_attention,
+    sinusoidal_positions,
+)
 from attnaudit.run import Run
 
 SOURCE_BPE = "source_bpe.json"
@@ -430,12 +434,10 @@ def train_nmt(
         CONFIG,
         METRICS,
         WEIGHTS,
-        clear_checkpoint,
         load_state_into,
-        resume_epoch,
         save_epoch,
         save_model,
-        write_config,
+        start_or_resume,
     )
 
     known = {f.name for f in fields(NMTConfig)}
@@ -489,17 +491,12 @@ def train_nmt(
     dropped = len(data.train) - len(train_pairs)
     optimizer = torch.optim.Adam(net.parameters(), lr=cfg.lr, betas=(0.9, 0.98), eps=1e-9)
 
-    out.mkdir(parents=True, exist_ok=True)
-    state: dict[str, Any] = {"epoch": 0, "step": 0, "best": float("inf"), "bad": 0, "history": [], "seconds": 0.0}
-    restored = resume_epoch(out, net, optimizer, config_hash) if resume else None
-    if restored is not None:
-        state = restored
-        status(f"resuming {out} after epoch {state['epoch']}")
-    else:
-        clear_checkpoint(out)
-        write_config(out, run_config)
-        source.save(out / SOURCE_BPE)
-        target.save(out / TARGET_BPE)
+    def save_bpe(directory: Path) -> None:
+        source.save(directory / SOURCE_BPE)
+        target.save(directory / TARGET_BPE)
+
+    fresh = {"epoch": 0, "step": 0, "best": float("inf"), "bad": 0, "history": [], "seconds": 0.0}
+    state = start_or_resume(out, net, optimizer, run_config, fresh, save_bpe, resume)
 
     loss_fn = nn.CrossEntropyLoss(ignore_index=-100, label_smoothing=cfg.label_smoothing)
     n_batches = -(-len(train_pairs) // cfg.batch_size)

@@ -7,6 +7,7 @@ cannot execute code. A file that looks like a pickle (``torch.save`` output) is 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -138,6 +139,32 @@ def resume_epoch(out: Path, model: nn.Module, optimizer: torch.optim.Optimizer, 
     load_state_into(model, state_file.parent / "last.safetensors")
     torch.set_rng_state(load_optimizer(state_file.parent / "optimizer.safetensors", optimizer)["rng"])
     return state
+
+
+def start_or_resume(
+    out: Path,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    config: dict[str, Any],
+    fresh: dict[str, Any],
+    write_extras: Callable[[Path], None] | None = None,
+    resume: bool = True,
+) -> dict[str, Any]:
+    """The training state to continue from: a killed run's last finished epoch (same config
+    hash), else ``fresh`` after clearing stale files and writing ``config.json`` and the extras
+    (``write_extras(out)``: vocabularies)."""
+    from attnaudit.progress import status
+
+    out.mkdir(parents=True, exist_ok=True)
+    restored = resume_epoch(out, model, optimizer, config["hash"]) if resume else None
+    if restored is not None:
+        status(f"resuming {out} after epoch {restored['epoch']}")
+        return restored
+    clear_checkpoint(out)
+    write_config(out, config)
+    if write_extras is not None:
+        write_extras(out)
+    return fresh
 
 
 def clear_checkpoint(out: Path) -> None:

@@ -35,12 +35,10 @@ from attnaudit.training.checkpoint import (
     METRICS,
     VOCAB,
     WEIGHTS,
-    clear_checkpoint,
     load_state_into,
-    resume_epoch,
     save_epoch,
     save_model,
-    write_config,
+    start_or_resume,
 )
 
 # Per-family defaults (the literature's settings where they exist); CLI flags override.
@@ -295,18 +293,13 @@ def train(
     )
     run = Run(model=net, collate=collate, task=spec, path=out, device=dev_device, info=run_config, _data=data)
 
-    out.mkdir(parents=True, exist_ok=True)
-    state: dict[str, Any] = {"epoch": 0, "best": float("-inf"), "bad": 0, "history": [], "seconds": 0.0}
-    restored = resume_epoch(out, net, optimizer, config_hash) if resume else None
-    if restored is not None:
-        state = restored
-        status(f"resuming {out} after epoch {state['epoch']}")
-    else:
-        clear_checkpoint(out)
-        write_config(out, run_config)
-        vocab.save(out / VOCAB)
+    def save_vocabs(directory: Path) -> None:
+        vocab.save(directory / VOCAB)
         if feature_vocab is not None:
-            feature_vocab.save(out / FEATURE_VOCAB)
+            feature_vocab.save(directory / FEATURE_VOCAB)
+
+    fresh = {"epoch": 0, "best": float("-inf"), "bad": 0, "history": [], "seconds": 0.0}
+    state = start_or_resume(out, net, optimizer, run_config, fresh, save_vocabs, resume)
 
     loss_fn = nn.CrossEntropyLoss(ignore_index=-100)
     n_batches = -(-len(data.train) // cfg.batch_size)
