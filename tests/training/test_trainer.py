@@ -122,3 +122,17 @@ def test_word_dropout_trains_and_default_keeps_old_config_hash(tmp_path: Path) -
     plain = {"model": {"a": 1}, "train": {"epochs": 2}}
     assert _config_hash({**plain, "train": {"epochs": 2, "word_dropout": 0.0}}) == _config_hash(plain)
     assert _config_hash({**plain, "train": {"epochs": 2, "word_dropout": 0.1}}) != _config_hash(plain)
+
+
+def test_cli_train_passes_word_dropout_and_clip(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from attnaudit.cli import app
+
+    out = tmp_path / "run"
+    args = ["train", "--task", "synthetic", "--model", "average", "--out", str(out), "--epochs", "1",
+            "--embed-dim", "8", "--hidden-dim", "8", "--word-dropout", "0.2", "--clip", "1.5", "--quiet"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    train_config = json.loads((out / "config.json").read_text())["train"]
+    assert train_config["word_dropout"] == 0.2 and train_config["clip"] == 1.5
