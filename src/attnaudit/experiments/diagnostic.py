@@ -130,7 +130,7 @@ class Diagnostic(Experiment):
                 f"adversary: global-adversary sub-run λ={options.adversary_lambda:g}, seed {seed}, init {resolve_init(run, options.adversary_init)}",
             ],
             "published": {
-                "claim": "W&P Table 4: the MLP guided by the base LSTM's attention beats the MLP with its own (learned) "
+                "claim": "W&P, diagnostic MLP experiment: the MLP guided by the base LSTM's attention beats the MLP with its own (learned) "
                 "attention and with uniform attention; guided by adversarial attention it does worse than guided by the base's",
             },
         }
