@@ -251,3 +251,16 @@ def test_a_started_model_begins_with_the_base_weights(tagger: Run, tmp_path: Pat
     sub = train_variant(tagger, tmp_path / "start", frozen, epochs=1)
     for name, value in tagger.model.state_dict().items():
         torch.testing.assert_close(sub.model.state_dict()[name], value, rtol=0, atol=0)
+
+
+def test_probes_of_differently_started_adversaries_do_not_share_subruns(tagger: Run, tmp_path: Path) -> None:
+    common = {"lambdas": [3.0], "variants": ["frozen"], "epochs": 1, "adversary_kl_scale": "entry", "plot": False, "limit": 12}
+    from_base = run_test("probe", tagger, out=tmp_path / "a", **common)
+    scratch = run_test("probe", tagger, out=tmp_path / "b", adversary_init="scratch", **common)
+    root = Path(tagger.path) / "subruns" / "probe"
+    assert (root / "adversary-3-kl-entry-frozen-seed-0").is_dir()
+    assert (root / "adversary-3-kl-entry-init-scratch-frozen-seed-0").is_dir()
+    assert "adversary λ=3 (entry KL, scratch init)/frozen" in scratch.summary
+    again = run_test("probe", tagger, out=tmp_path / "c", **common)  # the base-started probe was not overwritten
+    assert not any(row["trained_now"] for row in again.tables["probes"])
+    assert again.summary == from_base.summary

@@ -141,19 +141,30 @@ class AttentionProbe(Experiment):
         seeds = list(dict.fromkeys(options.seeds)) or [base_seed(run)]
         key = score_key(run.task.task_type)
         base = base_scores(run)
-        sources: list[tuple[str, AttentionModel, str, float]] = [("original", run.model, str(run.info.get("hash")), base["test"][key])]
+        # (label, sub-run slug, model, digest, own score); non-default adversary settings enter
+        # both, so probes of differently trained adversaries never share a sub-run directory.
+        sources: list[tuple[str, str, AttentionModel, str, float]] = [
+            ("original", "original", run.model, str(run.info.get("hash")), base["test"][key])
+        ]
+        init, scale = resolve_init(run, options.adversary_init), options.adversary_kl_scale
+        labels, slugs = [], []
+        if scale != "token":
+            labels.append(f"{scale} KL")
+            slugs.append(f"-kl-{scale}")
+        if init != resolve_init(run, ""):
+            labels.append(f"{init} init")
+            slugs.append(f"-init-{init}")
+        suffix, slug_suffix = (f" ({', '.join(labels)})" if labels else ""), "".join(slugs)
         for lam in dict.fromkeys(float(v) for v in options.lambdas):
             status(f"probe: adversary λ={lam:g}")
-            adv = adversary(run, lam, seed, options.epochs, options.adversary_init, options.adversary_kl_scale)
-            scale = "" if options.adversary_kl_scale == "token" else f" ({options.adversary_kl_scale} KL)"
-            sources.append((f"adversary λ={lam:g}{scale}", adv.model, adv.hash, adv.metrics["test"][key]))
+            adv = adversary(run, lam, seed, options.epochs, options.adversary_init, scale)
+            sources.append((f"adversary λ={lam:g}{suffix}", f"adversary-{lam:g}{slug_suffix}", adv.model, adv.hash, adv.metrics["test"][key]))
         table, summary = [], {"metric": key, f"base_test_{key}": base["test"][key]}
-        for source, model, digest, own in sources:
+        for source, slug, model, digest, own in sources:
             interventions = attention_of(model)
             for variant in dict.fromkeys(options.variants):
                 scores = []
                 for s in seeds:
-                    slug = source.replace("adversary λ=", "adversary-").replace(" KL)", "").replace(" (", "-kl-").replace(" ", "")
                     status(f"probe: {source}, {variant} (seed {s})")
                     sub = train_variant(
                         run,
