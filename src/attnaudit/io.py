@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -9,6 +10,11 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+
+def digest(value: Any) -> str:
+    """A short stable hash of a JSON-able value (sorted keys): how runs and sub-runs recognise their config."""
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def atomic_write(path: str | Path, writer: Callable[[Path], None]) -> Path:

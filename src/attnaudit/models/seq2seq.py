@@ -20,8 +20,6 @@ vocabulary, ``layers`` = blocks per stack (encoder and decoder), ``embed_dim == 
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import shutil
 import time
@@ -426,7 +424,7 @@ def train_nmt(
     """
     from attnaudit import __version__
     from attnaudit.data.alignment import PAD_ID, Seq2SeqCollator, SubwordTokenizer
-    from attnaudit.io import atomic_write_json, read_json
+    from attnaudit.io import atomic_write_json, digest, read_json
     from attnaudit.progress import status, track
     from attnaudit.run import TaskSpec
     from attnaudit.seed import resolve_device, set_seed
@@ -475,9 +473,7 @@ def train_nmt(
         dropout=cfg.dropout, max_len=cfg.max_len, pad_id=PAD_ID,
     )
     run_config["model"] = config.to_dict()
-    config_hash = hashlib.sha256(
-        json.dumps({k: v for k, v in run_config.items() if k != "version"}, sort_keys=True).encode()
-    ).hexdigest()[:16]
+    config_hash = digest({k: v for k, v in run_config.items() if k != "version"})
     run_config["hash"] = config_hash
     if resume and (out / METRICS).exists() and (out / CONFIG).exists() and read_json(out / CONFIG).get("hash") == config_hash:
         status(f"[green]{out}[/]: already trained with this config, loading it")

@@ -24,8 +24,6 @@ Extra seeds are plain :func:`~attnaudit.training.trainer.train` calls (:func:`tr
 
 from __future__ import annotations
 
-import hashlib
-import json
 import shutil
 import time
 from collections.abc import Callable, Sequence
@@ -39,7 +37,7 @@ from torch import Tensor, nn
 from attnaudit import __version__
 from attnaudit.data.types import Batch, Example
 from attnaudit.errors import AttnAuditError
-from attnaudit.io import atomic_write_json, read_json
+from attnaudit.io import atomic_write_json, digest, read_json
 from attnaudit.models import ModelConfig, build_model
 from attnaudit.models.base import AttentionModel, Intervention, ModelOutput, freeze_to
 from attnaudit.progress import status, track
@@ -55,7 +53,13 @@ from attnaudit.training.checkpoint import (
     save_model,
     write_config,
 )
-from attnaudit.training.trainer import InterventionsFn, TrainConfig, evaluate_examples, lr_factor, train
+from attnaudit.training.trainer import (
+    InterventionsFn,
+    TrainConfig,
+    evaluate_examples,
+    lr_factor,
+    train,
+)
 
 LossFn = Callable[[Batch, ModelOutput], Tensor]
 """``loss(batch, output) -> scalar``: the mean loss of one batch given the model's output on it."""
@@ -197,7 +201,7 @@ def attention_of(source: AttentionModel, layers: Sequence[int] | None = None) ->
 def config_hash(config: dict[str, Any]) -> str:
     """Hash of a sub-run config (the version excluded), as the trainer hashes runs."""
     body = {k: v for k, v in config.items() if k not in ("version", "hash")}
-    return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return digest(body)
 
 
 def finished(out: Path, digest: str) -> bool:

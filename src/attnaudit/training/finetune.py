@@ -13,8 +13,6 @@ retrained (``metrics.json`` is written last, as the commit point).
 
 from __future__ import annotations
 
-import hashlib
-import json
 import random
 import time
 from pathlib import Path
@@ -25,7 +23,7 @@ from torch import nn
 
 from attnaudit.data.types import TaskData
 from attnaudit.errors import AttnAuditError
-from attnaudit.io import atomic_write_json, read_json
+from attnaudit.io import atomic_write_json, digest, read_json
 from attnaudit.progress import status, track
 from attnaudit.run import Run, TaskSpec
 from attnaudit.seed import set_seed
@@ -34,7 +32,7 @@ from attnaudit.training.trainer import evaluate_examples
 
 
 def _settings_hash(settings: dict[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return digest(settings)
 
 
 def finetune(

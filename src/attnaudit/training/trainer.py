@@ -7,8 +7,6 @@ finished epoch with the same numbers an uninterrupted run gives (CPU).
 
 from __future__ import annotations
 
-import hashlib
-import json
 import shutil
 import time
 from collections.abc import Callable, Sequence
@@ -22,7 +20,7 @@ from torch import Tensor, nn
 from attnaudit import __version__
 from attnaudit.data.types import Batch, Example, TaskData
 from attnaudit.errors import AttnAuditError
-from attnaudit.io import atomic_write_json, read_json
+from attnaudit.io import atomic_write_json, digest, read_json
 from attnaudit.metrics import score_classification, score_tagging
 from attnaudit.models import MODELS, ModelConfig, build_model
 from attnaudit.models.base import Intervention
@@ -181,7 +179,7 @@ def evaluate(run: Run | str | Path, split: str = "test", data_dir: str | Path | 
 def _config_hash(config: dict[str, Any]) -> str:
     train_cfg = {k: v for k, v in config.get("train", {}).items() if _HASH_IF_SET.get(k, object()) != v}
     config = {**config, "train": train_cfg} if "train" in config else config
-    return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return digest(config)
 
 
 def _build_vocabs(data: TaskData, cfg: TrainConfig) -> tuple[Any, Any]:
