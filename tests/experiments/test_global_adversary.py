@@ -214,6 +214,8 @@ def test_tagging_sweep_reports_kl_nll_and_breakpoint(tagger: Run, tmp_path: Path
     kls = [row["mean_kl"] for row in result.tables["lambdas"]]
     assert min(kls) <= s["breakpoint_kl"] <= max(kls) or math.isnan(s["breakpoint_kl"])
     assert all(row["mean_nll"] >= 0 for row in result.tables["lambdas"])
+    peaks = [row["mean_max_attention"] for row in result.tables["lambdas"]] + [s["base_mean_max_attention"]]
+    assert all(0 < peak <= 1 for peak in peaks)
     assert (tmp_path / "global_adversary_nll_vs_kl.png").exists()
     assert any("piecewise-linear" in note for note in result.meta["notes"])
 

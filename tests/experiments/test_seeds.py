@@ -66,6 +66,7 @@ def test_compare_with_itself_is_zero(clf: Run) -> None:
     for name in ("jsd", "kl_base_other", "kl_other_base", "tvd"):
         assert np.allclose(result[name], 0.0, atol=1e-6), name
     assert np.all(result["agreement"] == 1.0) and np.all(result["outputs"] == 1.0)
+    assert np.allclose(result["max_attention_other"], result["max_attention"])
 
 
 def test_compare_averages_a_taggers_outputs_over_real_tokens(tagger: Run) -> None:
@@ -79,6 +80,9 @@ def test_compare_averages_a_taggers_outputs_over_real_tokens(tagger: Run) -> Non
     assert pooled["tvd"][2] == pytest.approx(float(change.mean()), abs=1e-6)  # alone == inside a padded batch
     assert pooled["outputs"][2] == len(examples[2].tokens) == pooled["rows"][2]
     assert np.all((pooled["jsd"] >= 0) & (pooled["jsd"] <= np.log(2) + 1e-9))
+    with torch.no_grad():
+        peak = other(batch).trace[other.explained_layer].weights.max(-1).values.mean()
+    assert pooled["max_attention_other"][2] == pytest.approx(float(peak), abs=1e-6)  # heads x real rows
 
 
 def test_seeds_end_to_end_skips_the_base_seed_and_resumes(clf: Run, tmp_path: Path) -> None:

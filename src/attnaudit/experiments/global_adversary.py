@@ -342,6 +342,8 @@ class GlobalAdversary(Experiment):
                     **({"mean_kl_entry": entry_scale(c["kl_base_other"], c["rows"])} if tagging else {}),
                     "mean_nll": weighted_mean(c["nll"], c["outputs"]),
                     "agreement": weighted_mean(c["agreement"], c["outputs"]),
+                    # 1.0 = one-hot rows: a saturated adversary parks its attention on one key (base: summary)
+                    "mean_max_attention": weighted_mean(c["max_attention_other"], c["rows"]),
                     "epochs": sub.metrics.get("epochs"),
                     "trained_now": sub.trained,
                 }
@@ -356,7 +358,12 @@ class GlobalAdversary(Experiment):
                     row[f"jsd_lambda{lam:g}"] = float(c["jsd"][i])
                     row[f"tvd_lambda{lam:g}"] = float(c["tvd"][i])
         points = reference_points(run, examples)
-        summary: dict[str, Any] = {"metric": key, f"base_test_{key}": base["test"][key]}
+        first = next(iter(columns.values()))
+        summary: dict[str, Any] = {
+            "metric": key,
+            f"base_test_{key}": base["test"][key],
+            "base_mean_max_attention": weighted_mean(first["max_attention"], first["rows"]),
+        }
         notes = [
             "attention compared at the base's explained layer; JSD/TVD/KL/NLL are measured on the tested instances, "
             f"{key} on the whole test split",

@@ -58,7 +58,8 @@ def compare(
     and real query rows: ``jsd``, ``kl_base_other`` = KL(α_base ‖ α_other), ``kl_other_base``.
     Outputs (a tagger's averaged over real tokens): ``tvd`` of the predicted distributions,
     ``nll`` = −log p_other(base's predicted label), ``agreement`` = fraction of equal
-    predicted labels. Also the base's ``max_attention``, ``rows`` (real query rows) and
+    predicted labels. Also the base's and the other's ``max_attention`` / ``max_attention_other``
+    (mean peak weight per row: 1 means one-hot attention), ``rows`` (real query rows) and
     ``outputs`` (predictions per instance: 1, or the tokens of a tagged sentence), the
     weights for token-level means.
     """
@@ -76,6 +77,7 @@ def compare(
             columns["kl_base_other"].append(row_mean(kl(mine.weights, yours.weights), rows))
             columns["kl_other_base"].append(row_mean(kl(yours.weights, mine.weights), rows))
             columns["max_attention"].append(max_attention(mine.weights, rows))
+            columns["max_attention_other"].append(max_attention(yours.weights, rows))
             columns["rows"].append(rows.sum(-1).to(torch.float64))
             target = ours.logits.argmax(-1)
             nll = -theirs.logits.log_softmax(-1).gather(-1, target[..., None]).squeeze(-1)
