@@ -266,3 +266,16 @@ def test_probes_of_differently_started_adversaries_do_not_share_subruns(tagger: 
     again = run_test("probe", tagger, out=tmp_path / "c", **common)  # the base-started probe was not overwritten
     assert not any(row["trained_now"] for row in again.tables["probes"])
     assert again.summary == from_base.summary
+
+
+def test_probes_of_adversaries_of_another_seed_do_not_share_subruns(tagger: Run, tmp_path: Path) -> None:
+    common = {"lambdas": [3.0], "variants": ["frozen"], "epochs": 1, "plot": False, "limit": 12}
+    first = run_test("probe", tagger, out=tmp_path / "a", **common)
+    other = run_test("probe", tagger, out=tmp_path / "b", seed=1, **common)
+    root = Path(tagger.path) / "subruns"
+    assert (root / "global-adversary" / "lambda-3-seed-1-from-base").is_dir()
+    assert (root / "probe" / "adversary-3-adversary-seed-1-frozen-seed-0").is_dir()
+    assert "adversary λ=3 (adversary seed 1)/frozen" in other.summary
+    again = run_test("probe", tagger, out=tmp_path / "c", **common)  # the seed-0 adversary's probe was kept
+    assert not any(row["trained_now"] for row in again.tables["probes"])
+    assert again.summary == first.summary

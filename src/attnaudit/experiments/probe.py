@@ -154,6 +154,9 @@ class AttentionProbe(Experiment):
         if init != resolve_init(run, ""):
             labels.append(f"{init} init")
             slugs.append(f"-init-{init}")
+        if seed != base_seed(run):  # adversaries of another seed (--seed) get probes of their own
+            labels.append(f"adversary seed {seed}")
+            slugs.append(f"-adversary-seed-{seed}")
         suffix, slug_suffix = (f" ({', '.join(labels)})" if labels else ""), "".join(slugs)
         for lam in dict.fromkeys(float(v) for v in options.lambdas):
             status(f"probe: adversary λ={lam:g}")
