@@ -245,13 +245,13 @@ def audit(
 
 @app.command()
 def report(
-    directory: Annotated[Path, typer.Argument(help="Audit folder (or a run directory with results/).")],
+    directory: Annotated[Path, typer.Argument(help="Audit folder, a run directory with results/, or an `attnaudit run --out` folder.")],
     heatmaps: Annotated[int, typer.Option(help="Most and least faithful instances shown as heatmaps (each).")] = 3,
     data_dir: DataDir = None,
     device: Device = "auto",
     quiet: Quiet = False,
 ) -> None:
-    """Write DIRECTORY/report.html from DIRECTORY/results (self-contained HTML)."""
+    """Write DIRECTORY/report.html from DIRECTORY/results or the result files in DIRECTORY (self-contained HTML)."""
     from attnaudit.report import build_report
 
     set_quiet(quiet)

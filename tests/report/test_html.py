@@ -83,6 +83,16 @@ def test_report_computes_heatmaps_from_the_run_directory(tiny_attention_run, tmp
     assert "τ(attention, gradient)" in page
 
 
+def test_report_of_a_run_out_folder_finds_the_run_from_the_results(tiny_attention_run, tmp_path: Path) -> None:
+    run = tiny_attention_run("bilstm")
+    out = tmp_path / "mine"  # `attnaudit run importance RUN --out mine`: result JSON directly in the folder
+    run_test("importance", run, limit=6, out=out)
+    page = build_report(out, instances=1).read_text()
+    assert (out / "heatmaps.json").exists() and not (out / "results").exists()
+    assert page.count('<div class="instance">') == 2 and "τ(attention, gradient)" in page
+    assert (out / "report.html").exists() and (out / "summary.csv").exists()
+
+
 def test_no_results_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(AttnAuditError, match="no results"):
         build_report(tmp_path)

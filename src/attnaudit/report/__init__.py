@@ -3,10 +3,11 @@
 It also rewrites ``DIR/summary.csv`` from the stored results, so both follow the current
 verdict code.
 
-``DIR`` is an audit output folder (``results/``, ``audit.json``) or a run directory whose
-``results/`` were written by ``attnaudit run``. The heatmaps come from
-``results/heatmaps.json``; when it is missing they are computed from the run (the audit's
-run, ``DIR/run``, or ``DIR`` itself) and saved there.
+``DIR`` is an audit output folder (``results/``, ``audit.json``), a run directory whose
+``results/`` were written by ``attnaudit run``, or the folder given to ``attnaudit run --out``
+(result JSON files directly in it). The heatmaps come from ``heatmaps.json`` beside the
+results; when it is missing they are computed from the run (the audit's run, the run recorded
+in the results, ``DIR/run``, or ``DIR`` itself) and saved there.
 """
 
 from __future__ import annotations
@@ -41,8 +42,16 @@ def _load_results(results_dir: Path) -> tuple[dict[str, Result], list[str]]:
     return results, notes
 
 
+def results_folder(directory: Path) -> Path:
+    """``DIR/results``, or ``DIR`` itself when it holds result JSON files (``attnaudit run --out DIR``)."""
+    nested = directory / RESULTS
+    if not nested.is_dir() and directory.is_dir() and any(p.name != HEATMAPS for p in directory.glob("*.json")):
+        return directory
+    return nested
+
+
 def _find_run(directory: Path, info: dict[str, Any], data_dir: str | Path | None, device: str) -> Run | None:
-    """The run behind ``directory``: the audit's recorded run or Hugging Face model, ``DIR/run``, or ``DIR``."""
+    """The run behind ``directory``: the recorded run (audit or results) or Hugging Face model, ``DIR/run``, or ``DIR``."""
     from attnaudit.run import load_run
 
     if info.get("hf") and not info.get("run"):
@@ -57,6 +66,7 @@ def _find_run(directory: Path, info: dict[str, Any], data_dir: str | Path | None
 
 def _heatmaps(
     directory: Path,
+    results_dir: Path,
     run: Run | None,
     info: dict[str, Any],
     split: str,
@@ -68,7 +78,7 @@ def _heatmaps(
     """Heatmap data (computed from ``run`` when given, else loaded, else computed from the found run) and a note."""
     from attnaudit.report.heatmaps import heatmaps_for
 
-    path = directory / RESULTS / HEATMAPS
+    path = results_dir / HEATMAPS
     if run is None and path.exists():
         return read_json(path), ""
     try:
@@ -78,7 +88,7 @@ def _heatmaps(
         if run.task.task_type not in ("classification", "pair"):
             return None, f"no heatmaps: a {run.task.task_type} model makes one decision per token, not one per instance"
         examples = run.examples(info.get("split", split), info.get("limit", limit), data_dir=data_dir)
-        data = heatmaps_for(run, examples, directory / RESULTS, instances)
+        data = heatmaps_for(run, examples, results_dir, instances)
     except AttnAuditError as exc:
         return None, f"no heatmaps: {exc}"
     except Exception as exc:  # the report must still be written when an explanation method breaks
@@ -96,7 +106,7 @@ def build_report(
     instances: int = 3,
     device: str = "auto",
 ) -> Path:
-    """Write ``directory/report.html`` from ``directory/results`` (and ``audit.json`` when present).
+    """Write ``directory/report.html`` from its results (:func:`results_folder`; and ``audit.json`` when present).
 
     ``run`` (the audited run) computes fresh heatmaps; without it they are read from
     ``results/heatmaps.json`` or computed from the run found next to the results.
@@ -105,7 +115,7 @@ def build_report(
     from attnaudit.audit import AUDIT, SUMMARY, order_tests, summary_rows, write_summary
 
     directory = Path(directory)
-    results_dir = directory / RESULTS
+    results_dir = results_folder(directory)
     info = read_json(directory / AUDIT) if (directory / AUDIT).exists() else {}
     if not results_dir.is_dir() and not info:
         raise AttnAuditError(f"{directory}: no results/ folder (run `attnaudit audit` or `attnaudit run` first)")
@@ -133,9 +143,11 @@ def build_report(
         else:
             continue
         sections.append(section)
-    heatmaps, heatmap_note = _heatmaps(directory, run, info, split, limit, data_dir, instances, device)
     first = next(iter(results.values()), None)
     meta = first.meta if first else {}
+    # without an audit.json, the results' own record says which run (split, instances) they came from
+    source = info or {k: meta[k] for k in ("run", "split", "limit") if meta.get(k) is not None}
+    heatmaps, heatmap_note = _heatmaps(directory, results_dir, run, source, split, limit, data_dir, instances, device)
     model = info.get("model") or meta.get("model")
     if info.get("hf"):
         model = f"Hugging Face encoder {'/'.join(Path(info['hf']).parts[-2:])}"
