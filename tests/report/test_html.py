@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shutil
 from pathlib import Path
 
 import matplotlib
@@ -96,3 +97,10 @@ def test_report_of_a_run_out_folder_finds_the_run_from_the_results(tiny_attentio
 def test_no_results_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(AttnAuditError, match="no results"):
         build_report(tmp_path)
+
+
+def test_a_run_directory_without_results_asks_for_them(tiny_attention_run, tmp_path: Path) -> None:
+    bare = tmp_path / "run"  # the run's config.json, metrics.json ... but no results/
+    shutil.copytree(tiny_attention_run("bilstm").path, bare, ignore=shutil.ignore_patterns("results"))
+    with pytest.raises(AttnAuditError, match="no results/ folder"):
+        build_report(bare)

@@ -43,11 +43,12 @@ def _load_results(results_dir: Path) -> tuple[dict[str, Result], list[str]]:
 
 
 def results_folder(directory: Path) -> Path:
-    """``DIR/results``, or ``DIR`` itself when it holds result JSON files (``attnaudit run --out DIR``)."""
+    """``DIR/results``, or ``DIR`` itself when it holds result JSON files (``attnaudit run --out DIR``)
+    and is not a run directory (whose ``config.json`` and ``metrics.json`` are no results)."""
     nested = directory / RESULTS
-    if not nested.is_dir() and directory.is_dir() and any(p.name != HEATMAPS for p in directory.glob("*.json")):
-        return directory
-    return nested
+    if nested.is_dir() or (directory / "config.json").exists():
+        return nested
+    return directory if any(p.name != HEATMAPS for p in directory.glob("*.json")) else nested
 
 
 def _find_run(directory: Path, info: dict[str, Any], data_dir: str | Path | None, device: str) -> Run | None:
