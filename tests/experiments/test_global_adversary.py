@@ -198,6 +198,10 @@ def test_classification_sweep_with_seed_and_uniform_points(clf: Run, tmp_path: P
     assert {"jsd@0", "tvd@10", "accuracy@10"} <= set(result.summary)
     assert (tmp_path / "global_adversary_jsd_vs_tvd.png").exists()
     assert "jsd_lambda10" in result.instances[0]
+    example = result.meta["example_attention"]
+    assert list(example["weights"]) == ["base", "λ=0", "λ=10"] and (tmp_path / "global_adversary_attention.png").exists()
+    base = np.asarray(example["weights"]["base"])  # single-query attention: (1 head, 1 query, keys)
+    assert base.shape == (1, 1, len(example["tokens"])) and base.sum() == pytest.approx(1.0, abs=1e-5)
 
     sub = Path(clf.path) / "subruns" / "global-adversary" / "lambda-10-seed-0" / "metrics.json"
     stamp = sub.stat().st_mtime_ns
@@ -218,6 +222,12 @@ def test_tagging_sweep_reports_kl_nll_and_breakpoint(tagger: Run, tmp_path: Path
     assert all(0 < peak <= 1 for peak in peaks)
     assert (tmp_path / "global_adversary_nll_vs_kl.png").exists()
     assert any("piecewise-linear" in note for note in result.meta["notes"])
+    example = result.meta["example_attention"]
+    n = len(example["tokens"])
+    for weights in example["weights"].values():  # self-attention: (heads, n, n), each row a distribution
+        rows = np.asarray(weights)
+        assert rows.shape == (tagger.config.heads, n, n) and np.allclose(rows.sum(-1), 1.0, atol=1e-5)
+    assert (tmp_path / "global_adversary_attention.png").exists()
 
 
 def test_entry_scale_sweep_has_its_own_subruns_and_axis(tagger: Run, clf: Run, tmp_path: Path) -> None:

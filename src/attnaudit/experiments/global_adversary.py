@@ -16,6 +16,9 @@ lambda-<λ>-seed-<s>``), with the base model fixed and run alongside on every ba
   where NLL starts to rise steeply is the breakpoint of a continuous two-segment
   piecewise-linear fit of NLL against KL (:func:`breakpoint_fit`).
 
+Both also report each adversary's mean peak attention weight (1 = one-hot rows) and draw one
+short test instance's attention under the base and every λ (``global_adversary_attention``).
+
 The attention compared is the base's explained layer (the only one of the RNN family, the
 last of a Transformer). The adversary keeps no gold labels: it only has to match the base's
 outputs. Its epoch is selected by the lowest dev loss (its own objective). It starts from a
@@ -172,6 +175,27 @@ def entry_scale(kl_per_token: np.ndarray, rows: np.ndarray) -> float:
     return float((np.asarray(kl_per_token) * rows).sum() / max((rows**2).sum(), 1.0))
 
 
+def example_attention(run: Run, models: dict[str, AttentionModel], examples: list[Example]) -> dict[str, Any]:
+    """The explained layer's attention of every model on one short test instance (the figure's data).
+
+    The first instance of 5–20 items (else the shortest); weights per model as ``(heads, queries,
+    keys)`` lists over its real items, so the figure shows where each adversary's attention went.
+    """
+    example = next((e for e in examples if 5 <= len(e.tokens) <= 20), min(examples, key=lambda e: len(e.tokens)))
+    batch = run.collate([example]).to(run.device)
+    weights = {}
+    with torch.no_grad():
+        for name, model in models.items():
+            model.eval()
+            layer = model(batch).trace[run.model.explained_layer]
+            keys = int(layer.mask[0].sum())
+            rows = int(layer.query_mask[0].sum()) if layer.query_mask is not None else layer.weights.shape[2]
+            weights[name] = layer.weights[0, :, :rows, :keys].cpu().tolist()
+    keys = len(next(iter(weights.values()))[0][0])
+    labels = list(example.tokens) if len(example.tokens) == keys else [str(i) for i in range(keys)]
+    return {"tokens": labels, "weights": weights}
+
+
 INITS = ("scratch", "base")
 KL_CEILING = -math.log(1e-10)  # largest KL of one row under metrics.kl's 1e-10 smoothing (nats)
 CEILING_SHARE = 0.75
@@ -290,6 +314,41 @@ def reference_points(run: Run, examples: list[Example]) -> list[dict[str, Any]]:
     return points
 
 
+def plot_example_attention(example: dict[str, Any], directory: Path) -> list[Path]:
+    """One instance's attention, base and every λ: a row of tokens per model for single-query
+    attention, else a ``query × key`` map per model (rows) and head (columns)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tokens, weights = example["tokens"], example["weights"]
+    names = list(weights)
+    arrays = [np.asarray(weights[name]) for name in names]  # (heads, queries, keys) each
+    heads, queries = arrays[0].shape[:2]
+    size = max(2.0, 0.22 * len(tokens))
+    if queries == 1:
+        fig, ax = plt.subplots(figsize=(1.5 + size, 0.9 + 0.35 * len(names)), layout="constrained")
+        image = ax.imshow(np.stack([a[0, 0] for a in arrays]), cmap="Oranges", vmin=0, vmax=1, aspect="auto")
+        ax.set_yticks(range(len(names)), names)
+        ax.set_xticks(range(len(tokens)), tokens, rotation=90, fontsize=7)
+    else:
+        fig, axes = plt.subplots(len(names), heads, figsize=(0.6 + size * heads, 0.4 + size * len(names)),
+                                 layout="constrained", squeeze=False)
+        for r, (name, a) in enumerate(zip(names, arrays)):
+            for h in range(heads):
+                ax = axes[r][h]
+                image = ax.imshow(a[h], cmap="Oranges", vmin=0, vmax=1)
+                ax.set_xticks(range(len(tokens)), tokens if r == len(names) - 1 else [], rotation=90, fontsize=6)
+                ax.set_yticks(range(len(tokens)), tokens if h == 0 else [], fontsize=6)
+                if r == 0:
+                    ax.set_title(f"head {h}", fontsize=8)
+            axes[r][0].set_ylabel(name, fontsize=9)
+    fig.colorbar(image, ax=fig.axes, shrink=0.6, label="attention weight")
+    fig.suptitle("one test instance: the base's and each adversary's attention", fontsize=9)
+    return save_figure(fig, directory, "global_adversary_attention")
+
+
 @register
 class GlobalAdversary(Experiment):
     """Train adversarial models over a λ sweep; how far can attention move while outputs stay?"""
@@ -325,12 +384,13 @@ class GlobalAdversary(Experiment):
         lambdas = list(dict.fromkeys(float(v) for v in (options.lambdas or DEFAULT_LAMBDAS[task_type])))
         key = score_key(task_type)
         base = base_scores(run)
-        table, columns = [], {}
+        table, columns, models = [], {}, {"base": run.model}
         for n, lam in enumerate(lambdas, 1):
             status(f"global adversary: λ={lam:g} ({n}/{len(lambdas)})")
             sub = adversary(run, lam, seed, options.epochs, options.init, options.kl_scale)
             c = compare(run, sub.model, examples)
             columns[lam] = c
+            models[f"λ={lam:g}"] = sub.model
             table.append(
                 {
                     "lambda": lam,
@@ -405,7 +465,8 @@ class GlobalAdversary(Experiment):
             published = dict(PUBLISHED_CLASSIFICATION)
         if not points:
             notes.append("no finished seeds/uniform sub-runs: run the seeds and uniform tests first to add their points")
-        return Result(self.name, summary, instances, tables, {"notes": notes, "published": published})
+        meta = {"notes": notes, "published": published, "example_attention": example_attention(run, models, examples)}
+        return Result(self.name, summary, instances, tables, meta)
 
     def plot(self, result: Result, directory: Path) -> list[Path]:
         import matplotlib
@@ -442,7 +503,9 @@ class GlobalAdversary(Experiment):
         ax.set_xlabel("λ")
         ax.set_ylabel(f"test {key}")
         ax.legend(fontsize=8)
-        return paths + save_figure(fig, directory, "global_adversary_scores")
+        paths += save_figure(fig, directory, "global_adversary_scores")
+        example = result.meta.get("example_attention")
+        return paths + (plot_example_attention(example, directory) if example else [])
 
     def verdict(self, result: Result) -> list[dict[str, Any]]:
         s, table = result.summary, result.tables["lambdas"]
