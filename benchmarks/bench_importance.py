@@ -13,7 +13,9 @@ and the agreement do not depend on training) explains the same 64 sentences:
 
 Sentences: by default 64 synthetic sentences of 15-25 tokens (SST's test sentences
 average ~19 tokens); with ``--data-dir`` the first 64 sentences of Jain & Wallace's SST
-test split. Each side is timed ``--repeats`` times; medians are compared.
+test split. Each side is timed ``--repeats`` times; medians are compared. Cost is also given in
+forward-pass equivalents: each side's time over the median time of one batched forward pass
+of the same model over the same sentences (``forward_pass_equivalents_ours`` / ``_peer``).
 Run: ``.venv/bin/python benchmarks/bench_importance.py [--data-dir ../shared/data]``.
 """
 
@@ -107,7 +109,20 @@ def saliency_gradient(run: Run, batch: Batch) -> torch.Tensor:
     return (grad * embeddings).sum(-1).abs() * batch.mask.to(embeddings.dtype)
 
 
-def compare(ours: Callable[[], torch.Tensor], peer: Callable[[], torch.Tensor], repeats: int) -> dict[str, Any]:
+def forward_seconds(run: Run, batch: Batch, repeats: int) -> float:
+    """Median time of one batched forward pass (no gradient): the unit of forward-pass equivalents."""
+
+    def forward() -> torch.Tensor:
+        with torch.no_grad():
+            return run.model(batch).logits
+
+    forward()  # warm-up
+    return _median_seconds(forward, repeats)[0]
+
+
+def compare(
+    ours: Callable[[], torch.Tensor], peer: Callable[[], torch.Tensor], repeats: int, forward_s: float
+) -> dict[str, Any]:
     """Time both, check they agree (NaN where the other is NaN, else within TOLERANCE)."""
     peer()  # warm-up: first calls pay for allocator and kernel setup
     ours()
@@ -122,6 +137,9 @@ def compare(ours: Callable[[], torch.Tensor], peer: Callable[[], torch.Tensor], 
         "max_value": float(b.nan_to_num(0.0).abs().max()),
         "ours_s": ours_s,
         "peer_s": peer_s,
+        "forward_s": forward_s,
+        "forward_pass_equivalents_ours": ours_s / forward_s,
+        "forward_pass_equivalents_peer": peer_s / forward_s,
     }
 
 
@@ -141,13 +159,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "mean_length": sum(lengths) / len(lengths),
         "model": "randomly initialised, family default sizes (FAMILY_DEFAULTS)",
         "tolerance": TOLERANCE,
-        "command": "benchmarks/bench_importance.py" + (f" --data-dir {args.data_dir}" if args.data_dir else ""),
+        "command": "benchmarks/bench_importance.py"
+        + (f" --data-dir {args.data_dir}" if args.data_dir else "")
+        + f" --repeats {args.repeats}",
+        "repeats": args.repeats,
     }
     gradient_rows = {}
     summary: dict[str, Any] = {}
     for encoder in ENCODERS:
         run, batch = make_run(encoder, examples)
-        loo = compare(lambda: loo_importance(run, batch), lambda: loo_importance_reference(run, batch), args.repeats)
+        forward_s = forward_seconds(run, batch, args.repeats)
+        loo = compare(
+            lambda: loo_importance(run, batch), lambda: loo_importance_reference(run, batch), args.repeats, forward_s
+        )
         result = {
             "name": f"loo_{encoder}",
             **loo,
@@ -157,8 +181,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         }
         atomic_write_json(RESULTS / f"loo_{encoder}.json", result)
         summary[encoder] = result
-        print(f"loo {encoder:12s} ratio {loo['ratio']:6.1f}x  agree={loo['agree']}  max|diff| {loo['max_abs_diff']:.1e}")
-        grad = compare(lambda: gradient_importance(run, batch), lambda: saliency_gradient(run, batch), args.repeats)
+        print(
+            f"loo {encoder:12s} ratio {loo['ratio']:6.1f}x  agree={loo['agree']}  max|diff| {loo['max_abs_diff']:.1e}  "
+            f"forward passes {loo['forward_pass_equivalents_ours']:.1f} vs {loo['forward_pass_equivalents_peer']:.1f}"
+        )
+        grad = compare(
+            lambda: gradient_importance(run, batch), lambda: saliency_gradient(run, batch), args.repeats, forward_s
+        )
         gradient_rows[encoder] = grad
         print(f"gradient {encoder:7s} ratio {grad['ratio']:6.2f}x  agree={grad['agree']}  max|diff| {grad['max_abs_diff']:.1e}")
     gradient = {
