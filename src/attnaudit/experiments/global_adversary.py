@@ -51,7 +51,7 @@ from torch import Tensor, nn
 from attnaudit.data.types import Batch, Example
 from attnaudit.errors import AttnAuditError
 from attnaudit.experiments.base import Experiment, Result, register, save_figure
-from attnaudit.experiments.permutation import row_mean
+from attnaudit.experiments.permutation import evaluation, row_mean
 from attnaudit.experiments.seeds import compare, identity_rows, weighted_mean
 from attnaudit.experiments.uniform import frozen_uniform
 from attnaudit.metrics import output_change
@@ -182,16 +182,12 @@ def example_attention(run: Run, models: dict[str, AttentionModel], examples: lis
     keys)`` lists over its real items, so the figure shows where each adversary's attention went.
     """
     example = next((e for e in examples if 5 <= len(e.tokens) <= 20), min(examples, key=lambda e: len(e.tokens)))
-    batch = run.collate([example]).to(run.device)
+    batch = run.collate([example]).to(run.device)  # a batch of one: no padding to cut off
     weights = {}
-    with torch.no_grad():
-        for name, model in models.items():
-            model.eval()
-            layer = model(batch).trace[run.model.explained_layer]
-            keys = int(layer.mask[0].sum())
-            rows = int(layer.query_mask[0].sum()) if layer.query_mask is not None else layer.weights.shape[2]
-            weights[name] = layer.weights[0, :, :rows, :keys].cpu().tolist()
-    keys = len(next(iter(weights.values()))[0][0])
+    for name, model in models.items():
+        with evaluation(model), torch.no_grad():
+            weights[name] = model(batch).trace[run.model.explained_layer].weights[0].cpu().tolist()
+    keys = len(weights["base"][0][0])
     labels = list(example.tokens) if len(example.tokens) == keys else [str(i) for i in range(keys)]
     return {"tokens": labels, "weights": weights}
 
