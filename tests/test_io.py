@@ -41,3 +41,12 @@ def test_read_json_reports_line_of_syntax_error(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="file not found"):
         read_json(tmp_path / "missing.json")
     assert json.loads(atomic_write_json(tmp_path / "x.json", {}).read_text()) == {}
+
+
+def test_digest_ignores_key_order_and_csv_cell_keeps_scalars() -> None:
+    from attnaudit.io import csv_cell, digest
+
+    assert digest({"a": 1, "b": [2, 3]}) == digest({"b": [2, 3], "a": 1}) != digest({"a": 1, "b": [3, 2]})
+    assert len(digest({})) == 16
+    assert csv_cell({"x": [1, 2]}) == '{"x": [1, 2]}' and csv_cell((1, 2)) == "[1, 2]"
+    assert csv_cell(0.5) == 0.5 and csv_cell("text") == "text" and csv_cell(None) is None

@@ -19,8 +19,6 @@ A failing test is recorded and the others still run.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import time
 import traceback
 import typing
@@ -30,9 +28,9 @@ from typing import Any
 
 import pandas as pd
 
-from attnaudit.errors import AttnAuditError
+from attnaudit.errors import AttnAuditError, error_line
 from attnaudit.experiments.base import Experiment, Result, discover, make_options, run_test
-from attnaudit.io import atomic_write, atomic_write_json
+from attnaudit.io import atomic_write, atomic_write_json, csv_cell, digest
 from attnaudit.progress import status
 from attnaudit.run import Run
 
@@ -143,14 +141,10 @@ def parse_settings(items: typing.Sequence[str]) -> dict[str, dict[str, Any]]:
     return settings
 
 
-def _hash(obj: Any) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
 def run_identity(run: Run) -> str:
     """A hash of what the run is (its saved config, or the Hugging Face source), for result reuse."""
     info = run.info or {}
-    return str(info.get("hash") or _hash({"info": info, "task": run.task.to_dict(), "model": run.config.to_dict()}))
+    return str(info.get("hash") or digest({"info": info, "task": run.task.to_dict(), "model": run.config.to_dict()}))
 
 
 def _load_target(
@@ -209,21 +203,15 @@ def _plan(
     return order_tests(selected), options
 
 
-def _reusable(path: Path, digest: str) -> Result | None:
-    """The stored result at ``path`` if it was computed with options hash ``digest``."""
+def _reusable(path: Path, options_hash: str) -> Result | None:
+    """The stored result at ``path`` if it was computed with options hash ``options_hash``."""
     if not path.exists():
         return None
     try:
         result = Result.load(path)
     except AttnAuditError:
         return None
-    return result if result.meta.get("audit", {}).get("options_hash") == digest else None
-
-
-def _error_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    message = text[0] if text else ""
-    return message if isinstance(exc, AttnAuditError) else f"{type(exc).__name__}: {message}".rstrip(": ")
+    return result if result.meta.get("audit", {}).get("options_hash") == options_hash else None
 
 
 def verdict_rows(name: str, result: Result) -> list[dict[str, Any]]:
@@ -234,14 +222,8 @@ def verdict_rows(name: str, result: Result) -> list[dict[str, Any]]:
         rows = experiment.verdict(result)
     except Exception as exc:  # a broken verdict must not hide the numbers: fall back to the summary
         rows = Experiment.verdict(experiment, result)
-        rows.append({"statistic": "verdict", "value": "", "published": "", "interpretation": f"verdict failed: {_error_line(exc)}"})
+        rows.append({"statistic": "verdict", "value": "", "published": "", "interpretation": f"verdict failed: {error_line(exc)}"})
     return [{"test": name, **{k: row.get(k, "") for k in SUMMARY_COLUMNS[1:]}} for row in rows]
-
-
-def _cell(value: Any) -> Any:
-    if isinstance(value, (dict, list, tuple)):
-        return json.dumps(value, default=str)
-    return value
 
 
 def summary_rows(log: list[dict[str, Any]], results: dict[str, Result]) -> list[dict[str, Any]]:
@@ -264,7 +246,7 @@ def summary_rows(log: list[dict[str, Any]], results: dict[str, Result]) -> list[
 
 def write_summary(path: Path, rows: list[dict[str, Any]]) -> Path:
     """``summary.csv``: one row per statistic, skipped and failed tests included."""
-    frame = pd.DataFrame([{k: _cell(r.get(k, "")) for k in SUMMARY_COLUMNS} for r in rows], columns=SUMMARY_COLUMNS)
+    frame = pd.DataFrame([{k: csv_cell(r.get(k, "")) for k in SUMMARY_COLUMNS} for r in rows], columns=SUMMARY_COLUMNS)
     return atomic_write(path, lambda tmp: frame.to_csv(tmp, index=False))
 
 
@@ -328,10 +310,10 @@ def audit(
                 status(f"{prefix}: [yellow]skipped[/] ({reason})")
                 log.append(entry)
                 continue
-            digest = _hash(
+            options_hash = digest(
                 {"test": name, "options": entry["options"], "split": split, "limit": limit, "seed": seed, "run": identity, "figures": figures}
             )
-            cached = _reusable(results_dir / f"{name}.json", digest)
+            cached = _reusable(results_dir / f"{name}.json", options_hash)
             if cached is not None:
                 outcome.results[name] = cached
                 entry.update(status="cached", seconds=cached.meta.get("seconds"))
@@ -342,7 +324,7 @@ def audit(
             result = run_test(
                 name, target, split=split, limit=limit, seed=seed, out=results_dir, data_dir=data_dir, plot=figures, **entry["options"]
             )
-            result.meta["audit"] = {"options_hash": digest}
+            result.meta["audit"] = {"options_hash": options_hash}
             result.save(results_dir)
             outcome.results[name] = result
             entry.update(status="done", seconds=round(time.perf_counter() - start, 3))
@@ -350,7 +332,7 @@ def audit(
         except KeyboardInterrupt:
             raise
         except Exception as exc:  # one failing test must not stop the audit; it is reported
-            message = _error_line(exc)
+            message = error_line(exc)
             outcome.failed[name] = message
             entry.update(status="failed", error=message, traceback=traceback.format_exc(limit=8))
             status(f"{prefix}: [red]failed[/]: {message}")

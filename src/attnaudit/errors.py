@@ -30,3 +30,10 @@ def warn(message: str) -> None:
     import warnings
 
     warnings.warn(message, AttnAuditWarning, stacklevel=2)
+
+
+def error_line(exc: BaseException) -> str:
+    """One line for a logged failure: our errors' own message, others prefixed with their type."""
+    lines = str(exc).strip().splitlines()
+    message = lines[0] if lines else ""
+    return message if isinstance(exc, AttnAuditError) else f"{type(exc).__name__}: {message}".rstrip(": ")

@@ -22,7 +22,6 @@ methods raise :class:`~attnaudit.errors.AttnAuditError` for them.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -32,7 +31,7 @@ from attnaudit.data.types import Batch
 from attnaudit.errors import AttnAuditError
 from attnaudit.metrics import output_change
 from attnaudit.models.attention import normalise
-from attnaudit.models.base import AttentionModel, Cache, Intervention, ModelOutput, detach_weights
+from attnaudit.models.base import AttentionModel, Cache, Intervention, ModelOutput, detach_weights, evaluation
 from attnaudit.models.han import HierarchicalAttentionNetwork
 from attnaudit.models.rnn import (
     AttentionClassifier,
@@ -50,17 +49,6 @@ _CHUNK_ELEMENTS = 1 << 23
 # Activation elements per batched forward pass of the leave-one-out recomputation: passes of
 # a few hundred short sentences run faster on CPU than one pass over every deletion at once.
 _PASS_ELEMENTS = 1 << 21
-
-
-@contextmanager
-def _evaluating(model: nn.Module) -> Iterator[None]:
-    """Eval mode (no dropout) for the duration, then the previous mode again."""
-    was_training = model.training
-    model.eval()
-    try:
-        yield
-    finally:
-        model.train(was_training)
 
 
 def _check_task(run: Run) -> None:
@@ -138,7 +126,7 @@ def attention_importance(run: Run, batch: Batch, layer: int | None = None, head:
     _check_task(run)
     model = run.model
     index = _layer_index(model, layer)
-    with _evaluating(model), torch.no_grad():
+    with evaluation(model), torch.no_grad():
         record = model(batch).trace[index]
         values = _reduce(record.weights, record.query_mask, head, model.explanation_query)
     return _to_items(values, run, batch, index)
@@ -153,7 +141,7 @@ def attention_per_head(run: Run, batch: Batch) -> Tensor:
     """
     _check_task(run)
     model = run.model
-    with _evaluating(model), torch.no_grad():
+    with evaluation(model), torch.no_grad():
         trace = model(batch).trace
     layers = [model.explained_layer % len(trace)] if _hierarchical(model) else range(len(trace))
     stacked = []
@@ -188,7 +176,7 @@ def gradient_importance(run: Run, batch: Batch) -> Tensor:
     """
     _check_task(run)
     model = run.model
-    with _evaluating(model), torch.enable_grad():
+    with evaluation(model), torch.enable_grad():
         embeddings = model.embed(batch).detach().requires_grad_(True)
         probs = model(batch, [detach_weights()], embeddings=embeddings).probs
         (grad,) = torch.autograd.grad(_predicted(probs).sum(), embeddings)
@@ -200,7 +188,7 @@ def _attention_grad(run: Run, batch: Batch) -> tuple[Tensor, Tensor, Tensor | No
     _check_task(run)
     model = run.model
     index = _layer_index(model, None)
-    with _evaluating(model):
+    with evaluation(model):
         with torch.no_grad():
             record = model(batch).trace[index]
         weights = record.weights.detach().clone().requires_grad_(True)
@@ -517,7 +505,7 @@ def loo_importance(run: Run, batch: Batch) -> Tensor:
     _check_task(run)
     model = run.model
     mask = item_mask(run, batch)
-    with _evaluating(model), torch.no_grad():
+    with evaluation(model), torch.no_grad():
         cache = model.encode(batch)
         output = model.decode(cache)
         full = output.probs
@@ -543,7 +531,7 @@ def loo_importance_reference(run: Run, batch: Batch) -> Tensor:
     model = run.model
     mask = item_mask(run, batch)
     everyone = torch.arange(len(batch), device=mask.device)
-    with _evaluating(model), torch.no_grad():
+    with evaluation(model), torch.no_grad():
         full = model(batch).probs
 
         def forward(keep: Tensor) -> Tensor:
@@ -574,7 +562,7 @@ def integrated_gradients(run: Run, batch: Batch, steps: int = 50, absolute: bool
         raise AttnAuditError(f"integrated gradients needs steps >= 1, got {steps}")
     model = run.model
     t = batch.tokens.shape[1]
-    with _evaluating(model):
+    with evaluation(model):
         with torch.no_grad():
             target = model(batch).probs.argmax(-1)
             embeddings = model.embed(batch)

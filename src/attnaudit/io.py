@@ -17,6 +17,11 @@ def digest(value: Any) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+def csv_cell(value: Any) -> Any:
+    """A value for one CSV cell: containers as JSON text, scalars unchanged."""
+    return json.dumps(value, default=str) if isinstance(value, (dict, list, tuple)) else value
+
+
 def atomic_write(path: str | Path, writer: Callable[[Path], None]) -> Path:
     """Call ``writer(tmp_path)`` then rename the temporary file onto ``path``.
 

@@ -8,12 +8,11 @@ import numpy as np
 import torch
 
 
-def set_seed(seed: int) -> torch.Generator:
-    """Seed Python, NumPy and torch; return a CPU generator seeded the same way."""
+def set_seed(seed: int) -> None:
+    """Seed Python, NumPy and torch (all devices)."""
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
-    return torch.Generator().manual_seed(seed)
 
 
 def resolve_device(device: str | None) -> torch.device:

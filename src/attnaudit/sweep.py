@@ -28,8 +28,8 @@ from typing import Any
 
 import yaml
 
-from attnaudit.errors import AttnAuditError, AttnAuditWarning, InputError
-from attnaudit.io import atomic_write, atomic_write_json, read_json
+from attnaudit.errors import AttnAuditError, AttnAuditWarning, InputError, error_line
+from attnaudit.io import atomic_write, atomic_write_json, csv_cell, digest, read_json
 from attnaudit.progress import status, track
 
 JOB_FILE = "job.json"
@@ -83,7 +83,7 @@ class Job:
     def digest(self) -> str:
         """Hash of everything that determines the job's results (not where it runs)."""
         settings = {k: v for k, v in asdict(self).items() if k not in ("out", "cwd")}
-        return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
+        return digest(settings)
 
 
 @dataclass
@@ -401,12 +401,6 @@ def finished(job: Job) -> dict[str, Any] | None:
 # --------------------------------------------------------------------------- one job
 
 
-def _error_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    message = lines[0] if lines else ""
-    return message if isinstance(exc, AttnAuditError) else f"{type(exc).__name__}: {message}".rstrip(": ")
-
-
 def run_job(job: Job) -> dict[str, Any]:
     """Train and audit one job; never raises: the outcome (done/failed, error, summary rows) is returned.
 
@@ -442,7 +436,7 @@ def run_job(job: Job) -> dict[str, Any]:
             else:
                 record["error"] = "test(s) failed: " + "; ".join(f"{k}: {v}" for k, v in outcome.failed.items())
         except Exception as exc:  # a failing job is reported; the sweep goes on
-            record["error"] = _error_line(exc)
+            record["error"] = error_line(exc)
             record["traceback"] = traceback.format_exc(limit=8)
     record["warnings"] = sorted({str(w.message) for w in caught if issubclass(w.category, AttnAuditWarning)})
     record["seconds"] = round(time.perf_counter() - start, 3)
@@ -456,7 +450,7 @@ def run_job(job: Job) -> dict[str, Any]:
 
 def _crashed(job: Job, exc: BaseException) -> dict[str, Any]:
     """Record for a job whose worker died (killed, out of memory) before returning."""
-    return {"id": job.id, "params": job.params, "digest": job.digest(), "status": "failed", "error": f"worker died: {_error_line(exc)}"}
+    return {"id": job.id, "params": job.params, "digest": job.digest(), "status": "failed", "error": f"worker died: {error_line(exc)}"}
 
 
 # --------------------------------------------------------------------------- engines
@@ -500,7 +494,7 @@ def _run_ray(jobs: list[Job], address: str | None, workers: int | None) -> Itera
             else:
                 ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False)
         except (ConnectionError, RuntimeError, ValueError) as exc:
-            raise AttnAuditError(f"could not connect to Ray{f' at {address}' if address else ''}: {_error_line(exc)}") from None
+            raise AttnAuditError(f"could not connect to Ray{f' at {address}' if address else ''}: {error_line(exc)}") from None
     try:
         remote = ray.remote(num_cpus=1, max_retries=0)(run_job)
         pending = {remote.remote(job): job for job in jobs}
@@ -520,10 +514,6 @@ def _run_ray(jobs: list[Job], address: str | None, workers: int | None) -> Itera
 # --------------------------------------------------------------------------- aggregation
 
 
-def _cell(value: Any) -> Any:
-    return json.dumps(value, default=str) if isinstance(value, (dict, list, tuple)) else value
-
-
 def table_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per job: parameters, status, error, seconds, then ``test.statistic`` columns.
 
@@ -535,11 +525,11 @@ def table_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         row = {"job": record["id"], **record["params"], "status": record["status"], "error": record.get("error") or "",
                "seconds": record.get("seconds")}
         for test, summary in record.get("summary", {}).items():
-            row.update({f"{test}.{key}": _cell(value) for key, value in summary.items()})
+            row.update({f"{test}.{key}": csv_cell(value) for key, value in summary.items()})
         for item in record.get("rows", []):
             statistic = item["statistic"]
             value = item["interpretation"] if statistic in ("skipped", "error") else item["value"]
-            row.setdefault(f"{item['test']}.{statistic}", _cell(value))
+            row.setdefault(f"{item['test']}.{statistic}", csv_cell(value))
         rows.append(row)
     return rows
 

@@ -199,6 +199,11 @@ def test_europarl_task_drops_the_gold_sentences(shared_data):
 
     data = load_task("europarl-deen", data_dir=shared_data)
     assert data.task_type == "seq2seq" and len(data.dev) == len(data.test) == 1000
+    assert load_task("europarl-deen", data_dir=shared_data).dev == data.dev  # seeded hold-out
+    lines = {ex.meta["source"] for ex in data.train}
+    assert all("train.de:" in ex.meta["source"] for ex in data.dev)
+    assert not any(ex.meta["source"] in lines for ex in data.dev)  # dev lines are held out of train
+    assert all("test.de" in ex.meta["source"] for ex in data.test)
     assert any("of 8 RWTH gold sentences" in note for note in data.notes)
     kept, dropped, found = remove_overlap(data.train, read_rwth(shared_data / "deen-alignment" / "DeEn"))
     assert (dropped, found) == (0, 0)

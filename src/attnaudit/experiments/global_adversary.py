@@ -51,11 +51,11 @@ from torch import Tensor, nn
 from attnaudit.data.types import Batch, Example
 from attnaudit.errors import AttnAuditError
 from attnaudit.experiments.base import Experiment, Result, register, save_figure
-from attnaudit.experiments.permutation import evaluation, row_mean
+from attnaudit.experiments.permutation import row_mean
 from attnaudit.experiments.seeds import compare, identity_rows, weighted_mean
 from attnaudit.experiments.uniform import frozen_uniform
 from attnaudit.metrics import output_change
-from attnaudit.models.base import AttentionLayer, AttentionModel, ModelOutput
+from attnaudit.models.base import AttentionLayer, AttentionModel, ModelOutput, evaluation
 from attnaudit.progress import status
 from attnaudit.run import Run, load_run
 from attnaudit.training.adversary import (

@@ -83,7 +83,7 @@ def clipped_distribution(rows: Tensor) -> Tensor:
 
 
 def _reason(run: Run) -> str | None:
-    if not hasattr(run.model, "value_output_maps"):
+    if not run.model.has_value_output:
         return (
             "identifiability needs per-head value and output projections (value_output_maps), which only "
             f"the Transformer and Hugging Face encoders have; the {run.family!r} model's attention has none"
@@ -110,7 +110,7 @@ class Identifiability(Experiment):
         n_layers = model.num_attention_layers
         maps = []
         for layer in range(n_layers):
-            w_v, b_v, w_o, heads = model.value_output_maps(layer)  # type: ignore[operator]
+            w_v, b_v, w_o, heads = model.value_output_maps(layer)
             maps.append((w_v.detach().double(), None if b_v is None else b_v.detach().double(), w_o.detach().double(), heads))
         d_head = maps[0][0].shape[-1] // maps[0][3]
         instances: list[dict[str, Any]] = []
@@ -234,7 +234,7 @@ class Identifiability(Experiment):
         if long_n == 0:
             meaning = f"every sequence is at most d_head = {d_head} tokens long: raw attention is identifiable here"
             return [{"statistic": "long_n", "value": long_n, "published": "", "interpretation": meaning}]
-        if not isinstance(share, (int, float)) or share != share:
+        if not isinstance(share, (int, float)) or np.isnan(share):
             return super().verdict(result)
         l1_text = f"; mean L1 distance between raw and effective attention {l1:.3f}" if isinstance(l1, (int, float)) else ""
         return [

@@ -23,6 +23,7 @@ from attnaudit.data.types import Example
 from attnaudit.errors import AttnAuditError
 from attnaudit.experiments.base import Experiment, Result, register, save_figure, summarise
 from attnaudit.metrics import kendall_tau, kendall_tau_topk
+from attnaudit.models.base import evaluation
 from attnaudit.progress import track
 from attnaudit.run import Run
 
@@ -100,9 +101,7 @@ class ImportanceCorrelation(Experiment):
         layers_heads = (0, 0)
         offset = 0
         total = -(-len(examples) // options.batch_size)
-        was_training = run.model.training
-        run.model.eval()
-        try:
+        with evaluation(run.model):
             for batch in track(run.batches(examples, options.batch_size), "importance", total=total):
                 mask = item_mask(run, batch)
                 scores = {"attention": attention_importance(run, batch)}
@@ -128,8 +127,6 @@ class ImportanceCorrelation(Experiment):
                     if many:
                         self._per_head(per_head[b][:, :, real].numpy(), vec, methods, heads, head_p)
                 offset += len(batch)
-        finally:
-            run.model.train(was_training)
         return self._result(run, instances, pairs, methods, heads, head_p, layers_heads, excluded, options)
 
     @staticmethod

@@ -61,7 +61,6 @@ class KeyAdversary(nn.Module):
 
     def __init__(self, layers: int, d_model: int, hidden: int = 256) -> None:
         super().__init__()
-        self.layers, self.d_model = layers, d_model
         self.net = nn.Sequential(
             nn.Linear(layers * d_model, hidden), nn.ReLU(), nn.Linear(hidden, layers * d_model)
         )

@@ -52,7 +52,7 @@ class LayerNorms:
 
 def transformed_inputs(model: AttentionModel, record: AttentionLayer, layer: int) -> Tensor:
     """``f_h(x_j) = (x_j W_V + b_V)|_h W_O|_h`` for every head and key, ``(B,H,K,d)``."""
-    w_v, b_v, w_o, heads = model.value_output_maps(layer)  # type: ignore[attr-defined]
+    w_v, b_v, w_o, heads = model.value_output_maps(layer)
     b, k, d = record.inputs.shape
     dh = w_v.shape[1] // heads
     values = (record.inputs @ w_v + b_v).view(b, k, heads, dh)
@@ -77,10 +77,10 @@ def key_tokens(run: Run, batch: Batch) -> list[list[str]]:
     them out.
     """
     width = batch.mask.shape[-1] if batch.query is None else batch.tokens.shape[1] + batch.query.shape[1]
-    wordpieces = getattr(run.model, "wordpieces", None)
+    wordpieces = run.model.wordpieces(batch)
     out: list[list[str]] = []
     if wordpieces is not None:
-        for pieces in wordpieces(batch):
+        for pieces in wordpieces:
             out.append(pieces + [""] * (width - len(pieces)))
         return out
     text_width = batch.tokens.shape[1]
@@ -144,7 +144,7 @@ class Norms(Experiment):
         heatmap_layer: int = field(default=-1, metadata={"help": "Layer shown in the heatmap figure."})
 
     def applies(self, run: Run) -> str | None:
-        if not hasattr(run.model, "value_output_maps"):
+        if not run.model.has_value_output:
             return (
                 f"the norm analysis needs multi-head self-attention with value/output projections "
                 f"(our transformer or a Hugging Face encoder); {run.family} attention has no W_V/W_O"
@@ -160,7 +160,7 @@ class Norms(Experiment):
             raise AttnAuditError(f"--heatmap-layer {options.heatmap_layer} out of range for {n_layers} layers")
         if not 0 <= options.heatmap_index < len(examples):
             raise AttnAuditError(f"--heatmap-index {options.heatmap_index} out of range for {len(examples)} instances")
-        special = getattr(model, "special_tokens", {})
+        special = model.special_tokens
         totals = _Totals(n_layers)
         pairs: list[dict[str, list[np.ndarray]]] = [{"alpha": [], "fx": [], "cat": []} for _ in range(n_layers)]
         generator = torch.Generator().manual_seed(seed)

@@ -15,7 +15,6 @@ are shared with :mod:`attnaudit.experiments.adversarial`, which reruns ``decode`
 
 from __future__ import annotations
 
-import contextlib
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -30,7 +29,7 @@ from attnaudit.data.types import Batch, Example
 from attnaudit.errors import AttnAuditError
 from attnaudit.experiments.base import Experiment, Result, register, save_figure, summarise
 from attnaudit.metrics import output_change
-from attnaudit.models.base import AttentionModel, Cache, Intervention
+from attnaudit.models.base import AttentionModel, Cache, Intervention, evaluation
 from attnaudit.progress import track
 from attnaudit.run import Run
 
@@ -78,17 +77,6 @@ def instance_generator(seed: int, index: int) -> torch.Generator:
     """A CPU generator for instance ``index``: its draws do not depend on batching or on other instances."""
     state = np.random.SeedSequence([seed, index]).generate_state(1, dtype=np.uint64)[0]
     return torch.Generator().manual_seed(int(state))
-
-
-@contextlib.contextmanager
-def evaluation(model: AttentionModel) -> Iterator[None]:
-    """Eval mode (no dropout) for the duration, restoring the previous mode afterwards."""
-    was_training = model.training
-    model.eval()
-    try:
-        yield
-    finally:
-        model.train(was_training)
 
 
 @dataclass

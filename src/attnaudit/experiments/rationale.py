@@ -110,13 +110,13 @@ def explanations(run: Run, ig_steps: int = 20) -> dict[str, ScoreFn]:
     from attnaudit.importance import IMPORTANCE, integrated_gradients
 
     methods: dict[str, ScoreFn] = {"attention": IMPORTANCE["attention"]}
-    if getattr(run.model, "trained_head", True):
+    if run.model.trained_head:
         methods["gradient"] = IMPORTANCE["gradient"]
         methods["loo"] = IMPORTANCE["loo"]
         methods["ig"] = partial(integrated_gradients, steps=ig_steps)
     if run.family in SELF_ATTENTION:
         methods["rollout"] = rollout_importance
-        if hasattr(run.model, "value_output_maps"):
+        if run.model.has_value_output:
             methods["norms"] = norm_importance
     return methods
 

@@ -30,11 +30,11 @@ from attnaudit.errors import AttnAuditError
 from attnaudit.experiments.base import Experiment, Result, register, save_figure, summarise
 from attnaudit.flow import flow, rollout
 from attnaudit.metrics import spearman
+from attnaudit.models.base import evaluation
 from attnaudit.progress import track
 from attnaudit.run import Run
 
 METHODS = ("raw", "rollout", "flow")
-OWN_IMPORTANCE = ("input_gradient",)
 
 # Abnar & Zuidema (2020), Table 3: Spearman ρ (mean ± std over 100 SST-2 test sentences) between
 # attention-based importance and input gradients, DistilBERT fine-tuned on SST-2. Their L1..L6
@@ -60,16 +60,11 @@ def input_gradient(run: Run, batch: Batch) -> Tensor:
     from attnaudit.importance import item_mask
 
     model = run.model
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.enable_grad():
-            embeddings = model.embed(batch).detach().requires_grad_(True)
-            logits = model(batch, embeddings=embeddings).logits
-            chosen = logits.gather(1, logits.argmax(-1, keepdim=True)).sum()
-            (grad,) = torch.autograd.grad(chosen, embeddings)
-    finally:
-        model.train(was_training)
+    with evaluation(model), torch.enable_grad():
+        embeddings = model.embed(batch).detach().requires_grad_(True)
+        logits = model(batch, embeddings=embeddings).logits
+        chosen = logits.gather(1, logits.argmax(-1, keepdim=True)).sum()
+        (grad,) = torch.autograd.grad(chosen, embeddings)
     mask = item_mask(run, batch)
     return grad.sum(-1)[:, : mask.shape[1]].abs() * mask.to(grad.dtype)
 
@@ -130,7 +125,7 @@ class Rollout(Experiment):
             )
         if run.task.task_type not in ("classification", "pair"):
             return f"the importance references explain one prediction per instance; a {run.task.task_type} model makes one per token"
-        if run.family == "hf" and not getattr(run.model, "trained_head", False):
+        if not run.model.trained_head:
             return (
                 "this Hugging Face model has no trained classification head, so gradient and leave-one-out importance "
                 "have no prediction to explain; fine-tune it first (attnaudit finetune)"
@@ -157,7 +152,7 @@ class Rollout(Experiment):
         references = self._check(options)
         model = run.model
         cls_index = model.explanation_query
-        special = set(getattr(model, "special_tokens", {}).values())
+        special = set(model.special_tokens.values())
         flow_limit = len(examples) if options.flow_limit is None else min(options.flow_limit, len(examples))
         n_layers = model.num_attention_layers
         instances: list[dict[str, Any]] = []

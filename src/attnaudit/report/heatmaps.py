@@ -67,9 +67,9 @@ def item_labels(run: Run, batch: Batch) -> list[list[str]]:
     from attnaudit.importance import item_mask
 
     counts = item_mask(run, batch).sum(-1).tolist()
-    wordpieces = getattr(run.model, "wordpieces", None)
+    wordpieces = run.model.wordpieces(batch)
     if wordpieces is not None:
-        return [pieces[:n] for pieces, n in zip(wordpieces(batch), counts)]
+        return [pieces[:n] for pieces, n in zip(wordpieces, counts)]
     labels = []
     for ex, n in zip(batch.examples, counts):
         if run.family == "han":
@@ -113,7 +113,7 @@ def compute_heatmaps(run: Run, examples: list[Example], indices: list[int], taus
             {
                 "index": index,
                 "label": ex.label,
-                "predicted": predicted_label if getattr(run.model, "trained_head", True) else None,
+                "predicted": predicted_label if run.model.trained_head else None,
                 "tau": taus.get(index),
                 "items": labels[row],
                 "rationale": _rationale_items(run, batch, row),

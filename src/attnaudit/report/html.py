@@ -85,7 +85,7 @@ def _numeric(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def table(rows: list[dict[str, Any]], css: str = "", limit: int = MAX_TABLE_ROWS) -> str:
+def table(rows: list[dict[str, Any]], limit: int = MAX_TABLE_ROWS) -> str:
     """An HTML table of row dicts (columns: the union of keys, in first-seen order)."""
     if not rows:
         return '<p class="muted">(empty)</p>'
@@ -101,8 +101,7 @@ def table(rows: list[dict[str, Any]], css: str = "", limit: int = MAX_TABLE_ROWS
         )
         body.append(f"<tr>{cells}</tr>")
     more = f'<p class="muted">first {limit} of {len(rows)} rows (all of them are in the CSV/JSON)</p>' if len(rows) > limit else ""
-    cls = f' class="{esc(css)}"' if css else ""
-    return f"<table{cls}><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>{more}"
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>{more}"
 
 
 def figure(path: Path) -> str:

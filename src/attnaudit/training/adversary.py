@@ -39,7 +39,7 @@ from attnaudit.data.types import Batch, Example
 from attnaudit.errors import AttnAuditError
 from attnaudit.io import atomic_write_json, digest, read_json
 from attnaudit.models import ModelConfig, build_model
-from attnaudit.models.base import AttentionModel, Intervention, ModelOutput, freeze_to
+from attnaudit.models.base import AttentionModel, Intervention, ModelOutput, evaluation, freeze_to
 from attnaudit.progress import status, track
 from attnaudit.run import Run
 from attnaudit.seed import set_seed
@@ -237,14 +237,11 @@ def _forward(model: AttentionModel, batch: Batch, interventions: InterventionsFn
 def mean_loss(model: AttentionModel, run: Run, examples: list[Example], variant: Variant) -> float:
     """The variant's loss averaged over ``examples`` (eval mode, no gradient), batches weighted by size."""
     assert variant.loss is not None
-    was_training = model.training
-    model.eval()
     total, count = 0.0, 0
-    with torch.no_grad():
+    with evaluation(model), torch.no_grad():
         for batch in run.batches(examples, EVAL_BATCH):
             total += float(variant.loss(batch, _forward(model, batch, variant.interventions))) * len(batch)
             count += len(batch)
-    model.train(was_training)
     return total / max(count, 1)
 
 

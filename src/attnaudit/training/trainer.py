@@ -23,7 +23,7 @@ from attnaudit.errors import AttnAuditError
 from attnaudit.io import atomic_write_json, digest, read_json
 from attnaudit.metrics import score_classification, score_tagging
 from attnaudit.models import MODELS, ModelConfig, build_model
-from attnaudit.models.base import Intervention
+from attnaudit.models.base import Intervention, evaluation
 from attnaudit.progress import status, track
 from attnaudit.run import Run, TaskSpec
 from attnaudit.seed import resolve_device, set_seed
@@ -131,15 +131,13 @@ def predict(
     ``interventions(batch)`` are applied in every forward (models trained with frozen attention).
     """
     model = run.model
-    was_training = model.training
-    model.eval()
     gold: list[Any] = []
     pred: list[Any] = []
     probs: list[list[float]] = []
     batches = run.batches(examples, batch_size)
     if desc:
         batches = track(batches, desc, total=-(-len(examples) // batch_size))
-    with torch.no_grad():
+    with evaluation(model), torch.no_grad():
         for batch in batches:
             out = model(batch, interventions(batch) if interventions else ())
             p = out.logits.softmax(-1)
@@ -153,7 +151,6 @@ def predict(
                 pred.extend(run.labels[j] for j in p.argmax(-1).tolist())
                 gold.extend(ex.label for ex in batch.examples)
                 probs.extend(p.tolist())
-    model.train(was_training)
     return {"gold": gold, "pred": pred, "probs": probs}
 
 
