@@ -7,19 +7,20 @@ fused by mean, 12 tokens); each is timed 3 times and the medians compared.  Writ
 
 from __future__ import annotations
 
-import os
 import statistics
-import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from attnaudit.flow import flow, flow_networkx
-from attnaudit.io import atomic_write_json
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-RESULT = Path(__file__).resolve().parent / "results" / "flow.json"
+from attnaudit.flow import flow, flow_networkx  # noqa: E402
+from benchmarks.common import write_result  # noqa: E402
+
 SHAPE = {"batch": 1, "layers": 6, "heads": 12, "tokens": 12}
 RUNS = 3
 TOLERANCE = 1e-4
@@ -35,20 +36,6 @@ def _median_seconds(fn: Callable[[], torch.Tensor]) -> tuple[float, torch.Tensor
     return statistics.median(times), out
 
 
-def _commit() -> str:
-    """The checked-out commit, or "uncommitted" outside a repository or before the first commit."""
-    try:
-        return subprocess.run(
-            ["git", "rev-parse", "HEAD"],
-            cwd=Path(__file__).resolve().parent,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "uncommitted"
-
-
 def main() -> dict:
     """Run the comparison, write the result file and return its content."""
     torch.set_num_threads(1)
@@ -62,18 +49,15 @@ def main() -> dict:
     peer_s, peer = _median_seconds(lambda: flow_networkx(attentions, head_fusion="mean"))
     max_diff = float((ours - peer).abs().max())
     result = {
-        "name": "attention_flow",
         "ratio": peer_s / ours_s,
         "agree": max_diff <= TOLERANCE,
         "max_abs_diff": max_diff,
         "ours_s": ours_s,
         "peer_s": peer_s,
         "peer": "networkx.maximum_flow_value per (source, sink) pair",
-        "commit": _commit(),
-        "cores": os.cpu_count(),
         "shape": SHAPE,
     }
-    atomic_write_json(RESULT, result)
+    write_result("flow", result)
     return result
 
 

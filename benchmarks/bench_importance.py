@@ -24,13 +24,16 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from attnaudit.data.batching import Collator
 from attnaudit.data.readers import read_jw_sst_csv
@@ -42,22 +45,13 @@ from attnaudit.io import atomic_write_json
 from attnaudit.models import ModelConfig, build_model, detach_weights
 from attnaudit.run import Run, TaskSpec
 from attnaudit.training.trainer import FAMILY_DEFAULTS
+from benchmarks.common import commit
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ENCODERS = ("bilstm", "average", "cnn", "transformer")
 LABELS = ["negative", "positive"]
 N_SENTENCES = 64
 TOLERANCE = 1e-5
-
-
-def _commit() -> str:
-    """The checked-out commit, or "uncommitted" outside a repository or before the first commit."""
-    try:
-        return subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=RESULTS.parent, capture_output=True, text=True, check=True
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "uncommitted"
 
 
 def _median_seconds(fn: Callable[[], torch.Tensor], repeats: int) -> tuple[float, torch.Tensor]:
@@ -152,7 +146,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     examples, description = sentences(args.data_dir)
     lengths = [len(ex.tokens) for ex in examples]
     common = {
-        "commit": _commit(),
+        "commit": commit(),
         "cores": os.cpu_count(),
         "threads": 1,
         "inputs": description,

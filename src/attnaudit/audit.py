@@ -30,7 +30,7 @@ import pandas as pd
 
 from attnaudit.errors import AttnAuditError, error_line
 from attnaudit.experiments.base import Experiment, Result, discover, make_options, run_test
-from attnaudit.io import atomic_write, atomic_write_json, csv_cell, digest
+from attnaudit.io import atomic_write, atomic_write_json, check_output_dir, csv_cell, digest
 from attnaudit.progress import status
 from attnaudit.run import Run
 
@@ -280,10 +280,14 @@ def audit(
     """
     from attnaudit.report import build_report
 
-    out = Path(out)
+    out = check_output_dir(out)
+    if limit is not None and limit < 1:
+        raise AttnAuditError(f"--limit must be at least 1, got {limit}")
     train_options = {k: v for k, v in train_options.items() if v is not None}
-    target = _load_target(out, task, model, run, hf, data_dir, device, seed, train_options)
     order, options = _plan(only, skip, test_options or {})
+    target = _load_target(out, task, model, run, hf, data_dir, device, seed, train_options)
+    if not target.examples(split, limit, data_dir=data_dir):  # a bad --split fails here, not in every test
+        raise AttnAuditError(f"split {split!r} has no examples")
     results_dir = out / RESULTS
     identity = run_identity(target)
     snapshot = {k: v.detach().clone() for k, v in target.model.state_dict().items()}

@@ -127,7 +127,10 @@ def evaluate(
     device: Device = "auto",
     quiet: Quiet = False,
 ) -> None:
-    """Score a trained run on a split (accuracy, macro-F1, ROC-AUC, or chunk F1)."""
+    """Score a trained run on a split (accuracy, macro-F1, ROC-AUC, or chunk F1).
+
+    Example: attnaudit evaluate runs/sst --split dev --data-dir ../shared/data
+    """
     from attnaudit.run import load_run
     from attnaudit.training.trainer import evaluate as evaluate_fn
 
@@ -138,7 +141,11 @@ def evaluate(
 
 @app.command()
 def datasets() -> None:
-    """List the named datasets (resolved under --data-dir / ATTNAUDIT_DATA) and input formats."""
+    """List the named datasets and the input formats for your own files.
+
+    Named datasets are read from the --data-dir given to train/audit (or $ATTNAUDIT_DATA).
+    Example: attnaudit datasets
+    """
     from attnaudit.data.tasks import list_tasks
 
     _print_table("datasets", [{"name": n, "description": d} for n, d in list_tasks()])
@@ -147,7 +154,10 @@ def datasets() -> None:
 
 @app.command()
 def models() -> None:
-    """List the model families."""
+    """List the model families.
+
+    Example: attnaudit models
+    """
     from attnaudit.models import MODELS
 
     _print_table("models", [{"name": n, "description": d} for n, (_, _, d) in MODELS.items()])
@@ -155,7 +165,10 @@ def models() -> None:
 
 @app.command()
 def tests() -> None:
-    """List the faithfulness tests (`attnaudit run <test> --help` for each one's options)."""
+    """List the faithfulness tests (`attnaudit run <test> --help` for each one's options).
+
+    Example: attnaudit tests
+    """
     from attnaudit.experiments import discover
 
     _print_table("tests", [{"name": n, "paper": c.paper, "description": c.description} for n, c in discover().items()])
@@ -251,7 +264,10 @@ def report(
     device: Device = "auto",
     quiet: Quiet = False,
 ) -> None:
-    """Write DIRECTORY/report.html from DIRECTORY/results or the result files in DIRECTORY (self-contained HTML)."""
+    """Write DIRECTORY/report.html from DIRECTORY/results or the result files in DIRECTORY (self-contained HTML).
+
+    Example: attnaudit report audits/sst
+    """
     from attnaudit.report import build_report
 
     set_quiet(quiet)
@@ -262,13 +278,18 @@ def report(
 def demo(
     out: Annotated[Path, typer.Option(help="Folder for the demo's runs, audits and report.")] = Path("demo-output"),
     quick: Annotated[bool, typer.Option(help="Tiny sizes (seconds; for tests).")] = False,
+    seed: Annotated[int, typer.Option(help="Seed of training and of every test.")] = 0,
+    device: Device = "auto",
     quiet: Quiet = False,
 ) -> None:
-    """Train a BiLSTM and a Transformer on the synthetic task, audit both (and MiniLM), write one report."""
+    """Train a BiLSTM and a Transformer on the synthetic task, audit both (and MiniLM), write one report.
+
+    Example: attnaudit demo --out /tmp/demo --quick
+    """
     from attnaudit.demo import demo as demo_fn
 
     set_quiet(quiet)
-    out_console.print(f"demo report: [bold]{demo_fn(out, quick=quick)}[/]")
+    out_console.print(f"demo report: [bold]{demo_fn(out, quick=quick, seed=seed, device=device)}[/]")
 
 
 @app.command()
@@ -464,15 +485,17 @@ def main() -> None:
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         sys.exit(130)
-    except Exception as exc:  # click usage errors arrive here in standalone_mode=False
-        import click
+    except typer.Abort:
+        print("error: aborted", file=sys.stderr)
+        sys.exit(1)
+    except Exception as exc:  # usage errors arrive here in standalone_mode=False
+        # typer 0.29 raises the exceptions of its vendored click copy, not the click package's;
+        # the public typer API has no name for their base class.
+        from typer._click.exceptions import ClickException
 
-        if isinstance(exc, click.exceptions.ClickException):
+        if isinstance(exc, ClickException):
             print(f"error: {exc.format_message()}", file=sys.stderr)
             sys.exit(2)
-        if isinstance(exc, click.exceptions.Abort):
-            print("error: aborted", file=sys.stderr)
-            sys.exit(1)
         raise
 
 

@@ -107,7 +107,7 @@ def sentences_task() -> TaskData:
                     ["six hand-written review sentences; rationale = the sentiment words"])
 
 
-def _pretrained(out: Path, options: dict[str, dict[str, Any]], figures: bool) -> AuditResult | None:
+def _pretrained(out: Path, options: dict[str, dict[str, Any]], figures: bool, seed: int, device: str) -> AuditResult | None:
     """Norms and rollout on MiniLM (when the embedded model is installed)."""
     from attnaudit.models.hf import load_hf
 
@@ -116,11 +116,11 @@ def _pretrained(out: Path, options: dict[str, dict[str, Any]], figures: bool) ->
         status("pretrained part skipped: neither the norms nor the rollout test is registered")
         return None
     try:
-        run = load_hf("minilm", task=sentences_task(), device="cpu")
+        run = load_hf("minilm", task=sentences_task(), device=device)
     except AttnAuditError as exc:
         status(f"pretrained part skipped: {exc}")
         return None
-    return audit(out, run=run, only=tests, test_options={t: options.get(t, {}) for t in tests}, figures=figures)
+    return audit(out, run=run, only=tests, seed=seed, test_options={t: options.get(t, {}) for t in tests}, figures=figures)
 
 
 def _rationale_rows(label: str, outcome: AuditResult) -> list[dict[str, Any]]:
@@ -161,8 +161,10 @@ def write_index(out: Path, audits: dict[str, AuditResult], seconds: float, size:
     return atomic_write_text(out / "index.html", page)
 
 
-def demo(out: str | Path = "demo-output", quick: bool = False) -> Path:
-    """Run the demo into ``out`` and return the index page (resumable like ``audit``)."""
+def demo(out: str | Path = "demo-output", quick: bool = False, seed: int = 0, device: str = "auto") -> Path:
+    """Run the demo into ``out`` and return the index page (resumable like ``audit``).
+
+    ``seed`` seeds training and every test (the synthetic data itself is the fixed seed-0 task)."""
     from attnaudit.training.trainer import train
 
     start = time.perf_counter()
@@ -172,11 +174,11 @@ def demo(out: str | Path = "demo-output", quick: bool = False) -> Path:
     audits: dict[str, AuditResult] = {}
     for step, (family, settings) in enumerate(MODELS[size].items(), 1):
         status(f"[bold]demo {step}/3[/]: training a {family} on the synthetic task")
-        run = train("synthetic", family, out / "runs" / family, seed=0, quiet_eval=True, **settings)
+        run = train("synthetic", family, out / "runs" / family, seed=seed, device=device, quiet_eval=True, **settings)
         status(f"[bold]demo {step}/3[/]: auditing the {family}")
-        audits[family] = audit(out / family, run=run, limit=LIMIT[size], test_options=options, figures=not quick)
+        audits[family] = audit(out / family, run=run, limit=LIMIT[size], seed=seed, test_options=options, figures=not quick)
     status("[bold]demo 3/3[/]: pretrained MiniLM (norms and rollout on built-in sentences)")
-    pretrained = _pretrained(out / "minilm", options, figures=not quick)
+    pretrained = _pretrained(out / "minilm", options, not quick, seed, device)
     if pretrained is not None:
         audits["minilm"] = pretrained
     seconds = time.perf_counter() - start

@@ -22,6 +22,19 @@ def csv_cell(value: Any) -> Any:
     return json.dumps(value, default=str) if isinstance(value, (dict, list, tuple)) else value
 
 
+def check_output_dir(path: str | Path) -> Path:
+    """Fail before any work when ``path`` cannot become an output folder (it is a file)."""
+    from attnaudit.errors import AttnAuditError
+
+    path = Path(path)
+    for parent in (path, *path.parents):
+        if parent.exists():
+            if not parent.is_dir():
+                raise AttnAuditError(f"{parent}: exists and is not a directory; give an output folder")
+            break
+    return path
+
+
 def atomic_write(path: str | Path, writer: Callable[[Path], None]) -> Path:
     """Call ``writer(tmp_path)`` then rename the temporary file onto ``path``.
 

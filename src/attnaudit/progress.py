@@ -22,11 +22,13 @@ def set_quiet(quiet: bool) -> None:
 
 
 def is_quiet() -> bool:
+    """Whether progress bars and status lines are off (``--quiet``)."""
     return _quiet
 
 
 def track(items: Iterable[T], description: str, total: int | None = None) -> Iterator[T]:
-    """Iterate with a progress bar on stderr (unless quiet or not a terminal-like stream)."""
+    """Iterate with a progress bar on stderr unless quiet; off a terminal the bar is removed
+    when done (rich draws nothing between refreshes there), so logs keep only status lines."""
     if _quiet:
         yield from items
         return
@@ -40,7 +42,6 @@ def track(items: Iterable[T], description: str, total: int | None = None) -> Ite
         TimeRemainingColumn(),
         console=console,
         transient=not sys.stderr.isatty(),
-        disable=False,
     ) as progress:
         task = progress.add_task(description, total=total)
         for item in items:

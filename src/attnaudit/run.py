@@ -111,13 +111,14 @@ def load_run(path: str | Path, device: str | None = "auto", data_dir: str | Path
     try:
         config = ModelConfig.from_dict(raw["model"])
         task = TaskSpec(**raw["task"])
-    except TypeError as exc:
-        raise InputError(path / "config.json", f"malformed run config: {exc}") from None
+        model = build_model(config)
+    except (TypeError, ValueError, AttributeError, AttnAuditError) as exc:
+        # a config that parses but cannot build a model: bad types, sizes or names
+        raise InputError(path / "config.json", f"malformed run config: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
     vocab = Vocab.load(path / VOCAB)
     if len(vocab) != config.vocab_size:
         raise InputError(path / VOCAB, f"vocabulary has {len(vocab)} entries but the model expects {config.vocab_size}")
     feature_vocab = Vocab.load(path / FEATURE_VOCAB) if (path / FEATURE_VOCAB).exists() else None
-    model = build_model(config)
     load_state_into(model, path / WEIGHTS)
     dev = resolve_device(device)
     model.to(dev).eval()

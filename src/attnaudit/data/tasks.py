@@ -207,6 +207,23 @@ def _parse_spec(spec: str) -> tuple[str, str, dict[str, str]]:
     return fmt, path, options
 
 
+def absolute_spec(spec: str | None) -> str | None:
+    """``FORMAT:PATH`` with its file path(s) made absolute, so a run directory trained from
+    one folder still finds its data from another; names and ``hf:`` specs are unchanged."""
+    if spec is None or spec in _REGISTRY or spec.startswith("hf:") or ":" not in spec:
+        return spec
+    fmt, _, rest = spec.partition(":")
+    if fmt not in _FORMAT_OPTIONS:
+        return spec
+    path, sep, query = rest.partition("?")
+    if fmt == "plain":
+        items = [item.partition("=") for item in path.split(",")]
+        path = ",".join(f"{label}={Path(file).expanduser().resolve()}" if eq else label for label, eq, file in items)
+    elif path:
+        path = str(Path(path).expanduser().resolve())
+    return f"{fmt}:{path}{sep}{query}"
+
+
 def _read_file(fmt: str, path: str, options: dict[str, str], split: str) -> list[Example]:
     """Read one FORMAT:PATH file; ``split`` picks an SNLI directory's files or a hf split."""
     if fmt == "conll":

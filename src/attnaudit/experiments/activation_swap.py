@@ -154,6 +154,8 @@ def plot_attention_rows(rows: Sequence[Mapping[str, Any]], directory: Path, stem
 
 @register
 class ActivationSwap(Experiment):
+    """The test of this module (its docstring gives the method, options and outputs)."""
+
     name = "activation-swap"
     description = "Accuracy of a Transformer classifier evaluated with softmax / entmax15 / sparsemax swapped in"
     paper = "Meister et al. 2021, Is Sparse Attention more Interpretable? (Table 1: change of activation)"

@@ -112,6 +112,8 @@ def _links(example: Example, key: str) -> set[tuple[int, int]]:
 
 @register
 class Alignment(Experiment):
+    """The test of this module (its docstring gives the method, options and outputs)."""
+
     name = "alignment"
     description = "word alignment from NMT cross-attention, weights vs norms, AER per layer (Kobayashi et al.)"
     paper = "Kobayashi et al. 2020"

@@ -20,7 +20,7 @@ import pandas as pd
 
 from attnaudit.data.types import Example
 from attnaudit.errors import AttnAuditError, InputError
-from attnaudit.io import atomic_write, atomic_write_json, read_json
+from attnaudit.io import atomic_write, atomic_write_json, check_output_dir, read_json
 from attnaudit.run import Run
 
 
@@ -53,7 +53,11 @@ class Result:
 
     @classmethod
     def load(cls, path: str | Path) -> Result:
+        """A saved result; anything else (another JSON, fields of the wrong type) is an ``InputError``."""
         data = read_json(path)
+        kinds = {"test": str, "summary": dict, "instances": list, "tables": dict, "meta": dict, "figures": list}
+        if not isinstance(data, dict) or any(not isinstance(data.get(k, kind()), kind) for k, kind in kinds.items()):
+            raise InputError(path, "not an attnaudit result file")
         try:
             return cls(**data)
         except TypeError:
@@ -84,6 +88,8 @@ class Experiment:
         return None
 
     def run(self, run: Run, examples: list[Example], options: Any, seed: int = 0) -> Result:
+        """The test on ``examples`` of ``run`` with this test's ``Options``; ``seed`` seeds every
+        random choice. Subclasses implement it; :func:`run_test` adds the record and saves."""
         raise NotImplementedError
 
     def plot(self, result: Result, directory: Path) -> list[Path]:
@@ -138,6 +144,7 @@ def discover() -> dict[str, type[Experiment]]:
 
 
 def get_experiment(name: str) -> Experiment:
+    """A fresh instance of the registered test ``name`` (one-line error listing the tests otherwise)."""
     registry = discover()
     if name not in registry:
         raise AttnAuditError(f"unknown test {name!r}; available: {', '.join(registry)}")
@@ -178,8 +185,12 @@ def run_test(
 
     experiment = get_experiment(name)
     opts = make_options(experiment, options)
+    if out is not None:
+        check_output_dir(out)
     if not isinstance(run, Run):
         run = load_run(run, device=device, data_dir=data_dir)
+    directory = Path(out) if out else (Path(run.path) / "results" if run.path else Path("results"))
+    check_output_dir(directory)
     reason = experiment.applies(run)
     if reason:
         raise AttnAuditError(f"test {name!r} does not apply to this {run.family} model: {reason}")
@@ -202,7 +213,6 @@ def run_test(
             "seconds": round(time.perf_counter() - start, 3),
         }
     )
-    directory = Path(out) if out else (Path(run.path) / "results" if run.path else Path("results"))
     if plot:
         result.figures = [str(p) for p in experiment.plot(result, directory)]
     result.save(directory)

@@ -39,7 +39,7 @@ NLL rises at ≈ 13 nats per token, ≈ 0.33 × the mean sentence length.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -224,6 +224,13 @@ def adversary_variant(run: Run, lam: float, init: str = "scratch", kl_scale: str
     return Variant(key=key, loss=loss, start=run.model if init == "base" else None)
 
 
+def check_lambdas(lambdas: Sequence[float]) -> None:
+    """Every λ finite and non-negative, checked before the first adversary trains."""
+    bad = [lam for lam in lambdas if not math.isfinite(lam) or lam < 0]
+    if bad:
+        raise AttnAuditError(f"λ must be finite and non-negative, got {', '.join(f'{lam:g}' for lam in bad)}")
+
+
 def adversary(
     run: Run, lam: float, seed: int, epochs: int | None = None, init: str = "", kl_scale: str = "token"
 ) -> SubRun:
@@ -232,8 +239,7 @@ def adversary(
     ``init``: ``scratch``, ``base`` or empty for the task's default (:func:`resolve_init`);
     ``kl_scale``: the tagging KL's normalisation (``token`` or ``entry``, see the module docstring).
     """
-    if lam < 0:
-        raise AttnAuditError(f"λ must be non-negative, got {lam:g}")
+    check_lambdas([lam])
     init = resolve_init(run, init)
     suffix = ("-from-base" if init == "base" else "") + ("" if kl_scale == "token" else f"-kl-{kl_scale}")
     out = subrun_dir(run, NAME, f"lambda-{lam:g}-seed-{seed}" + suffix)
@@ -378,6 +384,7 @@ class GlobalAdversary(Experiment):
         task_type = run.task.task_type
         tagging = task_type == "tagging"
         lambdas = list(dict.fromkeys(float(v) for v in (options.lambdas or DEFAULT_LAMBDAS[task_type])))
+        check_lambdas(lambdas)
         key = score_key(task_type)
         base = base_scores(run)
         table, columns, models = [], {}, {"base": run.model}

@@ -93,6 +93,8 @@ def _reason(run: Run) -> str | None:
 
 @register
 class Identifiability(Experiment):
+    """The test of this module (its docstring gives the method, options and outputs)."""
+
     name = "identifiability"
     description = "Rank / null space of each head's value-output map and raw vs effective attention"
     paper = "Brunner et al. 2020, On Identifiability in Transformers (ICLR)"

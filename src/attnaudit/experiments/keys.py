@@ -150,6 +150,9 @@ class KeyTest(Experiment):
     def applies(self, run: Run) -> str | None:
         return transformer_classifier_reason(run)
 
+    def plot(self, result: Result, directory: Path) -> list[Path]:
+        return _plot(self.name, result, directory)
+
     def _alpha(self, options: Any) -> float:
         alpha = float(getattr(options, "alpha", 1.0))
         if not 0.0 <= alpha <= 1.0:
@@ -321,6 +324,8 @@ class KeyTest(Experiment):
 
 @register
 class AdversarialKeys(KeyTest):
+    """One of the key tests of this module (its docstring gives the method)."""
+
     name = "key-adversary"
     description = "An MLP over all layers' keys trained to keep the prediction while moving the keys (alpha trade-off)"
     paper = "Meister et al. 2021, Is Sparse Attention more Interpretable? (Table 1: adversarial)"
@@ -335,12 +340,11 @@ class AdversarialKeys(KeyTest):
             "accuracy is against the gold labels"
         ]
 
-    def plot(self, result: Result, directory: Path) -> list[Path]:
-        return _plot(self.name, result, directory)
-
 
 @register
 class RandomKeys(KeyTest):
+    """One of the key tests of this module (its docstring gives the method)."""
+
     name = "random-keys"
     description = "The key MLP fed uniform noise instead of the keys, trained on cross-entropy alone"
     paper = "Meister et al. 2021, Is Sparse Attention more Interpretable? (Table 1: random keys)"
@@ -353,12 +357,11 @@ class RandomKeys(KeyTest):
             "loss = CE(gold) only; key_distance compares its output with the real keys"
         ]
 
-    def plot(self, result: Result, directory: Path) -> list[Path]:
-        return _plot(self.name, result, directory)
-
 
 @register
 class OppositeKeys(KeyTest):
+    """One of the key tests of this module (its docstring gives the method)."""
+
     name = "opposite-keys"
     description = "The key MLP trained so that the model predicts the other label; accuracy vs the swapped labels"
     paper = "Meister et al. 2021, Is Sparse Attention more Interpretable? (Table 1: opposite)"
@@ -373,9 +376,6 @@ class OppositeKeys(KeyTest):
             "accuracy_original / accuracy_attacked are both measured against the swapped labels",
             f"loss = {options.alpha}*CE(swapped) - {1 - options.alpha:g}*bounded key distance",
         ]
-
-    def plot(self, result: Result, directory: Path) -> list[Path]:
-        return _plot(self.name, result, directory)
 
 
 def _plot(name: str, result: Result, directory: Path) -> list[Path]:

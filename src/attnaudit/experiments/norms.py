@@ -130,6 +130,8 @@ class _Totals:
 
 @register
 class Norms(Experiment):
+    """The test of this module (its docstring gives the method, options and outputs)."""
+
     name = "norms"
     description = "attention weight vs norm of the weighted transformed vector, per token category (Kobayashi et al.)"
     paper = "Kobayashi et al. 2020"

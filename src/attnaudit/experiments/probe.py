@@ -31,7 +31,7 @@ from torch import Tensor, nn
 from attnaudit.data.types import Example
 from attnaudit.errors import AttnAuditError
 from attnaudit.experiments.base import Experiment, Result, register, save_figure
-from attnaudit.experiments.global_adversary import PUBLISHED_TAGGING, adversary, resolve_init
+from attnaudit.experiments.global_adversary import PUBLISHED_TAGGING, adversary, check_lambdas, resolve_init
 from attnaudit.models import ModelConfig, build_model
 from attnaudit.models.attention import apply_weight_interventions
 from attnaudit.models.base import AttentionLayer, AttentionModel, Intervention, uniform_weights
@@ -158,7 +158,9 @@ class AttentionProbe(Experiment):
             labels.append(f"adversary seed {seed}")
             slugs.append(f"-adversary-seed-{seed}")
         suffix, slug_suffix = (f" ({', '.join(labels)})" if labels else ""), "".join(slugs)
-        for lam in dict.fromkeys(float(v) for v in options.lambdas):
+        lambdas = list(dict.fromkeys(float(v) for v in options.lambdas))
+        check_lambdas(lambdas)
+        for lam in lambdas:
             status(f"probe: adversary λ={lam:g}")
             adv = adversary(run, lam, seed, options.epochs, options.adversary_init, scale)
             sources.append((f"adversary λ={lam:g}{suffix}", f"adversary-{lam:g}{slug_suffix}", adv.model, adv.hash, adv.metrics["test"][key]))

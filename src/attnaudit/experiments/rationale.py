@@ -231,6 +231,8 @@ def score_against(scores: np.ndarray, positive: np.ndarray) -> dict[str, float]:
 
 @register
 class Rationale(Experiment):
+    """The test of this module (its docstring gives the method, options and outputs)."""
+
     name = "rationale"
     description = (
         "Score each explanation (attention, gradient, LOO, IG; rollout and norms for Transformers) "

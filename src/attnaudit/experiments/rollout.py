@@ -94,6 +94,8 @@ def _rho(a: np.ndarray, b: np.ndarray) -> float:
 
 @register
 class Rollout(Experiment):
+    """The test of this module (its docstring gives the method, options and outputs)."""
+
     name = "rollout"
     description = "raw attention, rollout and flow per layer vs gradient / leave-one-out importance (Abnar & Zuidema)"
     paper = "Abnar & Zuidema 2020"

@@ -66,6 +66,8 @@ def _shuffler(generator: torch.Generator) -> Callable[[Tensor, Tensor], Tensor]:
 
 @register
 class Shuffle(Experiment):
+    """The test of this module (its docstring gives the method, options and outputs)."""
+
     name = "shuffle"
     description = "Accuracy when each attention row is randomly permuted over real keys, per layer and in all layers"
     paper = "Meister et al. 2021, Is Sparse Attention more Interpretable? (Table 1: shuffling)"

@@ -420,7 +420,7 @@ def train_nmt(
     """
     from attnaudit import __version__
     from attnaudit.data.alignment import PAD_ID, Seq2SeqCollator, SubwordTokenizer
-    from attnaudit.io import atomic_write_json, digest, read_json
+    from attnaudit.io import atomic_write_json, check_output_dir, digest, read_json
     from attnaudit.progress import status, track
     from attnaudit.run import TaskSpec
     from attnaudit.seed import resolve_device, set_seed
@@ -429,6 +429,7 @@ def train_nmt(
         METRICS,
         WEIGHTS,
         load_state_into,
+        refuse_other_run,
         save_epoch,
         save_model,
         start_or_resume,
@@ -460,6 +461,7 @@ def train_nmt(
     )
     run_config: dict[str, Any] = {"kind": "nmt", "version": __version__, "train": asdict(cfg), "task": spec.to_dict()}
     out = Path(out)
+    check_output_dir(out)
     set_seed(cfg.seed)
     source = SubwordTokenizer.train((ex.tokens for ex in data.train), cfg.source_vocab)
     target = SubwordTokenizer.train((ex.target or [] for ex in data.train), cfg.target_vocab)
@@ -474,6 +476,7 @@ def train_nmt(
     if resume and (out / METRICS).exists() and (out / CONFIG).exists() and read_json(out / CONFIG).get("hash") == config_hash:
         status(f"[green]{out}[/]: already trained with this config, loading it")
         return load_nmt_run(out, device=device, data_dir=data_dir)
+    refuse_other_run(out, config_hash)
 
     dev_device = resolve_device(device)
     net = Seq2SeqTransformer(config).to(dev_device)

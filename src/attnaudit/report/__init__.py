@@ -16,7 +16,7 @@ import datetime
 from pathlib import Path
 from typing import Any
 
-from attnaudit.errors import AttnAuditError
+from attnaudit.errors import AttnAuditError, warn
 from attnaudit.experiments.base import Result, discover
 from attnaudit.io import atomic_write_json, atomic_write_text, read_json
 from attnaudit.report.html import Section, render
@@ -37,6 +37,7 @@ def _load_results(results_dir: Path) -> tuple[dict[str, Result], list[str]]:
             result = Result.load(path)
         except AttnAuditError as exc:
             notes.append(f"{path.name} skipped: {exc}")
+            warn(f"{path}: skipped, not a readable result ({exc})")
             continue
         results[result.test] = result
     return results, notes
@@ -116,13 +117,19 @@ def build_report(
     from attnaudit.audit import AUDIT, SUMMARY, order_tests, summary_rows, write_summary
 
     directory = Path(directory)
+    if not directory.is_dir():
+        raise AttnAuditError(f"{directory}: {'not a directory' if directory.exists() else 'not found'}")
+    for written in (REPORT, "summary.csv"):
+        if (directory / written).is_dir():
+            raise AttnAuditError(f"{directory / written}: is a directory; the report cannot be written there")
     results_dir = results_folder(directory)
     info = read_json(directory / AUDIT) if (directory / AUDIT).exists() else {}
     if not results_dir.is_dir() and not info:
         raise AttnAuditError(f"{directory}: no results/ folder (run `attnaudit audit` or `attnaudit run` first)")
     results, notes = _load_results(results_dir) if results_dir.is_dir() else ({}, [])
     if not results and not info.get("tests"):
-        raise AttnAuditError(f"{results_dir}: no test results to report")
+        unreadable = f" ({len(notes)} unreadable file(s): {notes[0]})" if notes else ""
+        raise AttnAuditError(f"{results_dir}: no test results to report{unreadable}")
     registry = discover()
     log = {entry["test"]: entry for entry in info.get("tests", [])}
     names = [e["test"] for e in info.get("tests", [])] or order_tests(results)

@@ -16,7 +16,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from attnaudit.errors import InputError
+from attnaudit.errors import AttnAuditError, InputError
 from attnaudit.io import atomic_write, atomic_write_json, read_json
 
 WEIGHTS = "model.safetensors"
@@ -50,6 +50,7 @@ def load_tensors(path: str | Path) -> dict[str, torch.Tensor]:
 
 
 def save_model(directory: Path, model: nn.Module) -> Path:
+    """The model's weights as ``model.safetensors`` (atomic)."""
     return save_tensors(directory / WEIGHTS, model.state_dict())
 
 
@@ -72,13 +73,16 @@ def load_state_into(model: nn.Module, path: Path) -> None:
 
 
 def write_config(directory: Path, config: dict[str, Any]) -> Path:
+    """The run's ``config.json`` (atomic)."""
     return atomic_write_json(directory / CONFIG, config)
 
 
 def read_config(directory: Path) -> dict[str, Any]:
+    """A run directory's ``config.json``, with one-line errors for files, missing folders and foreign JSON."""
     directory = Path(directory)
     if directory.is_file():
-        load_tensors(directory)  # refuses pickles with the right message
+        if directory.suffix in (".safetensors", ".pt", ".pth", ".bin", ".ckpt", ".pkl", ".pickle"):
+            load_tensors(directory)  # a checkpoint file: refuses pickles with the right message
         raise InputError(directory, "expected a run directory (config.json + model.safetensors), got a file")
     if not directory.is_dir():
         raise InputError(directory, "run directory not found")
@@ -165,6 +169,25 @@ def start_or_resume(
     if write_extras is not None:
         write_extras(out)
     return fresh
+
+
+def refuse_other_run(out: Path, config_hash: str) -> None:
+    """Refuse to train over a run with another config that has anything worth keeping
+    (finished weights, an epoch checkpoint or test results): its results would go stale."""
+    config = out / CONFIG
+    if not config.is_file():
+        return
+    try:
+        other = read_json(config)
+    except AttnAuditError:
+        return  # an unreadable config protects nothing; the new run replaces it
+    kept = [name for name in (METRICS, "checkpoint", "results") if (out / name).exists()]
+    if isinstance(other, dict) and other.get("hash") != config_hash and kept:
+        model = other.get("model", {}).get("model") if isinstance(other.get("model"), dict) else None
+        raise AttnAuditError(
+            f"{out}: already holds a run with a different config ({model or 'unknown model'}; has "
+            f"{', '.join(kept)}); choose another --out or delete that directory first"
+        )
 
 
 def clear_checkpoint(out: Path) -> None:

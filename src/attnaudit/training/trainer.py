@@ -18,9 +18,10 @@ import torch
 from torch import Tensor, nn
 
 from attnaudit import __version__
+from attnaudit.data.tasks import absolute_spec, load_task
 from attnaudit.data.types import Batch, Example, TaskData
 from attnaudit.errors import AttnAuditError
-from attnaudit.io import atomic_write_json, digest, read_json
+from attnaudit.io import atomic_write_json, check_output_dir, digest, read_json
 from attnaudit.metrics import score_classification, score_tagging
 from attnaudit.models import MODELS, ModelConfig, build_model
 from attnaudit.models.base import Intervention, evaluation
@@ -34,6 +35,7 @@ from attnaudit.training.checkpoint import (
     VOCAB,
     WEIGHTS,
     load_state_into,
+    refuse_other_run,
     save_epoch,
     save_model,
     start_or_resume,
@@ -84,10 +86,39 @@ class TrainConfig:
     """Probability of replacing each real training token by ``<unk>`` (a regulariser that also
     teaches the model what to do with unseen words); 0 = off."""
 
+    def check(self) -> None:
+        """Reject values that would crash or silently train nothing, before anything is written."""
+        bad = [
+            (self.epochs < 1, f"--epochs must be at least 1, got {self.epochs}"),
+            (self.batch_size < 1, f"--batch-size must be at least 1, got {self.batch_size}"),
+            (not 0 < self.lr <= 1, f"--lr must be in (0, 1], got {self.lr}"),
+            (self.weight_decay < 0, f"--weight-decay must be >= 0, got {self.weight_decay}"),
+            (self.patience < 1, f"--patience must be at least 1 epoch, got {self.patience}"),
+            (not self.clip > 0, f"--clip must be > 0, got {self.clip}"),
+            (self.min_freq < 1, f"--min-freq must be at least 1, got {self.min_freq}"),
+            (self.max_vocab is not None and self.max_vocab < 1, f"--max-vocab must be at least 1, got {self.max_vocab}"),
+            (self.warmup < 0, f"--warmup must be >= 0, got {self.warmup}"),
+            (not 0 <= self.word_dropout < 1, f"--word-dropout must be in [0, 1), got {self.word_dropout}"),
+        ]
+        for failed, message in bad:
+            if failed:
+                raise AttnAuditError(message)
+
 
 # Options added after the first release enter the config hash only when set, so run
 # directories trained before they existed are still recognised as finished.
 _HASH_IF_SET = {"word_dropout": 0.0}
+
+
+def check_model_options(options: dict[str, Any]) -> None:
+    """Model sizes must be positive and dropout a probability; checked before anything is written."""
+    for name in ("embed_dim", "hidden_dim", "layers", "heads", "d_model", "d_ff", "max_len"):
+        value = options.get(name)
+        if value is not None and (not isinstance(value, int) or value < 1):
+            raise AttnAuditError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
+    dropout = options.get("dropout")
+    if dropout is not None and not 0 <= dropout < 1:
+        raise AttnAuditError(f"--dropout must be in [0, 1), got {dropout}")
 
 
 def lr_factor(step: int, warmup: int, total: int) -> float:
@@ -227,23 +258,28 @@ def train(
         raise AttnAuditError(f"unknown training option(s): {', '.join(sorted(unknown))}")
     merged = {**FAMILY_DEFAULTS[model], **options}
     cfg = TrainConfig(**{k: v for k, v in merged.items() if k in {f.name for f in fields(TrainConfig)}})
+    cfg.check()
+    check_model_options(merged)
     check_normaliser(merged.get("attention", "softmax"))
 
     out = Path(out)
+    check_output_dir(out)
     if isinstance(task, TaskData):
         data = task
     else:
-        from attnaudit.data.tasks import load_task
-
         data = load_task(task, data_dir=data_dir, seed=split_seed, dev=dev, test=test)
+    if len(data.labels) < 2:
+        raise AttnAuditError(
+            f"task {data.name!r} has {len(data.labels)} label(s) ({', '.join(data.labels) or 'none'}); a model needs at least 2"
+        )
     spec = TaskSpec(
-        spec=task if isinstance(task, str) else data.name,
+        spec=absolute_spec(task) if isinstance(task, str) else data.name,
         task_type=data.task_type,
         labels=list(data.labels),
         data_dir=str(data_dir) if data_dir else None,
         seed=split_seed,
-        dev=dev,
-        test=test,
+        dev=absolute_spec(dev),
+        test=absolute_spec(test),
     )
     set_seed(cfg.seed)
     vocab, feature_vocab = _build_vocabs(data, cfg)
@@ -276,6 +312,7 @@ def train(
     if resume and (out / METRICS).exists() and existing.exists() and read_json(existing).get("hash") == config_hash:
         status(f"[green]{out}[/]: already trained with this config, loading it")
         return load_run(out, device=device, data_dir=data_dir)
+    refuse_other_run(out, config_hash)
 
     dev_device = resolve_device(device)
     net = build_model(config)
