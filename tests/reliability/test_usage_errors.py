@@ -87,7 +87,9 @@ def test_non_finite_lambda_is_refused_before_training(tmp_path: Path) -> None:
             check_lambdas([0.2, bad])
 
 
-def test_training_over_another_runs_directory_is_refused(run_copy: Path) -> None:
+def test_training_over_a_run_with_results_is_refused(run_copy: Path) -> None:
+    (run_copy / "results").mkdir()
+    (run_copy / "results" / "importance.json").write_text("{}")
     before = sorted(p.name for p in run_copy.iterdir())
     error = assert_clean_failure(cli("train", "--task", "synthetic", "--model", "cnn", "--out", run_copy, "--epochs", "1",
                                      "--quiet"), str(run_copy))

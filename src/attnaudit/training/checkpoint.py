@@ -172,21 +172,21 @@ def start_or_resume(
 
 
 def refuse_other_run(out: Path, config_hash: str) -> None:
-    """Refuse to train over a run with another config that has anything worth keeping
-    (finished weights, an epoch checkpoint or test results): its results would go stale."""
+    """Refuse to train over a run with another config whose test results are in ``out/results``:
+    they would describe the old model. (Without results a different config retrains in place,
+    as the training-based tests' sub-runs do when an option changes.)"""
     config = out / CONFIG
-    if not config.is_file():
+    if not config.is_file() or not (out / "results").exists():
         return
     try:
         other = read_json(config)
     except AttnAuditError:
         return  # an unreadable config protects nothing; the new run replaces it
-    kept = [name for name in (METRICS, "checkpoint", "results") if (out / name).exists()]
-    if isinstance(other, dict) and other.get("hash") != config_hash and kept:
+    if isinstance(other, dict) and other.get("hash") != config_hash:
         model = other.get("model", {}).get("model") if isinstance(other.get("model"), dict) else None
         raise AttnAuditError(
-            f"{out}: already holds a run with a different config ({model or 'unknown model'}; has "
-            f"{', '.join(kept)}); choose another --out or delete that directory first"
+            f"{out}: holds a {model or 'model'} run with a different config and its test results in "
+            f"results/; choose another --out, or delete that directory first"
         )
 
 
