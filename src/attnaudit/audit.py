@@ -307,7 +307,7 @@ def audit(
             if name in TRANSFORMER_ONLY and target.family not in SELF_ATTENTION_FAMILIES:
                 reason = "the audit runs the activation and key tests on Transformers only"
             else:
-                reason = experiment.applies(target)
+                reason = experiment.why_not(target)
             if reason:
                 outcome.skipped[name] = reason
                 entry.update(status="skipped", reason=reason)

@@ -210,8 +210,8 @@ def audit(
     model: Annotated[Optional[str], typer.Option(help="Model family to train: bilstm, cnn, average, han, flat, transformer.")] = None,
     run: Annotated[Optional[Path], typer.Option("--run", help="Audit an existing run directory.")] = None,
     hf: Annotated[Optional[str], typer.Option(help="Hugging Face model: minilm, a local path or a hub name (needs --task).")] = None,
-    only: Annotated[Optional[list[str]], typer.Option(help="Run only this test (repeatable).")] = None,
-    skip: Annotated[Optional[list[str]], typer.Option(help="Leave this test out (repeatable).")] = None,
+    only: Annotated[Optional[list[str]], typer.Option(help="Run only these tests (repeatable or comma-separated).")] = None,
+    skip: Annotated[Optional[list[str]], typer.Option(help="Leave these tests out (repeatable or comma-separated).")] = None,
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="Test option TEST.OPTION=VALUE, e.g. permutation.permutations=20 (repeatable).")] = None,
     split: Annotated[str, typer.Option(help="Split to test on.")] = "test",
     limit: Annotated[Optional[int], typer.Option(help="Use only the first N instances.")] = None,
@@ -245,7 +245,7 @@ def audit(
 
     set_quiet(quiet)
     result = audit_fn(
-        out, task=task, model=model, run=run, hf=hf, only=only or None, skip=skip or None, split=split,
+        out, task=task, model=model, run=run, hf=hf, only=_names(only), skip=_names(skip), split=split,
         limit=limit, seed=seed, data_dir=data_dir, device=device, test_options=parse_settings(set_ or []),
         heatmap_instances=heatmaps, figures=figures, attention=attention, scorer=scorer, layers=layers, heads=heads,
         d_model=d_model, hidden_dim=hidden_dim, embed_dim=embed_dim, epochs=epochs, batch_size=batch_size,
@@ -468,6 +468,12 @@ def _show_warning(message: Any, category: type[Warning], *_: Any, **__: Any) -> 
     if issubclass(category, AttnAuditWarning) and str(message) not in _shown_warnings:
         _shown_warnings.add(str(message))
         print(f"warning: {message}", file=sys.stderr)
+
+
+def _names(values: list[str] | None) -> list[str] | None:
+    """Test names from repeated and/or comma-separated options (None when none were given)."""
+    names = [name.strip() for value in values or [] for name in value.split(",") if name.strip()]
+    return names or None
 
 
 def main() -> None:

@@ -8,14 +8,9 @@ import pytest
 import torch
 
 from attnaudit.errors import AttnAuditError
-from attnaudit.experiments.activation_swap import (
-    ATTENTION_TABLE,
-    ActivationSwap,
-    query_mean,
-    transformer_classifier_reason,
-    zero_fraction,
-)
+from attnaudit.experiments.activation_swap import ActivationSwap, zero_fraction
 from attnaudit.experiments.base import make_options, run_test
+from attnaudit.experiments.common import ATTENTION_TABLE, row_mean, transformer_classifier_reason
 from attnaudit.models import ModelConfig, build_model
 from attnaudit.models.base import AttentionLayer, AttentionTrace
 from attnaudit.run import Run, TaskSpec
@@ -35,14 +30,14 @@ def test_applies_only_to_transformer_classifiers() -> None:
     assert transformer_classifier_reason(untrained_run("transformer", "classification")) is None
 
 
-def test_zero_fraction_and_query_mean_by_hand() -> None:
+def test_zero_fraction_and_row_mean_by_hand() -> None:
     weights = torch.tensor([[[[0.5, 0.5, 0.0], [1.0, 0.0, 0.0], [0.2, 0.3, 0.5]]]])  # (1,1,3,3)
     mask = torch.tensor([[True, True, False]])
     trace = AttentionTrace([AttentionLayer(weights=weights, mask=mask, inputs=torch.zeros(1, 3, 2), query_mask=mask)])
     # Real pairs: queries 0,1 x keys 0,1 -> weights 0.5, 0.5, 1.0, 0.0 -> one zero of four.
     assert float(zero_fraction(trace)[0]) == pytest.approx(0.25)
     values = torch.tensor([[[1.0, 3.0, 100.0]]])
-    assert float(query_mean(values, mask)[0]) == pytest.approx(2.0)
+    assert float(row_mean(values, mask)[0]) == pytest.approx(2.0)
 
 
 def test_swap_accuracies_match_the_trainer_and_the_identity_swap(tiny_transformer_run: Run, tmp_path: Path) -> None:

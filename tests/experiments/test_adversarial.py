@@ -24,7 +24,7 @@ from attnaudit.experiments.adversarial import (
     search_batch,
 )
 from attnaudit.experiments.base import Result, run_test
-from attnaudit.experiments.permutation import instance_generator, resolve_layers
+from attnaudit.experiments.common import resolve_layers, seeded_generator
 from attnaudit.metrics import LN2, jsd
 from attnaudit.progress import set_quiet
 from attnaudit.run import Run
@@ -93,7 +93,7 @@ def test_differentiable_jsd_matches_metrics_and_has_finite_gradients(k: int, see
 def test_padding_and_padding_queries_are_left_alone() -> None:
     key_mask = torch.tensor([[True, True, False]])
     query_rows = torch.tensor([[True, False]])
-    theta = initial_logits(key_mask[0], query_rows[0], 4, 2, instance_generator(0, 0))
+    theta = initial_logits(key_mask[0], query_rows[0], 4, 2, seeded_generator(0, 0))
     assert theta.shape == (4, 2, 2, 3) and torch.all(theta[..., 2] == 0) and torch.all(theta[:, :, 1] == 0)
     original = torch.full((1, 2, 2, 3), 0.5).masked_fill(~key_mask[:, None, None, :], 0.0)
     weights = adversary_weights(theta[None], key_mask, query_rows, original)

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from attnaudit.errors import AttnAuditError
 from attnaudit.experiments.base import get_experiment, make_options, run_test
+from attnaudit.experiments.common import seeded_generator
 from attnaudit.experiments.keys import (
     KeyAdversary,
     OppositeKeys,
@@ -20,7 +21,6 @@ from attnaudit.experiments.keys import (
     relative_distance,
     stacked_keys,
 )
-from attnaudit.experiments.shuffle import seeded_generator
 from attnaudit.models import ModelConfig, build_model
 from attnaudit.run import Run, TaskSpec
 

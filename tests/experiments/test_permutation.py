@@ -16,12 +16,11 @@ from hypothesis import strategies as st
 from attnaudit.data.types import Example
 from attnaudit.errors import AttnAuditError
 from attnaudit.experiments.base import Result, get_experiment, make_options, run_test
+from attnaudit.experiments.common import resolve_layers, seeded_generator
 from attnaudit.experiments.permutation import (
     permutation_blocks,
-    instance_generator,
     permutation_loop,
     permute_batch,
-    resolve_layers,
 )
 from attnaudit.progress import set_quiet
 from attnaudit.run import Run
@@ -57,7 +56,7 @@ def test_draw_is_a_permutation_of_real_keys_per_row(keys: list[bool], heads: int
 
 def _draw(key_mask: list[bool], seed: int) -> torch.Tensor:
     one = torch.ones(1, dtype=torch.bool)
-    return torch.cat(list(permutation_blocks(torch.tensor(key_mask), one, 1, 1, 20, instance_generator(seed, 7))))
+    return torch.cat(list(permutation_blocks(torch.tensor(key_mask), one, 1, 1, 20, seeded_generator(seed, 7))))
 
 
 def test_draw_does_not_depend_on_padding() -> None:

@@ -106,6 +106,11 @@ def test_applicability_and_options(tiny_hf: SimpleNamespace, tiny_attention_run,
     bare = load_hf(tmp_path / "bare", task=tiny_hf.task(), device="cpu")
     with pytest.raises(AttnAuditError, match="fine-tune it first"):
         run_test("rollout", bare, out=tmp_path, plot=False)
+    # every test of predictions refuses a headless encoder; the attention-only ones run on it
+    for name in ("importance", "permutation", "adversarial", "erasure"):
+        with pytest.raises(AttnAuditError, match="no trained classification head"):
+            run_test(name, bare, out=tmp_path, plot=False)
+    assert run_test("norms", bare, out=tmp_path, plot=False, limit=2).summary
     with pytest.raises(AttnAuditError, match="--importance"):
         run_test("rollout", hf_run, out=tmp_path, plot=False, importance=["nonsense"])
     with pytest.raises(AttnAuditError, match="--query"):

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from attnaudit.data.synthetic import synthetic_task
 from attnaudit.errors import AttnAuditError
 from attnaudit.experiments.base import run_test
-from attnaudit.experiments.seeds import compare, weighted_mean
+from attnaudit.experiments.common import weighted_mean
+from attnaudit.experiments.seeds import compare
 from attnaudit.metrics import tvd
 from attnaudit.models import build_model
 from attnaudit.progress import set_quiet

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from attnaudit.errors import AttnAuditError
 from attnaudit.experiments.base import make_options, run_test
-from attnaudit.experiments.shuffle import Shuffle, permute_rows, seeded_generator
+from attnaudit.experiments.common import seeded_generator
+from attnaudit.experiments.shuffle import Shuffle, permute_rows
 from attnaudit.models.base import Intervention
 from attnaudit.run import Run
 

@@ -4,13 +4,12 @@ The first test of the sparse-attention study (Meister et al. 2021 style, Table 1
 of activation"): a classifier trained with softmax, entmax15 or sparsemax is evaluated
 with every normaliser swapped in at inference, on all layers at once. If accuracy barely
 moves, the exact shape of the distribution (dense vs sparse) is not what the model relies
-on. This module also holds the helpers the shuffle and key tests share (applicability,
-per-instance correctness, attention heatmaps).
+on. The helpers it shares with the shuffle and key tests (applicability, gold labels,
+per-layer JSD, attention heatmaps) live in :mod:`attnaudit.experiments.common`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,54 +17,22 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from attnaudit.data.types import Batch, Example
-from attnaudit.errors import AttnAuditError
+from attnaudit.data.types import Example
 from attnaudit.experiments.base import Experiment, Result, register, save_figure, summarise
-from attnaudit.metrics import jsd
+from attnaudit.experiments.common import (
+    ATTENTION_TABLE,
+    attention_rows,
+    batch_labels,
+    layer_jsd,
+    plot_attention_rows,
+    transformer_classifier_reason,
+)
 from attnaudit.models.attention import check_normaliser
 from attnaudit.models.base import AttentionTrace, Intervention
 from attnaudit.progress import track
 from attnaudit.run import Run
 
 NORMALISERS = ["softmax", "entmax15", "sparsemax"]
-ATTENTION_TABLE = "attention_examples"
-
-
-def transformer_classifier_reason(run: Run) -> str | None:
-    """Why the sparse-attention tests do not apply (None for a Transformer classifier)."""
-    if run.family != "transformer":
-        return (
-            "the sparse-attention tests (activation swap, shuffling, key adversaries) are defined on the "
-            f"self-attention of the attnaudit Transformer classifier; this run is a {run.family!r} model"
-        )
-    if run.task.task_type != "classification":
-        return (
-            "the sparse-attention tests score single-sentence classification accuracy; "
-            f"this Transformer was trained for task type {run.task.task_type!r}"
-        )
-    return None
-
-
-def batch_labels(batch: Batch) -> Tensor:
-    """Gold label ids of a classification batch (the tests need labelled data)."""
-    if batch.labels is None:
-        raise AttnAuditError("this test needs labelled examples; the split has no labels")
-    return batch.labels
-
-
-def query_mean(values: Tensor, query_mask: Tensor) -> Tensor:
-    """Mean of ``(B,H,Q)`` values over heads and real queries, per instance ``(B,)``."""
-    m = query_mask[:, None, :].to(values.dtype).expand_as(values)
-    return (values * m).sum((1, 2)) / m.sum((1, 2)).clamp_min(1.0)
-
-
-def layer_jsd(original: AttentionTrace, changed: AttentionTrace) -> list[Tensor]:
-    """Per layer, the JSD between two traces' attention, mean over heads and real queries ``(B,)``."""
-    out = []
-    for a, b in zip(original.layers, changed.layers):
-        qmask = a.query_mask if a.query_mask is not None else a.mask
-        out.append(query_mean(jsd(a.weights, b.weights), qmask))
-    return out
 
 
 def zero_fraction(trace: AttentionTrace) -> Tensor:
@@ -79,77 +46,6 @@ def zero_fraction(trace: AttentionTrace) -> Tensor:
         zeros += ((layer.weights == 0) & pairs).sum((1, 2, 3))
         count += pairs.sum((1, 2, 3))
     return zeros / count.clamp_min(1.0)
-
-
-def attention_rows(batch: Batch, trace: AttentionTrace, setting: str, show: int, offset: int) -> list[dict[str, Any]]:
-    """Head-mean attention of the last layer for the first ``show`` instances of the split.
-
-    ``offset`` is the index of ``batch``'s first instance in the split; rows hold the real
-    tokens and the ``(n, n)`` matrix, so plots can be drawn from a saved result alone.
-    """
-    rows = []
-    weights = trace.layers[-1].weights.mean(1)
-    for i, example in enumerate(batch.examples):
-        index = offset + i
-        if index >= show:
-            break
-        n = int(batch.mask[i].sum())
-        rows.append(
-            {
-                "index": index,
-                "setting": setting,
-                "tokens": list(example.tokens[:n]),
-                "weights": weights[i, :n, :n].tolist(),
-            }
-        )
-    return rows
-
-
-def plot_attention_rows(rows: Sequence[Mapping[str, Any]], directory: Path, stem: str, title: str) -> list[Path]:
-    """A grid of last-layer attention heatmaps: one row per setting, one column per sentence."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    if not rows:
-        return []
-    settings = list(dict.fromkeys(r["setting"] for r in rows))
-    indices = sorted({int(r["index"]) for r in rows})
-    by_key = {(r["setting"], int(r["index"])): r for r in rows}
-    # One colour scale for the whole figure so that settings can be compared by eye.
-    vmax = max(max(max(q) for q in r["weights"]) for r in rows) or 1.0
-    fig, axes = plt.subplots(
-        len(settings),
-        len(indices),
-        figsize=(3.0 * len(indices), 2.8 * len(settings)),
-        squeeze=False,
-        layout="constrained",
-    )
-    for r, setting in enumerate(settings):
-        for c, index in enumerate(indices):
-            ax = axes[r][c]
-            row = by_key.get((setting, index))
-            if row is None:
-                ax.axis("off")
-                continue
-            image = ax.imshow(row["weights"], vmin=0.0, vmax=vmax, cmap="viridis")
-            # Tick labels only under the bottom row (a column is one sentence): drawing
-            # hundreds of tick labels dominates the plotting time.
-            ax.set_yticks([])
-            if r == len(settings) - 1:
-                tokens = row["tokens"]
-                ticks = list(range(0, len(tokens), max(1, -(-len(tokens) // 20))))
-                ax.set_xticks(ticks, [tokens[t] for t in ticks], rotation=90, fontsize=6)
-            else:
-                ax.set_xticks([])
-            if c == 0:
-                ax.set_ylabel(setting, fontsize=9)
-            if r == 0:
-                ax.set_title(f"sentence {index}", fontsize=9)
-    fig.colorbar(image, ax=axes, shrink=0.6)
-    fig.suptitle(title + " (last layer, mean over heads; rows = queries, columns = keys)", fontsize=10)
-    return save_figure(fig, directory, stem)
 
 
 @register

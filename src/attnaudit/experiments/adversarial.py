@@ -30,16 +30,16 @@ from torch import Tensor
 from attnaudit.data.types import Batch, Example
 from attnaudit.errors import AttnAuditError
 from attnaudit.experiments.base import Experiment, Result, register, summarise
-from attnaudit.experiments.permutation import (
+from attnaudit.experiments.common import (
     Explained,
-    instance_generator,
     instance_rows,
-    not_applicable,
     plot_against_max_attention,
     plot_histogram,
     prepare,
     resolve_layers,
     row_mean,
+    seeded_generator,
+    single_attention_reason,
     take_rows,
 )
 from attnaudit.metrics import LN2, jsd, output_change
@@ -195,7 +195,7 @@ def _initial(explained: Explained, seed: int, indices: Sequence[int], adversarie
     heads = explained.reported.shape[1]
     key_mask, query_rows = explained.key_mask.cpu(), explained.query_rows.cpu()
     theta = [
-        initial_logits(key_mask[i], query_rows[i], adversaries, heads, instance_generator(seed, index))
+        initial_logits(key_mask[i], query_rows[i], adversaries, heads, seeded_generator(seed, index))
         for i, index in enumerate(indices)
     ]
     return torch.stack(theta).to(explained.key_mask.device)
@@ -281,7 +281,7 @@ class Adversarial(Experiment):
         batch_size: int = field(default=16, metadata={"help": "Instances optimised together (one decode per step)."})
 
     def applies(self, run: Run) -> str | None:
-        return not_applicable(run)
+        return single_attention_reason(run)
 
     def settings(self, run: Run, options: Any) -> Search:
         """The search settings, with ε defaulted by task type and validated."""

@@ -78,6 +78,9 @@ class Experiment:
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""
     paper: ClassVar[str] = ""
+    needs_prediction: ClassVar[bool] = True
+    """Whether the test explains or perturbs the model's predictions; a Hugging Face encoder
+    without a trained head has none, so such tests do not apply to it."""
 
     @dataclass
     class Options:
@@ -86,6 +89,15 @@ class Experiment:
     def applies(self, run: Run) -> str | None:
         """Why this test does not apply to ``run`` (None when it does)."""
         return None
+
+    def why_not(self, run: Run) -> str | None:
+        """Why this test cannot run on ``run``: no prediction to explain, else :meth:`applies`."""
+        if self.needs_prediction and not run.model.trained_head:
+            return (
+                "this model has no trained classification head, so it makes no prediction to explain; "
+                "fine-tune it first (attnaudit finetune)"
+            )
+        return self.applies(run)
 
     def run(self, run: Run, examples: list[Example], options: Any, seed: int = 0) -> Result:
         """The test on ``examples`` of ``run`` with this test's ``Options``; ``seed`` seeds every
@@ -191,7 +203,7 @@ def run_test(
         run = load_run(run, device=device, data_dir=data_dir)
     directory = Path(out) if out else (Path(run.path) / "results" if run.path else Path("results"))
     check_output_dir(directory)
-    reason = experiment.applies(run)
+    reason = experiment.why_not(run)
     if reason:
         raise AttnAuditError(f"test {name!r} does not apply to this {run.family} model: {reason}")
     examples = run.examples(split, limit, data_dir=data_dir)

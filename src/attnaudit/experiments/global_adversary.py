@@ -51,8 +51,8 @@ from torch import Tensor, nn
 from attnaudit.data.types import Batch, Example
 from attnaudit.errors import AttnAuditError
 from attnaudit.experiments.base import Experiment, Result, register, save_figure
-from attnaudit.experiments.permutation import row_mean
-from attnaudit.experiments.seeds import compare, identity_rows, weighted_mean
+from attnaudit.experiments.common import identity_rows, row_mean, weighted_mean
+from attnaudit.experiments.seeds import compare
 from attnaudit.experiments.uniform import frozen_uniform
 from attnaudit.metrics import output_change
 from attnaudit.models.base import AttentionLayer, AttentionModel, ModelOutput, evaluation

@@ -37,16 +37,16 @@ from torch import Tensor, nn
 
 from attnaudit.data.types import Batch, Example
 from attnaudit.errors import AttnAuditError
-from attnaudit.experiments.activation_swap import (
+from attnaudit.experiments.base import Experiment, Result, register, save_figure, summarise
+from attnaudit.experiments.common import (
     ATTENTION_TABLE,
     attention_rows,
     batch_labels,
     layer_jsd,
     plot_attention_rows,
+    seeded_generator,
     transformer_classifier_reason,
 )
-from attnaudit.experiments.base import Experiment, Result, register, save_figure, summarise
-from attnaudit.experiments.shuffle import seeded_generator
 from attnaudit.models.base import AttentionModel, AttentionTrace, Intervention
 from attnaudit.models.transformer import merge_heads, split_heads
 from attnaudit.progress import status, track

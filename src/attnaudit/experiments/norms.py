@@ -28,7 +28,7 @@ from torch import Tensor
 from attnaudit.data.types import Batch, Example
 from attnaudit.errors import AttnAuditError
 from attnaudit.experiments.base import Experiment, Result, register, save_figure
-from attnaudit.metrics import spearman
+from attnaudit.experiments.common import spearman_rho
 from attnaudit.models.base import AttentionLayer, AttentionModel
 from attnaudit.progress import track
 from attnaudit.run import Run
@@ -133,6 +133,7 @@ class Norms(Experiment):
     """The test of this module (its docstring gives the method, options and outputs)."""
 
     name = "norms"
+    needs_prediction = False  # reads attention and weights only
     description = "attention weight vs norm of the weighted transformed vector, per token category (Kobayashi et al.)"
     paper = "Kobayashi et al. 2020"
 
@@ -294,12 +295,12 @@ class Norms(Experiment):
             alpha = np.concatenate(store["alpha"]) if store["alpha"] else np.zeros(0)
             fx = np.concatenate(store["fx"]) if store["fx"] else np.zeros(0)
             cat = np.concatenate(store["cat"]) if store["cat"] else np.zeros(0, dtype=np.int8)
-            corr: dict[str, Any] = {"layer": layer, "all": _rho(alpha, fx), "n_pairs": int(alpha.size)}
+            corr: dict[str, Any] = {"layer": layer, "all": spearman_rho(alpha, fx), "n_pairs": int(alpha.size)}
             for c, cname in enumerate(CATEGORIES):
                 if not present[c]:
                     continue
                 sel = cat == c
-                corr[cname] = _rho(alpha[sel], fx[sel])
+                corr[cname] = spearman_rho(alpha[sel], fx[sel])
                 layer_rows.append(
                     {
                         "layer": layer,
@@ -316,7 +317,7 @@ class Norms(Experiment):
                 )
             if present[0] or present[1]:
                 specials = cat <= 1
-                corr["special"] = _rho(alpha[specials], fx[specials])
+                corr["special"] = spearman_rho(alpha[specials], fx[specials])
             corr_rows.append(corr)
         summary: dict[str, Any] = {"spearman_alpha_fx": float(np.nanmean([r["all"] for r in corr_rows]))}
         for c, cname in enumerate(CATEGORIES):
@@ -441,10 +442,3 @@ class Norms(Experiment):
             fig.suptitle(where, y=1.02)
             paths += save_figure(fig, directory, "norms_heatmap")
         return paths
-
-
-def _rho(a: np.ndarray, b: np.ndarray) -> float:
-    """Spearman ρ, NaN when fewer than 3 pairs or a constant input."""
-    if a.size < 3 or np.all(a == a[0]) or np.all(b == b[0]):
-        return float("nan")
-    return float(spearman(a, b)[0])

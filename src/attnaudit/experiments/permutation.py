@@ -9,8 +9,9 @@ statistic per instance is the median output change (:func:`attnaudit.metrics.out
 over its permutations; a small median means the prediction does not depend on *which* item
 received which weight.
 
-The helpers here (layer resolution, seeded per-instance draws, cache row selection, plots)
-are shared with :mod:`attnaudit.experiments.adversarial`, which reruns ``decode`` the same way.
+The helpers it shares with :mod:`attnaudit.experiments.adversarial`, which reruns ``decode``
+the same way (layer resolution, the prepared batch, cache row selection, seeded per-instance
+draws, instance rows, plots), live in :mod:`attnaudit.experiments.common`.
 """
 
 from __future__ import annotations
@@ -27,223 +28,25 @@ from torch import Tensor
 
 from attnaudit.data.types import Batch, Example
 from attnaudit.errors import AttnAuditError
-from attnaudit.experiments.base import Experiment, Result, register, save_figure, summarise
+from attnaudit.experiments.base import Experiment, Result, register, summarise
+from attnaudit.experiments.common import (
+    Explained,
+    instance_rows,
+    plot_against_max_attention,
+    plot_histogram,
+    prepare,
+    resolve_layers,
+    seeded_generator,
+    single_attention_reason,
+    take_rows,
+)
 from attnaudit.metrics import output_change
-from attnaudit.models.base import AttentionModel, Cache, Intervention, evaluation
+from attnaudit.models.base import AttentionModel, Intervention, evaluation
 from attnaudit.progress import track
 from attnaudit.run import Run
 
 # Elements (weights + repeated states) allowed in one decode call; bounds memory on long inputs.
 DECODE_BUDGET = 2**20
-
-TAGGING_REASON = (
-    "a tagger predicts one label per token, each from its own attention row; Jain & Wallace's "
-    "tests perturb the one attention distribution behind one prediction, and there is no single "
-    "distribution/prediction pair to perturb here (changing one row changes many outputs at once)"
-)
-
-
-# --------------------------------------------------------------------------- shared helpers
-
-
-def not_applicable(run: Run) -> str | None:
-    """Why the single-attention tests (permutation, adversarial) do not apply, or None."""
-    if run.task.task_type == "tagging":
-        return TAGGING_REASON
-    if run.task.task_type == "seq2seq":
-        return "a translation model has one attention distribution per target word, not one per prediction"
-    return None
-
-
-def resolve_layers(model: AttentionModel, spec: str, allow_all: bool = True) -> list[int]:
-    """Absolute attention-layer indices for ``spec``: ``explained``, ``all`` or an index."""
-    n = model.num_attention_layers
-    if spec == "explained":
-        return [model.explained_layer % n]
-    if spec == "all":
-        if not allow_all:
-            raise AttnAuditError("--layer all is not supported by this test; give 'explained' or one layer index")
-        return list(range(n))
-    try:
-        index = int(spec)
-    except ValueError:
-        raise AttnAuditError(f"--layer must be 'explained', 'all' or a layer index, got {spec!r}") from None
-    if not -n <= index < n:
-        raise AttnAuditError(f"--layer {index} is out of range: this model has {n} attention layer(s)")
-    return [index % n]
-
-
-def instance_generator(seed: int, index: int) -> torch.Generator:
-    """A CPU generator for instance ``index``: its draws do not depend on batching or on other instances."""
-    state = np.random.SeedSequence([seed, index]).generate_state(1, dtype=np.uint64)[0]
-    return torch.Generator().manual_seed(int(state))
-
-
-@dataclass
-class Explained:
-    """One batch ready for attention-only reruns of ``layers`` (absolute indices, ascending).
-
-    ``cache`` restarts the model at ``layers[0]``; ``weights[j]`` (B,H,Q,K) are the original
-    weights of ``layers[j]``; ``key_mask`` (B,K) marks real items, ``query_rows`` (B,Q) real
-    query rows (all rows for single-query attention); ``probs`` (B,C) the original output.
-    """
-
-    cache: Cache
-    layers: list[int]
-    weights: list[Tensor]
-    key_mask: Tensor
-    query_rows: Tensor
-    probs: Tensor
-
-    @property
-    def size(self) -> int:
-        return self.key_mask.shape[0]
-
-    @property
-    def reported(self) -> Tensor:
-        """The weights the per-instance statistics describe: the last intervened layer."""
-        return self.weights[-1]
-
-
-def prepare(model: AttentionModel, batch: Batch, layers: Sequence[int]) -> Explained:
-    """One full forward pass: original output and weights, and a cache at ``layers[0]``.
-
-    Every intervened layer must attend over the instance's items (one row per instance);
-    HAN's word level, which attends within each sentence, is rejected with a clear message.
-    """
-    with torch.no_grad():
-        base = model.encode(batch)
-        out = model.decode(base)
-    size = out.logits.shape[0]
-    weights = []
-    for layer in layers:
-        entry = out.trace[layer - base.layer]
-        if entry.weights.shape[0] != size:
-            raise AttnAuditError(
-                f"attention layer {layer} of this {model.config.model} model has {entry.weights.shape[0]} rows for "
-                f"{size} instances (it attends within parts of the input); use --layer explained"
-            )
-        weights.append(entry.weights)
-    last = out.trace[layers[-1] - base.layer]
-    key_mask = last.mask.bool()
-    q = last.weights.shape[2]
-    query_rows = last.query_mask.bool() if last.query_mask is not None else key_mask.new_ones(size, q)
-    cache = base if layers[0] == base.layer else model.cache_at(out.trace, layers[0], base)
-    return Explained(cache, list(layers), weights, key_mask, query_rows, out.probs)
-
-
-def take_rows(cache: Cache, rows: Tensor, size: int) -> Cache:
-    """The cache restricted/repeated to instance ``rows`` (per-instance ``extra`` tensors too)."""
-    if cache.states.shape[0] != size:
-        raise AttnAuditError(f"cache has {cache.states.shape[0]} rows, expected one per instance ({size})")
-
-    def pick(value: Any) -> Any:
-        if isinstance(value, Tensor) and value.dim() and value.shape[0] == size:
-            return value.index_select(0, rows)
-        return value
-
-    extra = {key: pick(value) for key, value in cache.extra.items()}
-    return Cache(cache.states.index_select(0, rows), cache.mask.index_select(0, rows), cache.layer, extra)
-
-
-def rows_per_call(explained: Explained) -> int:
-    """How many (instance, permutation) rows one decode call may take within :data:`DECODE_BUDGET`."""
-    _, h, q, k = explained.reported.shape
-    per_row = len(explained.layers) * h * q * k + explained.cache.states[0].numel()
-    return max(1, DECODE_BUDGET // max(per_row, 1))
-
-
-def max_attention(weights: Tensor, query_rows: Tensor) -> Tensor:
-    """Per instance, the largest weight of each attention row, averaged over heads and real query rows.
-
-    For single-query attention (the RNN family, HAN) this is just ``max α``, J&W's x-axis.
-    """
-    peak = weights.max(-1).values
-    rows = query_rows[:, None, :].expand_as(peak).to(peak.dtype)
-    return (peak * rows).sum((1, 2)) / rows.sum((1, 2)).clamp_min(1.0)
-
-
-def row_mean(values: Tensor, query_rows: Tensor) -> Tensor:
-    """Mean of ``values`` (..., H, Q) over heads and real query rows; ``query_rows`` (B,Q) leads."""
-    rows = query_rows.view(query_rows.shape[0], *([1] * (values.dim() - 3)), 1, query_rows.shape[1])
-    rows = rows.expand_as(values).to(values.dtype)
-    return (values * rows).sum((-1, -2)) / rows.sum((-1, -2)).clamp_min(1.0)
-
-
-def instance_rows(
-    run: Run, examples: Sequence[Example], explained: Explained, offset: int
-) -> list[dict[str, Any]]:
-    """The identifying columns every per-instance row starts with."""
-    predicted = explained.probs.argmax(-1).tolist()
-    peaks = max_attention(explained.reported, explained.query_rows).tolist()
-    items = explained.key_mask.sum(-1).tolist()
-    return [
-        {
-            "index": offset + i,
-            "source": str(ex.meta.get("source", "")),
-            "label": ex.label,
-            "predicted": run.labels[predicted[i]] if predicted[i] < len(run.labels) else str(predicted[i]),
-            "items": int(items[i]),
-            "max_attention": float(peaks[i]),
-        }
-        for i, ex in enumerate(examples)
-    ]
-
-
-def plot_against_max_attention(
-    frame: Any, value: str, xlabel: str, title: str, directory: Path, stem: str
-) -> list[Path]:
-    """``value`` against the instance's max attention, one panel per predicted class (J&W style).
-
-    Instances are binned by max attention (tenths of [0, 1]); each bin is a horizontal box plot.
-    """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    frame = frame[np.isfinite(frame[value].astype(float))]
-    classes = sorted(frame["predicted"].astype(str).unique()) or ["(none)"]
-    fig, axes = plt.subplots(
-        1, len(classes), figsize=(3.8 * len(classes), 3.6), sharey=True, squeeze=False, layout="constrained"
-    )
-    edges = np.linspace(0.0, 1.0, 11)
-    labels = [f"{edges[b]:.1f}-{edges[b + 1]:.1f}" for b in range(10)]
-    for ax, cls in zip(axes[0], classes):
-        sub = frame[frame["predicted"].astype(str) == cls]
-        bins = np.clip(np.digitize(sub["max_attention"].to_numpy(float), edges) - 1, 0, 9)
-        values = sub[value].to_numpy(float)
-        data = [(b, values[bins == b]) for b in range(10) if np.any(bins == b)]
-        if data:
-            ax.boxplot([d for _, d in data], positions=[b for b, _ in data], orientation="horizontal", widths=0.6)
-        ax.set_yticks(range(10), labels)
-        ax.set_ylim(-0.7, 9.7)
-        ax.locator_params(axis="x", nbins=4)
-        ax.set_xlabel(xlabel)
-        ax.set_title(f"predicted {cls} (n={len(sub)})")
-    axes[0][0].set_ylabel("max attention")
-    fig.suptitle(title)
-    return save_figure(fig, directory, stem)
-
-
-def plot_histogram(values: Sequence[float], xlabel: str, title: str, directory: Path, stem: str, marker: float | None) -> list[Path]:
-    """A histogram of the finite ``values``, with an optional vertical line at ``marker``."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    arr = np.asarray(values, dtype=float)
-    arr = arr[np.isfinite(arr)]
-    fig, ax = plt.subplots(figsize=(5, 3.4), layout="constrained")
-    ax.hist(arr, bins=30, color="#4c72b0")
-    if marker is not None:
-        ax.axvline(marker, color="#c44e52", linestyle="--", label=f"{marker:g}")
-        ax.legend()
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel("instances")
-    ax.set_title(f"{title} (n={arr.size})")
-    return save_figure(fig, directory, stem)
 
 
 # --------------------------------------------------------------------------- permutations
@@ -251,6 +54,13 @@ def plot_histogram(values: Sequence[float], xlabel: str, title: str, directory: 
 
 PERMUTATION_BLOCK = 16
 """Permutations drawn per random call; fixed, so the draws never depend on batching."""
+
+
+def rows_per_call(explained: Explained) -> int:
+    """How many (instance, permutation) rows one decode call may take within :data:`DECODE_BUDGET`."""
+    _, h, q, k = explained.reported.shape
+    per_row = len(explained.layers) * h * q * k + explained.cache.states[0].numel()
+    return max(1, DECODE_BUDGET // max(per_row, 1))
 
 
 def permutation_blocks(
@@ -339,7 +149,7 @@ def permute_batch(
     with torch.no_grad():
         for i, index in enumerate(indices):
             first = 0
-            blocks = permutation_blocks(key_mask[i], query_rows[i], heads, len(layers), permutations, instance_generator(seed, index))
+            blocks = permutation_blocks(key_mask[i], query_rows[i], heads, len(layers), permutations, seeded_generator(seed, index))
             for src in blocks:
                 pending.append((i, first, src))
                 first += len(src)
@@ -368,7 +178,7 @@ def permutation_loop(
             explained = prepare(model, batch, layers)
             heads = explained.reported.shape[1]
             key_mask, query_rows = explained.key_mask[0].cpu(), explained.query_rows[0].cpu()
-            generator = instance_generator(seed, index)
+            generator = seeded_generator(seed, index)
             p = 0
             for block in permutation_blocks(key_mask, query_rows, heads, len(layers), permutations, generator):
                 for src in block.to(run.device):
@@ -405,7 +215,7 @@ class Permutation(Experiment):
         batch_size: int = field(default=32, metadata={"help": "Instances encoded together."})
 
     def applies(self, run: Run) -> str | None:
-        return not_applicable(run)
+        return single_attention_reason(run)
 
     def run(self, run: Run, examples: list[Example], options: Any, seed: int = 0) -> Result:
         if options.permutations < 1 or options.batch_size < 1:

@@ -234,6 +234,7 @@ class Rationale(Experiment):
     """The test of this module (its docstring gives the method, options and outputs)."""
 
     name = "rationale"
+    needs_prediction = False  # without a trained head it scores the attention-based explanations only
     description = (
         "Score each explanation (attention, gradient, LOO, IG; rollout and norms for Transformers) "
         "against the known rationale tokens: MAP, ROC-AUC and precision@k"

@@ -28,8 +28,8 @@ from torch import Tensor
 from attnaudit.data.types import Batch, Example
 from attnaudit.errors import AttnAuditError
 from attnaudit.experiments.base import Experiment, Result, register, save_figure, summarise
+from attnaudit.experiments.common import spearman_rho
 from attnaudit.flow import flow, rollout
-from attnaudit.metrics import spearman
 from attnaudit.models.base import evaluation
 from attnaudit.progress import track
 from attnaudit.run import Run
@@ -85,13 +85,6 @@ def explanation_rows(matrices: Tensor, mask: Tensor, query: str, cls_index: int 
     return (matrices * m).sum(2) / m.sum(2).clamp_min(1.0) * keys
 
 
-def _rho(a: np.ndarray, b: np.ndarray) -> float:
-    """Spearman ρ over the selected items; NaN with fewer than 3 items or a constant vector."""
-    if a.size < 3 or np.ptp(a) == 0 or np.ptp(b) == 0:
-        return float("nan")
-    return float(spearman(a, b)[0])
-
-
 @register
 class Rollout(Experiment):
     """The test of this module (its docstring gives the method, options and outputs)."""
@@ -127,11 +120,6 @@ class Rollout(Experiment):
             )
         if run.task.task_type not in ("classification", "pair"):
             return f"the importance references explain one prediction per instance; a {run.task.task_type} model makes one per token"
-        if not run.model.trained_head:
-            return (
-                "this Hugging Face model has no trained classification head, so gradient and leave-one-out importance "
-                "have no prediction to explain; fine-tune it first (attnaudit finetune)"
-            )
         return None
 
     def _check(self, options: Any) -> dict[str, Any]:
@@ -201,7 +189,7 @@ class Rollout(Experiment):
                         for name, values in imp.items():
                             reference = values[i, : keep.shape[0]][keep].float().cpu().numpy()
                             ok = np.isfinite(reference).all()
-                            row[f"L{layer}_{method}_{name}"] = _rho(attention, reference) if ok else float("nan")
+                            row[f"L{layer}_{method}_{name}"] = spearman_rho(attention, reference) if ok else float("nan")
                 instances.append(row)
             done += len(batch)
         return self._result(instances, n_layers, list(references), flow_limit, excluded, options, cls_index)

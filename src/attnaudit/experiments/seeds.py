@@ -26,7 +26,7 @@ import torch
 from attnaudit.data.types import Example
 from attnaudit.errors import AttnAuditError
 from attnaudit.experiments.base import Experiment, Result, register, save_figure, summarise
-from attnaudit.experiments.permutation import max_attention, plot_against_max_attention, row_mean
+from attnaudit.experiments.common import identity_rows, max_attention, plot_against_max_attention, row_mean
 from attnaudit.metrics import jsd, kl, tvd
 from attnaudit.models.base import AttentionModel, evaluation
 from attnaudit.progress import status
@@ -41,7 +41,6 @@ from attnaudit.training.adversary import (
     trainable_reason,
 )
 from attnaudit.training.trainer import InterventionsFn
-
 
 
 def compare(
@@ -94,36 +93,6 @@ def compare(
             columns["agreement"].append(agree)
             columns["outputs"].append(outputs.to(torch.float64))
     return {name: torch.cat(values).double().cpu().numpy() for name, values in columns.items()}
-
-
-def weighted_mean(values: np.ndarray, weights: np.ndarray) -> float:
-    """``Σ w·v / Σ w`` over finite values (token-level means from per-sentence means)."""
-    keep = np.isfinite(values)
-    total = float(weights[keep].sum())
-    return float((values[keep] * weights[keep]).sum() / total) if total else float("nan")
-
-
-def identity_rows(run: Run, examples: Sequence[Example], comparison: dict[str, np.ndarray]) -> list[dict[str, Any]]:
-    """The columns every per-instance row starts with (``predicted`` is the base's class; one
-    panel, ``tokens``, for a tagger).
-    """
-    tagging = run.task.task_type == "tagging"
-    predicted: list[str] = []
-    if not tagging:
-        with evaluation(run.model), torch.no_grad():
-            for batch in run.batches(list(examples), EVAL_BATCH):
-                predicted += [run.labels[i] for i in run.model(batch).logits.argmax(-1).tolist()]
-    return [
-        {
-            "index": i,
-            "source": str(ex.meta.get("source", "")),
-            "label": ex.label if not tagging else "",
-            "predicted": "tokens" if tagging else predicted[i],
-            "items": len(ex.tokens),
-            "max_attention": float(comparison["max_attention"][i]),
-        }
-        for i, ex in enumerate(examples)
-    ]
 
 
 @register

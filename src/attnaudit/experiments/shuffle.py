@@ -21,14 +21,15 @@ from torch import Tensor
 
 from attnaudit.data.types import Example
 from attnaudit.errors import AttnAuditError
-from attnaudit.experiments.activation_swap import (
+from attnaudit.experiments.base import Experiment, Result, register, save_figure, summarise
+from attnaudit.experiments.common import (
     ATTENTION_TABLE,
     attention_rows,
     batch_labels,
     plot_attention_rows,
+    seeded_generator,
     transformer_classifier_reason,
 )
-from attnaudit.experiments.base import Experiment, Result, register, save_figure, summarise
 from attnaudit.models.base import Intervention
 from attnaudit.progress import track
 from attnaudit.run import Run
@@ -51,12 +52,6 @@ def permute_rows(weights: Tensor, key_mask: Tensor, generator: torch.Generator) 
     source = noise.argsort(-1)
     target = (~key_mask).to(torch.int8).argsort(dim=-1, stable=True)[:, None, None, :].expand_as(weights)
     return torch.zeros_like(weights).scatter(-1, target, weights.gather(-1, source))
-
-
-def seeded_generator(*keys: int) -> torch.Generator:
-    """A CPU generator whose seed is derived from ``keys`` (seed, repeat, setting) without collisions."""
-    state = np.random.SeedSequence([int(k) for k in keys]).generate_state(1, dtype=np.uint64)[0]
-    return torch.Generator().manual_seed(int(state))
 
 
 def _shuffler(generator: torch.Generator) -> Callable[[Tensor, Tensor], Tensor]:

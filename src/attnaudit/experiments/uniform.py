@@ -20,7 +20,8 @@ import numpy as np
 
 from attnaudit.data.types import Batch, Example
 from attnaudit.experiments.base import Experiment, Result, register, save_figure
-from attnaudit.experiments.seeds import compare, identity_rows
+from attnaudit.experiments.common import identity_rows
+from attnaudit.experiments.seeds import compare
 from attnaudit.models.base import Intervention, freeze_uniform
 from attnaudit.progress import status
 from attnaudit.run import Run

@@ -1,0 +1,400 @@
+"""Helpers shared by several tests: per-instance seeding, row means, instance rows, applicability reasons, shared plots.
+
+Only generic pieces live here, each used by more than one test module: seeded generators,
+attention-only reruns (layer resolution, a prepared batch, cache rows), means over heads and
+real query rows, the identifying columns of per-instance rows, the reasons why a family of
+tests does not apply, and figures drawn the same way by several tests. A test that reuses
+another test's measure or sub-runs (``seeds.compare``, ``global_adversary.adversary``,
+``uniform.frozen_uniform``, ``norms.layer_norms``) imports it from that test's module.
+This module registers no test.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from attnaudit.data.types import Batch, Example
+from attnaudit.errors import AttnAuditError
+from attnaudit.experiments.base import save_figure
+from attnaudit.metrics import jsd, spearman
+from attnaudit.models.base import AttentionModel, AttentionTrace, Cache, evaluation
+from attnaudit.run import Run
+from attnaudit.training.adversary import EVAL_BATCH
+
+ATTENTION_TABLE = "attention_examples"
+"""Name of the result table holding the heatmap rows of :func:`attention_rows`."""
+
+TAGGING_REASON = (
+    "a tagger predicts one label per token, each from its own attention row; Jain & Wallace's "
+    "tests perturb the one attention distribution behind one prediction, and there is no single "
+    "distribution/prediction pair to perturb here (changing one row changes many outputs at once)"
+)
+
+
+# --------------------------------------------------------------------------- seeding
+
+
+def seeded_generator(*keys: int) -> torch.Generator:
+    """A CPU generator seeded from ``keys`` (e.g. seed, instance index) through a SeedSequence.
+
+    Distinct key tuples give independent streams, so an instance's draws depend neither on
+    batching nor on the other instances.
+    """
+    state = np.random.SeedSequence([int(k) for k in keys]).generate_state(1, dtype=np.uint64)[0]
+    return torch.Generator().manual_seed(int(state))
+
+
+# --------------------------------------------------------------------------- applicability
+
+
+def single_attention_reason(run: Run) -> str | None:
+    """Why the single-attention tests (permutation, adversarial) do not apply, or None."""
+    if run.task.task_type == "tagging":
+        return TAGGING_REASON
+    if run.task.task_type == "seq2seq":
+        return "a translation model has one attention distribution per target word, not one per prediction"
+    return None
+
+
+def transformer_classifier_reason(run: Run) -> str | None:
+    """Why the sparse-attention tests do not apply (None for a Transformer classifier)."""
+    if run.family != "transformer":
+        return (
+            "the sparse-attention tests (activation swap, shuffling, key adversaries) are defined on the "
+            f"self-attention of the attnaudit Transformer classifier; this run is a {run.family!r} model"
+        )
+    if run.task.task_type != "classification":
+        return (
+            "the sparse-attention tests score single-sentence classification accuracy; "
+            f"this Transformer was trained for task type {run.task.task_type!r}"
+        )
+    return None
+
+
+# --------------------------------------------------------------------------- attention-only reruns
+
+
+def resolve_layers(model: AttentionModel, spec: str, allow_all: bool = True) -> list[int]:
+    """Absolute attention-layer indices for ``spec``: ``explained``, ``all`` or an index."""
+    n = model.num_attention_layers
+    if spec == "explained":
+        return [model.explained_layer % n]
+    if spec == "all":
+        if not allow_all:
+            raise AttnAuditError("--layer all is not supported by this test; give 'explained' or one layer index")
+        return list(range(n))
+    try:
+        index = int(spec)
+    except ValueError:
+        raise AttnAuditError(f"--layer must be 'explained', 'all' or a layer index, got {spec!r}") from None
+    if not -n <= index < n:
+        raise AttnAuditError(f"--layer {index} is out of range: this model has {n} attention layer(s)")
+    return [index % n]
+
+
+@dataclass
+class Explained:
+    """One batch ready for attention-only reruns of ``layers`` (absolute indices, ascending).
+
+    ``cache`` restarts the model at ``layers[0]``; ``weights[j]`` (B,H,Q,K) are the original
+    weights of ``layers[j]``; ``key_mask`` (B,K) marks real items, ``query_rows`` (B,Q) real
+    query rows (all rows for single-query attention); ``probs`` (B,C) the original output.
+    """
+
+    cache: Cache
+    layers: list[int]
+    weights: list[Tensor]
+    key_mask: Tensor
+    query_rows: Tensor
+    probs: Tensor
+
+    @property
+    def size(self) -> int:
+        """Number of instances in the batch."""
+        return self.key_mask.shape[0]
+
+    @property
+    def reported(self) -> Tensor:
+        """The weights the per-instance statistics describe: the last intervened layer."""
+        return self.weights[-1]
+
+
+def prepare(model: AttentionModel, batch: Batch, layers: Sequence[int]) -> Explained:
+    """One full forward pass: original output and weights, and a cache at ``layers[0]``.
+
+    Every intervened layer must attend over the instance's items (one row per instance);
+    HAN's word level, which attends within each sentence, is rejected with a clear message.
+    """
+    with torch.no_grad():
+        base = model.encode(batch)
+        out = model.decode(base)
+    size = out.logits.shape[0]
+    weights = []
+    for layer in layers:
+        entry = out.trace[layer - base.layer]
+        if entry.weights.shape[0] != size:
+            raise AttnAuditError(
+                f"attention layer {layer} of this {model.config.model} model has {entry.weights.shape[0]} rows for "
+                f"{size} instances (it attends within parts of the input); use --layer explained"
+            )
+        weights.append(entry.weights)
+    last = out.trace[layers[-1] - base.layer]
+    key_mask = last.mask.bool()
+    q = last.weights.shape[2]
+    query_rows = last.query_mask.bool() if last.query_mask is not None else key_mask.new_ones(size, q)
+    cache = base if layers[0] == base.layer else model.cache_at(out.trace, layers[0], base)
+    return Explained(cache, list(layers), weights, key_mask, query_rows, out.probs)
+
+
+def take_rows(cache: Cache, rows: Tensor, size: int) -> Cache:
+    """The cache restricted/repeated to instance ``rows`` (per-instance ``extra`` tensors too)."""
+    if cache.states.shape[0] != size:
+        raise AttnAuditError(f"cache has {cache.states.shape[0]} rows, expected one per instance ({size})")
+
+    def pick(value: Any) -> Any:
+        if isinstance(value, Tensor) and value.dim() and value.shape[0] == size:
+            return value.index_select(0, rows)
+        return value
+
+    extra = {key: pick(value) for key, value in cache.extra.items()}
+    return Cache(cache.states.index_select(0, rows), cache.mask.index_select(0, rows), cache.layer, extra)
+
+
+# --------------------------------------------------------------------------- means and statistics
+
+
+def row_mean(values: Tensor, query_rows: Tensor) -> Tensor:
+    """Mean of ``values`` (..., H, Q) over heads and real query rows; ``query_rows`` (B,Q) leads."""
+    rows = query_rows.view(query_rows.shape[0], *([1] * (values.dim() - 3)), 1, query_rows.shape[1])
+    rows = rows.expand_as(values).to(values.dtype)
+    return (values * rows).sum((-1, -2)) / rows.sum((-1, -2)).clamp_min(1.0)
+
+
+def max_attention(weights: Tensor, query_rows: Tensor) -> Tensor:
+    """Per instance, the largest weight of each attention row, averaged over heads and real query rows.
+
+    For single-query attention (the RNN family, HAN) this is just ``max α``, J&W's x-axis.
+    """
+    peak = weights.max(-1).values
+    rows = query_rows[:, None, :].expand_as(peak).to(peak.dtype)
+    return (peak * rows).sum((1, 2)) / rows.sum((1, 2)).clamp_min(1.0)
+
+
+def layer_jsd(original: AttentionTrace, changed: AttentionTrace) -> list[Tensor]:
+    """Per layer, the JSD between two traces' attention, mean over heads and real queries ``(B,)``."""
+    out = []
+    for a, b in zip(original.layers, changed.layers):
+        qmask = a.query_mask if a.query_mask is not None else a.mask
+        out.append(row_mean(jsd(a.weights, b.weights), qmask))
+    return out
+
+
+def weighted_mean(values: np.ndarray, weights: np.ndarray) -> float:
+    """``Σ w·v / Σ w`` over finite values (token-level means from per-sentence means)."""
+    keep = np.isfinite(values)
+    total = float(weights[keep].sum())
+    return float((values[keep] * weights[keep]).sum() / total) if total else float("nan")
+
+
+def spearman_rho(a: np.ndarray, b: np.ndarray) -> float:
+    """Spearman ρ of two 1-D arrays; NaN with fewer than 3 pairs or a constant input."""
+    if a.size < 3 or np.all(a == a[0]) or np.all(b == b[0]):
+        return float("nan")
+    return float(spearman(a, b)[0])
+
+
+# --------------------------------------------------------------------------- per-instance rows
+
+
+def batch_labels(batch: Batch) -> Tensor:
+    """Gold label ids of a classification batch (the tests need labelled data)."""
+    if batch.labels is None:
+        raise AttnAuditError("this test needs labelled examples; the split has no labels")
+    return batch.labels
+
+
+def instance_rows(
+    run: Run, examples: Sequence[Example], explained: Explained, offset: int
+) -> list[dict[str, Any]]:
+    """The identifying columns every per-instance row of a rerun test starts with.
+
+    ``offset`` is the index of the batch's first instance in the split; ``items`` counts the
+    real keys and ``max_attention`` is read from ``explained`` (see :func:`max_attention`).
+    """
+    predicted = explained.probs.argmax(-1).tolist()
+    peaks = max_attention(explained.reported, explained.query_rows).tolist()
+    items = explained.key_mask.sum(-1).tolist()
+    return [
+        {
+            "index": offset + i,
+            "source": str(ex.meta.get("source", "")),
+            "label": ex.label,
+            "predicted": run.labels[predicted[i]] if predicted[i] < len(run.labels) else str(predicted[i]),
+            "items": int(items[i]),
+            "max_attention": float(peaks[i]),
+        }
+        for i, ex in enumerate(examples)
+    ]
+
+
+def identity_rows(run: Run, examples: Sequence[Example], comparison: Mapping[str, np.ndarray]) -> list[dict[str, Any]]:
+    """The columns every per-instance row of a model-comparison test starts with.
+
+    ``predicted`` is the base model's class (one panel, ``tokens``, for a tagger); ``items``
+    is the number of tokens and ``max_attention`` is read from ``comparison`` (as returned by
+    :func:`attnaudit.experiments.seeds.compare`).
+    """
+    tagging = run.task.task_type == "tagging"
+    predicted: list[str] = []
+    if not tagging:
+        with evaluation(run.model), torch.no_grad():
+            for batch in run.batches(list(examples), EVAL_BATCH):
+                predicted += [run.labels[i] for i in run.model(batch).logits.argmax(-1).tolist()]
+    return [
+        {
+            "index": i,
+            "source": str(ex.meta.get("source", "")),
+            "label": ex.label if not tagging else "",
+            "predicted": "tokens" if tagging else predicted[i],
+            "items": len(ex.tokens),
+            "max_attention": float(comparison["max_attention"][i]),
+        }
+        for i, ex in enumerate(examples)
+    ]
+
+
+def attention_rows(batch: Batch, trace: AttentionTrace, setting: str, show: int, offset: int) -> list[dict[str, Any]]:
+    """Head-mean attention of the last layer for the first ``show`` instances of the split.
+
+    ``offset`` is the index of ``batch``'s first instance in the split; rows hold the real
+    tokens and the ``(n, n)`` matrix, so plots can be drawn from a saved result alone.
+    """
+    rows = []
+    weights = trace.layers[-1].weights.mean(1)
+    for i, example in enumerate(batch.examples):
+        index = offset + i
+        if index >= show:
+            break
+        n = int(batch.mask[i].sum())
+        rows.append(
+            {
+                "index": index,
+                "setting": setting,
+                "tokens": list(example.tokens[:n]),
+                "weights": weights[i, :n, :n].tolist(),
+            }
+        )
+    return rows
+
+
+# --------------------------------------------------------------------------- plots
+
+
+def plot_against_max_attention(
+    frame: Any, value: str, xlabel: str, title: str, directory: Path, stem: str
+) -> list[Path]:
+    """``value`` against the instance's max attention, one panel per predicted class (J&W style).
+
+    Instances are binned by max attention (tenths of [0, 1]); each bin is a horizontal box plot.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    frame = frame[np.isfinite(frame[value].astype(float))]
+    classes = sorted(frame["predicted"].astype(str).unique()) or ["(none)"]
+    fig, axes = plt.subplots(
+        1, len(classes), figsize=(3.8 * len(classes), 3.6), sharey=True, squeeze=False, layout="constrained"
+    )
+    edges = np.linspace(0.0, 1.0, 11)
+    labels = [f"{edges[b]:.1f}-{edges[b + 1]:.1f}" for b in range(10)]
+    for ax, cls in zip(axes[0], classes):
+        sub = frame[frame["predicted"].astype(str) == cls]
+        bins = np.clip(np.digitize(sub["max_attention"].to_numpy(float), edges) - 1, 0, 9)
+        values = sub[value].to_numpy(float)
+        data = [(b, values[bins == b]) for b in range(10) if np.any(bins == b)]
+        if data:
+            ax.boxplot([d for _, d in data], positions=[b for b, _ in data], orientation="horizontal", widths=0.6)
+        ax.set_yticks(range(10), labels)
+        ax.set_ylim(-0.7, 9.7)
+        ax.locator_params(axis="x", nbins=4)
+        ax.set_xlabel(xlabel)
+        ax.set_title(f"predicted {cls} (n={len(sub)})")
+    axes[0][0].set_ylabel("max attention")
+    fig.suptitle(title)
+    return save_figure(fig, directory, stem)
+
+
+def plot_histogram(values: Sequence[float], xlabel: str, title: str, directory: Path, stem: str, marker: float | None) -> list[Path]:
+    """A histogram of the finite ``values``, with an optional vertical line at ``marker``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    arr = np.asarray(values, dtype=float)
+    arr = arr[np.isfinite(arr)]
+    fig, ax = plt.subplots(figsize=(5, 3.4), layout="constrained")
+    ax.hist(arr, bins=30, color="#4c72b0")
+    if marker is not None:
+        ax.axvline(marker, color="#c44e52", linestyle="--", label=f"{marker:g}")
+        ax.legend()
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("instances")
+    ax.set_title(f"{title} (n={arr.size})")
+    return save_figure(fig, directory, stem)
+
+
+def plot_attention_rows(rows: Sequence[Mapping[str, Any]], directory: Path, stem: str, title: str) -> list[Path]:
+    """A grid of last-layer attention heatmaps (:func:`attention_rows`): one row per setting, one column per sentence."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if not rows:
+        return []
+    settings = list(dict.fromkeys(r["setting"] for r in rows))
+    indices = sorted({int(r["index"]) for r in rows})
+    by_key = {(r["setting"], int(r["index"])): r for r in rows}
+    # One colour scale for the whole figure so that settings can be compared by eye.
+    vmax = max(max(max(q) for q in r["weights"]) for r in rows) or 1.0
+    fig, axes = plt.subplots(
+        len(settings),
+        len(indices),
+        figsize=(3.0 * len(indices), 2.8 * len(settings)),
+        squeeze=False,
+        layout="constrained",
+    )
+    for r, setting in enumerate(settings):
+        for c, index in enumerate(indices):
+            ax = axes[r][c]
+            row = by_key.get((setting, index))
+            if row is None:
+                ax.axis("off")
+                continue
+            image = ax.imshow(row["weights"], vmin=0.0, vmax=vmax, cmap="viridis")
+            # Tick labels only under the bottom row (a column is one sentence): drawing
+            # hundreds of tick labels dominates the plotting time.
+            ax.set_yticks([])
+            if r == len(settings) - 1:
+                tokens = row["tokens"]
+                ticks = list(range(0, len(tokens), max(1, -(-len(tokens) // 20))))
+                ax.set_xticks(ticks, [tokens[t] for t in ticks], rotation=90, fontsize=6)
+            else:
+                ax.set_xticks([])
+            if c == 0:
+                ax.set_ylabel(setting, fontsize=9)
+            if r == 0:
+                ax.set_title(f"sentence {index}", fontsize=9)
+    fig.colorbar(image, ax=axes, shrink=0.6)
+    fig.suptitle(title + " (last layer, mean over heads; rows = queries, columns = keys)", fontsize=10)
+    return save_figure(fig, directory, stem)

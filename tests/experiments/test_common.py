@@ -1,0 +1,153 @@
+"""Shared helpers: per-instance seeding, row means, statistics, applicability, instance rows, plots."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from attnaudit.data.types import Example
+from attnaudit.errors import AttnAuditError
+from attnaudit.experiments import common
+from attnaudit.experiments.base import discover
+from attnaudit.experiments.common import (
+    Explained,
+    instance_rows,
+    max_attention,
+    plot_histogram,
+    resolve_layers,
+    row_mean,
+    seeded_generator,
+    single_attention_reason,
+    spearman_rho,
+    take_rows,
+    transformer_classifier_reason,
+    weighted_mean,
+)
+from attnaudit.models.base import Cache
+
+
+def _draws(*keys: int) -> torch.Tensor:
+    return torch.rand(8, generator=seeded_generator(*keys))
+
+
+def test_seeded_generator_is_deterministic_per_seed_and_instance() -> None:
+    assert torch.equal(_draws(3, 7), _draws(3, 7))
+    _draws(3, 8)  # another instance's generator does not disturb this one's stream
+    assert torch.equal(_draws(3, 7), _draws(3, 7))
+    assert not torch.equal(_draws(3, 7), _draws(3, 8))  # another instance
+    assert not torch.equal(_draws(3, 7), _draws(4, 7))  # another seed
+    assert not torch.equal(_draws(3, 7), _draws(7, 3))  # the order of the keys matters
+    assert torch.equal(_draws(np.int64(3), 7), _draws(3, 7))  # numpy integers seed alike
+
+
+def test_seeded_generator_matches_its_seed_sequence() -> None:
+    state = int(np.random.SeedSequence([5, 2, 1]).generate_state(1, dtype=np.uint64)[0])
+    assert seeded_generator(5, 2, 1).initial_seed() == state
+
+
+def test_row_mean_over_a_masked_toy_tensor_by_hand() -> None:
+    values = torch.tensor(
+        [
+            [[1.0, 2.0, 100.0], [3.0, 6.0, 100.0]],  # instance 0: two heads, query 2 is padding
+            [[4.0, -1.0, -1.0], [8.0, -1.0, -1.0]],  # instance 1: only query 0 is real
+        ]
+    )
+    rows = torch.tensor([[True, True, False], [True, False, False]])
+    assert row_mean(values, rows).tolist() == [(1 + 2 + 3 + 6) / 4, (4 + 8) / 2]
+    # Extra dimensions between the instance and the heads (e.g. adversaries) keep their own means.
+    stacked = torch.stack([values, 2 * values], dim=1)  # (B, 2, H, Q)
+    assert row_mean(stacked, rows).tolist() == [[3.0, 6.0], [6.0, 12.0]]
+    # An instance without a real row gives 0, not NaN.
+    assert row_mean(values, torch.zeros(2, 3, dtype=torch.bool)).tolist() == [0.0, 0.0]
+
+
+def test_max_attention_averages_row_peaks_over_heads_and_real_rows() -> None:
+    weights = torch.tensor([[[[0.5, 0.5], [0.9, 0.1]], [[1.0, 0.0], [0.3, 0.7]]]])  # (1, H=2, Q=2, K=2)
+    assert float(max_attention(weights, torch.tensor([[True, True]]))) == pytest.approx((0.5 + 0.9 + 1.0 + 0.7) / 4)
+    assert float(max_attention(weights, torch.tensor([[True, False]]))) == pytest.approx((0.5 + 1.0) / 2)
+
+
+def test_weighted_mean_skips_non_finite_values() -> None:
+    assert weighted_mean(np.array([1.0, 3.0, np.nan]), np.array([1.0, 3.0, 5.0])) == pytest.approx(2.5)
+    assert math.isnan(weighted_mean(np.array([1.0, np.inf]), np.array([0.0, 2.0])))
+
+
+def test_spearman_rho_is_nan_for_short_or_constant_inputs() -> None:
+    a = np.array([0.1, 0.4, 0.2, 0.9])
+    assert spearman_rho(a, a * 3) == pytest.approx(1.0)
+    assert spearman_rho(a, -a) == pytest.approx(-1.0)
+    assert math.isnan(spearman_rho(a[:2], a[:2]))
+    assert math.isnan(spearman_rho(np.full(4, 0.25), a))
+    assert math.isnan(spearman_rho(a, np.ones(4)))
+
+
+def _run(family: str, task_type: str, labels: list[str] | None = None) -> Any:
+    return SimpleNamespace(family=family, task=SimpleNamespace(task_type=task_type), labels=labels or ["neg", "pos"])
+
+
+def test_applicability_reasons() -> None:
+    assert single_attention_reason(_run("bilstm", "classification")) is None
+    assert "tagger" in single_attention_reason(_run("transformer", "tagging"))
+    assert "translation" in single_attention_reason(_run("transformer", "seq2seq"))
+    assert transformer_classifier_reason(_run("transformer", "classification")) is None
+    assert "'han'" in transformer_classifier_reason(_run("han", "classification"))
+    assert "'pair'" in transformer_classifier_reason(_run("transformer", "pair"))
+
+
+def test_resolve_layers() -> None:
+    model: Any = SimpleNamespace(num_attention_layers=3, explained_layer=-1)
+    assert resolve_layers(model, "explained") == [2]
+    assert resolve_layers(model, "all") == [0, 1, 2]
+    assert resolve_layers(model, "-3") == [0]
+    with pytest.raises(AttnAuditError, match="not supported"):
+        resolve_layers(model, "all", allow_all=False)
+    with pytest.raises(AttnAuditError, match="out of range"):
+        resolve_layers(model, "3")
+
+
+def test_take_rows_selects_states_mask_and_per_instance_extras() -> None:
+    states = torch.arange(3 * 2 * 1.0).view(3, 2, 1)
+    cache = Cache(states, torch.tensor([[1, 1], [1, 0], [0, 0]]), layer=1, extra={"query": torch.tensor([7, 8, 9]), "n": 5})
+    picked = take_rows(cache, torch.tensor([2, 0, 0]), size=3)
+    assert torch.equal(picked.states, states[[2, 0, 0]])
+    assert picked.mask.tolist() == [[0, 0], [1, 1], [1, 1]]
+    assert picked.extra["query"].tolist() == [9, 7, 7] and picked.extra["n"] == 5 and picked.layer == 1
+    with pytest.raises(AttnAuditError, match="one per instance"):
+        take_rows(cache, torch.tensor([0]), size=4)
+
+
+def test_instance_rows_identify_each_instance() -> None:
+    weights = torch.tensor([[[[0.8, 0.2, 0.0]]], [[[0.5, 0.5, 0.0]]]])  # (B=2, H=1, Q=1, K=3)
+    key_mask = torch.tensor([[True, True, False], [True, True, True]])
+    explained = Explained(
+        cache=Cache(torch.zeros(2, 3, 1), key_mask),
+        layers=[0],
+        weights=[weights],
+        key_mask=key_mask,
+        query_rows=torch.ones(2, 1, dtype=torch.bool),
+        probs=torch.tensor([[0.9, 0.1], [0.2, 0.8]]),
+    )
+    examples = [Example(tokens=["a", "b"], label="neg", meta={"source": "s:1"}), Example(tokens=["c", "d", "e"], label="neg")]
+    rows = instance_rows(_run("bilstm", "classification"), examples, explained, offset=10)
+    assert rows == [
+        {"index": 10, "source": "s:1", "label": "neg", "predicted": "neg", "items": 2, "max_attention": pytest.approx(0.8)},
+        {"index": 11, "source": "", "label": "neg", "predicted": "pos", "items": 3, "max_attention": pytest.approx(0.5)},
+    ]
+
+
+def test_plot_histogram_writes_png_and_svg(tmp_path: Path) -> None:
+    paths = plot_histogram([0.1, 0.2, float("nan"), 0.4], "change", "toy", tmp_path, "toy_histogram", 0.05)
+    assert [p.name for p in paths] == ["toy_histogram.png", "toy_histogram.svg"]
+    assert all(p.stat().st_size > 0 for p in paths)
+
+
+def test_discovery_imports_common_without_registering_a_test() -> None:
+    registry = discover()
+    assert registry and all(cls.__module__ != common.__name__ for cls in registry.values())
+    assert {"permutation", "adversarial", "shuffle", "seeds"} <= set(registry)
