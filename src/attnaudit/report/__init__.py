@@ -25,13 +25,14 @@ from attnaudit.run import Run
 RESULTS = "results"
 HEATMAPS = "heatmaps.json"
 REPORT = "report.html"
+NOT_RESULTS = (HEATMAPS, "audit.json")  # JSON files that sit beside results but are none
 
 
 def _load_results(results_dir: Path) -> tuple[dict[str, Result], list[str]]:
     """Every ``<test>.json`` result in ``results_dir``; unreadable files become notes."""
     results, notes = {}, []
     for path in sorted(results_dir.glob("*.json")):
-        if path.name == HEATMAPS:
+        if path.name in NOT_RESULTS:
             continue
         try:
             result = Result.load(path)
@@ -49,7 +50,7 @@ def results_folder(directory: Path) -> Path:
     nested = directory / RESULTS
     if nested.is_dir() or (directory / "config.json").exists():
         return nested
-    return directory if any(p.name != HEATMAPS for p in directory.glob("*.json")) else nested
+    return directory if any(p.name not in NOT_RESULTS for p in directory.glob("*.json")) else nested
 
 
 def _find_run(directory: Path, info: dict[str, Any], data_dir: str | Path | None, device: str) -> Run | None:
