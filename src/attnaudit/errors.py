@@ -18,7 +18,11 @@ class InputError(AttnAuditError):
         self.path = str(path)
         self.line = line
         where = f"{self.path}:{line}" if line is not None else self.path
-        super().__init__(f"{where}: {message}")
+        super().__init__(f"{where}: {message.translate(_CONTROL)}")
+
+
+# Control characters quoted from a (binary) input file would garble the terminal: show them escaped.
+_CONTROL = {code: f"\\x{code:02x}" for code in (*range(32), 127)}
 
 
 class AttnAuditWarning(UserWarning):
