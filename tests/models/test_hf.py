@@ -197,6 +197,13 @@ def test_loading_errors(tiny_hf: SimpleNamespace, monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     with pytest.raises(AttnAuditError, match="could not load Hugging Face model 'someone/no-such-model'"):
         load_hf("someone/no-such-model", device="cpu")
+    # an uncached hub name with no route to the hub fails at once instead of retrying
+    import attnaudit.models.hf as hf_module
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(hf_module, "_hub_reachable", lambda: False)
+    with pytest.raises(AttnAuditError, match="not in the local cache, and the hub cannot be reached"):
+        load_hf("someone/no-such-model", device="cpu")
 
 
 @pytest.mark.parametrize("family", ["distilbert", "roberta"])

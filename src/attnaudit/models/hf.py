@@ -119,15 +119,20 @@ AttentionMaskInterface.register(ATTN_IMPLEMENTATION, eager_mask)
 @contextlib.contextmanager
 def _quiet_transformers() -> Iterator[None]:
     """Silence transformers' load reports and progress bars (we print our own status)."""
+    import logging
+
     from transformers.utils import logging as hf_logging
 
-    level, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hub = logging.getLogger("huggingface_hub")  # its download retries log one warning each
+    level, bars, hub_level = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled(), hub.level
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
+    hub.setLevel(logging.ERROR)
     try:
         yield
     finally:
         hf_logging.set_verbosity(level)
+        hub.setLevel(hub_level)
         if bars:
             hf_logging.enable_progress_bar()
 
@@ -380,10 +385,38 @@ def resolve_source(name_or_path: str | Path) -> str:
     return name
 
 
+def _hub_reachable() -> bool:
+    """Whether the Hugging Face endpoint's host resolves; offline, a hub load would only retry for ~30 s."""
+    import socket
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants
+
+    host = urlparse(constants.ENDPOINT).hostname
+    try:
+        socket.getaddrinfo(host or "huggingface.co", 443)
+    except OSError:
+        return False
+    return True
+
+
 def _pretrained(loader: Any, source: str, **kwargs: Any) -> Any:
-    """``loader.from_pretrained`` with one-line errors (offline hub, missing files, pickles only)."""
+    """``loader.from_pretrained`` with one-line errors (offline hub, missing files, pickles only).
+
+    A hub name is looked up in the local cache first; only when it is missing there and the
+    hub's host resolves is it downloaded."""
     try:
         with _quiet_transformers():
+            if Path(source).is_dir():
+                return loader.from_pretrained(source, **kwargs)
+            try:
+                return loader.from_pretrained(source, local_files_only=True, **kwargs)
+            except OSError:
+                if not _hub_reachable():
+                    raise AttnAuditError(
+                        f"could not load Hugging Face model {source!r}: not in the local cache, and the hub "
+                        "cannot be reached (offline?); give a local model folder or --hf minilm"
+                    ) from None
             return loader.from_pretrained(source, **kwargs)
     except (OSError, ValueError, KeyError) as exc:
         message = str(exc).strip().splitlines()
