@@ -140,15 +140,21 @@ def evaluate(
 
 
 @app.command()
-def datasets() -> None:
-    """List the named datasets and the input formats for your own files.
+def datasets(data_dir: DataDir = None) -> None:
+    """List the named datasets (with --data-dir: whether each one's folder is there) and the input formats.
 
-    Named datasets are read from the --data-dir given to train/audit (or $ATTNAUDIT_DATA).
-    Example: attnaudit datasets
+    Example: attnaudit datasets --data-dir ../shared/data
     """
-    from attnaudit.data.tasks import list_tasks
+    from attnaudit.data.tasks import list_tasks, task_folder
 
-    _print_table("datasets", [{"name": n, "description": d} for n, d in list_tasks()])
+    rows = []
+    for name, description in list_tasks():
+        folder = task_folder(name)
+        row = {"name": name, "description": description, "folder": folder or "(built in)"}
+        if data_dir is not None:
+            row["found"] = "yes" if folder is None or (data_dir / folder).is_dir() else "no"
+        rows.append(row)
+    _print_table("datasets", rows)
     out_console.print("Your own files: conll:PATH, csv:PATH, tsv:PATH, jsonl:PATH, sst-trees:PATH, babi:PATH, snli:DIR, hf:NAME")
 
 

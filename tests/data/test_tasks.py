@@ -39,8 +39,27 @@ def test_list_tasks_names_every_dataset_with_a_description() -> None:
     assert [n for n, _ in list_tasks()] == sorted(names)
 
 
+def test_every_named_dataset_says_which_data_folder_it_reads(shared_data: Path, tmp_path: Path) -> None:
+    assert tasks.task_folder("synthetic") is None and tasks.task_folder("conll2000") == "conll2000"
+    for name, _ in list_tasks():
+        folder = tasks.task_folder(name)
+        if folder is None:
+            continue
+        assert (shared_data / folder).is_dir(), (name, folder)
+        # a data directory holding everything but that folder: the task must fail to find its files
+        without = tmp_path / f"without-{name}"
+        without.mkdir()
+        top = folder.split("/")[0]
+        for entry in shared_data.iterdir():
+            if entry.name != top:
+                (without / entry.name).symlink_to(entry)
+        with pytest.raises(AttnAuditError, match="not found"):
+            load_task(name, data_dir=without)
+
+
 def test_register_task_adds_a_loader_and_refuses_duplicates(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(tasks, "_REGISTRY", dict(tasks._REGISTRY))
+    monkeypatch.setattr(tasks, "_FOLDERS", dict(tasks._FOLDERS))
 
     @register_task("tiny", "a test task")
     def tiny(data_dir: Path | None, seed: int) -> TaskData:

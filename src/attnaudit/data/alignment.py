@@ -233,6 +233,7 @@ EUROPARL_DEV = 1000  # held-out Europarl pairs: in-domain model selection for th
     "europarl-deen",
     "Europarl v7 German->English, 20k pairs (seq2seq; RWTH gold sentences removed); dev: 1,000 held-out "
     "Europarl pairs; test: newstest2015",
+    "europarl-deen-20k",
 )
 def europarl_deen(data_dir: Path | None, seed: int) -> TaskData:
     """``europarl-deen-20k`` train minus the RWTH gold pairs, with ``EUROPARL_DEV`` seeded pairs

@@ -20,19 +20,23 @@ from attnaudit.data.types import Example, TaskData, TaskType
 from attnaudit.errors import AttnAuditError, InputError, warn
 
 TaskLoader = Callable[[Path | None, int], TaskData]
+_FOLDERS: dict[str, str | None] = {}
 _REGISTRY: dict[str, tuple[str, TaskLoader]] = {}
 
 DATA_ENV = "ATTNAUDIT_DATA"
 SPLIT_FRACTION = 0.1
 
 
-def register_task(name: str, description: str) -> Callable[[TaskLoader], TaskLoader]:
-    """Register ``loader(data_dir, seed) -> TaskData`` under ``name`` (``data_dir`` may be None)."""
+def register_task(name: str, description: str, folder: str | None = None) -> Callable[[TaskLoader], TaskLoader]:
+    """Register ``loader(data_dir, seed) -> TaskData`` under ``name`` (``data_dir`` may be None).
+
+    ``folder``: the data directory's subfolder the task reads (None: built in, needs no data)."""
 
     def decorate(loader: TaskLoader) -> TaskLoader:
         if name in _REGISTRY:
             raise ValueError(f"task {name!r} registered twice")
         _REGISTRY[name] = (description, loader)
+        _FOLDERS[name] = folder
         return loader
 
     return decorate
@@ -47,6 +51,12 @@ def _discover() -> None:
 
     for module in _TASK_MODULES:
         import_module(module)
+
+
+def task_folder(name: str) -> str | None:
+    """The data-directory subfolder a named task reads (None for built-in tasks)."""
+    _discover()
+    return _FOLDERS.get(name)
 
 
 def list_tasks() -> list[tuple[str, str]]:
@@ -422,7 +432,7 @@ def _synthetic_tagging(data_dir: Path | None, seed: int) -> TaskData:
     return synthetic_task("tagging", seed)
 
 
-@register_task("conll2000", "CoNLL-2000 chunking (tagging; POS tags as features)")
+@register_task("conll2000", "CoNLL-2000 chunking (tagging; POS tags as features)", "conll2000")
 def _conll2000(data_dir: Path | None, seed: int) -> TaskData:
     train = readers.read_conll(_data_path(data_dir, "conll2000", "conll2000", "train.txt.gz"))
     test = readers.read_conll(_data_path(data_dir, "conll2000", "conll2000", "test.txt.gz"))
@@ -431,7 +441,7 @@ def _conll2000(data_dir: Path | None, seed: int) -> TaskData:
     return _named("conll2000", "tagging", train, dev, test, notes)
 
 
-@register_task("sst", "binary SST as preprocessed by Jain & Wallace (2019)")
+@register_task("sst", "binary SST as preprocessed by Jain & Wallace (2019)", "sst")
 def _sst(data_dir: Path | None, seed: int) -> TaskData:
     splits = readers.read_jw_sst_csv(_data_path(data_dir, "sst", "sst", "sst_dataset.csv"))
     train, dev, test = splits["train"], splits["dev"], splits["test"]
@@ -439,7 +449,7 @@ def _sst(data_dir: Path | None, seed: int) -> TaskData:
     return _named("sst", "classification", train, dev, test, notes)
 
 
-@register_task("sst-trees", "binary SST from the treebank, with phrase labels as rationales")
+@register_task("sst-trees", "binary SST from the treebank, with phrase labels as rationales", "sst/trees")
 def _sst_trees(data_dir: Path | None, seed: int) -> TaskData:
     train, dev, test = (
         readers.read_sst_trees(_data_path(data_dir, "sst-trees", "sst", "trees", f"{s}.txt"))
@@ -461,7 +471,7 @@ def _named_binary(examples: list[Example]) -> list[Example]:
     return examples
 
 
-@register_task("sst2", "GLUE SST-2: dev split off train.tsv for model selection, test = GLUE dev.tsv")
+@register_task("sst2", "GLUE SST-2: dev split off train.tsv for model selection, test = GLUE dev.tsv", "sst2")
 def _sst2(data_dir: Path | None, seed: int) -> TaskData:
     paths = [_data_path(data_dir, "sst2", "sst2", f"{s}.tsv") for s in ("train", "dev")]
     train, test = (
@@ -477,7 +487,7 @@ def _sst2(data_dir: Path | None, seed: int) -> TaskData:
     return _named("sst2", "classification", train, dev, test, notes)
 
 
-@register_task("agnews", "AG News topics (4 classes), only the test split available: 80/10/10")
+@register_task("agnews", "AG News topics (4 classes), only the test split available: 80/10/10", "ag_news")
 def _agnews(data_dir: Path | None, seed: int) -> TaskData:
     classes_path = _data_path(data_dir, "agnews", "ag_news", "classes.txt")
     classes = [line.strip() for line in readers.read_text_lines(classes_path) if line.strip()]
@@ -490,7 +500,7 @@ def _agnews(data_dir: Path | None, seed: int) -> TaskData:
     return _named("agnews", "classification", train, dev, test, notes)
 
 
-@register_task("snli", "SNLI (no train split here: trains on 90% of dev, tests on test)")
+@register_task("snli", "SNLI (no train split here: trains on 90% of dev, tests on test)", "snli")
 def _snli(data_dir: Path | None, seed: int) -> TaskData:
     directory = _data_path(data_dir, "snli", "snli")
     pool = readers.read_snli(directory, "dev")
@@ -527,6 +537,6 @@ def _babi(number: int) -> TaskLoader:
 
 
 for _number in _BABI_FILES:
-    register_task(f"babi{_number}", f"bAbI task {_number} ({_BABI_FILES[_number]}), en-10k when present")(
+    register_task(f"babi{_number}", f"bAbI task {_number} ({_BABI_FILES[_number]}), en-10k when present", "babi")(
         _babi(_number)
     )
