@@ -63,3 +63,13 @@ def test_summarise_counts_nan_separately() -> None:
 def test_every_registered_experiment_is_well_formed() -> None:
     for name, cls in discover().items():
         assert cls.name == name and cls.description, name
+
+
+def test_make_options_refuses_non_finite_numbers() -> None:
+    experiment = discover()["permutation"]()
+    assert make_options(experiment, {"threshold": 0.1}).threshold == 0.1
+    for bad in (float("nan"), float("inf")):
+        with pytest.raises(AttnAuditError, match="threshold must be finite"):
+            make_options(experiment, {"threshold": bad})
+    with pytest.raises(AttnAuditError, match="lambdas must be finite"):
+        make_options(discover()["global-adversary"](), {"lambdas": [0.1, float("nan")]})

@@ -11,6 +11,8 @@ An experiment is a class registered with :func:`register` that declares
 
 from __future__ import annotations
 
+import math
+
 import time
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
@@ -171,6 +173,10 @@ def make_options(experiment: Experiment, values: dict[str, Any]) -> Any:
         raise AttnAuditError(
             f"test {experiment.name!r} has no option(s) {', '.join(sorted(unknown))}; it takes {', '.join(sorted(known)) or 'none'}"
         )
+    for name, value in values.items():
+        numbers = value if isinstance(value, (list, tuple)) else [value]
+        if any(isinstance(v, float) and not math.isfinite(v) for v in numbers):
+            raise AttnAuditError(f"test {experiment.name!r}: option {name} must be finite, got {value!r}")
     return experiment.Options(**values)
 
 
