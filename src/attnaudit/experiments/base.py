@@ -12,7 +12,6 @@ An experiment is a class registered with :func:`register` that declares
 from __future__ import annotations
 
 import math
-
 import time
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
