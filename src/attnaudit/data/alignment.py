@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from attnaudit.data.batching import IGNORE_INDEX, _pad
-from attnaudit.data.tasks import _split, register_task
+from attnaudit.data.tasks import register_task, split_off
 from attnaudit.data.types import Batch, Example, TaskData
 from attnaudit.errors import AttnAuditError, InputError, warn
 
@@ -259,7 +259,7 @@ def europarl_deen(data_dir: Path | None, seed: int) -> TaskData:
     else:
         warn("deen-alignment/DeEn not found: RWTH gold sentences were not removed from europarl-deen train")
         notes.append("RWTH gold sentences NOT removed from train (deen-alignment/DeEn missing)")
-    train, dev, _ = _split(train, seed, EUROPARL_DEV, 0, "europarl-deen train")
+    train, dev, _ = split_off(train, seed, EUROPARL_DEV, 0, "europarl-deen train")
     return TaskData("europarl-deen", "seq2seq", train, dev, test, [], notes)
 
 

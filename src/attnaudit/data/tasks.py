@@ -81,7 +81,7 @@ def _data_path(data_dir: Path | None, task: str, *parts: str) -> Path:
     return path
 
 
-def _split(
+def split_off(
     examples: list[Example], seed: int, n_dev: int, n_test: int, what: str
 ) -> tuple[list[Example], list[Example], list[Example]]:
     """Cut ``n_test`` then ``n_dev`` seeded-random examples off ``examples``; order is kept."""
@@ -141,7 +141,7 @@ def _assemble(
     n_dev = 0 if dev is not None else _tenth(len(train))
     n_test = 0 if test is not None else _tenth(len(train))
     if n_dev or n_test:
-        train, cut_dev, cut_test = _split(train, seed, n_dev, n_test, what)
+        train, cut_dev, cut_test = split_off(train, seed, n_dev, n_test, what)
         parts = [p for p, n in (("dev", n_dev), ("test", n_test)) if n]
         notes.append(
             f"{' and '.join(parts)} = 10% of {what}{' each' if len(parts) == 2 else ''}, "
@@ -436,7 +436,7 @@ def _synthetic_tagging(data_dir: Path | None, seed: int) -> TaskData:
 def _conll2000(data_dir: Path | None, seed: int) -> TaskData:
     train = readers.read_conll(_data_path(data_dir, "conll2000", "conll2000", "train.txt.gz"))
     test = readers.read_conll(_data_path(data_dir, "conll2000", "conll2000", "test.txt.gz"))
-    train, dev, _ = _split(train, seed, _tenth(len(train)), 0, "conll2000 train")
+    train, dev, _ = split_off(train, seed, _tenth(len(train)), 0, "conll2000 train")
     notes = [f"CoNLL-2000 has no dev set: dev = 10% of train.txt.gz split off with seed {seed}"]
     return _named("conll2000", "tagging", train, dev, test, notes)
 
@@ -479,7 +479,7 @@ def _sst2(data_dir: Path | None, seed: int) -> TaskData:
     )
     # GLUE's test labels are hidden, so GLUE dev is our held-out test set; model selection
     # uses phrases split off train.tsv and never sees it.
-    train, dev, _ = _split(train, seed, len(test), 0, "sst2 train")
+    train, dev, _ = split_off(train, seed, len(test), 0, "sst2 train")
     notes = [
         f"GLUE SST-2 has no labelled test set: test = GLUE dev.tsv ({len(test)} sentences, "
         f"never used for selection); dev = {len(dev)} phrases split off train.tsv with seed {seed}"
@@ -492,7 +492,7 @@ def _agnews(data_dir: Path | None, seed: int) -> TaskData:
     classes_path = _data_path(data_dir, "agnews", "ag_news", "classes.txt")
     classes = [line.strip() for line in readers.read_text_lines(classes_path) if line.strip()]
     examples = readers.read_ag_news(_data_path(data_dir, "agnews", "ag_news", "test.csv"), classes)
-    train, dev, test = _split(examples, seed, _tenth(len(examples)), _tenth(len(examples)), "agnews")
+    train, dev, test = split_off(examples, seed, _tenth(len(examples)), _tenth(len(examples)), "agnews")
     notes = [
         f"AG News train split unavailable: its test.csv is split 80/10/10 into "
         f"train/dev/test with seed {seed}"
@@ -505,7 +505,7 @@ def _snli(data_dir: Path | None, seed: int) -> TaskData:
     directory = _data_path(data_dir, "snli", "snli")
     pool = readers.read_snli(directory, "dev")
     test = readers.read_snli(directory, "test")
-    train, dev, _ = _split(pool, seed, _tenth(len(pool)), 0, "snli dev")
+    train, dev, _ = split_off(pool, seed, _tenth(len(pool)), 0, "snli dev")
     notes = [
         f"SNLI train is not available: train = 90% of the SNLI dev set, dev = the other "
         f"10% (seed {seed}), test = SNLI test"
@@ -529,7 +529,7 @@ def _babi(number: int) -> TaskLoader:
         folder = "en-10k" if (base / "en-10k" / f"{stem}_train.txt").exists() else "en"
         train = readers.read_babi(_data_path(data_dir, task, "babi", folder, f"{stem}_train.txt"))
         test = readers.read_babi(_data_path(data_dir, task, "babi", folder, f"{stem}_test.txt"))
-        train, dev, _ = _split(train, seed, _tenth(len(train)), 0, f"{task} train")
+        train, dev, _ = split_off(train, seed, _tenth(len(train)), 0, f"{task} train")
         notes = [f"bAbI {stem} ({folder}): dev = 10% of train split off with seed {seed}"]
         return _named(task, "pair", train, dev, test, notes)
 
