@@ -14,3 +14,8 @@ def test_parse_sequence_types() -> None:
     assert _parse_sequence("a,b", list[str] | None) == ["a", "b"]
     with pytest.raises(AttnAuditError, match="comma-separated list of float"):
         _parse_sequence("x", list[float])
+
+
+def test_parse_sequence_refuses_an_empty_list() -> None:
+    with pytest.raises(AttnAuditError, match="empty list"):
+        _parse_sequence(" , ", list[float])

@@ -283,6 +283,8 @@ def audit(
     out = check_output_dir(out)
     if limit is not None and limit < 1:
         raise AttnAuditError(f"--limit must be at least 1, got {limit}")
+    if heatmap_instances < 0:
+        raise AttnAuditError(f"--heatmaps must be >= 0, got {heatmap_instances}")
     train_options = {k: v for k, v in train_options.items() if v is not None}
     order, options = _plan(only, skip, test_options or {})
     target = _load_target(out, task, model, run, hf, data_dir, device, seed, train_options)

@@ -385,6 +385,8 @@ def _parse_sequence(value: str, annotation: Any) -> Any:
         items = [cast(v.strip()) for v in value.split(",") if v.strip()]
     except ValueError:
         raise AttnAuditError(f"could not read {value!r} as a comma-separated list of {cast.__name__}") from None
+    if not items:  # an empty value would silently mean the test's default list
+        raise AttnAuditError(f"empty list {value!r}: give comma-separated {cast.__name__} values, or leave the option out")
     return tuple(items) if origin is tuple else items
 
 

@@ -75,6 +75,7 @@ def test_audit_checks_limit_and_split_before_running_tests(run_copy: Path, tmp_p
     out = tmp_path / "audit"
     assert_clean_failure(cli("audit", "--run", run_copy, "--out", out, "--limit", "-1", "--quiet"), "--limit", out=out)
     assert_clean_failure(cli("audit", "--run", run_copy, "--out", out, "--split", "bogus", "--quiet"), "unknown split", out=out)
+    assert_clean_failure(cli("audit", "--run", run_copy, "--out", out, "--heatmaps", "-1", "--quiet"), "--heatmaps", out=out)
 
 
 def test_non_finite_lambda_is_refused_before_training(tmp_path: Path) -> None:
