@@ -203,11 +203,11 @@ def run_test(
     experiment = get_experiment(name)
     opts = make_options(experiment, options)
     if out is not None:
-        check_output_dir(out)
+        directory = check_output_dir(out)  # before loading the run: a bad --out fails at once
     if not isinstance(run, Run):
         run = load_run(run, device=device, data_dir=data_dir)
-    directory = Path(out) if out else (Path(run.path) / "results" if run.path else Path("results"))
-    check_output_dir(directory)
+    if out is None:
+        directory = check_output_dir(Path(run.path) / "results" if run.path else Path("results"))
     reason = experiment.why_not(run)
     if reason:
         raise AttnAuditError(f"test {name!r} does not apply to this {run.family} model: {reason}")
