@@ -119,7 +119,7 @@ def test_parse_settings_types_values() -> None:
         ("permutation", "TEST.OPTION=VALUE"),
         ("nope.x=1", "unknown test"),
         ("permutation.nope=1", "has no option"),
-        ("permutation.permutations=many", "cannot read"),
+        ("permutation.permutations=many", "expected int"),
     ]:
         with pytest.raises(AttnAuditError, match=message):
             parse_settings([bad])

@@ -31,6 +31,7 @@ import pandas as pd
 from attnaudit.errors import AttnAuditError, error_line
 from attnaudit.experiments.base import Experiment, Result, discover, make_options, run_test
 from attnaudit.io import atomic_write, atomic_write_json, check_output_dir, csv_cell, digest
+from attnaudit.options import check_seed, parse_assignment
 from attnaudit.progress import status
 from attnaudit.run import Run
 
@@ -98,46 +99,13 @@ def order_tests(names: typing.Iterable[str]) -> list[str]:
     return cheap + middle + training
 
 
-def _coerce(text: str, annotation: Any, where: str) -> Any:
-    """Read a ``--set`` value as the Options field's type (int, float, bool, str, lists, Optional)."""
-    args = [a for a in typing.get_args(annotation) if a is not type(None)]
-    origin = typing.get_origin(annotation)
-    if origin in (list, tuple):
-        inner = args[0] if args and args[0] is not Ellipsis else str
-        items = [_coerce(v.strip(), inner, where) for v in text.split(",") if v.strip()]
-        return tuple(items) if origin is tuple else items
-    if args and origin is not None:  # Optional[X] / X | None
-        if text.lower() in ("none", "null", ""):
-            return None
-        return _coerce(text, args[0], where)
-    try:
-        if annotation is bool:
-            if text.lower() not in ("true", "false", "1", "0", "yes", "no"):
-                raise ValueError
-            return text.lower() in ("true", "1", "yes")
-        if annotation in (int, float):
-            return annotation(text)
-    except ValueError:
-        raise AttnAuditError(f"--set {where}: cannot read {text!r} as {annotation.__name__}") from None
-    return text
-
-
 def parse_settings(items: typing.Sequence[str]) -> dict[str, dict[str, Any]]:
     """``["permutation.permutations=20", ...]`` -> ``{"permutation": {"permutations": 20}}``, typed per Options."""
     registry = discover()
     settings: dict[str, dict[str, Any]] = {}
     for item in items:
-        key, sep, value = item.partition("=")
-        test, dot, option = key.strip().partition(".")
-        if not sep or not dot or not option:
-            raise AttnAuditError(f"--set expects TEST.OPTION=VALUE, got {item!r}")
-        if test not in registry:
-            raise AttnAuditError(f"--set {key}: unknown test {test!r}; available: {', '.join(registry)}")
-        option = option.replace("-", "_")
-        hints = typing.get_type_hints(registry[test].Options)
-        if option not in hints:
-            raise AttnAuditError(f"--set {key}: test {test!r} has no option {option!r}; it takes {', '.join(hints) or 'none'}")
-        settings.setdefault(test, {})[option] = _coerce(value.strip(), hints[option], key)
+        test, option, value = parse_assignment(item, registry)
+        settings.setdefault(test, {})[option] = value
     return settings
 
 
@@ -203,6 +171,31 @@ def _plan(
     return order_tests(selected), options
 
 
+def _refuse_unused_settings(target: Run, order: list[str], test_options: dict[str, dict[str, Any]]) -> None:
+    """A ``--set`` for a test that is not selected, or is skipped on this model, would be silently
+    ignored: refuse it (before any test runs)."""
+    registry = discover()
+    unselected = [name for name in test_options if name not in order]
+    if unselected:
+        raise AttnAuditError(f"--set: test(s) {', '.join(unselected)} not selected by --only/--skip; drop the --set or select the test")
+    for name in test_options:
+        reason = skip_reason(registry[name](), target)
+        if reason:
+            raise AttnAuditError(f"--set {name}.*: test {name!r} does not run on this {target.family} model ({reason})")
+
+
+def skip_reason(experiment: Experiment, target: Run) -> str | None:
+    """Why the audit skips ``experiment`` on ``target`` (None when it runs)."""
+    if experiment.name in TRANSFORMER_ONLY and target.family not in SELF_ATTENTION_FAMILIES:
+        return "the audit runs the activation and key tests on Transformers only"
+    return experiment.why_not(target)
+
+
+def runnable_tests(target: Run) -> list[str]:
+    """The registered tests an audit of ``target`` runs (the rest it skips, saying why)."""
+    return [name for name, cls in discover().items() if skip_reason(cls(), target) is None]
+
+
 def _reusable(path: Path, options_hash: str) -> Result | None:
     """The stored result at ``path`` if it was computed with options hash ``options_hash``."""
     if not path.exists():
@@ -266,6 +259,7 @@ def audit(
     test_options: dict[str, dict[str, Any]] | None = None,
     heatmap_instances: int = 3,
     figures: bool = True,
+    strict_options: bool = False,
     **train_options: Any,
 ) -> AuditResult:
     """Audit a model's attention with every applicable test and write ``out/report.html``.
@@ -277,10 +271,13 @@ def audit(
     this many most and this many least faithful instances (by τ(attention, gradient) when
     the importance test ran; else the first ``2 × heatmap_instances``). ``figures=False``
     skips the tests' plots (much faster on a busy CPU; the report then has tables only).
+    ``strict_options`` refuses ``test_options`` for tests that will not run (the CLI's ``--set``;
+    a preset shared by several audits, such as the demo's, may name more tests).
     """
     from attnaudit.report import build_report
 
     out = check_output_dir(out)
+    check_seed(seed)
     if limit is not None and limit < 1:
         raise AttnAuditError(f"--limit must be at least 1, got {limit}")
     if heatmap_instances < 0:
@@ -290,6 +287,8 @@ def audit(
     target = _load_target(out, task, model, run, hf, data_dir, device, seed, train_options)
     if not target.examples(split, limit, data_dir=data_dir):  # a bad --split fails here, not in every test
         raise AttnAuditError(f"split {split!r} has no examples")
+    if strict_options:
+        _refuse_unused_settings(target, order, test_options or {})
     results_dir = out / RESULTS
     identity = run_identity(target)
     snapshot = {k: v.detach().clone() for k, v in target.model.state_dict().items()}
@@ -306,10 +305,7 @@ def audit(
         try:
             target.model.load_state_dict(snapshot)  # every test starts from the trained weights
             target.model.eval()
-            if name in TRANSFORMER_ONLY and target.family not in SELF_ATTENTION_FAMILIES:
-                reason = "the audit runs the activation and key tests on Transformers only"
-            else:
-                reason = experiment.why_not(target)
+            reason = skip_reason(experiment, target)
             if reason:
                 outcome.skipped[name] = reason
                 entry.update(status="skipped", reason=reason)

@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from attnaudit.errors import AttnAuditError, AttnAuditWarning
+from attnaudit.options import SEED_MAX, parse_text, sequence_item
 from attnaudit.progress import set_quiet
 
 app = typer.Typer(
@@ -37,6 +38,7 @@ DataDir = Annotated[
 ]
 Device = Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars or status lines.")]
+SEED_RANGE = {"min": 0, "max": SEED_MAX}
 
 
 def _print_table(title: str, rows: list[dict[str, Any]]) -> None:
@@ -70,7 +72,7 @@ def train(
     warmup: Annotated[Optional[int], typer.Option(help="Linear lr warmup steps, then linear decay (0: constant lr).")] = None,
     word_dropout: Annotated[Optional[float], typer.Option(help="Probability of replacing a training word by <unk>.")] = None,
     clip: Annotated[Optional[float], typer.Option(help="Gradient-norm clipping threshold.")] = None,
-    seed: Annotated[int, typer.Option(help="Random seed (initialisation, shuffling, dropout).")] = 0,
+    seed: Annotated[int, typer.Option(**SEED_RANGE, help="Random seed (initialisation, shuffling, dropout).")] = 0,
     vectors: Annotated[Optional[str], typer.Option(help="Pretrained word vectors (word2vec/GloVe text file).")] = None,
     features: Annotated[bool, typer.Option(help="Use the per-token feature column (CoNLL POS tags).")] = False,
     max_vocab: Annotated[Optional[int], typer.Option(help="Keep at most this many words.")] = None,
@@ -83,7 +85,15 @@ def train(
 ) -> None:
     """Train a model and write a run directory (model.safetensors, config.json, vocab, metrics.json).
 
-    Example: attnaudit train --task sst --model bilstm --out runs/sst-bilstm --data-dir ../shared/data
+    Examples:
+
+    attnaudit train --task sst --model bilstm --out runs/sst --data-dir ../shared/data
+
+    attnaudit train --task sst2 --model transformer --out runs/sst2-transformer --data-dir ../shared/data
+
+    attnaudit train --task conll2000 --model transformer --layers 1 --heads 4 --features --out runs/conll --data-dir ../shared/data
+
+    attnaudit train --task synthetic --model bilstm --out runs/syn
     """
     from attnaudit.training.trainer import train as train_fn
 
@@ -190,7 +200,7 @@ def finetune(
     batch_size: Annotated[int, typer.Option(help="Batch size.")] = 16,
     limit: Annotated[Optional[int], typer.Option(help="Train on a seeded random sample of N training examples.")] = None,
     max_len: Annotated[Optional[int], typer.Option(help="Truncate inputs to N wordpieces.")] = None,
-    seed: Annotated[int, typer.Option(help="Random seed (head initialisation, sampling, shuffling, dropout).")] = 0,
+    seed: Annotated[int, typer.Option(**SEED_RANGE, help="Random seed (head initialisation, sampling, shuffling, dropout).")] = 0,
     data_dir: DataDir = None,
     device: Device = "auto",
     quiet: Quiet = False,
@@ -237,7 +247,7 @@ def audit(
     vectors: Annotated[Optional[str], typer.Option(help="Training: pretrained word vectors file.")] = None,
     max_vocab: Annotated[Optional[int], typer.Option(help="Training: keep at most this many words.")] = None,
     min_freq: Annotated[Optional[int], typer.Option(help="Training: drop words seen fewer times.")] = None,
-    seed: Annotated[int, typer.Option(help="Random seed (training and tests).")] = 0,
+    seed: Annotated[int, typer.Option(**SEED_RANGE, help="Random seed (training and tests).")] = 0,
     data_dir: DataDir = None,
     device: Device = "auto",
     quiet: Quiet = False,
@@ -252,7 +262,7 @@ def audit(
     set_quiet(quiet)
     result = audit_fn(
         out, task=task, model=model, run=run, hf=hf, only=_names(only), skip=_names(skip), split=split,
-        limit=limit, seed=seed, data_dir=data_dir, device=device, test_options=parse_settings(set_ or []),
+        limit=limit, seed=seed, data_dir=data_dir, device=device, test_options=parse_settings(set_ or []), strict_options=True,
         heatmap_instances=heatmaps, figures=figures, attention=attention, scorer=scorer, layers=layers, heads=heads,
         d_model=d_model, hidden_dim=hidden_dim, embed_dim=embed_dim, epochs=epochs, batch_size=batch_size,
         lr=lr, patience=patience, vectors=vectors, max_vocab=max_vocab, min_freq=min_freq,
@@ -284,7 +294,7 @@ def report(
 def demo(
     out: Annotated[Path, typer.Option(help="Folder for the demo's runs, audits and report.")] = Path("demo-output"),
     quick: Annotated[bool, typer.Option(help="Tiny sizes (seconds; for tests).")] = False,
-    seed: Annotated[int, typer.Option(help="Seed of training and of every test.")] = 0,
+    seed: Annotated[int, typer.Option(**SEED_RANGE, help="Seed of training and of every test.")] = 0,
     device: Device = "auto",
     quiet: Quiet = False,
 ) -> None:
@@ -339,7 +349,7 @@ def train_nmt_command(
     lr: Annotated[Optional[float], typer.Option(help="Peak Adam learning rate (after warm-up).")] = None,
     warmup: Annotated[Optional[int], typer.Option(help="Warm-up steps.")] = None,
     max_train_len: Annotated[Optional[int], typer.Option(help="Drop training pairs longer than N subwords.")] = None,
-    seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
+    seed: Annotated[int, typer.Option(**SEED_RANGE, help="Random seed.")] = 0,
     data_dir: DataDir = None,
     device: Device = "auto",
     quiet: Quiet = False,
@@ -359,35 +369,10 @@ def train_nmt_command(
     out_console.print(f"run written to [bold]{run.path}[/]")
 
 
-def _cli_type(annotation: Any) -> tuple[Any, bool]:
-    """Map an Options field type to a CLI type; sequences become comma-separated strings."""
-    origin = typing.get_origin(annotation)
-    args = [a for a in typing.get_args(annotation) if a is not type(None)]
-    if origin in (list, tuple):
-        return str, True
-    if origin is typing.Union or str(origin) == "<class 'types.UnionType'>":
-        inner, seq = _cli_type(args[0])
-        return Optional[inner], seq
-    return annotation, False
-
-
-def _parse_sequence(value: str, annotation: Any) -> Any:
-    """Read ``"0,0.01,1"`` as the list/tuple the Options field declares."""
-    for candidate in (annotation, *typing.get_args(annotation)):
-        if typing.get_origin(candidate) in (list, tuple):
-            origin = typing.get_origin(candidate)
-            args = [a for a in typing.get_args(candidate) if a is not Ellipsis]
-            cast = args[0] if args else str
-            break
-    else:
-        origin, cast = list, str
-    try:
-        items = [cast(v.strip()) for v in value.split(",") if v.strip()]
-    except ValueError:
-        raise AttnAuditError(f"could not read {value!r} as a comma-separated list of {cast.__name__}") from None
-    if not items:  # an empty value would silently mean the test's default list
-        raise AttnAuditError(f"empty list {value!r}: give comma-separated {cast.__name__} values, or leave the option out")
-    return tuple(items) if origin is tuple else items
+def _cli_type(hint: Any) -> Any:
+    """The CLI type of an Options field: sequences are typed as comma-separated text, read by
+    :func:`attnaudit.options.parse_text` (one reader for the CLI, ``--set`` and sweeps)."""
+    return Optional[str] if sequence_item(hint) is not None else hint
 
 
 def _make_run_command(name: str, experiment: Any) -> None:
@@ -396,14 +381,18 @@ def _make_run_command(name: str, experiment: Any) -> None:
     own: list[inspect.Parameter] = []
     sequences: dict[str, Any] = {}
     for f in fields(experiment.Options):
-        cli_type, is_seq = _cli_type(hints[f.name])
         default = f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc]
-        if is_seq:
-            sequences[f.name] = hints[f.name]
-            default = ",".join(str(v) for v in default) if default is not None else None
         flag = "--" + f.name.replace("_", "-")
-        option = typer.Option(flag, help=f.metadata.get("help", ""))
-        own.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=Annotated[cli_type, option]))
+        help_text = f.metadata.get("help", "")
+        if sequence_item(hints[f.name]) is not None:
+            # Left out, the option is not passed at all, so the test's own default applies: the CLI
+            # keeps no second copy of it (that copy once turned an empty default into "").
+            sequences[f.name] = hints[f.name]
+            shown = ",".join(str(v) for v in default) if default else "none"
+            help_text = f"{help_text} [default: {shown}]".strip()
+            default = None
+        option = typer.Option(flag, help=help_text)
+        own.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=Annotated[_cli_type(hints[f.name]), option]))
 
     def command(**kwargs: Any) -> None:
         from attnaudit.experiments import run_test
@@ -412,8 +401,10 @@ def _make_run_command(name: str, experiment: Any) -> None:
         run_dir, hf, task = kwargs.pop("run_dir"), kwargs.pop("hf"), kwargs.pop("task")
         common = {k: kwargs.pop(k) for k in ("split", "limit", "seed", "out", "data_dir", "device")}
         for key, annotation in sequences.items():
-            if kwargs.get(key) is not None:
-                kwargs[key] = _parse_sequence(kwargs[key], annotation)
+            if kwargs[key] is None:
+                del kwargs[key]
+            else:
+                kwargs[key] = parse_text(kwargs[key], annotation, "--" + key.replace("_", "-"))
         if hf:
             from attnaudit.models.hf import load_hf
 
@@ -439,7 +430,7 @@ def _make_run_command(name: str, experiment: Any) -> None:
         inspect.Parameter("limit", inspect.Parameter.KEYWORD_ONLY, default=None,
                           annotation=Annotated[Optional[int], typer.Option(help="Use only the first N instances.")]),
         inspect.Parameter("seed", inspect.Parameter.KEYWORD_ONLY, default=0,
-                          annotation=Annotated[int, typer.Option(help="Random seed.")]),
+                          annotation=Annotated[int, typer.Option(**SEED_RANGE, help="Random seed.")]),
         inspect.Parameter("out", inspect.Parameter.KEYWORD_ONLY, default=None,
                           annotation=Annotated[Optional[Path], typer.Option(help="Results folder (default RUN/results).")]),
         inspect.Parameter("hf", inspect.Parameter.KEYWORD_ONLY, default=None,
@@ -452,18 +443,19 @@ def _make_run_command(name: str, experiment: Any) -> None:
     ]
     command.__signature__ = inspect.Signature(common_params + own)  # type: ignore[attr-defined]
     about = f"{experiment.description} ({experiment.paper})" if experiment.paper else experiment.description
-    command.__doc__ = (
-        f"{about}\n\nExamples: attnaudit run {name} runs/sst --limit 200 --data-dir ../shared/data\n\n"
-        f"attnaudit run {name} --hf minilm --task sst2 --out results/minilm --data-dir ../shared/data"
-    )
+    examples = "\n\n".join(f"attnaudit run {name} {arguments}" for arguments in experiment.examples)
+    command.__doc__ = f"{about}\n\nExamples:\n\n{examples}"
     run_app.command(name=name)(command)
 
 
-def _register_run_commands() -> None:
+def register_run_commands() -> None:
+    """Add ``attnaudit run <test>`` for every registered test (once per process)."""
     from attnaudit.experiments import discover
 
+    known = {info.name for info in run_app.registered_commands}
     for name, cls in discover().items():
-        _make_run_command(name, cls)
+        if name not in known:
+            _make_run_command(name, cls)
 
 
 _shown_warnings: set[str] = set()
@@ -488,7 +480,7 @@ def main() -> None:
     """Console entry point: one-line errors with exit code 2, one-line warnings."""
     warnings.showwarning = _show_warning  # type: ignore[assignment]
     try:
-        _register_run_commands()
+        register_run_commands()
         app(standalone_mode=False)
     except AttnAuditError as exc:
         print(f"error: {exc}", file=sys.stderr)

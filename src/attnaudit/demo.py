@@ -16,7 +16,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from attnaudit.audit import AuditResult, audit
+from attnaudit.audit import AuditResult, audit, runnable_tests
 from attnaudit.data.types import Example, TaskData
 from attnaudit.errors import AttnAuditError
 from attnaudit.experiments.base import discover
@@ -111,14 +111,14 @@ def _pretrained(out: Path, options: dict[str, dict[str, Any]], figures: bool, se
     """Norms and rollout on MiniLM (when the embedded model is installed)."""
     from attnaudit.models.hf import load_hf
 
-    tests = [t for t in PRETRAINED_TESTS if t in discover()]
-    if not tests:
-        status("pretrained part skipped: neither the norms nor the rollout test is registered")
-        return None
     try:
         run = load_hf("minilm", task=sentences_task(), device=device)
     except AttnAuditError as exc:
         status(f"pretrained part skipped: {exc}")
+        return None
+    tests = [t for t in PRETRAINED_TESTS if t in runnable_tests(run)]
+    if not tests:
+        status("pretrained part skipped: neither the norms nor the rollout test runs on MiniLM")
         return None
     return audit(out, run=run, only=tests, seed=seed, test_options={t: options.get(t, {}) for t in tests}, figures=figures)
 

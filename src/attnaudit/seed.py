@@ -8,12 +8,14 @@ import numpy as np
 import torch
 
 from attnaudit.errors import AttnAuditError
+from attnaudit.options import check_seed
 
 
 def set_seed(seed: int) -> None:
-    """Seed Python, NumPy and torch (all devices)."""
+    """Seed Python, NumPy and torch (all devices); a seed outside 0..2^32-1 is refused, not wrapped."""
+    check_seed(seed, "seed")
     random.seed(seed)
-    np.random.seed(seed % 2**32)
+    np.random.seed(seed)
     torch.manual_seed(seed)
 
 

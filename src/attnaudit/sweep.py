@@ -30,6 +30,7 @@ import yaml
 
 from attnaudit.errors import AttnAuditError, AttnAuditWarning, InputError, error_line
 from attnaudit.io import atomic_write, atomic_write_json, csv_cell, digest, read_json
+from attnaudit.options import SEED_MAX, check_value, conforms, type_name
 from attnaudit.progress import status, track
 
 JOB_FILE = "job.json"
@@ -108,37 +109,6 @@ class SweepResult:
 # --------------------------------------------------------------------------- reading the YAML
 
 
-def _conforms(value: Any, hint: Any) -> bool:
-    """Whether a YAML value fits a type hint (int, float, str, bool, Optional, Literal, list/tuple, dict)."""
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if hint is Any:
-        return True
-    if hint is type(None):
-        return value is None
-    if origin is typing.Literal:
-        return value in args
-    if origin is typing.Union or str(origin) == "<class 'types.UnionType'>":
-        return any(_conforms(value, a) for a in args)
-    if origin in (list, tuple):
-        inner = [a for a in args if a is not Ellipsis]
-        return isinstance(value, list) and all(_conforms(v, inner[0]) for v in value) if inner else isinstance(value, list)
-    if origin is dict or hint is dict:
-        return isinstance(value, dict)
-    if hint is bool:
-        return isinstance(value, bool)
-    if hint is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if hint is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if hint is str:
-        return isinstance(value, str)
-    return True
-
-
-def _hint_name(hint: Any) -> str:
-    return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
-
-
 class _Reader:
     """Walks the composed YAML nodes so every error can name the file and line."""
 
@@ -215,9 +185,9 @@ def _axis(reader: _Reader, node: yaml.Node, key: str) -> list[Any]:
                 check_normaliser(value)
             except AttnAuditError as exc:
                 reader.fail(item_node, f"{what}: {exc}")
-        if key == "seeds" and not _conforms(value, int):
-            reader.fail(item_node, f"{what}: expected an integer seed, got {value!r}")
-        if key == "lambdas" and not _conforms(value, float):
+        if key == "seeds" and not (conforms(value, int) and 0 <= value <= SEED_MAX):
+            reader.fail(item_node, f"{what}: expected an integer seed from 0 to {SEED_MAX}, got {value!r}")
+        if key == "lambdas" and not conforms(value, float):
             reader.fail(item_node, f"{what}: expected a number, got {value!r}")
         if value in values:
             reader.fail(item_node, f"{what}: {value!r} listed twice")
@@ -263,7 +233,7 @@ def _audit_section(reader: _Reader, node: yaml.Node, config: SweepConfig) -> Non
         config.split = split
     if "limit" in section:
         limit = reader.value(section["limit"][1])
-        if limit is not None and (not _conforms(limit, int) or limit < 1):
+        if limit is not None and (not conforms(limit, int) or limit < 1):
             reader.fail(section["limit"][1], f"audit.limit: expected a positive integer or null, got {limit!r}")
         config.limit = limit
     if "set" in section:
@@ -275,10 +245,13 @@ def _audit_section(reader: _Reader, node: yaml.Node, config: SweepConfig) -> Non
                 option = option.replace("-", "_")
                 if option not in hints:
                     reader.fail(option_key, f"audit.set.{test}: no option {option!r}; it takes {', '.join(hints) or 'none'}")
-                value = reader.value(value_node)
-                if not _conforms(value, hints[option]):
-                    reader.fail(value_node, f"audit.set.{test}.{option}: expected {_hint_name(hints[option])}, got {value!r}")
+                try:
+                    value = check_value(reader.value(value_node), hints[option], f"audit.set.{test}.{option}")
+                except AttnAuditError as exc:
+                    reader.fail(value_node, str(exc))
                 config.test_options.setdefault(test, {})[option] = value
+            if (config.only and test not in config.only) or test in (config.skip or ()):
+                reader.fail(test_key, f"audit.set.{test}: that test is not selected (audit.only / audit.skip)")
 
 
 def lambda_tests(config: SweepConfig) -> list[str]:
@@ -316,8 +289,8 @@ def load_config(path: str | Path) -> SweepConfig:
             if option not in hints:
                 reader.fail(key_node, f"train: unknown option {option!r}; allowed: {', '.join(sorted(hints))}")
             value = reader.value(value_node)
-            if not _conforms(value, hints[option]):
-                reader.fail(value_node, f"train.{option}: expected {_hint_name(hints[option])}, got {value!r}")
+            if not conforms(value, hints[option]):
+                reader.fail(value_node, f"train.{option}: expected {type_name(hints[option])}, got {value!r}")
             config.train[option] = value
     if "audit" in top:
         _audit_section(reader, top["audit"][1], config)

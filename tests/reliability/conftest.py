@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ from attnaudit.progress import is_quiet, set_quiet
 from attnaudit.run import Run
 from attnaudit.training.trainer import train
 
+from .documented import PRODUCERS, Workspace, documented_commands, tiny_environment
 from .helpers import synthetic_rows, write_table
 
 
@@ -37,3 +39,28 @@ def run_copy(trained: Run, tmp_path: Path) -> Path:
     """A private copy of the trained run directory, free to corrupt."""
     assert trained.path is not None
     return Path(shutil.copytree(trained.path, tmp_path / "run"))
+
+
+@pytest.fixture(scope="session")
+def docs_workspace(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Workspace]:
+    """The scratch checkout of tests/reliability/documented.py with every run the documentation's
+    producing commands (train, finetune, train-nmt, in the order shown) write, on tiny data.
+
+    Failures of those commands are kept in ``workspace.producer_failures`` (tested apart), so one
+    broken training example does not hide the rest.
+    """
+    monkeypatch = pytest.MonkeyPatch()
+    for key, value in tiny_environment().items():
+        monkeypatch.setenv(key, value)
+    from attnaudit.data import synthetic
+
+    monkeypatch.setattr(synthetic.synthetic_task, "__defaults__", (160, 40, 40))
+    workspace = Workspace(tmp_path_factory.mktemp("docs"))
+    for command in documented_commands():
+        if command.verb in PRODUCERS:
+            code, _, err = workspace.run(workspace.rewrite(command.args))
+            if code != 0:
+                workspace.producer_failures.append(f"{command}: exit {code}: {err.strip()[-500:]}")
+    workspace.add_script_runs()
+    yield workspace
+    monkeypatch.undo()

@@ -138,3 +138,33 @@ def trained_copy_elsewhere(tmp_path: Path) -> Path:
     config = json.loads((home / "run" / "config.json").read_text())
     assert os.path.isabs(config["task"]["spec"].partition(":")[2]) and os.path.isabs(config["task"]["test"].partition(":")[2])
     return home / "run"
+
+
+SEED_CASES = {
+    "negative seed to train": ["train", "--task", "synthetic", "--seed", "-1", *TINY_TRAIN],
+    "seed past 2^32-1 to a test": ["run", "importance", "RUN", "--seed", "4294967296"],
+    "seed past 2^32-1 to an audit": ["audit", "--run", "RUN", "--seed", "99999999999"],
+}
+
+
+@pytest.mark.parametrize("case", list(SEED_CASES))
+def test_seed_outside_the_range_every_generator_takes(case: str, run_copy: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    args = [str(run_copy) if a == "RUN" else a for a in SEED_CASES[case]]
+    assert_clean_failure(cli(*args, "--out", out), "--seed")
+    assert not out.exists()
+
+
+SET_CASES = {
+    "a test --only leaves out": (["--only", "importance", "--set", "permutation.permutations=5"], "not selected"),
+    "a test that does not run on this model": (["--only", "shuffle", "--set", "shuffle.repeats=2"], "does not run on this bilstm"),
+    "a value of the wrong type": (["--set", "permutation.permutations=many"], "expected int, got 'many'"),
+}
+
+
+@pytest.mark.parametrize("case", list(SET_CASES))
+def test_set_that_the_audit_would_ignore_is_refused(case: str, run_copy: Path, tmp_path: Path) -> None:
+    args, expected = SET_CASES[case]
+    out = tmp_path / "audit"
+    assert_clean_failure(cli("audit", "--run", run_copy, "--out", out, *args, "--quiet"), expected)
+    assert written(out) == []

@@ -55,6 +55,7 @@ class ActivationSwap(Experiment):
     name = "activation-swap"
     description = "Accuracy of a Transformer classifier evaluated with softmax / entmax15 / sparsemax swapped in"
     paper = "Meister et al. 2021, Is Sparse Attention more Interpretable? (Table 1: change of activation)"
+    examples = ("runs/sst2-transformer --limit 200 --data-dir ../shared/data",)
 
     @dataclass
     class Options:

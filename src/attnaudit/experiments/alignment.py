@@ -24,6 +24,7 @@ the sure/possible gold links, per layer, and reported in percent like the paper.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from attnaudit.data.tasks import DATA_ENV
 from attnaudit.data.types import Example
 from attnaudit.errors import AttnAuditError
 from attnaudit.experiments.base import Experiment, Result, register, save_figure
@@ -110,6 +112,15 @@ def _links(example: Example, key: str) -> set[tuple[int, int]]:
     return {(int(s), int(t)) for s, t in example.meta.get(key, [])}
 
 
+def _default_gold(run: Run) -> str:
+    """The RWTH gold folder beside a Europarl run's data (``DATA/deen-alignment/DeEn``), or ""."""
+    data_dir = run.task.data_dir or os.environ.get(DATA_ENV)
+    if run.task.spec != "europarl-deen" or not data_dir:
+        return ""
+    folder = Path(data_dir) / "deen-alignment" / "DeEn"
+    return str(folder) if folder.is_dir() else ""
+
+
 @register
 class Alignment(Experiment):
     """The test of this module (its docstring gives the method, options and outputs)."""
@@ -117,12 +128,14 @@ class Alignment(Experiment):
     name = "alignment"
     description = "word alignment from NMT cross-attention, weights vs norms, AER per layer (Kobayashi et al.)"
     paper = "Kobayashi et al. 2020"
+    examples = ("runs/nmt-deen --gold ../shared/data/deen-alignment/DeEn --data-dir ../shared/data",)
 
     @dataclass
     class Options:
         gold: str = field(
             default="",
-            metadata={"help": "RWTH gold directory (de, en, alignmentDeEn.talp); default: the split's own links."},
+            metadata={"help": "RWTH gold directory (de, en, alignmentDeEn.talp); default: the split's own links, "
+                      "else for europarl-deen runs DATA/deen-alignment/DeEn."},
         )
         source_lang: str = field(default="de", metadata={"help": "Source file name in the gold directory."})
         target_lang: str = field(default="en", metadata={"help": "Target file name in the gold directory."})
@@ -140,11 +153,13 @@ class Alignment(Experiment):
             "output setting: the step that predicts the target word; input: the step that reads it (shifted by one)",
             "AER in percent, corpus level (Och & Ney 2003); diagonal_baseline: position-only alignment, no model",
         ]
-        if options.gold:
+        gold = options.gold or (_default_gold(run) if not all("sure" in ex.meta for ex in examples) else "")
+        if gold:
             from attnaudit.data.alignment import read_rwth
 
-            examples = read_rwth(options.gold, options.source_lang, options.target_lang)
-            notes.append(f"gold: {len(examples)} pairs from {options.gold} (the run's split was not used)")
+            examples = read_rwth(gold, options.source_lang, options.target_lang)
+            how = "" if options.gold else " (the RWTH set of the run's data directory: no --gold given)"
+            notes.append(f"gold: {len(examples)} pairs from {gold}{how} (the run's split was not used)")
         elif not all("sure" in ex.meta for ex in examples):
             raise AttnAuditError("these examples carry no gold alignment: pass --gold DIR (RWTH format)")
         if any(ex.target is None for ex in examples):

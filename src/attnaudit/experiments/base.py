@@ -82,6 +82,10 @@ class Experiment:
     needs_prediction: ClassVar[bool] = True
     """Whether the test explains or perturbs the model's predictions; a Hugging Face encoder
     without a trained head has none, so such tests do not apply to it."""
+    examples: ClassVar[tuple[str, ...]] = ("runs/sst --limit 200 --data-dir ../shared/data",)
+    """Arguments after ``attnaudit run NAME`` shown as examples in its ``--help``. The test suite
+    runs each (tests/reliability/test_documented_commands.py), so each must name a run the test
+    applies to, made by a documented command (``runs/sst``: ``attnaudit train --help``)."""
 
     @dataclass
     class Options:

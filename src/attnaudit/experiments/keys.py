@@ -145,6 +145,7 @@ class KeyTest(Experiment):
     source: ClassVar[str] = "keys"  # "keys": the MLP sees the real keys; "noise": uniform noise
     opposite: ClassVar[bool] = False
     setting_label: ClassVar[str] = "attacked keys"
+    examples = ("runs/sst2-transformer --limit 200 --data-dir ../shared/data",)
     Options = KeyOptions
 
     def applies(self, run: Run) -> str | None:

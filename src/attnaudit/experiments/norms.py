@@ -136,6 +136,7 @@ class Norms(Experiment):
     needs_prediction = False  # reads attention and weights only
     description = "attention weight vs norm of the weighted transformed vector, per token category (Kobayashi et al.)"
     paper = "Kobayashi et al. 2020"
+    examples = ("runs/sst2-transformer --limit 200 --data-dir ../shared/data", "--hf minilm --task sst2 --out results/minilm-norms --data-dir ../shared/data")
 
     @dataclass
     class Options:

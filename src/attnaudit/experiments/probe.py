@@ -107,6 +107,7 @@ class AttentionProbe(Experiment):
     name = "probe"
     description = "fresh Transformer trained on another model's attention (original / adversaries): test score per source x variant"
     paper = "CoNLL-2000 sequence-tagging attention study (Table 2)"
+    examples = ("runs/conll --limit 200 --data-dir ../shared/data",)
 
     @dataclass
     class Options:

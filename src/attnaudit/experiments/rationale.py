@@ -240,6 +240,7 @@ class Rationale(Experiment):
         "against the known rationale tokens: MAP, ROC-AUC and precision@k"
     )
     paper = "attnaudit ground-truth check (rationales: synthetic tasks, SST phrases, bAbI supporting facts)"
+    examples = ("runs/syn --limit 200", "--hf minilm --task synthetic --out results/minilm-rationale --data-dir ../shared/data")
 
     @dataclass
     class Options:

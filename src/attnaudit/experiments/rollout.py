@@ -92,6 +92,7 @@ class Rollout(Experiment):
     name = "rollout"
     description = "raw attention, rollout and flow per layer vs gradient / leave-one-out importance (Abnar & Zuidema)"
     paper = "Abnar & Zuidema 2020"
+    examples = ("runs/minilm-sst2 --limit 100 --data-dir ../shared/data", "--hf minilm --task sst2 --out results/minilm-rollout --data-dir ../shared/data")
 
     @dataclass
     class Options:

@@ -1,0 +1,157 @@
+"""Collect the commands the documentation shows, and run them in-process on tiny data.
+
+A documented command that fails is the worst bug we can ship, so the test suite executes
+every ``attnaudit ...`` line of the README's code blocks and inline code, and every example
+in every ``--help`` text, in a scratch folder laid out like a checkout: ``main/`` (the working
+directory, with ``examples/``) beside ``shared/data/`` (tests/fake_data.py: every named dataset
+in its real format, a few dozen rows). ``../shared/data`` therefore resolves as in the docs;
+absolute ``/tmp/...`` paths are moved into the scratch folder. The built-in synthetic tasks are
+shrunk (tests/reliability/tiny_site/sitecustomize.py), also in the worker processes of sweeps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import re
+import shlex
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+TINY_SITE = Path(__file__).with_name("tiny_site")
+# Words that stand for "your run / your folder" in prose; such a command is run on the run its
+# test's own examples name (see Experiment.examples).
+PLACEHOLDERS = ("RUN", "RUN_DIR", "DIR")
+PRODUCERS = ("train", "finetune", "train-nmt")
+# Runs the README names that a reproduction script writes (python -m benchmarks.reproduce_base_models
+# trains the SST BiLSTM into benchmarks/runs/sst-bilstm): stood in for by the documented run of
+# the same model, copied after the producing commands ran.
+SCRIPT_RUNS = {"benchmarks/runs/sst-bilstm": "runs/sst"}
+
+
+@dataclass(frozen=True)
+class Documented:
+    """One documented command: where it is shown and its words after ``attnaudit``."""
+
+    source: str
+    args: tuple[str, ...]
+
+    @property
+    def verb(self) -> str:
+        return self.args[0] if self.args else ""
+
+    def __str__(self) -> str:
+        return f"{self.source}: attnaudit {shlex.join(self.args)}"
+
+
+def _words(line: str) -> list[str] | None:
+    """The words after ``attnaudit`` in a shell line (comment dropped), or None when it is prose."""
+    line = line.split(" # ")[0].split("\t#")[0].strip()
+    if not line.startswith("attnaudit "):
+        return None
+    try:
+        words = shlex.split(line)[1:]
+    except ValueError:
+        return None
+    if not words or any(w in ("...", "<test>", "[NAME", "NAME") or w.startswith("<") for w in words):
+        return None  # a pattern such as `attnaudit run <test>`, not a command
+    return words
+
+
+def markdown_commands(path: Path) -> list[Documented]:
+    """``attnaudit`` commands in fenced bash blocks (continuations joined) and in inline code."""
+    text = path.read_text(encoding="utf-8")
+    found: list[Documented] = []
+    for block in re.findall(r"```(?:bash|sh|shell)?\n(.*?)```", text, flags=re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            words = _words(line)
+            if words is not None:
+                found.append(Documented(path.name, tuple(words)))
+    prose = re.sub(r"```.*?```", "", text, flags=re.S)
+    for span in re.findall(r"`(attnaudit [^`]+)`", prose):
+        words = _words(span)
+        if words is not None and len(words) > 1:  # `attnaudit train` alone names a command in prose
+            found.append(Documented(path.name, tuple(words)))
+    return found
+
+
+def help_commands() -> list[Documented]:
+    """Every ``attnaudit ...`` example line in the help text of every command and ``run`` test."""
+    import typer
+
+    from attnaudit import cli
+
+    cli.register_run_commands()
+    found: list[Documented] = []
+
+    def visit(command: object, path: str) -> None:
+        for line in (getattr(command, "help", None) or "").splitlines():
+            line = line.strip().removeprefix("Example:").removeprefix("Examples:").strip()
+            words = _words(line)
+            if words is not None:
+                found.append(Documented(f"{path} --help", tuple(words)))
+        for name, sub in sorted(getattr(command, "commands", {}).items()):
+            visit(sub, f"{path} {name}")
+
+    visit(typer.main.get_command(cli.app), "attnaudit")
+    return found
+
+
+class Workspace:
+    """The scratch checkout: ``main/`` (cwd) and ``shared/data/`` (fake data)."""
+
+    def __init__(self, root: Path) -> None:
+        sys.path.insert(0, str(REPO / "tests"))
+        from fake_data import make_fake_data
+
+        self.root = root
+        self.main = root / "main"
+        self.main.mkdir(parents=True)
+        shutil.copytree(REPO / "examples", self.main / "examples")
+        make_fake_data(root / "shared" / "data")
+        self.producer_failures: list[str] = []
+
+    def add_script_runs(self) -> None:
+        """Copy the stand-ins of :data:`SCRIPT_RUNS` into place."""
+        for target, source in SCRIPT_RUNS.items():
+            if (self.main / source).is_dir():
+                shutil.copytree(self.main / source, self.main / target)
+
+    def rewrite(self, args: tuple[str, ...]) -> list[str]:
+        """Absolute ``/tmp/...`` paths moved under the scratch folder; everything else as shown."""
+        return [re.sub(r"^/tmp/", f"{self.root}/tmp/", a) for a in args]
+
+    def run(self, args: tuple[str, ...] | list[str]) -> tuple[int, str, str]:
+        """``attnaudit ARGS`` in this process (as the console script runs it): exit code, stdout, stderr."""
+        from attnaudit import cli
+
+        out, err = io.StringIO(), io.StringIO()
+        code = 0
+        previous = Path.cwd()
+        os.chdir(self.main)
+        argv = sys.argv
+        sys.argv = ["attnaudit", *args]
+        try:
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                cli.main()
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        finally:
+            sys.argv = argv
+            os.chdir(previous)
+        return code, out.getvalue(), err.getvalue()
+
+
+def tiny_environment() -> dict[str, str]:
+    """Environment that shrinks the synthetic tasks in this process's children (sweep workers)."""
+    path = os.pathsep.join(p for p in (str(TINY_SITE), os.environ.get("PYTHONPATH", "")) if p)
+    return {"PYTHONPATH": path, "ATTNAUDIT_TEST_TINY_SYNTHETIC": "1"}
+
+
+def documented_commands() -> list[Documented]:
+    """The README's commands, then every ``--help`` example, in the order shown."""
+    return markdown_commands(REPO / "README.md") + help_commands()

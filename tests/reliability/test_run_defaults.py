@@ -1,0 +1,83 @@
+"""``attnaudit run <test> RUN`` with no optional argument, for every test on a tiny run of every
+model family: it runs where the test applies and is refused in one line where it does not
+(issue: `run uniform RUN`, the README's own example, failed whenever --seeds was left out)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from attnaudit.experiments import discover, get_experiment
+
+from .documented import Workspace
+
+pytestmark = pytest.mark.xdist_group("documented")
+
+# Family -> the run directory (in the docs workspace) that represents it; "hf" is the headless
+# embedded MiniLM given with --hf. Runs made by documented commands are reused; the other
+# families are trained here with small sizes.
+FAMILY_RUNS = {
+    "bilstm": "runs/syn",
+    "cnn": "runs/defaults-cnn",
+    "average": "runs/defaults-average",
+    "han": "runs/defaults-han",
+    "flat": "runs/defaults-flat",
+    "transformer": "runs/sst2-transformer",
+    "transformer-tagger": "runs/conll",
+    "hf-finetuned": "runs/minilm-sst2",
+    "nmt": "runs/nmt-deen",
+    "hf": None,
+}
+EXTRA = {
+    "cnn": ["--task", "sst", "--model", "cnn"],
+    "average": ["--task", "sst", "--model", "average"],
+    "han": ["--task", "agnews", "--model", "han"],
+    "flat": ["--task", "agnews", "--model", "flat"],
+}
+SMALL = ["--embed-dim", "16", "--hidden-dim", "16", "--epochs", "2", "--data-dir", "../shared/data", "--quiet"]
+
+
+@pytest.fixture(scope="module")
+def family_runs(docs_workspace: Workspace) -> Workspace:
+    for family, args in EXTRA.items():
+        code, _, err = docs_workspace.run(["train", *args, "--out", FAMILY_RUNS[family], *SMALL])
+        assert code == 0, err
+    return docs_workspace
+
+
+def _why_not(workspace: Workspace, family: str, test: str) -> str | None:
+    from attnaudit.models.hf import load_hf
+    from attnaudit.run import load_run
+
+    if FAMILY_RUNS[family] is None:
+        run = load_hf("minilm", task="sst2", data_dir=workspace.root / "shared" / "data")
+    else:
+        run = load_run(workspace.main / FAMILY_RUNS[family])
+    return get_experiment(test).why_not(run)
+
+
+@pytest.mark.parametrize("test", sorted(discover()))
+@pytest.mark.parametrize("family", list(FAMILY_RUNS))
+def test_run_with_default_options(family_runs: Workspace, family: str, test: str) -> None:
+    run = FAMILY_RUNS[family]
+    if run is None:
+        args = ["run", test, "--hf", "minilm", "--task", "sst2", "--out", f"results/defaults-{test}",
+                "--data-dir", "../shared/data", "--quiet"]
+    else:
+        args = ["run", test, run, "--quiet"]
+    reason = _why_not(family_runs, family, test)
+    code, _, err = family_runs.run(args)
+    if reason is None:
+        assert code == 0, f"attnaudit {' '.join(args)}: exit {code}\n{err[-3000:]}"
+        results = Path(family_runs.main / (f"results/defaults-{test}" if run is None else f"{run}/results"))
+        assert (results / f"{test}.json").is_file()
+    else:
+        lines = [line for line in err.splitlines() if line.startswith("error:")]
+        assert code == 2 and len(lines) == 1 and "does not apply" in lines[0], err
+        assert "Traceback" not in err
+
+
+def test_every_test_applies_to_some_family(family_runs: Workspace) -> None:
+    for test in discover():
+        assert any(_why_not(family_runs, family, test) is None for family in FAMILY_RUNS), test
