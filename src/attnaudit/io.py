@@ -35,6 +35,13 @@ def check_output_dir(path: str | Path) -> Path:
     return path
 
 
+def file_mode() -> int:
+    """The mode a newly created file gets under the current umask (``0o666 & ~umask``)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
 def atomic_write(path: str | Path, writer: Callable[[Path], None]) -> Path:
     """Call ``writer(tmp_path)`` then rename the temporary file onto ``path``.
 
@@ -45,12 +52,12 @@ def atomic_write(path: str | Path, writer: Callable[[Path], None]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; results should be readable like any file
     tmp_path = Path(tmp)
     try:
         writer(tmp_path)
+        # after the writer: mkstemp creates 0600, and a writer may replace the file with its own
+        # (safetensors' save_file writes a 0600 temporary file and renames it onto ``tmp``)
+        os.chmod(tmp_path, file_mode())
         os.replace(tmp_path, path)
     finally:
         if tmp_path.exists():

@@ -52,6 +52,32 @@ def test_truncated_checkpoint_is_one_line_error(tmp_path: Path) -> None:
         load_tensors(path)
 
 
+def test_short_files_are_sniffed_without_reading_past_the_end(tmp_path: Path) -> None:
+    """Pickle magic with no parseable safetensors header is a pickle; anything else unparseable is corrupt."""
+    path = tmp_path / "m.safetensors"
+    for data, message in ((b"\x80\x04\x95", "never unpickles"), (b"", "corrupt or truncated"),
+                          ((2**40).to_bytes(8, "little") + b"{}", "corrupt or truncated"),
+                          (b"\x80\x04" + bytes(6) + b"[1]" + b" " * 1149, "never unpickles")):
+        path.write_bytes(data)
+        with pytest.raises(InputError, match=message):
+            load_tensors(path)
+
+
+def test_load_state_into_casts_floats_and_refuses_other_dtypes(tmp_path: Path) -> None:
+    net = nn.Linear(3, 2)
+    path = save_tensors(tmp_path / "m.safetensors", {"weight": net.weight.half(), "bias": net.bias.bfloat16()})
+    other = nn.Linear(3, 2)
+    load_state_into(other, path)
+    assert other.weight.dtype == torch.float32 and torch.equal(other.weight, net.weight.half().float())
+    assert torch.equal(other.bias, net.bias.bfloat16().float())
+    save_tensors(path, {"weight": net.weight.to(torch.int32), "bias": net.bias})
+    with pytest.raises(InputError, match=r"m\.safetensors: weight weight is stored as int32; the model needs float32"):
+        load_state_into(other, path)
+    save_tensors(path, {"weight": net.weight.double() * 1e300, "bias": net.bias})  # overflows float32
+    with pytest.raises(InputError, match=r"weight weight holds NaN or Inf values \(cast from float64 to float32\)"):
+        load_state_into(other, path)
+
+
 def test_shape_mismatch_names_the_tensor(tmp_path: Path) -> None:
     save_model(tmp_path, nn.Embedding(10, 4))
     with pytest.raises(InputError, match=r"weight has shape \(10, 4\), expected \(12, 4\)"):

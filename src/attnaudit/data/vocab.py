@@ -197,6 +197,7 @@ def hf_static_vectors(name: str, vocab: Vocab, seed: int = 0, scale: float = 0.1
     from transformers import AutoTokenizer
 
     from attnaudit.models.hf import resolve_source
+    from attnaudit.training.checkpoint import checked_weight
 
     if name == "minilm":
         name = resolve_source(name)
@@ -208,7 +209,7 @@ def hf_static_vectors(name: str, vocab: Vocab, seed: int = 0, scale: float = 0.1
         keys = [k for k in fh.keys() if k.endswith(("word_embeddings.weight", "embed_tokens.weight"))]
         if not keys:
             raise InputError(weights, "no input embedding table (word_embeddings.weight) found")
-        table = fh.get_tensor(keys[0]).float()
+        table = checked_weight(weights, keys[0], fh.get_tensor(keys[0]), torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
     generator = torch.Generator().manual_seed(seed)
     matrix = torch.randn(len(vocab), table.shape[1], generator=generator) * scale

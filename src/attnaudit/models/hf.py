@@ -431,8 +431,43 @@ def _architectures(source: str) -> tuple[Any, bool]:
     return config, head
 
 
+def _weights_folder(source: str) -> Path | None:
+    """The local folder holding ``source``'s safetensors files (a hub name: its cached snapshot)."""
+    if Path(source).is_dir():
+        return Path(source)
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(source, local_files_only=True))
+    except (OSError, ValueError):
+        return None
+
+
+def _check_weights(source: str, hf: nn.Module) -> None:
+    """Refuse checkpoint tensors that the load cast silently: int/bool values for a floating
+    parameter, or NaN/Inf (:func:`~attnaudit.training.checkpoint.checked_weight`).
+
+    A file key is matched to the model's key with or without the model prefix (``bert.``)."""
+    from safetensors import safe_open
+
+    from attnaudit.training.checkpoint import checked_weight
+
+    folder = _weights_folder(source)
+    dtypes: dict[str, torch.dtype] = {}
+    for key, value in hf.state_dict().items():
+        parts = key.split(".")
+        for start in range(len(parts)):
+            dtypes.setdefault(".".join(parts[start:]), value.dtype)
+    for file in sorted(folder.glob("*.safetensors")) if folder else []:
+        with safe_open(str(file), framework="pt") as fh:
+            for key in fh.keys():
+                dtype = dtypes.get(key) or dtypes.get(key.split(".", 1)[-1])
+                if dtype is not None:
+                    checked_weight(file, key, fh.get_tensor(key), dtype)
+
+
 def build_hf_model(source: str, task_type: str, num_labels: int | None = None, trained_head: bool | None = None) -> HFAttentionModel:
-    """Load ``source`` (eager attention, safetensors only) and wrap it.
+    """Load ``source`` (eager attention, safetensors only, float32 like our own models) and wrap it.
 
     A checkpoint saved with a sequence-classification head is loaded with it; otherwise
     ``num_labels`` adds a fresh head (for fine-tuning) and None loads the bare encoder.
@@ -440,7 +475,7 @@ def build_hf_model(source: str, task_type: str, num_labels: int | None = None, t
     from transformers import AutoModel, AutoModelForSequenceClassification, AutoTokenizer
 
     config, has_head = _architectures(source)
-    common = {"attn_implementation": "eager", "use_safetensors": True}
+    common = {"attn_implementation": "eager", "use_safetensors": True, "dtype": torch.float32}
     if has_head:
         if num_labels is not None and num_labels != config.num_labels:
             raise AttnAuditError(
@@ -451,6 +486,7 @@ def build_hf_model(source: str, task_type: str, num_labels: int | None = None, t
         hf = _pretrained(AutoModelForSequenceClassification, source, num_labels=num_labels, **common)
     else:
         hf = _pretrained(AutoModel, source, **common)
+    _check_weights(source, hf)
     tokenizer = _pretrained(AutoTokenizer, source)
     return HFAttentionModel(hf, tokenizer, task_type, source, has_head if trained_head is None else trained_head)
 
@@ -516,6 +552,7 @@ def save_hf_run(run: Run, out: str | Path, extra: dict[str, Any] | None = None) 
     interrupted save never leaves a half-written model under ``out/hf``.
     """
     from attnaudit import __version__
+    from attnaudit.io import file_mode
     from attnaudit.training.checkpoint import write_config
 
     out = Path(out)
@@ -530,6 +567,9 @@ def save_hf_run(run: Run, out: str | Path, extra: dict[str, Any] | None = None) 
         model.hf.config.label2id = {v: k for k, v in model.hf.config.id2label.items()}
         model.hf.save_pretrained(tmp, safe_serialization=True)
         model.tokenizer.save_pretrained(tmp)
+    for file in tmp.rglob("*"):
+        if file.is_file():
+            file.chmod(file_mode())  # safetensors writes model.safetensors 0600, whatever the umask
     final = out / HF_DIR
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)

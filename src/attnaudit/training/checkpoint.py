@@ -26,6 +26,7 @@ FEATURE_VOCAB = "feature_vocab.json"
 METRICS = "metrics.json"
 
 _PICKLE_MAGIC = (b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05", b"PK\x03\x04")
+_MAX_HEADER = 100_000_000  # safetensors' own bound on the JSON header
 
 
 def save_tensors(path: str | Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> Path:
@@ -34,19 +35,59 @@ def save_tensors(path: str | Path, tensors: dict[str, torch.Tensor], metadata: d
     return atomic_write(path, lambda tmp: save_file(clean, str(tmp), metadata=metadata))
 
 
+def _sniff(path: Path) -> str:
+    """``"safetensors"`` when ``path`` parses as one (an 8-byte little-endian header length, at
+    most the rest of the file, then that many bytes of JSON object), else ``"pickle"`` when it
+    starts with pickle/zip magic, else ``"unknown"``.
+
+    Parsing first matters: a header of 1152 bytes starts the file with ``\\x80\\x04``, which is
+    also pickle protocol 4's magic.
+    """
+    size = path.stat().st_size
+    with path.open("rb") as fh:
+        prefix = fh.read(8)
+        length = int.from_bytes(prefix, "little") if len(prefix) == 8 else 0
+        if 0 < length <= min(size - 8, _MAX_HEADER):
+            try:
+                if isinstance(json.loads(fh.read(length)), dict):
+                    return "safetensors"
+            except ValueError:  # not JSON, or not text
+                pass
+    return "pickle" if prefix.startswith(_PICKLE_MAGIC) else "unknown"
+
+
 def load_tensors(path: str | Path) -> dict[str, torch.Tensor]:
     """Read a safetensors file; refuse pickles and report corruption as one line."""
     path = Path(path)
     if not path.exists():
         raise InputError(path, "checkpoint not found")
-    with path.open("rb") as fh:
-        head = fh.read(4)
-    if head.startswith(_PICKLE_MAGIC):
+    try:
+        kind = _sniff(path)
+    except OSError as exc:
+        raise InputError(path, f"cannot read the checkpoint ({exc.strerror or exc})") from None
+    if kind == "pickle":
         raise InputError(path, "looks like a pickle/torch.save file; attnaudit only loads safetensors and never unpickles")
     try:
         return load_file(str(path))
     except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
         raise InputError(path, f"corrupt or truncated safetensors file ({str(exc).splitlines()[0][:120]})") from None
+
+
+def checked_weight(path: Path, key: str, value: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Weight ``key`` of ``path`` cast to the model's ``dtype`` (so float16/bfloat16 checkpoints load).
+
+    Refused: integer/bool values for a floating parameter (a cast would load them silently as
+    whole numbers), and NaN/Inf, which would make every score computed with the model NaN.
+    """
+    stored = str(value.dtype).removeprefix("torch.")
+    wanted = str(dtype).removeprefix("torch.")
+    if value.dtype != dtype and not (value.is_floating_point() and dtype.is_floating_point):
+        raise InputError(path, f"weight {key} is stored as {stored}; the model needs {wanted}")
+    value = value.to(dtype)
+    if dtype.is_floating_point and not bool(torch.isfinite(value).all()):
+        cast = "" if stored == wanted else f" (cast from {stored} to {wanted})"
+        raise InputError(path, f"weight {key} holds NaN or Inf values{cast}")
+    return value
 
 
 def save_model(directory: Path, model: nn.Module) -> Path:
@@ -55,7 +96,9 @@ def save_model(directory: Path, model: nn.Module) -> Path:
 
 
 def load_state_into(model: nn.Module, path: Path) -> None:
-    """Load weights, turning shape/key mismatches into a clear error (e.g. a foreign vocabulary)."""
+    """Load weights, turning shape/key mismatches into a clear error (e.g. a foreign vocabulary).
+
+    Floating weights are cast to the parameter's dtype; see :func:`checked_weight` for what is refused."""
     state = load_tensors(path)
     own = model.state_dict()
     missing = sorted(set(own) - set(state))
@@ -69,7 +112,7 @@ def load_state_into(model: nn.Module, path: Path) -> None:
                 f"checkpoint does not match the model/vocabulary: {key} has shape {tuple(value.shape)}, "
                 f"expected {tuple(own[key].shape)}",
             )
-    model.load_state_dict(state)
+    model.load_state_dict({key: checked_weight(path, key, value, own[key].dtype) for key, value in state.items()})
 
 
 def write_config(directory: Path, config: dict[str, Any]) -> Path:
