@@ -11,10 +11,15 @@ applies to it, cheap tests first, and writes
 * ``OUT/audit.json`` — what ran, what was skipped and why, errors;
 * ``OUT/report.html`` — the self-contained report (:mod:`attnaudit.report`).
 
-Re-running resumes: a test whose stored result has the same options hash (options, split,
-limit, seed and the run's identity) is loaded, not rerun. Every test starts from the same
-model weights and seed, so a resumed audit ends with the numbers of an uninterrupted one.
-A failing test is recorded and the others still run.
+Re-running resumes: a stored result is loaded, not rerun, only when it names the same test
+and its ``meta["fingerprint"]`` (:func:`~attnaudit.experiments.base.fingerprint`: options,
+split, limit, seed, the run's identity and weights, its data files, the package version)
+recomputes to the same hash; any other stored result is recomputed, and the status line and
+``audit.json`` say why. Every test starts from the same model weights and seed, so a resumed
+audit ends with the numbers of an uninterrupted one. A failing test is recorded and the
+others still run. The audited run directory is only read: the training-based tests' sub-runs
+are written to ``OUT/subruns`` (earlier finished ones under ``RUN/subruns`` are reused), and
+temporary files a killed audit left in ``OUT`` are removed when the next one starts.
 """
 
 from __future__ import annotations
@@ -22,15 +27,15 @@ from __future__ import annotations
 import time
 import traceback
 import typing
-from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from attnaudit.errors import AttnAuditError, error_line
-from attnaudit.experiments.base import Experiment, Result, discover, make_options, run_test
-from attnaudit.io import atomic_write, atomic_write_json, check_output_dir, csv_cell, digest
+from attnaudit.experiments.base import Experiment, Result, discover, fingerprint, make_options, run_test
+from attnaudit.io import atomic_write, atomic_write_json, check_output_dir, csv_cell, remove_stray_tmp
 from attnaudit.options import check_seed, parse_assignment
 from attnaudit.progress import status
 from attnaudit.run import Run
@@ -107,12 +112,6 @@ def parse_settings(items: typing.Sequence[str]) -> dict[str, dict[str, Any]]:
         test, option, value = parse_assignment(item, registry)
         settings.setdefault(test, {})[option] = value
     return settings
-
-
-def run_identity(run: Run) -> str:
-    """A hash of what the run is (its saved config, or the Hugging Face source), for result reuse."""
-    info = run.info or {}
-    return str(info.get("hash") or digest({"info": info, "task": run.task.to_dict(), "model": run.config.to_dict()}))
 
 
 def _load_target(
@@ -196,15 +195,21 @@ def runnable_tests(target: Run) -> list[str]:
     return [name for name, cls in discover().items() if skip_reason(cls(), target) is None]
 
 
-def _reusable(path: Path, options_hash: str) -> Result | None:
-    """The stored result at ``path`` if it was computed with options hash ``options_hash``."""
+def _reusable(path: Path, name: str, expected: str) -> tuple[Result | None, str]:
+    """The stored result of test ``name`` at ``path`` if its fingerprint hash is ``expected``;
+    else None and why it is not reused ("" when there is none)."""
     if not path.exists():
-        return None
+        return None, ""
     try:
         result = Result.load(path)
     except AttnAuditError:
-        return None
-    return result if result.meta.get("audit", {}).get("options_hash") == options_hash else None
+        return None, "stored result unreadable"
+    if result.test != name:
+        return None, f"stored result is of test {result.test!r}"
+    stamp = result.meta.get("fingerprint")
+    if not isinstance(stamp, dict) or stamp.get("hash") != expected:
+        return None, "stored result was computed with other options, data, model or version"
+    return result, ""
 
 
 def verdict_rows(name: str, result: Result) -> list[dict[str, Any]]:
@@ -290,7 +295,9 @@ def audit(
     if strict_options:
         _refuse_unused_settings(target, order, test_options or {})
     results_dir = out / RESULTS
-    identity = run_identity(target)
+    for folder, below in ((out, False), (results_dir, False), (out / "subruns", True)):
+        remove_stray_tmp(folder, recursive=below)  # left by a killed audit
+    target = replace(target, subruns=out / "subruns")  # the audited run directory is only read
     snapshot = {k: v.detach().clone() for k, v in target.model.state_dict().items()}
     outcome = AuditResult(out=out)
     log: list[dict[str, Any]] = []
@@ -312,21 +319,22 @@ def audit(
                 status(f"{prefix}: [yellow]skipped[/] ({reason})")
                 log.append(entry)
                 continue
-            options_hash = digest(
-                {"test": name, "options": entry["options"], "split": split, "limit": limit, "seed": seed, "run": identity, "figures": figures}
-            )
-            cached = _reusable(results_dir / f"{name}.json", options_hash)
+            stamp = fingerprint(name, target, opts, split=split, limit=limit, seed=seed, figures=figures, data_dir=data_dir)
+            cached, stale = _reusable(results_dir / f"{name}.json", name, stamp["hash"])
             if cached is not None:
                 outcome.results[name] = cached
                 entry.update(status="cached", seconds=cached.meta.get("seconds"))
                 status(f"{prefix}: stored result reused")
                 log.append(entry)
                 continue
-            status(f"{prefix}: running")  # run_test seeds every test with `seed`
+            if stale:
+                entry["recomputed"] = stale
+            # run_test seeds every test with `seed`
+            status(f"{prefix}: " + (f"[yellow]stored result not reused[/] ({stale}), running" if stale else "running"))
             result = run_test(
                 name, target, split=split, limit=limit, seed=seed, out=results_dir, data_dir=data_dir, plot=figures, **entry["options"]
             )
-            result.meta["audit"] = {"options_hash": options_hash}
+            result.meta["audit"] = {"options_hash": stamp["hash"]}
             result.save(results_dir)
             outcome.results[name] = result
             entry.update(status="done", seconds=round(time.perf_counter() - start, 3))

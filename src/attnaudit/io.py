@@ -6,6 +6,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -63,6 +64,23 @@ def atomic_write(path: str | Path, writer: Callable[[Path], None]) -> Path:
         if tmp_path.exists():
             tmp_path.unlink()
     return path
+
+
+# The name ``atomic_write`` gives its temporary file: ``.<name>.<8 random chars>.tmp`` (mkstemp).
+_STRAY_TMP = re.compile(r"\..+\.[a-z0-9_]{8}\.tmp")
+
+
+def remove_stray_tmp(directory: str | Path, recursive: bool = False) -> list[Path]:
+    """Delete the temporary files a killed :func:`atomic_write` left in ``directory`` (and below
+    when ``recursive``); only files named like ours, only in folders attnaudit writes."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    candidates = directory.rglob(".*.tmp") if recursive else directory.glob(".*.tmp")
+    stray = [p for p in candidates if _STRAY_TMP.fullmatch(p.name) and p.is_file() and not p.is_symlink()]
+    for path in stray:
+        path.unlink(missing_ok=True)
+    return stray
 
 
 def atomic_write_text(path: str | Path, text: str) -> Path:

@@ -44,7 +44,11 @@ class TaskSpec:
 
 @dataclass
 class Run:
-    """A model plus its collate function, labels and data spec."""
+    """A model plus its collate function, labels and data spec.
+
+    ``subruns``: where the training-based tests write the models they train beside this one
+    (None: ``path/subruns``); an audit points it at its own output folder so that ``path`` is only read.
+    """
 
     model: AttentionModel
     collate: Callable[[list[Example]], Batch]
@@ -53,6 +57,7 @@ class Run:
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     info: dict[str, Any] = field(default_factory=dict)
     _data: TaskData | None = None
+    subruns: Path | None = None
 
     @property
     def labels(self) -> list[str]:

@@ -32,7 +32,7 @@ def clf(tmp_path_factory: pytest.TempPathFactory) -> Run:
 
 def test_diagnostic_end_to_end_reuses_the_adversary_and_resumes(clf: Run, tmp_path: Path) -> None:
     run_test("global-adversary", clf, lambdas=[1.0], epochs=1, out=tmp_path, plot=False)
-    adversary_metrics = Path(clf.path) / "subruns" / "global-adversary" / "lambda-1-seed-0" / "metrics.json"
+    adversary_metrics = tmp_path / "subruns" / "global-adversary" / "lambda-1-seed-0" / "metrics.json"
     stamp = adversary_metrics.stat().st_mtime_ns
 
     result = run_test("diagnostic", clf, epochs=1, adversary_lambda=1.0, out=tmp_path)

@@ -203,7 +203,7 @@ def test_classification_sweep_with_seed_and_uniform_points(clf: Run, tmp_path: P
     base = np.asarray(example["weights"]["base"])  # single-query attention: (1 head, 1 query, keys)
     assert base.shape == (1, 1, len(example["tokens"])) and base.sum() == pytest.approx(1.0, abs=1e-5)
 
-    sub = Path(clf.path) / "subruns" / "global-adversary" / "lambda-10-seed-0" / "metrics.json"
+    sub = tmp_path / "subruns" / "global-adversary" / "lambda-10-seed-0" / "metrics.json"
     stamp = sub.stat().st_mtime_ns
     again = run_test("global-adversary", clf, lambdas=[10.0], epochs=2, out=tmp_path, plot=False)
     assert again.tables["lambdas"][0]["trained_now"] is False and sub.stat().st_mtime_ns == stamp
@@ -232,7 +232,7 @@ def test_tagging_sweep_reports_kl_nll_and_breakpoint(tagger: Run, tmp_path: Path
 
 def test_entry_scale_sweep_has_its_own_subruns_and_axis(tagger: Run, clf: Run, tmp_path: Path) -> None:
     result = run_test("global-adversary", tagger, lambdas=[0.2, 3.0], epochs=1, kl_scale="entry", out=tmp_path, limit=12)
-    root = Path(tagger.path) / "subruns" / "global-adversary"
+    root = tmp_path / "subruns" / "global-adversary"
     assert (root / "lambda-3-seed-0-from-base-kl-entry" / "metrics.json").exists()
     row = result.tables["lambdas"][1]
     assert result.summary["kl_scale"] == "entry" and result.summary["kl@3"] == row["mean_kl_entry"]
@@ -247,7 +247,7 @@ def test_entry_scale_sweep_has_its_own_subruns_and_axis(tagger: Run, clf: Run, t
 def test_tagging_adversary_starts_from_the_base_by_default(tagger: Run, tmp_path: Path) -> None:
     fine_tuned = run_test("global-adversary", tagger, lambdas=[0.2], epochs=1, out=tmp_path, plot=False, limit=12)
     run_test("global-adversary", tagger, lambdas=[0.2], epochs=1, init="scratch", out=tmp_path, plot=False, limit=12)
-    root = Path(tagger.path) / "subruns" / "global-adversary"
+    root = tmp_path / "subruns" / "global-adversary"
     assert (root / "lambda-0.2-seed-0-from-base" / "metrics.json").exists() and (root / "lambda-0.2-seed-0" / "metrics.json").exists()
     assert any("from the base model" in note for note in fine_tuned.meta["notes"])
     with pytest.raises(AttnAuditError, match="--init"):
@@ -267,25 +267,25 @@ def test_a_started_model_begins_with_the_base_weights(tagger: Run, tmp_path: Pat
 
 def test_probes_of_differently_started_adversaries_do_not_share_subruns(tagger: Run, tmp_path: Path) -> None:
     common = {"lambdas": [3.0], "variants": ["frozen"], "epochs": 1, "adversary_kl_scale": "entry", "plot": False, "limit": 12}
-    from_base = run_test("probe", tagger, out=tmp_path / "a", **common)
-    scratch = run_test("probe", tagger, out=tmp_path / "b", adversary_init="scratch", **common)
-    root = Path(tagger.path) / "subruns" / "probe"
+    from_base = run_test("probe", tagger, out=tmp_path, **common)
+    scratch = run_test("probe", tagger, out=tmp_path, adversary_init="scratch", **common)
+    root = tmp_path / "subruns" / "probe"
     assert (root / "adversary-3-kl-entry-frozen-seed-0").is_dir()
     assert (root / "adversary-3-kl-entry-init-scratch-frozen-seed-0").is_dir()
     assert "adversary λ=3 (entry KL, scratch init)/frozen" in scratch.summary
-    again = run_test("probe", tagger, out=tmp_path / "c", **common)  # the base-started probe was not overwritten
+    again = run_test("probe", tagger, out=tmp_path, **common)  # the base-started probe was not overwritten
     assert not any(row["trained_now"] for row in again.tables["probes"])
     assert again.summary == from_base.summary
 
 
 def test_probes_of_adversaries_of_another_seed_do_not_share_subruns(tagger: Run, tmp_path: Path) -> None:
     common = {"lambdas": [3.0], "variants": ["frozen"], "epochs": 1, "plot": False, "limit": 12}
-    first = run_test("probe", tagger, out=tmp_path / "a", **common)
-    other = run_test("probe", tagger, out=tmp_path / "b", seed=1, **common)
-    root = Path(tagger.path) / "subruns"
+    first = run_test("probe", tagger, out=tmp_path, **common)
+    other = run_test("probe", tagger, out=tmp_path, seed=1, **common)
+    root = tmp_path / "subruns"
     assert (root / "global-adversary" / "lambda-3-seed-1-from-base").is_dir()
     assert (root / "probe" / "adversary-3-adversary-seed-1-frozen-seed-0").is_dir()
     assert "adversary λ=3 (adversary seed 1)/frozen" in other.summary
-    again = run_test("probe", tagger, out=tmp_path / "c", **common)  # the seed-0 adversary's probe was kept
+    again = run_test("probe", tagger, out=tmp_path, **common)  # the seed-0 adversary's probe was kept
     assert not any(row["trained_now"] for row in again.tables["probes"])
     assert again.summary == first.summary

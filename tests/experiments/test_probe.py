@@ -89,7 +89,7 @@ def test_probe_end_to_end_and_resume(tagger: Run, tmp_path: Path) -> None:
     assert {"original/frozen", "original/context", "adversary λ=0.5/context"} <= set(result.summary)
     assert result.meta["published"]["adversary λ=3/frozen"] == 0.89
     assert (tmp_path / "probe_scores.png").exists()
-    assert (Path(tagger.path) / "subruns" / "global-adversary" / "lambda-0.5-seed-0-from-base" / "metrics.json").exists()  # tagging default
+    assert (tmp_path / "subruns" / "global-adversary" / "lambda-0.5-seed-0-from-base" / "metrics.json").exists()  # tagging default
 
     again = run_test("probe", tagger, lambdas=[0.5], variants=["context"], epochs=1, out=tmp_path, plot=False)
     assert [row["trained_now"] for row in again.tables["probes"]] == [False, False]

@@ -95,10 +95,10 @@ def test_seeds_end_to_end_skips_the_base_seed_and_resumes(clf: Run, tmp_path: Pa
     assert result.summary["seeds"] == 2
     assert (tmp_path / "seeds.csv").exists() and (tmp_path / "seeds_jsd_vs_max_attention.png").exists()
 
-    stamp = (Path(clf.path) / "subruns" / "seeds" / "seed-1" / "metrics.json").stat().st_mtime_ns
+    stamp = (tmp_path / "subruns" / "seeds" / "seed-1" / "metrics.json").stat().st_mtime_ns
     again = run_test("seeds", clf, seeds=[1, 2], epochs=1, out=tmp_path)
     assert [row["trained_now"] for row in again.tables["seeds"]] == [False, False]
-    assert (Path(clf.path) / "subruns" / "seeds" / "seed-1" / "metrics.json").stat().st_mtime_ns == stamp
+    assert (tmp_path / "subruns" / "seeds" / "seed-1" / "metrics.json").stat().st_mtime_ns == stamp
     assert again.summary["median_jsd"] == result.summary["median_jsd"]
 
 

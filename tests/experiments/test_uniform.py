@@ -78,7 +78,7 @@ def test_uniform_end_to_end_and_resume(clf: Run, tmp_path: Path) -> None:
     assert (tmp_path / "uniform.json").exists() and (tmp_path / "uniform_scores.png").exists()
     assert len(result.instances) == 30
 
-    sub = Path(clf.path) / "subruns" / "uniform" / "seed-0"
+    sub = tmp_path / "subruns" / "uniform" / "seed-0"  # --out holds the sub-runs too
     stamps = {name: (sub / name).stat().st_mtime_ns for name in ("metrics.json", "model.safetensors")}
     again = run_test("uniform", clf, epochs=1, out=tmp_path)
     assert again.tables["scores"][1]["trained_now"] is False

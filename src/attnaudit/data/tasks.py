@@ -234,6 +234,29 @@ def absolute_spec(spec: str | None) -> str | None:
     return f"{fmt}:{path}{sep}{query}"
 
 
+def task_files(spec: str, data_dir: Path | str | None = None, dev: str | None = None, test: str | None = None) -> list[Path]:
+    """The files ``load_task(spec, data_dir, dev=dev, test=test)`` reads, for fingerprints: a named
+    task's data folder, a FORMAT:PATH file (or folder, or plain's files). Built-in (synthetic) and
+    ``hf:`` tasks have none here; their spec identifies them."""
+    if data_dir is None and os.environ.get(DATA_ENV):
+        data_dir = os.environ[DATA_ENV]
+    _discover()
+    paths: list[Path] = []
+    for item in (spec, dev, test):
+        if item is None or item.startswith("hf:"):
+            continue
+        if item in _REGISTRY:
+            folder = _FOLDERS.get(item)
+            if folder and data_dir is not None:
+                paths.append(Path(data_dir).expanduser() / folder)
+        elif ":" in item and item.partition(":")[0] in _FORMAT_OPTIONS:
+            fmt, path, _ = _parse_spec(item)
+            items = [file for _, _, file in (part.partition("=") for part in path.split(","))] if fmt == "plain" else [path]
+            paths.extend(Path(file).expanduser() for file in items)
+    files = [f for p in paths for f in (sorted(q for q in p.rglob("*") if q.is_file()) if p.is_dir() else [p])]
+    return list(dict.fromkeys(f for f in files if f.is_file()))
+
+
 def _read_file(fmt: str, path: str, options: dict[str, str], split: str) -> list[Example]:
     """Read one FORMAT:PATH file; ``split`` picks an SNLI directory's files or a hf split."""
     if fmt == "conll":

@@ -11,9 +11,10 @@ An experiment is a class registered with :func:`register` that declares
 
 from __future__ import annotations
 
+import hashlib
 import math
 import time
-from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -21,7 +22,7 @@ import pandas as pd
 
 from attnaudit.data.types import Example
 from attnaudit.errors import AttnAuditError, InputError
-from attnaudit.io import atomic_write, atomic_write_json, check_output_dir, read_json
+from attnaudit.io import atomic_write, atomic_write_json, check_output_dir, digest, read_json, remove_stray_tmp
 from attnaudit.run import Run
 
 
@@ -183,6 +184,50 @@ def make_options(experiment: Experiment, values: dict[str, Any]) -> Any:
     return experiment.Options(**values)
 
 
+def run_identity(run: Run) -> str:
+    """A hash of what the run is (its saved config, or the Hugging Face source), for result reuse."""
+    info = run.info or {}
+    return str(info.get("hash") or digest({"info": info, "task": run.task.to_dict(), "model": run.config.to_dict()}))
+
+
+def file_fingerprint(path: Path) -> dict[str, Any]:
+    """``{path, size, sha256}`` of one file (its modification time is left out: a copy or a touch changes nothing)."""
+    with open(path, "rb") as handle:
+        sha = hashlib.file_digest(handle, "sha256").hexdigest()
+    return {"path": str(path), "size": path.stat().st_size, "sha256": sha}
+
+
+def fingerprint(
+    name: str, run: Run, options: Any, *, split: str, limit: int | None, seed: int, figures: bool, data_dir: str | Path | None = None
+) -> dict[str, Any]:
+    """What a result of test ``name`` on ``run`` depends on, with its ``hash``: the only key an audit resumes by.
+
+    Test, options, split, limit, seed, figures, the run's identity and weight files, the task
+    and its data files (size + SHA-256; built-in tasks are named by their spec) and the
+    package version. A stored result is reused only when this recomputes to the same hash.
+    """
+    from attnaudit import __version__
+    from attnaudit.data.tasks import task_files
+
+    spec = run.task
+    files = task_files(spec.spec, data_dir or spec.data_dir, spec.dev, spec.test)
+    weights = sorted(Path(run.path).glob("*.safetensors")) + sorted(Path(run.path).glob("hf/*.safetensors")) if run.path else []
+    body = {
+        "test": name,
+        "options": asdict(options) if is_dataclass(options) else {},
+        "split": split,
+        "limit": limit,
+        "seed": seed,
+        "figures": figures,
+        "run": run_identity(run),
+        "weights": [file_fingerprint(f) for f in weights],
+        "task": spec.to_dict(),
+        "data": [file_fingerprint(f) for f in files],
+        "version": __version__,
+    }
+    return {**body, "hash": digest(body)}
+
+
 def run_test(
     name: str,
     run: Run | str | Path,
@@ -198,8 +243,10 @@ def run_test(
 ) -> Result:
     """Run test ``name`` on a run (object or directory) and save JSON, CSV and figures.
 
-    Results go to ``out`` (default ``RUN/results``). Raises a one-line error when the test
-    does not apply to the model family.
+    Results go to ``out`` (default ``RUN/results``); the training-based tests' sub-runs to
+    ``run.subruns`` when set (an audit sets ``OUT/subruns``), else ``out/subruns`` when ``out``
+    is given, else ``RUN/subruns``. ``meta["fingerprint"]`` records what the result depends on
+    (:func:`fingerprint`). Raises a one-line error when the test does not apply to the model family.
     """
     from attnaudit.run import load_run
     from attnaudit.seed import set_seed
@@ -212,12 +259,18 @@ def run_test(
         run = load_run(run, device=device, data_dir=data_dir)
     if out is None:
         directory = check_output_dir(Path(run.path) / "results" if run.path else Path("results"))
+    elif run.subruns is None and run.path is not None:
+        run = replace(run, subruns=directory / "subruns")  # --out: the run directory is only read
+    remove_stray_tmp(directory)  # what a killed earlier run left half-written, here and in its sub-runs
+    if run.subruns is not None or run.path is not None:
+        remove_stray_tmp(run.subruns or Path(run.path) / "subruns", recursive=True)
     reason = experiment.why_not(run)
     if reason:
         raise AttnAuditError(f"test {name!r} does not apply to this {run.family} model: {reason}")
     examples = run.examples(split, limit, data_dir=data_dir)
     if not examples:
         raise AttnAuditError(f"split {split!r} has no examples")
+    stamp = fingerprint(name, run, opts, split=split, limit=limit, seed=seed, figures=plot, data_dir=data_dir)
     set_seed(seed)
     start = time.perf_counter()
     result = experiment.run(run, examples, opts, seed=seed)
@@ -232,6 +285,7 @@ def run_test(
             "seed": seed,
             "options": asdict(opts) if is_dataclass(opts) else {},
             "seconds": round(time.perf_counter() - start, 3),
+            "fingerprint": stamp,
         }
     )
     if plot:

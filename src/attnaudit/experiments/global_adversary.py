@@ -65,6 +65,7 @@ from attnaudit.training.adversary import (
     base_scores,
     check_same_inputs,
     score_key,
+    stored_subruns,
     subrun_dir,
     train_variant,
     trainable_reason,
@@ -286,9 +287,14 @@ def nll_breakpoint(kl: np.ndarray, nll: np.ndarray) -> dict[str, Any]:
 
 
 def finished_subruns(run: Run, test: str) -> list[Path]:
-    """Finished sub-run directories of another test (``metrics.json`` present), by name."""
-    root = Path(run.path) / "subruns" / test if run.path else None
-    return sorted(d for d in root.iterdir() if (d / METRICS).exists()) if root and root.is_dir() else []
+    """Finished sub-run directories of another test (``metrics.json`` present), by name: those
+    under the sub-run root, then those only under ``RUN/subruns`` (:func:`stored_subruns`)."""
+    found: dict[str, Path] = {}
+    for root in stored_subruns(run, subrun_dir(run, test, "")) if run.path or run.subruns else []:
+        for d in sorted(root.iterdir()) if root.is_dir() else []:
+            if (d / METRICS).exists():
+                found.setdefault(d.name, d)
+    return [found[name] for name in sorted(found)]
 
 
 def reference_points(run: Run, examples: list[Example]) -> list[dict[str, Any]]:

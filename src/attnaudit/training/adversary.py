@@ -20,6 +20,13 @@ Sub-runs are idempotent like :func:`attnaudit.training.trainer.train`: a directo
 ``metrics.json`` exists with the same config hash is loaded, never retrained; ``metrics.json``
 is written (atomically) last, so a killed sub-run is simply retrained from scratch.
 Extra seeds are plain :func:`~attnaudit.training.trainer.train` calls (:func:`train_standard`).
+
+Where they live: new sub-runs are written under :func:`subrun_root` — ``run.subruns`` when set
+(``OUT/subruns`` of an audit or of ``attnaudit run TEST RUN --out OUT``), else ``RUN/subruns``.
+The base run directory is then only read: a finished sub-run already under ``RUN/subruns``
+(from an earlier ``attnaudit run``) is reused from there when its config matches
+(:func:`stored_subruns`) rather than retrained; a seed model is copied into the sub-run root
+first, where :func:`train` checks its config, so nothing is ever written under ``RUN``.
 """
 
 from __future__ import annotations
@@ -119,11 +126,28 @@ def trainable_reason(run: Run) -> str | None:
     return None
 
 
-def subrun_dir(run: Run, test: str, key: str) -> Path:
-    """``RUN/subruns/<test>/<key>``: where one sub-run (one seed, one λ...) of a test lives."""
+def subrun_root(run: Run) -> Path:
+    """Where new sub-runs of ``run`` are written: ``run.subruns``, else ``RUN/subruns`` (module docstring)."""
+    if run.subruns is not None:
+        return Path(run.subruns)
     if run.path is None:
         raise AttnAuditError("the run has no directory to hold sub-runs")
-    return Path(run.path) / "subruns" / test / key
+    return Path(run.path) / "subruns"
+
+
+def subrun_dir(run: Run, test: str, key: str) -> Path:
+    """``<sub-run root>/<test>/<key>``: where one sub-run (one seed, one λ...) of a test is written."""
+    return subrun_root(run) / test / key
+
+
+def stored_subruns(run: Run, out: Path) -> list[Path]:
+    """``out`` and, when sub-runs are written elsewhere, the same sub-run under ``RUN/subruns``
+    (read only): the places a finished sub-run may already be found, in that order."""
+    places = [Path(out)]
+    own = Path(run.path) / "subruns" if run.path is not None else None
+    if own is not None and run.subruns is not None and Path(out).is_relative_to(run.subruns):
+        places.append(own / Path(out).relative_to(run.subruns))
+    return list(dict.fromkeys(places))
 
 
 def base_seed(run: Run) -> int:
@@ -169,7 +193,16 @@ def check_same_inputs(base: Run, other: Run) -> None:
 
 
 def train_standard(base: Run, out: Path, *, seed: int, epochs: int | None = None) -> SubRun:
-    """The base model retrained with another seed by :func:`train` (idempotent, resumable)."""
+    """The base model retrained with another seed by :func:`train` (idempotent, resumable).
+
+    A finished one under ``RUN/subruns`` is copied to ``out`` (when ``out`` is new), where
+    :func:`train` loads it if its config matches and retrains over the copy otherwise."""
+    earlier = [p for p in stored_subruns(base, out)[1:] if (p / METRICS).exists() and (p / CONFIG).exists()]
+    if earlier and not Path(out).exists():  # copied beside its place, then renamed: never half there
+        partial = Path(out).with_name(f".{Path(out).name}.copy")
+        shutil.rmtree(partial, ignore_errors=True)
+        shutil.copytree(earlier[0], partial, ignore=shutil.ignore_patterns("checkpoint", ".*.tmp"))
+        partial.rename(out)
     existed = (Path(out) / METRICS).exists()
     before = (Path(out) / METRICS).stat().st_mtime_ns if existed else None
     options = standard_options(base, seed=seed, epochs=epochs)
@@ -274,11 +307,13 @@ def train_variant(
     net = (variant.build or build_model)(config).to(base.device)
     if variant.start is not None:
         net.load_state_dict(variant.start.state_dict())
+    for place in stored_subruns(base, out):
+        if finished(place, digest):
+            load_state_into(net, place / WEIGHTS)
+            net.eval()
+            sub = Run(model=net, collate=base.collate, task=base.task, path=place, device=base.device, info=run_config)
+            return SubRun(sub, read_json(place / METRICS), variant.interventions, trained=False)
     sub = Run(model=net, collate=base.collate, task=base.task, path=out, device=base.device, info=run_config)
-    if finished(out, digest):
-        load_state_into(net, out / WEIGHTS)
-        net.eval()
-        return SubRun(sub, read_json(out / METRICS), variant.interventions, trained=False)
 
     if out.exists():
         shutil.rmtree(out)

@@ -21,7 +21,7 @@ from attnaudit import __version__
 from attnaudit.data.tasks import absolute_spec, load_task
 from attnaudit.data.types import Batch, Example, TaskData
 from attnaudit.errors import AttnAuditError
-from attnaudit.io import atomic_write_json, check_output_dir, digest, read_json
+from attnaudit.io import atomic_write_json, check_output_dir, digest, read_json, remove_stray_tmp
 from attnaudit.metrics import score_classification, score_tagging
 from attnaudit.models import MODELS, ModelConfig, build_model
 from attnaudit.models.base import Intervention, evaluation
@@ -264,6 +264,8 @@ def train(
 
     out = Path(out)
     check_output_dir(out)
+    for folder in (out, out / "checkpoint"):  # what a killed earlier training left half-written
+        remove_stray_tmp(folder)
     if isinstance(task, TaskData):
         data = task
     else:
