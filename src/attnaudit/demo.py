@@ -20,7 +20,7 @@ from attnaudit.audit import AuditResult, audit, runnable_tests
 from attnaudit.data.types import Example, TaskData
 from attnaudit.errors import AttnAuditError
 from attnaudit.experiments.base import discover
-from attnaudit.io import atomic_write_json, atomic_write_text, read_json
+from attnaudit.io import atomic_write_json, atomic_write_text, read_json_object
 from attnaudit.progress import status
 
 # Sizes: the full demo finishes in minutes on 2 cores; --quick in seconds (for tests: tiny
@@ -139,7 +139,7 @@ def write_index(out: Path, audits: dict[str, AuditResult], seconds: float, size:
         accuracy = ""
         metrics = out / "runs" / label / "metrics.json"
         if metrics.exists():
-            accuracy = fmt(read_json(metrics).get("test", {}).get("accuracy"))
+            accuracy = fmt(read_json_object(metrics, optional={"test": dict}).get("test", {}).get("accuracy"))
         ran = len(outcome.results)
         lines.append(
             f'<tr><td><a href="{esc(label)}/report.html">{esc(label)}</a></td><td class="num">{accuracy or "n/a"}</td>'

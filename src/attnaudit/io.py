@@ -121,3 +121,52 @@ def read_json(path: str | Path) -> Any:
         raise InputError(path, f"invalid JSON: {exc.msg}", exc.lineno) from None
     except UnicodeDecodeError:
         raise InputError(path, "not a UTF-8 JSON file") from None
+
+
+JsonKinds = type | tuple[type, ...]
+_JSON_NAMES = {dict: "an object", list: "an array", str: "a string", int: "an integer", float: "a number", bool: "true or false", type(None): "null"}
+
+
+def _json_name(kinds: JsonKinds) -> str:
+    return " or ".join(_JSON_NAMES.get(k, k.__name__) for k in (kinds if isinstance(kinds, tuple) else (kinds,)))
+
+
+def _is_kind(value: Any, kinds: JsonKinds) -> bool:
+    """JSON's view of ``isinstance``: true/false is no integer, an integer is a number."""
+    kinds = kinds if isinstance(kinds, tuple) else (kinds,)
+    if isinstance(value, bool):
+        return bool in kinds
+    return isinstance(value, kinds) or (isinstance(value, int) and float in kinds)
+
+
+def check_fields(
+    path: str | Path,
+    obj: Any,
+    required: dict[str, JsonKinds] | None = None,
+    optional: dict[str, JsonKinds] | None = None,
+    where: str = "",
+) -> dict[str, Any]:
+    """``obj`` when it is a JSON object with the ``required`` fields and both kinds of fields of
+    the given types; otherwise an ``InputError`` naming ``path`` (``where``: the object's own
+    field name inside the file). Callers index what they check, so a file of the wrong shape
+    (an array, a string for an object) is one line, not a traceback."""
+    from attnaudit.errors import InputError
+
+    if not isinstance(obj, dict):
+        what = f"field {where!r} must be an object" if where else "expected a JSON object"
+        raise InputError(path, f"{what}, found {_json_name(type(obj))}")
+    for key, kinds in {**(optional or {}), **(required or {})}.items():
+        name = f"{where}.{key}" if where else key
+        if key not in obj:
+            if required and key in required:
+                raise InputError(path, f"missing field {name!r}")
+        elif not _is_kind(obj[key], kinds):
+            raise InputError(path, f"field {name!r} must be {_json_name(kinds)}, found {_json_name(type(obj[key]))}")
+    return obj
+
+
+def read_json_object(
+    path: str | Path, required: dict[str, JsonKinds] | None = None, optional: dict[str, JsonKinds] | None = None
+) -> dict[str, Any]:
+    """:func:`read_json` of a file that must hold an object with fields of the given types (:func:`check_fields`)."""
+    return check_fields(path, read_json(path), required, optional)

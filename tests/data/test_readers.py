@@ -45,9 +45,10 @@ def test_tokenize_splits_punctuation_and_lowercases() -> None:
 
 @given(st.text())
 def test_tokenize_keeps_every_non_space_character(text: str) -> None:
+    """Every character but whitespace and control characters (which never become tokens)."""
     tokens = tokenize(text)
     assert all(t and not re.search(r"\s", t) for t in tokens)
-    assert "".join(tokens) == re.sub(r"\s", "", text.lower())
+    assert "".join(tokens) == re.sub(r"[\s\x00-\x1f\x7f-\x9f]", "", text.lower())
 
 
 def test_read_text_lines_handles_crlf_bom_and_gzip(tmp_path: Path) -> None:
@@ -216,8 +217,11 @@ def test_read_table_column_problems(tmp_path: Path) -> None:
     path = write(tmp_path / "d.csv", "text,label\na,1\n")
     with pytest.raises(InputError, match="no text column 'review'; columns: text, label"):
         read_table(path, text_col="review")
-    with pytest.raises(AttnAuditError, match="has no header"):
-        read_table(path, header=False)
+    assert [(e.tokens, e.label) for e in read_table(path, header=False)] == [(["text"], "label"), (["a"], "1")]
+    with pytest.raises(InputError, match="no header row and 3 columns: give the text and label columns by number"):
+        read_table(write(tmp_path / "w.csv", "a,1,x\nb,0,y\n"), header=False)
+    with pytest.raises(AttnAuditError, match="given by name but the file has no header"):
+        read_table(path, text_col="text", header=False)
     with pytest.raises(InputError, match="no column 7"):
         read_table(path, text_col=7)
     with pytest.raises(InputError, match="no data rows"):

@@ -14,6 +14,7 @@ import json
 import re
 import zlib
 from collections.abc import Iterator
+from decimal import MAX_EMAX, MIN_EMIN, Context, Decimal
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,11 @@ from attnaudit.errors import AttnAuditError, InputError, warn
 # Words (keeping inner apostrophes, "don't"), English clitics ("'s", "'re") or single
 # punctuation marks. A regex is enough: the inputs are English research corpora, most of
 # them already tokenised, and the models learn their own embeddings.
-_TOKEN_RE = re.compile(r"\w+(?:'\w+)*|'(?:s|re|ve|ll|d|m|t)\b|[^\w\s]")
+# Control characters never become tokens (they are removed when files are read; this covers
+# text from JSON escapes and Hugging Face datasets too).
+_TOKEN_RE = re.compile(r"\w+(?:'\w+)*|'(?:s|re|ve|ll|d|m|t)\b|[^\w\s\x00-\x1f\x7f-\x9f]")
+# Control characters but the tab (a TSV delimiter): C0, DEL and C1.
+_CONTROL_RE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
 
 SST_FINE_LABELS = ("very negative", "negative", "neutral", "positive", "very positive")
 
@@ -31,6 +36,68 @@ SST_FINE_LABELS = ("very negative", "negative", "neutral", "positive", "very pos
 def tokenize(text: str) -> list[str]:
     """Lower-case ``text`` and split it into words and single punctuation marks."""
     return _TOKEN_RE.findall(text.lower())
+
+
+_NUMBER_RE = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
+_NOT_NUMBERS = {f"{sign}{word}" for sign in ("", "+", "-") for word in ("nan", "inf", "infinity")}
+# Integers up to this many digits are written out in full; longer ones in scientific notation.
+_MAX_DIGITS = 100
+
+
+def _number_name(number: Decimal) -> str:
+    """One spelling per numeric value: ``1``, ``1.0`` and ``1e0`` are all ``"1"``, ``0.50`` is ``"0.5"``."""
+    if number == number.to_integral_value() and number.adjusted() < _MAX_DIGITS:
+        return str(int(number))
+    # normalize() strips trailing zeros; the precision keeps every digit the label was written with
+    context = Context(prec=max(len(number.as_tuple().digits), 1), Emax=MAX_EMAX, Emin=MIN_EMIN)
+    return str(number.normalize(context))
+
+
+def normalise_label(value: Any, path: str | Path, line: int | None = None, what: str = "label") -> str:
+    """The class name of a label as a file writes it, the same for every spelling of one class.
+
+    Numbers are compared by value (``1``, ``1.0``, ``"1"`` and JSON ``1.0`` are class ``"1"``);
+    ``true``/``false`` in any case, JSON booleans included, are the classes ``"true"``/``"false"``;
+    other text is kept as written, stripped. NaN, infinity, empty labels and JSON null, arrays or
+    objects are refused with ``path:line``: they name no class, and their text (``"nan"``) would
+    silently become one. Every reader calls this, so labels of train and test files always match.
+    """
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float, Decimal)):
+        text = repr(value) if isinstance(value, float) else str(value)
+    elif isinstance(value, str):
+        text = value.strip()
+    else:
+        raise InputError(path, f"{what!r} must be a string or a number", line)
+    if not text:
+        raise InputError(path, f"empty {what!r}", line)
+    if text.lower() in _NOT_NUMBERS:
+        raise InputError(path, f"{what} {text!r} is not a class (NaN and infinity name none)", line)
+    if text.lower() in ("true", "false"):
+        return text.lower()
+    if _NUMBER_RE.fullmatch(text):
+        try:
+            return _number_name(Decimal(text))
+        except ArithmeticError:  # an exponent beyond what decimal handles: keep the spelling
+            return text
+    return text
+
+
+def strip_controls(text: str) -> tuple[str, int]:
+    """``text`` without control characters (NUL, escape codes...; tabs kept) and how many there were.
+
+    Whitespace-like ones (form feed, vertical tab...) become a space so that words stay apart.
+    """
+    if _CONTROL_RE.search(text) is None:
+        return text, 0
+    return _CONTROL_RE.subn(lambda m: " " if m.group().isspace() else "", text)
+
+
+def _warn_controls(path: str | Path, count: int) -> None:
+    """The one warning for a file whose text held control characters."""
+    if count:
+        warn(f"{path}: removed {count} control character{'s' if count > 1 else ''} (such as NUL) from the text")
 
 
 def _source(path: str | Path, line: int) -> dict[str, Any]:
@@ -69,11 +136,26 @@ def iter_text_lines(path: str | Path) -> Iterator[str]:
         raise InputError(path, f"not a valid gzip file ({exc})") from None
 
 
-def read_text_lines(path: str | Path) -> list[str]:
-    """All lines of a text file (see :func:`iter_text_lines`); an empty file is an error."""
-    lines = list(iter_text_lines(path))
+def _clean_lines(path: str | Path) -> tuple[list[str], int]:
+    """All lines of a text file without control characters, and how many were removed."""
+    lines, removed = [], 0
+    for line in iter_text_lines(path):
+        line, count = strip_controls(line)
+        lines.append(line)
+        removed += count
     if not any(line.strip() for line in lines):
         raise InputError(path, "empty file")
+    return lines, removed
+
+
+def read_text_lines(path: str | Path) -> list[str]:
+    """All lines of a text file (see :func:`iter_text_lines`); an empty file is an error.
+
+    Control characters (a NUL byte...) are removed, with one warning saying how many, so
+    that they never become tokens or labels.
+    """
+    lines, removed = _clean_lines(path)
+    _warn_controls(path, removed)
     return lines
 
 
@@ -251,6 +333,7 @@ def read_jw_sst_csv(path: str | Path) -> dict[str, list[Example]]:
         if len(row) != 3:
             raise InputError(path, f"expected 3 columns, found {len(row)}", number)
         text, label, split = (c.strip() for c in row)
+        label = normalise_label(label, path, number)
         if label not in {"0", "1"}:
             raise InputError(path, f"label {label!r} is not 0 or 1", number)
         if split not in splits:
@@ -276,38 +359,103 @@ def _column_index(
     return names.index(col)
 
 
+def _label_kind(name: str) -> str:
+    """``number``, ``boolean`` or ``text``: what a normalised label looks like."""
+    if _NUMBER_RE.fullmatch(name):
+        return "number"
+    return "boolean" if name in ("true", "false") else "text"
+
+
+def _sniff_header(
+    rows: list[tuple[int, list[str]]], text_col: str | int | None, label_col: str | int | None
+) -> tuple[bool, str]:
+    """Whether the first row of a table holds column names, and why (for the run's notes).
+
+    Column names given by name need a header; a first row naming a ``text``/``label`` column or
+    numbering the columns (pandas' default names) is one. Otherwise its label cell decides: a
+    label the other rows also have, or of the same kind (number, true/false) as all of theirs,
+    makes the row data; ``sentence<TAB>0`` over ``sentence<TAB>1`` rows is read as data.
+    """
+    first = [cell.strip() for cell in rows[0][1]]
+    if isinstance(text_col, str) or isinstance(label_col, str):
+        return True, "the columns are given by name"
+    if "text" in first or "label" in first:
+        return True, "it names a text or label column"
+    if first == [str(i) for i in range(len(first))]:
+        return True, "it numbers the columns"
+    index = label_col if label_col is not None else (1 if len(first) == 2 else None)
+    if index is None or not -len(first) <= index < len(first):
+        return True, "there is no label column to compare it by"
+
+    def name(cell: str) -> str | None:
+        try:
+            return None if _cell_missing(cell) else normalise_label(cell, "")
+        except InputError:
+            return None
+
+    label = name(first[index])
+    others = {name(row[index]) for _, row in rows[1:] if -len(row) <= index < len(row)} - {None}
+    if label is None:
+        return False, "its label cell is empty"
+    if label in others:
+        return False, f"its label {label!r} is also another row's label"
+    kind = _label_kind(label)
+    if kind != "text" and {_label_kind(other) for other in others} <= {kind}:
+        return False, f"its label {label!r} is a {kind} like the other rows' labels"
+    return True, f"its label cell {label!r} is unlike the other rows' labels"
+
+
+def _table_columns(
+    path: str | Path,
+    head: list[str] | None,
+    width: int,
+    wanted: dict[str, str | int | None],
+) -> dict[str, int]:
+    """Column indices of ``wanted`` (text, label, query; None: the default). A two-column file
+    without a header is ``text,label``; with a header the defaults are the names text and label."""
+    if head is None and wanted["text"] is None and wanted["label"] is None:
+        if width != 2:
+            raise InputError(
+                path, f"no header row and {width} columns: give the text and label columns by number (?text=0&label=1)"
+            )
+        wanted = {**wanted, "text": 0, "label": 1}
+    return {
+        what: _column_index(path, what if col is None else col, head, what)
+        for what, col in wanted.items()
+        if col is not None or what != "query"
+    }
+
+
 def read_table(
     path: str | Path,
     sep: str = ",",
-    text_col: str | int = "text",
-    label_col: str | int = "label",
-    header: bool = True,
+    text_col: str | int | None = None,
+    label_col: str | int | None = None,
+    header: bool | None = None,
     query_col: str | int | None = None,
+    notes: list[str] | None = None,
 ) -> list[Example]:
     """A CSV/TSV file with a text column, a label column and optionally a query column.
 
-    Columns are chosen by header name or 0-based index. Text is tokenised with
-    :func:`tokenize`. With ``sep="\\t"`` quotes are ordinary characters (the TSV
-    convention, e.g. GLUE); otherwise the CSV quoting rules apply.
+    Columns are chosen by header name or 0-based index (default: the columns named text and
+    label, or the two columns of a headerless two-column file). ``header=None`` sniffs
+    whether the first row is a header (:func:`_sniff_header`) and appends what was assumed
+    to ``notes``. Text is tokenised with :func:`tokenize`. With ``sep="\\t"`` quotes are
+    ordinary characters (the TSV convention, e.g. GLUE); otherwise the CSV quoting rules apply.
     """
-    rows = _csv_rows(path, sep, quoting=sep != "\t")
-    head: list[str] | None = None
-    if header:
-        first = next(rows, None)
-        if first is None:
-            raise InputError(path, "empty file")
-        head = first[1]
-    cols = {
-        "text": _column_index(path, text_col, head, "text"),
-        "label": _column_index(path, label_col, head, "label"),
-    }
-    if query_col is not None:
-        cols["query"] = _column_index(path, query_col, head, "query")
-    width = len(head) if head is not None else None
+    rows = list(_csv_rows(path, sep, quoting=sep != "\t"))
+    if not rows:
+        raise InputError(path, "empty file")
+    if header is None:
+        header, why = _sniff_header(rows, text_col, label_col)
+        if notes is not None:
+            taken = "the header" if header else "data (no header)"
+            notes.append(f"{path}: first row read as {taken}: {why} (?header={int(not header)} to override)")
+    head = rows.pop(0)[1] if header else None
+    width = len(head) if head is not None else len(rows[0][1]) if rows else 0
+    cols = _table_columns(path, head, width, {"text": text_col, "label": label_col, "query": query_col})
     examples: list[Example] = []
     for number, row in rows:
-        if width is None:
-            width = len(row)
         if len(row) != width:
             raise InputError(path, f"expected {width} columns, found {len(row)}", number)
         values: dict[str, str] = {}
@@ -321,9 +469,8 @@ def read_table(
         if not tokens:
             raise InputError(path, "text has no words", number)
         query = tokenize(values["query"]) if "query" in values else None
-        examples.append(
-            Example(tokens=tokens, label=values["label"], query=query, meta=_source(path, number))
-        )
+        label = normalise_label(values["label"], path, number)
+        examples.append(Example(tokens=tokens, label=label, query=query, meta=_source(path, number)))
     if not examples:
         raise InputError(path, "no data rows")
     return examples
@@ -348,6 +495,7 @@ def read_ag_news(path: str | Path, classes: list[str] | None = None) -> list[Exa
                 path, f"expected 3 columns (class, title, description), found {len(row)}", number
             )
         cls, title, description = (c.strip() for c in row)
+        cls = normalise_label(cls, path, number, "class")
         if not cls.isdigit() or (classes is not None and not 1 <= int(cls) <= len(classes)):
             known = f"1-{len(classes)}" if classes is not None else "a number"
             raise InputError(path, f"class {cls!r} is not {known}", number)
@@ -359,54 +507,64 @@ def read_ag_news(path: str | Path, classes: list[str] | None = None) -> list[Exa
     return examples
 
 
-def _json_text(value: Any, path: str | Path, number: int, key: str) -> list[str]:
-    """A JSON field as tokens: a string is tokenised, a list of strings taken as tokens."""
+def _json_text(value: Any, path: str | Path, number: int, key: str) -> tuple[list[str], int]:
+    """A JSON field as tokens (a string is tokenised, a list of strings taken as tokens) and the
+    number of control characters (escaped ones, ``\\u0000``) removed from it."""
     if isinstance(value, str):
-        tokens = tokenize(value)
+        text, removed = strip_controls(value)
+        tokens = tokenize(text)
     elif isinstance(value, list) and all(isinstance(v, str) for v in value):
-        tokens = list(value)
+        cleaned = [strip_controls(v) for v in value]
+        # a token that was only control characters is dropped
+        tokens = [text if not count else text.strip() for text, count in cleaned]
+        tokens = [t for t in tokens if t]
+        removed = sum(count for _, count in cleaned)
     else:
         raise InputError(path, f"{key!r} must be a string or a list of strings", number)
     if not tokens:
         raise InputError(path, f"empty {key!r}", number)
-    return tokens
+    return tokens, removed
 
 
 def read_jsonl(
     path: str | Path, text_key: str = "text", label_key: str = "label", query_key: str | None = None
 ) -> list[Example]:
-    """JSON Lines: one object per line; text may be a string or a list of tokens."""
+    """JSON Lines: one object per line; text may be a string or a list of tokens.
+
+    Numbers are parsed as decimals, so that a label ``1.0`` is exactly the class ``1``
+    (:func:`normalise_label`) however many digits it has.
+    """
     examples: list[Example] = []
-    for number, line in enumerate(read_text_lines(path), start=1):
+    lines, removed = _clean_lines(path)
+    for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise InputError(path, f"invalid JSON: {exc.msg}", number) from None
+            obj = json.loads(line, parse_float=Decimal, strict=False)
+        except ValueError as exc:  # JSONDecodeError, or an integer too long to convert
+            raise InputError(path, f"invalid JSON: {getattr(exc, 'msg', exc)}", number) from None
         if not isinstance(obj, dict):
             raise InputError(path, "expected a JSON object", number)
         for key in (text_key, label_key, query_key):
             if key is not None and key not in obj:
                 raise InputError(path, f"missing key {key!r}", number)
-        label = obj[label_key]
-        if label is None or isinstance(label, (dict, list)) or str(label).strip() == "":
-            raise InputError(path, f"{label_key!r} must be a string or a number", number)
-        examples.append(
-            Example(
-                tokens=_json_text(obj[text_key], path, number, text_key),
-                label=str(label).strip(),
-                query=None if query_key is None else _json_text(obj[query_key], path, number, query_key),
-                meta=_source(path, number),
-            )
-        )
+        label = normalise_label(obj[label_key], path, number, label_key)
+        tokens, count = _json_text(obj[text_key], path, number, text_key)
+        removed += count
+        query = None
+        if query_key is not None:
+            query, count = _json_text(obj[query_key], path, number, query_key)
+            removed += count
+        examples.append(Example(tokens=tokens, label=label, query=query, meta=_source(path, number)))
+    _warn_controls(path, removed)
     return examples
 
 
 def read_plain_per_label(files: dict[str, Path]) -> list[Example]:
     """One plain-text file per label (e.g. ``{"pos": rt-polarity.pos, ...}``), one example a line."""
     examples: list[Example] = []
-    for label, path in files.items():
+    for given, path in files.items():
+        label = normalise_label(given, path)
         for number, line in enumerate(read_text_lines(path), start=1):
             tokens = tokenize(line)
             if tokens:
@@ -438,9 +596,8 @@ def read_snli(directory: str | Path, split: str) -> list[Example]:
         tokens, query = tokenize(premise), tokenize(hypothesis)
         if not tokens or not query or not label.strip():
             raise InputError(label_file, "empty premise, hypothesis or label", number)
-        examples.append(
-            Example(tokens=tokens, label=label.strip(), query=query, meta=_source(label_file, number))
-        )
+        name = normalise_label(label, label_file, number)
+        examples.append(Example(tokens=tokens, label=name, query=query, meta=_source(label_file, number)))
     return examples
 
 
@@ -497,7 +654,7 @@ def read_babi(path: str | Path) -> list[Example]:
         examples.append(
             Example(
                 tokens=[t for sentence in story for t in sentence],
-                label=fields[1],
+                label=normalise_label(fields[1], path, number, "answer"),
                 query=tokenize(fields[0]),
                 sentences=[list(s) for s in story],
                 rationale=rationale,
@@ -566,12 +723,13 @@ def read_hf(
             continue
         if names is not None and isinstance(label, int):
             label = names[label]
+        label = normalise_label(label, source, row_number)
         tokens = tokenize(str(row[text_key]))
         if not tokens:
             raise InputError(source, f"empty {text_key!r}", row_number)
         query = None if query_key is None else tokenize(str(row[query_key]))
         examples.append(
-            Example(tokens=tokens, label=str(label), query=query, meta=_source(source, row_number))
+            Example(tokens=tokens, label=label, query=query, meta=_source(source, row_number))
         )
     if dropped:
         warn(f"hf:{name} split {split!r}: dropped {dropped} unlabelled rows")

@@ -257,8 +257,11 @@ def task_files(spec: str, data_dir: Path | str | None = None, dev: str | None = 
     return list(dict.fromkeys(f for f in files if f.is_file()))
 
 
-def _read_file(fmt: str, path: str, options: dict[str, str], split: str) -> list[Example]:
-    """Read one FORMAT:PATH file; ``split`` picks an SNLI directory's files or a hf split."""
+def _read_file(
+    fmt: str, path: str, options: dict[str, str], split: str, notes: list[str] | None = None
+) -> list[Example]:
+    """Read one FORMAT:PATH file; ``split`` picks an SNLI directory's files or a hf split.
+    What was assumed about the file (a CSV's header row) is appended to ``notes``."""
     if fmt == "conll":
         return readers.read_conll(
             path,
@@ -269,14 +272,15 @@ def _read_file(fmt: str, path: str, options: dict[str, str], split: str) -> list
             else _int_option(options, "feature", 1),
         )
     if fmt in ("csv", "tsv"):
-        query = options.get("query")
+        cols = {key: _column(options[key]) if key in options else None for key in ("text", "label", "query")}
         return readers.read_table(
             path,
             sep="," if fmt == "csv" else "\t",
-            text_col=_column(options.get("text", "text")),
-            label_col=_column(options.get("label", "label")),
-            header=_flag(options.get("header", "1"), "header"),
-            query_col=None if query is None else _column(query),
+            text_col=cols["text"],
+            label_col=cols["label"],
+            header=_flag(options["header"], "header") if "header" in options else None,
+            query_col=cols["query"],
+            notes=notes,
         )
     if fmt == "jsonl":
         return readers.read_jsonl(
@@ -321,10 +325,10 @@ def _task_name(fmt: str, path: str) -> str:
     return Path(path).name.split(".")[0] or fmt
 
 
-def _extra_split(spec: str, role: str) -> list[Example]:
+def _extra_split(spec: str, role: str, notes: list[str]) -> list[Example]:
     """A dev or test split given as FORMAT:PATH (``role`` picks an SNLI directory's files)."""
     fmt, path, options = _parse_spec(spec)
-    return _read_file(fmt, path, options, role)
+    return _read_file(fmt, path, options, role, notes)
 
 
 def _file_task(spec: str) -> tuple[str, TaskType, list[Example], dict[str, list[Example]], list[str]]:
@@ -344,7 +348,7 @@ def _file_task(spec: str) -> tuple[str, TaskType, list[Example], dict[str, list[
         if (directory / "s1.test").exists():
             found["test"] = readers.read_snli(directory, "test")
     else:
-        train = _read_file(fmt, path, options, "train")
+        train = _read_file(fmt, path, options, "train", notes)
     if not train:
         raise InputError(path, "no examples")
     return _task_name(fmt, path), _file_task_type(fmt, train), train, found, notes
@@ -398,7 +402,8 @@ def load_task(
     if data_dir is None and os.environ.get(DATA_ENV):
         data_dir = os.environ[DATA_ENV]
     directory = None if data_dir is None else Path(data_dir).expanduser()
-    given = {role: _extra_split(s, role) for role, s in (("dev", dev), ("test", test)) if s is not None}
+    read_notes: list[str] = []
+    given = {role: _extra_split(s, role, read_notes) for role, s in (("dev", dev), ("test", test)) if s is not None}
     if spec not in _REGISTRY:
         _discover()
     if spec in _REGISTRY:
@@ -413,6 +418,7 @@ def load_task(
             name, task_type, train, found, notes = _file_task(spec)
         found.update(given)
         task = _assemble(name, task_type, train, found.get("dev"), found.get("test"), seed, notes, spec)
+    task.notes.extend(read_notes)
     if limit is not None:
         if limit < 1:
             raise AttnAuditError(f"limit must be at least 1, got {limit}")

@@ -164,10 +164,9 @@ class ActivationSwap(Experiment):
         return [{"statistic": "accuracy_swap_mean", "value": after, "published": "", "interpretation": meaning}]
 
     def plot(self, result: Result, directory: Path) -> list[Path]:
-        import matplotlib
+        from attnaudit.plotting import pyplot
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plt = pyplot()
 
         rows = result.tables.get("normalisers", [])
         paths: list[Path] = []

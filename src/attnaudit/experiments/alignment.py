@@ -216,10 +216,9 @@ class Alignment(Experiment):
         )
 
     def plot(self, result: Result, directory: Path) -> list[Path]:
-        import matplotlib
+        from attnaudit.plotting import pyplot
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plt = pyplot()
 
         rows = result.tables.get("layers", [])
         if not rows:

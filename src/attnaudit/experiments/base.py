@@ -22,7 +22,7 @@ import pandas as pd
 
 from attnaudit.data.types import Example
 from attnaudit.errors import AttnAuditError, InputError
-from attnaudit.io import atomic_write, atomic_write_json, check_output_dir, digest, read_json, remove_stray_tmp
+from attnaudit.io import atomic_write, atomic_write_json, check_fields, check_output_dir, digest, read_json, remove_stray_tmp
 from attnaudit.run import Run
 
 
@@ -60,6 +60,7 @@ class Result:
         kinds = {"test": str, "summary": dict, "instances": list, "tables": dict, "meta": dict, "figures": list}
         if not isinstance(data, dict) or any(not isinstance(data.get(k, kind()), kind) for k, kind in kinds.items()):
             raise InputError(path, "not an attnaudit result file")
+        _check_result_parts(path, data)
         try:
             return cls(**data)
         except TypeError:
@@ -72,6 +73,17 @@ class Result:
         if table not in self.tables:
             raise AttnAuditError(f"result {self.test!r} has no table {table!r}; it has {sorted(self.tables)}")
         return pd.DataFrame(self.tables[table])
+
+
+def _check_result_parts(path: str | Path, data: dict[str, Any]) -> None:
+    """The parts of a result that readers index: rows are objects, figures paths, meta's lists lists."""
+    rows = {"instances": data.get("instances", []), **{f"tables.{k}": v for k, v in data.get("tables", {}).items()}}
+    for name, table in rows.items():
+        if not isinstance(table, list) or not all(isinstance(row, dict) for row in table):
+            raise InputError(path, f"field {name!r} must be an array of objects")
+    if not all(isinstance(figure, str) for figure in data.get("figures", [])):
+        raise InputError(path, "field 'figures' must be an array of strings")
+    check_fields(path, data.get("meta", {}), optional={"notes": list, "options": dict, "audit": dict}, where="meta")
 
 
 class Experiment:

@@ -304,10 +304,9 @@ def plot_against_max_attention(
 
     Instances are binned by max attention (tenths of [0, 1]); each bin is a horizontal box plot.
     """
-    import matplotlib
+    from attnaudit.plotting import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     frame = frame[np.isfinite(frame[value].astype(float))]
     classes = sorted(frame["predicted"].astype(str).unique()) or ["(none)"]
@@ -335,10 +334,9 @@ def plot_against_max_attention(
 
 def plot_histogram(values: Sequence[float], xlabel: str, title: str, directory: Path, stem: str, marker: float | None) -> list[Path]:
     """A histogram of the finite ``values``, with an optional vertical line at ``marker``."""
-    import matplotlib
+    from attnaudit.plotting import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     arr = np.asarray(values, dtype=float)
     arr = arr[np.isfinite(arr)]
@@ -355,10 +353,9 @@ def plot_histogram(values: Sequence[float], xlabel: str, title: str, directory: 
 
 def plot_attention_rows(rows: Sequence[Mapping[str, Any]], directory: Path, stem: str, title: str) -> list[Path]:
     """A grid of last-layer attention heatmaps (:func:`attention_rows`): one row per setting, one column per sentence."""
-    import matplotlib
+    from attnaudit.plotting import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     if not rows:
         return []

@@ -137,10 +137,9 @@ class Diagnostic(Experiment):
         return Result(self.name, summary, [], {"scores": table}, meta)
 
     def plot(self, result: Result, directory: Path) -> list[Path]:
-        import matplotlib
+        from attnaudit.plotting import pyplot
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plt = pyplot()
 
         key = result.summary["metric"]
         names = list(SETTINGS)

@@ -515,10 +515,9 @@ class Erasure(Experiment):
         return rows or super().verdict(result)
 
     def plot(self, result: Result, directory: Path) -> list[Path]:
-        import matplotlib
+        from attnaudit.plotting import pyplot
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plt = pyplot()
 
         paths: list[Path] = []
         single = [r for r in result.instances if r.get("delta_jsd") is not None and np.isfinite(r["delta_jsd"])]

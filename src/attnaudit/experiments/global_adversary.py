@@ -325,10 +325,9 @@ def reference_points(run: Run, examples: list[Example]) -> list[dict[str, Any]]:
 def plot_example_attention(example: dict[str, Any], directory: Path) -> list[Path]:
     """One instance's attention, base and every λ: a row of tokens per model for single-query
     attention, else a ``query × key`` map per model (rows) and head (columns)."""
-    import matplotlib
+    from attnaudit.plotting import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     tokens, weights = example["tokens"], example["weights"]
     names = list(weights)
@@ -478,10 +477,9 @@ class GlobalAdversary(Experiment):
         return Result(self.name, summary, instances, tables, meta)
 
     def plot(self, result: Result, directory: Path) -> list[Path]:
-        import matplotlib
+        from attnaudit.plotting import pyplot
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plt = pyplot()
 
         table, points = result.tables["lambdas"], result.tables.get("reference_points", [])
         tagging = "breakpoint_kl" in result.summary

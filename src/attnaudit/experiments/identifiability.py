@@ -253,10 +253,9 @@ class Identifiability(Experiment):
         ]
 
     def plot(self, result: Result, directory: Path) -> list[Path]:
-        import matplotlib
+        from attnaudit.plotting import pyplot
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plt = pyplot()
 
         rows = result.tables.get("by_length", [])
         if not rows:

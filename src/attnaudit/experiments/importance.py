@@ -303,10 +303,9 @@ class ImportanceCorrelation(Experiment):
         return rows or super().verdict(result)
 
     def plot(self, result: Result, directory: Path) -> list[Path]:
-        import matplotlib
+        from attnaudit.plotting import pyplot
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plt = pyplot()
 
         paths: list[Path] = []
         pairs = [row["pair"] for row in result.tables.get("pairs", [])]

@@ -381,10 +381,9 @@ class OppositeKeys(KeyTest):
 
 def _plot(name: str, result: Result, directory: Path) -> list[Path]:
     """Accuracy before/after and per-instance JSD per layer, plus the attention heatmaps."""
-    import matplotlib
+    from attnaudit.plotting import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     paths: list[Path] = []
     if result.instances:

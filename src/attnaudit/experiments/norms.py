@@ -399,10 +399,9 @@ class Norms(Experiment):
         return rows or super().verdict(result)
 
     def plot(self, result: Result, directory: Path) -> list[Path]:
-        import matplotlib
+        from attnaudit.plotting import pyplot
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plt = pyplot()
 
         paths: list[Path] = []
         rows = result.tables.get("layers", [])

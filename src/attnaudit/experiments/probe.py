@@ -213,10 +213,9 @@ class AttentionProbe(Experiment):
         return Result(self.name, summary, [], {"probes": table}, meta)
 
     def plot(self, result: Result, directory: Path) -> list[Path]:
-        import matplotlib
+        from attnaudit.plotting import pyplot
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plt = pyplot()
         import numpy as np
 
         key = result.summary["metric"]

@@ -350,10 +350,9 @@ class Rationale(Experiment):
         )
 
     def plot(self, result: Result, directory: Path) -> list[Path]:
-        import matplotlib
+        from attnaudit.plotting import pyplot
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plt = pyplot()
 
         table = result.tables.get("methods", [])
         if not table:

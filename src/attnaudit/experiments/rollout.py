@@ -277,10 +277,9 @@ class Rollout(Experiment):
         return rows or super().verdict(result)
 
     def plot(self, result: Result, directory: Path) -> list[Path]:
-        import matplotlib
+        from attnaudit.plotting import pyplot
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plt = pyplot()
 
         table = result.tables.get("layers", [])
         references = list(dict.fromkeys(r["importance"] for r in table))

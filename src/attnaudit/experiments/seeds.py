@@ -182,10 +182,9 @@ class SeedVariance(Experiment):
         return Result(self.name, summary, instances, {"seeds": table}, meta)
 
     def plot(self, result: Result, directory: Path) -> list[Path]:
-        import matplotlib
+        from attnaudit.plotting import pyplot
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plt = pyplot()
 
         frame = result.frame()
         paths = plot_against_max_attention(

@@ -176,10 +176,9 @@ class Shuffle(Experiment):
         ]
 
     def plot(self, result: Result, directory: Path) -> list[Path]:
-        import matplotlib
+        from attnaudit.plotting import pyplot
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plt = pyplot()
 
         rows = result.tables.get("settings", [])
         paths: list[Path] = []

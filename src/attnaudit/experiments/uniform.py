@@ -123,10 +123,9 @@ class UniformBaseline(Experiment):
         return Result(self.name, summary, instances, {"scores": table}, meta)
 
     def plot(self, result: Result, directory: Path) -> list[Path]:
-        import matplotlib
+        from attnaudit.plotting import pyplot
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plt = pyplot()
 
         key = result.summary["metric"]
         rows = result.tables["scores"]

@@ -420,7 +420,7 @@ def train_nmt(
     """
     from attnaudit import __version__
     from attnaudit.data.alignment import PAD_ID, Seq2SeqCollator, SubwordTokenizer
-    from attnaudit.io import atomic_write_json, check_output_dir, digest, read_json
+    from attnaudit.io import atomic_write_json, check_output_dir, digest, read_json_object
     from attnaudit.progress import status, track
     from attnaudit.run import TaskSpec
     from attnaudit.seed import resolve_device, set_seed
@@ -473,7 +473,7 @@ def train_nmt(
     run_config["model"] = config.to_dict()
     config_hash = digest({k: v for k, v in run_config.items() if k != "version"})
     run_config["hash"] = config_hash
-    if resume and (out / METRICS).exists() and (out / CONFIG).exists() and read_json(out / CONFIG).get("hash") == config_hash:
+    if resume and (out / METRICS).exists() and (out / CONFIG).exists() and read_json_object(out / CONFIG, optional={"hash": str}).get("hash") == config_hash:
         status(f"[green]{out}[/]: already trained with this config, loading it")
         return load_nmt_run(out, device=device, data_dir=data_dir)
     refuse_other_run(out, config_hash)

@@ -16,9 +16,9 @@ import datetime
 from pathlib import Path
 from typing import Any
 
-from attnaudit.errors import AttnAuditError, warn
+from attnaudit.errors import AttnAuditError, InputError, warn
 from attnaudit.experiments.base import Result, discover
-from attnaudit.io import atomic_write_json, atomic_write_text, read_json
+from attnaudit.io import atomic_write_json, atomic_write_text, check_fields, read_json_object
 from attnaudit.report.html import Section, render
 from attnaudit.run import Run
 
@@ -42,6 +42,36 @@ def _load_results(results_dir: Path) -> tuple[dict[str, Result], list[str]]:
             continue
         results[result.test] = result
     return results, notes
+
+
+_TEXT = (str, type(None))
+# The fields of audit.json and heatmaps.json the report reads, with their JSON types.
+_AUDIT_FIELDS = {
+    "tests": list, "run": _TEXT, "hf": _TEXT, "model": _TEXT, "task": _TEXT, "split": _TEXT, "data_dir": _TEXT,
+    "limit": (int, type(None)), "seed": (int, type(None)),
+}
+_AUDIT_ENTRY = {"status": str, "reason": _TEXT, "error": _TEXT, "traceback": _TEXT}
+_HEATMAP_FIELDS = {"items": list, "scores": dict, "rationale": (list, type(None)), "tau": (float, type(None))}
+
+
+def _read_audit(path: Path) -> dict[str, Any]:
+    """``audit.json``, checked to have the shape the report reads (one-line error otherwise)."""
+    info = read_json_object(path, optional=_AUDIT_FIELDS)
+    for number, entry in enumerate(info.get("tests", [])):
+        check_fields(path, entry, {"test": str}, _AUDIT_ENTRY, f"tests[{number}]")
+    return info
+
+
+def _read_heatmaps(path: Path) -> dict[str, Any]:
+    """``heatmaps.json``, checked to have the shape the report draws (one-line error otherwise)."""
+    data = read_json_object(path, {"instances": list}, {"selection": str})
+    for number, instance in enumerate(data["instances"]):
+        where = f"instances[{number}]"
+        check_fields(path, instance, optional=_HEATMAP_FIELDS, where=where)
+        for method, values in instance.get("scores", {}).items():
+            if not isinstance(values, list) or not all(type(v) in (int, float) for v in values):
+                raise InputError(path, f"field '{where}.scores.{method}' must be an array of numbers")
+    return data
 
 
 def results_folder(directory: Path) -> Path:
@@ -83,7 +113,7 @@ def _heatmaps(
 
     path = results_dir / HEATMAPS
     if run is None and path.exists():
-        return read_json(path), ""
+        return _read_heatmaps(path), ""
     try:
         run = run or _find_run(directory, info, data_dir, device)
         if run is None:
@@ -124,7 +154,7 @@ def build_report(
         if (directory / written).is_dir():
             raise AttnAuditError(f"{directory / written}: is a directory; the report cannot be written there")
     results_dir = results_folder(directory)
-    info = read_json(directory / AUDIT) if (directory / AUDIT).exists() else {}
+    info = _read_audit(directory / AUDIT) if (directory / AUDIT).exists() else {}
     if not results_dir.is_dir() and not info:
         raise AttnAuditError(f"{directory}: no results/ folder (run `attnaudit audit` or `attnaudit run` first)")
     results, notes = _load_results(results_dir) if results_dir.is_dir() else ({}, [])

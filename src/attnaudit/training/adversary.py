@@ -44,7 +44,7 @@ from torch import Tensor, nn
 from attnaudit import __version__
 from attnaudit.data.types import Batch, Example
 from attnaudit.errors import AttnAuditError
-from attnaudit.io import atomic_write_json, digest, read_json
+from attnaudit.io import atomic_write_json, digest, read_json_object
 from attnaudit.models import ModelConfig, build_model
 from attnaudit.models.base import AttentionModel, Intervention, ModelOutput, evaluation, freeze_to
 from attnaudit.progress import status, track
@@ -209,7 +209,7 @@ def train_standard(base: Run, out: Path, *, seed: int, epochs: int | None = None
     run = train(base.data(), base.family, out, device=str(base.device), quiet_eval=True, **options)
     check_same_inputs(base, run)
     after = (Path(out) / METRICS).stat().st_mtime_ns
-    return SubRun(run, read_json(Path(out) / METRICS), None, trained=before != after)
+    return SubRun(run, read_metrics(Path(out) / METRICS), None, trained=before != after)
 
 
 def attention_of(source: AttentionModel, layers: Sequence[int] | None = None) -> InterventionsFn:
@@ -239,7 +239,12 @@ def config_hash(config: dict[str, Any]) -> str:
 
 def finished(out: Path, digest: str) -> bool:
     """A sub-run directory holds a finished run with config hash ``digest``."""
-    return (out / METRICS).exists() and (out / CONFIG).exists() and read_json(out / CONFIG).get("hash") == digest
+    return (out / METRICS).exists() and (out / CONFIG).exists() and read_json_object(out / CONFIG, optional={"hash": str}).get("hash") == digest
+
+
+def read_metrics(path: Path) -> dict[str, Any]:
+    """A sub-run's ``metrics.json``, checked to hold the dev and test scores the tests read."""
+    return read_json_object(path, {"dev": dict, "test": dict}, {"epochs": int})
 
 
 def score_key(task_type: str) -> str:
@@ -256,7 +261,7 @@ def base_scores(run: Run) -> dict[str, Any]:
     """The base run's dev and test scores: from its ``metrics.json``, else evaluated now."""
     path = Path(run.path) / METRICS if run.path else None
     if path is not None and path.exists():
-        metrics = read_json(path)
+        metrics = read_json_object(path, optional={"dev": dict, "test": dict})
         if "dev" in metrics and "test" in metrics:
             return {"dev": metrics["dev"], "test": metrics["test"]}
     data = run.data()
@@ -312,7 +317,7 @@ def train_variant(
             load_state_into(net, place / WEIGHTS)
             net.eval()
             sub = Run(model=net, collate=base.collate, task=base.task, path=place, device=base.device, info=run_config)
-            return SubRun(sub, read_json(place / METRICS), variant.interventions, trained=False)
+            return SubRun(sub, read_metrics(place / METRICS), variant.interventions, trained=False)
     sub = Run(model=net, collate=base.collate, task=base.task, path=out, device=base.device, info=run_config)
 
     if out.exists():

@@ -17,7 +17,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from attnaudit.errors import AttnAuditError, InputError
-from attnaudit.io import atomic_write, atomic_write_json, read_json
+from attnaudit.io import atomic_write, atomic_write_json, check_fields, read_json, read_json_object
 
 WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
@@ -120,6 +120,10 @@ def write_config(directory: Path, config: dict[str, Any]) -> Path:
     return atomic_write_json(directory / CONFIG, config)
 
 
+# The optional fields of a run config's ``task`` (``TaskSpec``) and their JSON types.
+TASK_OPTIONAL = {"data_dir": (str, type(None)), "seed": int, "dev": (str, type(None)), "test": (str, type(None))}
+
+
 def read_config(directory: Path) -> dict[str, Any]:
     """A run directory's ``config.json``, with one-line errors for files, missing folders and foreign JSON."""
     directory = Path(directory)
@@ -129,9 +133,14 @@ def read_config(directory: Path) -> dict[str, Any]:
         raise InputError(directory, "expected a run directory (config.json + model.safetensors), got a file")
     if not directory.is_dir():
         raise InputError(directory, "run directory not found")
-    config = read_json(directory / CONFIG)
+    path = directory / CONFIG
+    config = read_json(path)
     if not isinstance(config, dict) or "model" not in config or "task" not in config:
-        raise InputError(directory / CONFIG, "not an attnaudit run config (needs 'model' and 'task')")
+        raise InputError(path, "not an attnaudit run config (needs 'model' and 'task')")
+    check_fields(path, config, {"model": dict, "task": dict}, {"kind": str, "hash": str, "hf": dict})
+    task = check_fields(path, config["task"], {"spec": str, "task_type": str, "labels": list}, TASK_OPTIONAL, "task")
+    if not all(isinstance(label, str) for label in task["labels"]):
+        raise InputError(path, "field 'task.labels' must be an array of strings")
     return config
 
 
@@ -173,19 +182,41 @@ def load_optimizer(path: Path, optimizer: torch.optim.Optimizer) -> dict[str, to
     return extra
 
 
-def resume_epoch(out: Path, model: nn.Module, optimizer: torch.optim.Optimizer, config_hash: str) -> dict[str, Any] | None:
+def resume_epoch(
+    out: Path,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    config_hash: str,
+    fresh: dict[str, Any] | None = None,
+) -> dict[str, Any] | None:
     """Restore the last finished epoch of a killed run with the same config hash.
 
     Returns its saved training state (model, optimizer and torch RNG are restored), or None
-    when there is no matching checkpoint.
+    when there is no matching checkpoint. ``fresh`` (the state a new run starts from) gives
+    the fields the state must have; a ``state.json`` of another shape is an ``InputError``.
     """
     state_file = Path(out) / "checkpoint" / "state.json"
-    if not (state_file.exists() and read_json(state_file).get("hash") == config_hash):
+    if not state_file.exists():
         return None
-    state = read_json(state_file)
+    state = read_json_object(state_file, optional={"hash": str})
+    if state.get("hash") != config_hash:
+        return None
+    if fresh is not None:
+        state = _checked_state(state_file, state, fresh)
     load_state_into(model, state_file.parent / "last.safetensors")
     torch.set_rng_state(load_optimizer(state_file.parent / "optimizer.safetensors", optimizer)["rng"])
     return state
+
+
+def _checked_state(path: Path, state: dict[str, Any], fresh: dict[str, Any]) -> dict[str, Any]:
+    """``state`` when it has every field of ``fresh`` with a value of the same JSON type.
+
+    A float field may be null: JSON has no infinity, so the ±inf a best score starts at was
+    written as null; it is restored as that starting value.
+    """
+    kinds = {key: (float, type(None)) if isinstance(value, float) else type(value) for key, value in fresh.items()}
+    check_fields(path, state, kinds)
+    return {**state, **{key: fresh[key] for key in kinds if state[key] is None}}
 
 
 def start_or_resume(
@@ -203,7 +234,7 @@ def start_or_resume(
     from attnaudit.progress import status
 
     out.mkdir(parents=True, exist_ok=True)
-    restored = resume_epoch(out, model, optimizer, config["hash"]) if resume else None
+    restored = resume_epoch(out, model, optimizer, config["hash"], fresh) if resume else None
     if restored is not None:
         status(f"resuming {out} after epoch {restored['epoch']}")
         return restored

@@ -23,7 +23,7 @@ from torch import nn
 
 from attnaudit.data.types import TaskData
 from attnaudit.errors import AttnAuditError
-from attnaudit.io import atomic_write_json, digest, read_json
+from attnaudit.io import atomic_write_json, digest, read_json_object
 from attnaudit.progress import status, track
 from attnaudit.run import Run, TaskSpec
 from attnaudit.seed import set_seed
@@ -83,7 +83,7 @@ def finetune(
     }
     digest = _settings_hash(settings)
     config_file = out / "config.json"
-    if (out / METRICS).exists() and config_file.exists() and read_json(config_file).get("finetune", {}).get("hash") == digest:
+    if (out / METRICS).exists() and config_file.exists() and read_json_object(config_file, optional={"finetune": dict}).get("finetune", {}).get("hash") == digest:
         status(f"[green]{out}[/]: already fine-tuned with these settings, loading it")
         return load_hf_run(out, device=device, data_dir=data_dir)
     if not data.train or not data.dev:

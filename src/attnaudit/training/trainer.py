@@ -21,7 +21,7 @@ from attnaudit import __version__
 from attnaudit.data.tasks import absolute_spec, load_task
 from attnaudit.data.types import Batch, Example, TaskData
 from attnaudit.errors import AttnAuditError
-from attnaudit.io import atomic_write_json, check_output_dir, digest, read_json, remove_stray_tmp
+from attnaudit.io import atomic_write_json, check_output_dir, digest, read_json, read_json_object, remove_stray_tmp
 from attnaudit.metrics import score_classification, score_tagging
 from attnaudit.models import MODELS, ModelConfig, build_model
 from attnaudit.models.base import Intervention, evaluation
@@ -311,7 +311,7 @@ def train(
     run_config["hash"] = config_hash
 
     existing = out / CONFIG
-    if resume and (out / METRICS).exists() and existing.exists() and read_json(existing).get("hash") == config_hash:
+    if resume and (out / METRICS).exists() and existing.exists() and read_json_object(existing, optional={"hash": str}).get("hash") == config_hash:
         status(f"[green]{out}[/]: already trained with this config, loading it")
         return load_run(out, device=device, data_dir=data_dir)
     refuse_other_run(out, config_hash)
