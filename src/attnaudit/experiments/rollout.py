@@ -5,8 +5,14 @@ Per layer ``l`` each method gives one score per input token: raw attention of la
 residual adjustment ``Â = ½I + ½A``, :mod:`attnaudit.flow`); the score vector is read off
 the explanation row (``[CLS]`` for Hugging Face models; the mean over real queries for our
 mean-pooled Transformer), or, with ``--query max``, the maximum over query rows as in
-Abnar & Zuidema's DistilBERT script. Each is rank-correlated (Spearman, per instance)
-with reference importance scores for the predicted class:
+Abnar & Zuidema's DistilBERT script.
+
+These maps need no prediction, so they are computed for any encoder, a pretrained one
+without a classification head included: table ``maps`` holds each instance's token scores
+per layer and method, table ``map_layers`` their per-layer summaries (normalised entropy,
+share on ``[CLS]``/``[SEP]``, Spearman ρ with raw attention of the same layer). When the
+model makes a prediction (a trained head), each map is also rank-correlated (Spearman, per
+instance; table ``layers``) with reference importance scores for the predicted class:
 
 * ``gradient``: J&W's ``|Σ_d ∂ŷ/∂e·e|`` with attention detached (:mod:`attnaudit.importance`);
 * ``loo``: leave-one-out output change when a token is removed (:mod:`attnaudit.importance`);
@@ -17,12 +23,14 @@ with reference importance scores for the predicted class:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from scipy.stats import entropy
 from torch import Tensor
 
 from attnaudit.data.types import Batch, Example
@@ -35,6 +43,17 @@ from attnaudit.progress import track
 from attnaudit.run import Run
 
 METHODS = ("raw", "rollout", "flow")
+MAP_STATISTICS = {
+    "entropy": "normalised entropy (1 = even)",
+    "special_share": "share on [CLS]/[SEP]",
+    "vs_raw": "Spearman ρ with raw attention",
+}
+"""Per-layer summaries of the maps (instance columns ``L{layer}_{method}_{statistic}``), with plot titles."""
+NO_PREDICTION = (
+    "no importance comparison: this model has no trained classification head, so it makes no prediction to "
+    "explain; the result holds the maps and their per-layer summaries only (fine-tune it with attnaudit finetune "
+    "to compare them with gradient / leave-one-out importance)"
+)
 
 # Abnar & Zuidema (2020), Table 3: Spearman ρ (mean ± std over 100 SST-2 test sentences) between
 # attention-based importance and input gradients, DistilBERT fine-tuned on SST-2. Their L1..L6
@@ -85,20 +104,69 @@ def explanation_rows(matrices: Tensor, mask: Tensor, query: str, cls_index: int 
     return (matrices * m).sum(2) / m.sum(2).clamp_min(1.0) * keys
 
 
+def normalised_entropy(scores: np.ndarray) -> float:
+    """Entropy of the non-negative ``scores`` read as a distribution, over ``log n``: 1 = even, 0 = one token.
+
+    NaN with fewer than 2 tokens or no weight at all (nothing to spread).
+    """
+    if scores.size < 2 or not scores.sum() > 0:
+        return float("nan")
+    return float(entropy(scores) / math.log(scores.size))
+
+
+def map_statistics(
+    vector: np.ndarray, raw: np.ndarray | None, keep: np.ndarray, items: np.ndarray, special: np.ndarray | None
+) -> dict[str, float]:
+    """The :data:`MAP_STATISTICS` of one token-score ``vector`` (over the key positions of one layer).
+
+    Entropy and ρ with the ``raw`` attention scores of the same layer (None for raw itself) over
+    the ``keep`` tokens; the share on ``special`` tokens (None: the model has none) over all ``items``.
+    """
+    stats = {"entropy": normalised_entropy(vector[keep])}
+    if special is not None:
+        total = float(vector[items].sum())
+        stats["special_share"] = float(vector[items & special].sum()) / total if total > 0 else float("nan")
+    if raw is not None:
+        stats["vs_raw"] = spearman_rho(vector[keep], raw[keep])
+    return stats
+
+
+def layer_table(instances: list[dict[str, Any]], n_layers: int, names: list[str], column: str) -> list[dict[str, Any]]:
+    """Per layer, method and name: :func:`summarise` of the instance values ``L{layer}_{method}_{name}``."""
+    table = []
+    for layer in range(n_layers):
+        for method in METHODS:
+            for name in names:
+                if method == "raw" and name == "vs_raw":
+                    continue
+                key = f"L{layer}_{method}_{name}"
+                stats = summarise([row[key] for row in instances if key in row])
+                table.append({"layer": layer, "paper_layer": f"L{layer + 1}", "method": method, column: name, **stats})
+    return table
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
 @register
 class Rollout(Experiment):
     """The test of this module (its docstring gives the method, options and outputs)."""
 
     name = "rollout"
-    description = "raw attention, rollout and flow per layer vs gradient / leave-one-out importance (Abnar & Zuidema)"
+    description = (
+        "raw attention, rollout and flow maps per layer, vs gradient / leave-one-out importance when the model "
+        "predicts (Abnar & Zuidema)"
+    )
     paper = "Abnar & Zuidema 2020"
     examples = ("runs/minilm-sst2 --limit 100 --data-dir ../shared/data", "--hf minilm --task sst2 --out results/minilm-rollout --data-dir ../shared/data")
+    needs_prediction = False  # the maps need attention only; importance is compared when there is a prediction
 
     @dataclass
     class Options:
         importance: list[str] = field(
             default_factory=lambda: ["gradient", "loo", "input_gradient"],
-            metadata={"help": "Reference importance: gradient, loo, input_gradient (A&Z), ig, ..."},
+            metadata={"help": "Reference importance: gradient, loo, input_gradient (A&Z), ig, ... (models with a trained head)."},
         )
         query: str = field(
             default="cls", metadata={"help": "Token scores from the cls row (mean of rows without [CLS]), mean or max over rows."}
@@ -120,7 +188,10 @@ class Rollout(Experiment):
                 "over encoder states, not a stack of token-to-token attentions"
             )
         if run.task.task_type not in ("classification", "pair"):
-            return f"the importance references explain one prediction per instance; a {run.task.task_type} model makes one per token"
+            return (
+                "the maps are read off the row that explains one prediction per instance; "
+                f"a {run.task.task_type} model makes one per token"
+            )
         return None
 
     def _check(self, options: Any) -> dict[str, Any]:
@@ -136,122 +207,140 @@ class Rollout(Experiment):
             raise AttnAuditError(f"--flow-limit must be >= 0, got {options.flow_limit}")
         return {name: known[name] for name in options.importance}
 
+    def _scores(self, trace: Any, options: Any, cls_index: int | None, flow_left: int) -> dict[str, np.ndarray]:
+        """Token scores ``(B, L, T)`` per method for one batch; flow for the first ``flow_left`` instances only."""
+        weights = trace.weights
+        mask = trace[0].mask
+        scores = {
+            "raw": explanation_rows(torch.stack(weights, 1).mean(2), mask, options.query, cls_index),
+            "rollout": explanation_rows(
+                rollout(weights, options.head_fusion, options.residual, mask), mask, options.query, cls_index
+            ),
+        }
+        with_flow = max(0, min(mask.shape[0], flow_left))
+        if with_flow:
+            values = flow([w[:with_flow] for w in weights], options.head_fusion, options.residual, mask[:with_flow])
+            # A&Z normalise each flow row to sum 1; of the statistics, it matters for --query max only.
+            values = values / values.sum(-1, keepdim=True).clamp_min(torch.finfo(values.dtype).tiny)
+            scores["flow"] = explanation_rows(values, mask[:with_flow], options.query, cls_index)
+        return {method: values.float().cpu().numpy() for method, values in scores.items()}
+
     def run(self, run: Run, examples: list[Example], options: Any, seed: int = 0) -> Result:
         from attnaudit.experiments.norms import key_tokens
         from attnaudit.importance import item_mask
 
-        references = self._check(options)
+        checked = self._check(options)
+        references = checked if run.model.trained_head else {}
         model = run.model
-        cls_index = model.explanation_query
         special = set(model.special_tokens.values())
         flow_limit = len(examples) if options.flow_limit is None else min(options.flow_limit, len(examples))
         n_layers = model.num_attention_layers
         instances: list[dict[str, Any]] = []
+        maps: list[dict[str, Any]] = []
         done, excluded = 0, 0
         model.eval()
         for batch in track(run.batches(examples, options.batch_size), "rollout", math.ceil(len(examples) / options.batch_size)):
             with torch.no_grad():
                 out = model(batch)
-            weights = out.trace.weights
-            mask = out.trace[0].mask
-            scores = {
-                "raw": explanation_rows(torch.stack(weights, 1).mean(2), mask, options.query, cls_index),
-                "rollout": explanation_rows(
-                    rollout(weights, options.head_fusion, options.residual, mask), mask, options.query, cls_index
-                ),
-            }
-            with_flow = max(0, min(len(batch), flow_limit - done))
-            if with_flow:
-                sub = [w[:with_flow] for w in weights]
-                values = flow(sub, options.head_fusion, options.residual, mask[:with_flow])
-                # A&Z normalise each flow row to sum 1; it matters for --query max only.
-                values = values / values.sum(-1, keepdim=True).clamp_min(torch.finfo(values.dtype).tiny)
-                scores["flow"] = explanation_rows(values, mask[:with_flow], options.query, cls_index)
-            items = item_mask(run, batch)
-            imp = {name: fn(run, batch).detach() for name, fn in references.items()}
-            predicted = out.logits.argmax(-1).tolist()
-            tokens = key_tokens(run, batch) if not options.include_special and special else None
+            scores = self._scores(out.trace, options, model.explanation_query, flow_limit - done)
+            imp = {name: fn(run, batch).detach().float().cpu().numpy() for name, fn in references.items()}
+            items = item_mask(run, batch).cpu().numpy()
+            width = items.shape[1]
+            tokens = key_tokens(run, batch)
+            predicted = out.logits.argmax(-1).tolist() if model.trained_head else None
             for i in range(len(batch)):
-                keep = items[i].clone()
-                if tokens is not None:
-                    keep &= torch.tensor([t not in special for t in tokens[i][: keep.shape[0]]], device=keep.device)
-                row: dict[str, Any] = {
-                    "index": done + i,
-                    "n_items": int(keep.sum()),
-                    "predicted": run.labels[predicted[i]] if predicted[i] < len(run.labels) else predicted[i],
-                }
-                if row["n_items"] < 3:
-                    excluded += 1
-                for method in METHODS:
-                    if method not in scores or (method == "flow" and i >= with_flow):
+                is_special = np.array([t in special for t in tokens[i][:width]], dtype=bool) if special else None
+                keep = items[i] & ~is_special if is_special is not None and not options.include_special else items[i]
+                row: dict[str, Any] = {"index": done + i, "n_items": int(keep.sum())}
+                if predicted is not None:
+                    row["predicted"] = run.labels[predicted[i]] if predicted[i] < len(run.labels) else predicted[i]
+                excluded += row["n_items"] < 3
+                words = [t for t, real in zip(tokens[i], items[i]) if real]
+                for method, values in scores.items():
+                    if i >= len(values):  # flow: past --flow-limit
                         continue
                     for layer in range(n_layers):
-                        attention = scores[method][i, layer, : keep.shape[0]][keep].float().cpu().numpy()
-                        for name, values in imp.items():
-                            reference = values[i, : keep.shape[0]][keep].float().cpu().numpy()
-                            ok = np.isfinite(reference).all()
-                            row[f"L{layer}_{method}_{name}"] = spearman_rho(attention, reference) if ok else float("nan")
+                        vector = values[i, layer, :width]
+                        maps.append(
+                            {"index": done + i, "layer": layer, "method": method, "items": words,
+                             "scores": vector[items[i]].tolist()}
+                        )
+                        raw = None if method == "raw" else scores["raw"][i, layer, :width]
+                        for stat, value in map_statistics(vector, raw, keep, items[i], is_special).items():
+                            row[f"L{layer}_{method}_{stat}"] = value
+                        for name, reference in imp.items():
+                            ref = reference[i, :width][keep]
+                            rho = spearman_rho(vector[keep], ref) if np.isfinite(ref).all() else float("nan")
+                            row[f"L{layer}_{method}_{name}"] = rho
                 instances.append(row)
             done += len(batch)
-        return self._result(instances, n_layers, list(references), flow_limit, excluded, options, cls_index)
+        statistics = [s for s in MAP_STATISTICS if s != "special_share" or special]
+        return self._result(
+            instances, maps, n_layers, list(references), statistics, flow_limit, excluded, options, model.explanation_query
+        )
 
     def _result(
         self,
         instances: list[dict[str, Any]],
+        maps: list[dict[str, Any]],
         n_layers: int,
         references: list[str],
+        statistics: list[str],
         flow_limit: int,
         excluded: int,
         options: Any,
         cls_index: int | None,
     ) -> Result:
-        table = []
-        for layer in range(n_layers):
-            for method in METHODS:
-                for name in references:
-                    key = f"L{layer}_{method}_{name}"
-                    stats = summarise([row[key] for row in instances if key in row])
-                    table.append(
-                        {"layer": layer, "paper_layer": f"L{layer + 1}", "method": method, "importance": name, **stats}
-                    )
         last = n_layers - 1
         summary: dict[str, Any] = {"instances": len(instances), "flow_instances": flow_limit}
-        for row in table:
-            if row["layer"] == last:
-                summary[f"{row['method']}_vs_{row['importance']}"] = row["mean"]
+        correlations = layer_table(instances, n_layers, references, "importance")
+        summary.update({f"{r['method']}_vs_{r['importance']}": r["mean"] for r in correlations if r["layer"] == last})
+        summaries = layer_table(instances, n_layers, statistics, "statistic")
+        summary.update({f"{r['method']}_{r['statistic']}": r["mean"] for r in summaries if r["layer"] == last})
         rows_from = "the [CLS] row" if options.query == "cls" and cls_index is not None else (
             "the max over query rows" if options.query == "max" else "the mean over real query rows"
         )
         notes = [
             f"token scores are read from {rows_from} of each layer's matrix; layers are 0-based (A&Z's L1 = layer 0)",
-            "Spearman ρ per instance over its tokens"
+            "table maps: each instance's token scores per layer and method over its real tokens (flow rows normalised "
+            "to sum 1, as A&Z); table map_layers: per layer, the normalised entropy of the scores (1 = even over the "
+            "tokens, 0 = all on one)"
+            + (", their share on [CLS]/[SEP]" if "special_share" in statistics else "")
+            + " and their Spearman ρ with raw attention of the same layer",
+            "Spearman ρ and entropy per instance over its tokens"
             + ("" if options.include_special else " (without [CLS]/[SEP])")
-            + "; the table gives mean/std over instances; instances with fewer than 3 tokens give NaN "
+            + "; the tables give mean/std over instances; instances with fewer than 3 tokens give NaN ρ "
             f"({excluded} here)",
             f"flow computed for the first {flow_limit} instances (--flow-limit); raw and rollout for all {len(instances)}",
             "gradient = J&W |Σ_d ∂ŷ/∂e·e| with attention detached; loo = output change when a token is removed "
             "(A&Z's blank-out replaced a token with UNK instead); input_gradient = |Σ_d ∂z_ŷ/∂e| with attention live "
-            "(A&Z's code used one class's logit the same way) — compare input_gradient with meta.published",
+            "(A&Z's code used one class's logit the same way) — compare input_gradient with meta.published"
+            if references
+            else NO_PREDICTION,
         ]
-        return Result(
-            test=self.name,
-            summary=summary,
-            instances=instances,
-            tables={"layers": table},
-            meta={"notes": notes, "published": PUBLISHED, "query": options.query},
-        )
+        tables = {"layers": correlations} if references else {}
+        tables.update({"map_layers": summaries, "maps": maps})
+        meta: dict[str, Any] = {"notes": notes, "query": options.query, "importance": references}
+        if references:
+            meta["published"] = PUBLISHED
+        return Result(test=self.name, summary=summary, instances=instances, tables=tables, meta=meta)
 
     def verdict(self, result: Result) -> list[dict[str, Any]]:
-        """Last-layer correlation of raw attention, rollout and flow with importance (Abnar & Zuidema 2020, Table 3)."""
-        s = result.summary
+        """Last-layer correlation of raw attention, rollout and flow with importance (Abnar & Zuidema 2020,
+        Table 3) when the model predicts; how composing the layers changes the maps in any case."""
+        rows = self._importance_verdict(result.summary)
+        rows += self._map_verdict(result.summary, compared=bool(rows))
+        return rows or super().verdict(result)
+
+    def _importance_verdict(self, s: dict[str, Any]) -> list[dict[str, Any]]:
         rows = []
         for reference in ("input_gradient", "gradient", "loo", "ig"):
             raw = s.get(f"raw_vs_{reference}")
-            if not isinstance(raw, (int, float)) or not math.isfinite(raw):
+            if not _finite(raw):
                 continue
             for method in ("rollout", "flow"):
                 value = s.get(f"{method}_vs_{reference}")
-                if not isinstance(value, (int, float)) or not math.isfinite(value):
+                if not _finite(value):
                     continue
                 change = value - raw
                 meaning = (
@@ -274,31 +363,78 @@ class Rollout(Experiment):
                         "interpretation": meaning,
                     }
                 )
-        return rows or super().verdict(result)
+        return rows
+
+    def _map_verdict(self, s: dict[str, Any], compared: bool) -> list[dict[str, Any]]:
+        rows = []
+        for method in ("rollout", "flow"):
+            rho = s.get(f"{method}_vs_raw")
+            if not _finite(rho):
+                continue
+            meaning = f"last layer, Spearman ρ of {method} with raw attention {rho:.2f}: composing the layers " + (
+                "keeps raw attention's ranking of the tokens"
+                if rho >= 0.7
+                else "reorders the tokens: the last layer's raw attention and the composed map tell different stories"
+                if rho < 0.3
+                else "partly reorders the tokens"
+            )
+            spread, raw_spread = s.get(f"{method}_entropy"), s.get("raw_entropy")
+            if _finite(spread) and _finite(raw_spread):
+                meaning += f"; normalised entropy {spread:.2f} vs raw {raw_spread:.2f} (1 = even): " + (
+                    "it spreads the weight over the tokens"
+                    if spread - raw_spread > 0.05
+                    else "it concentrates the weight"
+                    if spread - raw_spread < -0.05
+                    else "a similar spread"
+                )
+            if not compared:
+                meaning += (
+                    " (no trained head: no prediction to compare with importance, so this describes the maps, not faithfulness)"
+                )
+            rows.append({"statistic": f"{method}_vs_raw", "value": rho, "published": "", "interpretation": meaning})
+        return rows
 
     def plot(self, result: Result, directory: Path) -> list[Path]:
-        from attnaudit.plotting import pyplot
+        paths = _layer_plot(
+            result.tables.get("layers", []), "importance", lambda name: f"vs {name}", "mean Spearman ρ (± s.e.)",
+            "Attention-based token importance per layer (Abnar & Zuidema 2020)", directory, "rollout_correlation",
+        )
+        return paths + _layer_plot(
+            result.tables.get("map_layers", []), "statistic", lambda name: MAP_STATISTICS.get(name, name),
+            "mean over instances (± s.e.)", "Raw attention, rollout and flow maps per layer", directory, "rollout_maps",
+        )
 
-        plt = pyplot()
 
-        table = result.tables.get("layers", [])
-        references = list(dict.fromkeys(r["importance"] for r in table))
-        if not references:
-            return []
-        fig, axes = plt.subplots(1, len(references), figsize=(4.2 * len(references), 3.4), sharey=True, squeeze=False)
-        for ax, name in zip(axes[0], references):
-            for method, marker in zip(METHODS, ("o", "s", "^")):
-                rows = [r for r in table if r["importance"] == name and r["method"] == method and r["n"] > 0]
-                if not rows:
-                    continue
-                layers = [r["layer"] + 1 for r in rows]
-                se = [r["std"] / math.sqrt(r["n"]) for r in rows]
-                ax.errorbar(layers, [r["mean"] for r in rows], yerr=se, marker=marker, capsize=3, label=method)
-            ax.set_xticks(sorted({r["layer"] + 1 for r in table}))
-            ax.axhline(0.0, color="grey", linewidth=0.6)
-            ax.set_title(f"vs {name}")
-            ax.set_xlabel("layer (1-based, as in A&Z)")
-        axes[0][0].set_ylabel("mean Spearman ρ (± s.e.)")
-        axes[0][-1].legend(fontsize=8)
-        fig.suptitle("Attention-based token importance per layer (Abnar & Zuidema 2020)", y=1.03)
-        return save_figure(fig, directory, "rollout_correlation")
+def _layer_plot(
+    table: list[dict[str, Any]],
+    column: str,
+    title: Callable[[str], str],
+    ylabel: str,
+    suptitle: str,
+    directory: Path,
+    stem: str,
+) -> list[Path]:
+    """One panel per value of ``column`` in a per-layer ``table``: the mean per layer and method, ± s.e."""
+    from attnaudit.plotting import pyplot
+
+    plt = pyplot()
+    names = list(dict.fromkeys(r[column] for r in table))
+    if not names:
+        return []
+    fig, axes = plt.subplots(1, len(names), figsize=(4.2 * len(names), 3.4), squeeze=False)
+    for ax, name in zip(axes[0], names):
+        for number, (method, marker) in enumerate(zip(METHODS, ("o", "s", "^"))):
+            rows = [r for r in table if r[column] == name and r["method"] == method and r["n"] > 0]
+            if not rows:
+                continue
+            se = [r["std"] / math.sqrt(r["n"]) for r in rows]
+            layers, means = [r["layer"] + 1 for r in rows], [r["mean"] for r in rows]
+            ax.errorbar(layers, means, yerr=se, marker=marker, color=f"C{number}", capsize=3, label=method)
+        ax.set_xticks(sorted({r["layer"] + 1 for r in table}))
+        ax.axhline(0.0, color="grey", linewidth=0.6)
+        ax.set_title(title(name))
+        ax.set_xlabel("layer (1-based, as in A&Z)")
+    axes[0][0].set_ylabel(ylabel)
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle(suptitle, y=1.03)
+    return save_figure(fig, directory, stem)
