@@ -72,6 +72,7 @@ AUDIT_DEFAULTS: dict[str, dict[str, Any]] = {
     "key-adversary": {"epochs": 2, "train_limit": 2000},
     "random-keys": {"epochs": 2, "train_limit": 2000},
     "opposite-keys": {"epochs": 2, "train_limit": 2000},
+    "rollout": {"flow_limit": 20},  # flow costs ~T^4: a 90-wordpiece sentence takes ~40 CPU-s
 }
 RESULTS = "results"
 SUMMARY = "summary.csv"
