@@ -4,13 +4,9 @@ commands are found and where they run."""
 
 from __future__ import annotations
 
-import pytest
-
 from attnaudit.experiments import discover
 
 from .documented import PLACEHOLDERS, PRODUCERS, Documented, Workspace, documented_commands
-
-pytestmark = pytest.mark.xdist_group("documented")
 
 COMMANDS = documented_commands()
 
@@ -36,8 +32,14 @@ def test_every_producing_command_runs(docs_workspace: Workspace) -> None:
     assert docs_workspace.producer_failures == []
 
 
-@pytest.mark.parametrize("command", [c for c in COMMANDS if c.verb not in PRODUCERS], ids=str)
-def test_documented_command_runs(docs_workspace: Workspace, command: Documented) -> None:
-    code, out, err = docs_workspace.run(docs_workspace.rewrite(tuple(_resolve(command))))
-    assert code == 0, f"{command}\nexit {code}\n{err[-3000:]}\n{out[-1000:]}"
-    assert "Traceback" not in err
+def test_every_documented_command_runs(docs_workspace: Workspace) -> None:
+    """All of them in the order shown, in one test: later commands read what earlier ones wrote
+    (`report audits/sst` after `audit --run runs/sst --out audits/sst`). Every failure is listed."""
+    failures = []
+    for command in COMMANDS:
+        if command.verb in PRODUCERS:
+            continue
+        code, out, err = docs_workspace.run(docs_workspace.rewrite(tuple(_resolve(command))))
+        if code != 0 or "Traceback" in err:
+            failures.append(f"{command}\nexit {code}\n{err[-1500:]}\n{out[-300:]}")
+    assert not failures, "\n\n".join(failures)

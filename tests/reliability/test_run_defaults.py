@@ -12,8 +12,6 @@ from attnaudit.experiments import discover, get_experiment
 
 from .documented import Workspace
 
-pytestmark = pytest.mark.xdist_group("documented")
-
 # Family -> the run directory (in the docs workspace) that represents it; "hf" is the headless
 # embedded MiniLM given with --hf. Runs made by documented commands are reused; the other
 # families are trained here with small sizes.
