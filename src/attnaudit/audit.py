@@ -33,9 +33,9 @@ from typing import Any
 
 import pandas as pd
 
-from attnaudit.errors import AttnAuditError, error_line
+from attnaudit.errors import AttnAuditError, error_line, os_error_line, storage_full
 from attnaudit.experiments.base import Experiment, Result, discover, fingerprint, make_options, run_test
-from attnaudit.io import atomic_write, atomic_write_json, check_output_dir, csv_cell, remove_stray_tmp
+from attnaudit.io import atomic_write, atomic_write_json, csv_cell, remove_stray_tmp, writes_folder
 from attnaudit.options import check_seed, parse_assignment
 from attnaudit.progress import status
 from attnaudit.run import Run
@@ -249,6 +249,7 @@ def write_summary(path: Path, rows: list[dict[str, Any]]) -> Path:
     return atomic_write(path, lambda tmp: frame.to_csv(tmp, index=False))
 
 
+@writes_folder("out")
 def audit(
     out: str | Path,
     task: str | None = None,
@@ -282,7 +283,7 @@ def audit(
     """
     from attnaudit.report import build_report
 
-    out = check_output_dir(out)
+    out = Path(out)
     check_seed(seed)
     if limit is not None and limit < 1:
         raise AttnAuditError(f"--limit must be at least 1, got {limit}")
@@ -302,6 +303,7 @@ def audit(
     snapshot = {k: v.detach().clone() for k, v in target.model.state_dict().items()}
     outcome = AuditResult(out=out)
     log: list[dict[str, Any]] = []
+    lost: tuple[str, OSError] | None = None  # the test whose result a full disk lost; the audit stops there
     registry = discover()
     status(f"auditing {target.family} on {target.task.spec or 'its data'}: {len(order)} test(s) -> {out}")
     for number, name in enumerate(order, 1):
@@ -343,30 +345,44 @@ def audit(
         except KeyboardInterrupt:
             raise
         except Exception as exc:  # one failing test must not stop the audit; it is reported
-            message = error_line(exc)
+            full = storage_full(exc)
+            message = f"result lost: {os_error_line(full)}" if full else error_line(exc)
             outcome.failed[name] = message
             entry.update(status="failed", error=message, traceback=traceback.format_exc(limit=8))
             status(f"{prefix}: [red]failed[/]: {message}")
+            lost = (name, full) if full else None
         log.append(entry)
+        if lost:  # a full disk: no later result could be stored either
+            break
     target.model.load_state_dict(snapshot)
     target.model.eval()
 
     outcome.rows = summary_rows(log, outcome.results)
-    atomic_write_json(
-        out / AUDIT,
-        {
-            "run": str(target.path) if target.path else None,
-            "model": target.family,
-            "task": target.task.spec,
-            "hf": target.info.get("source") if target.family == "hf" else None,
-            "split": split,
-            "limit": limit,
-            "seed": seed,
-            "data_dir": str(data_dir) if data_dir else None,
-            "tests": log,
-        },
-    )
-    outcome.report = build_report(out, run=target, split=split, limit=limit, data_dir=data_dir, instances=heatmap_instances)
+    record = {
+        "run": str(target.path) if target.path else None,
+        "model": target.family,
+        "task": target.task.spec,
+        "hf": target.info.get("source") if target.family == "hf" else None,
+        "split": split,
+        "limit": limit,
+        "seed": seed,
+        "data_dir": str(data_dir) if data_dir else None,
+        "tests": log,
+    }
+    try:
+        atomic_write_json(out / AUDIT, record)
+        outcome.report = build_report(out, run=target, split=split, limit=limit, data_dir=data_dir, instances=heatmap_instances)
+    except OSError:
+        if lost is None:
+            raise
+    if lost is not None:
+        name, error = lost
+        report = "the report was updated" if outcome.report else "the report could not be rewritten (an earlier one is kept whole)"
+        raise AttnAuditError(
+            f"{os_error_line(error)}: the result of test {name!r} was lost and the audit stopped there; "
+            f"{len(outcome.results)} finished result(s) are kept in {results_dir}; {report}; "
+            "free some space and rerun the same command to resume"
+        )
     status(f"report: [bold]{outcome.report}[/]" + (f"; [red]{len(outcome.failed)} test(s) failed[/]" if outcome.failed else ""))
     return outcome
 

@@ -485,6 +485,11 @@ def main() -> None:
     except AttnAuditError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(exc.exit_code)
+    except OSError as exc:  # an I/O fault (permissions, a full disk, a read-only folder): one line naming the file
+        from attnaudit.errors import os_error_line
+
+        print(f"error: {os_error_line(exc)}", file=sys.stderr)
+        sys.exit(2)
     except (typer.Exit, SystemExit) as exc:
         code = getattr(exc, "exit_code", getattr(exc, "code", 0))
         sys.exit(code)

@@ -20,7 +20,7 @@ from attnaudit.audit import AuditResult, audit, runnable_tests
 from attnaudit.data.types import Example, TaskData
 from attnaudit.errors import AttnAuditError
 from attnaudit.experiments.base import discover
-from attnaudit.io import atomic_write_json, atomic_write_text, read_json_object
+from attnaudit.io import atomic_write_json, atomic_write_text, read_json_object, writes_folder
 from attnaudit.progress import status
 
 # Sizes: the full demo finishes in minutes on 2 cores; --quick in seconds (for tests: tiny
@@ -161,6 +161,7 @@ def write_index(out: Path, audits: dict[str, AuditResult], seconds: float, size:
     return atomic_write_text(out / "index.html", page)
 
 
+@writes_folder("out")
 def demo(out: str | Path = "demo-output", quick: bool = False, seed: int = 0, device: str = "auto") -> Path:
     """Run the demo into ``out`` and return the index page (resumable like ``audit``).
 

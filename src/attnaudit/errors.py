@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 from pathlib import Path
 
 
@@ -41,3 +42,42 @@ def error_line(exc: BaseException) -> str:
     lines = str(exc).strip().splitlines()
     message = lines[0] if lines else ""
     return message if isinstance(exc, AttnAuditError) else f"{type(exc).__name__}: {message}".rstrip(": ")
+
+
+_OS_REASONS = {
+    errno.EACCES: "permission denied",
+    errno.EPERM: "operation not permitted",
+    errno.ENOENT: "not found",
+    errno.EISDIR: "is a directory, expected a file",
+    errno.ENOTDIR: "a part of the path is not a directory",
+    errno.EROFS: "read-only file system",
+    errno.ENOSPC: "no space left on device",
+    errno.EDQUOT: "disk quota exceeded",
+    errno.EFBIG: "file too large for this file system",
+    errno.ENAMETOOLONG: "file name too long",
+}
+STORAGE_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
+"""Errors after which no further result can be stored: an audit stops instead of going on."""
+
+
+def os_reason(exc: OSError) -> str:
+    """What an I/O error means, in a few words."""
+    return _OS_REASONS.get(exc.errno or 0) or (exc.strerror or str(exc) or type(exc).__name__)
+
+
+def os_error_line(exc: OSError) -> str:
+    """``PATH: reason`` for an I/O fault (permissions, a full disk, a read-only folder), as ``cli.main`` prints it."""
+    path = exc.filename2 if exc.filename is None else exc.filename
+    return f"{path}: {os_reason(exc)}" if path is not None else os_reason(exc)
+
+
+def storage_full(exc: BaseException) -> OSError | None:
+    """The full-disk (or quota) ``OSError`` behind ``exc`` (itself, its cause or context), else None."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, OSError) and current.errno in STORAGE_FULL:
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None

@@ -1,16 +1,35 @@
-"""Atomic writes: a result file either exists complete or not at all."""
+"""Atomic writes, checked reads and locked output folders.
+
+A result file either exists complete or not at all; an input is read only from a regular
+file, within a size bound; an output folder is checked before any work and held by one
+attnaudit process at a time.
+"""
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import inspect
 import json
 import math
 import os
 import re
+import stat
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, TypeVar
+
+from filelock import FileLock, Timeout
+
+from attnaudit.errors import AttnAuditError, InputError, os_reason
+
+LOCK = ".attnaudit.lock"
+MAX_READ_BYTES = 1 << 30
+"""The largest file read whole (JSON, YAML, a parallel corpus); results of big audits run to tens of MB."""
+_HELD: set[Path] = set()
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def digest(value: Any) -> str:
@@ -24,15 +43,19 @@ def csv_cell(value: Any) -> Any:
 
 
 def check_output_dir(path: str | Path) -> Path:
-    """Fail before any work when ``path`` cannot become an output folder (it is a file)."""
-    from attnaudit.errors import AttnAuditError
-
+    """Fail before any work when ``path`` cannot become an output folder: it is a file or lies
+    under one, it cannot be written, or it is a non-empty folder attnaudit did not write
+    (``--out /`` must not fill the root folder, nor ``--out ~`` the home folder)."""
     path = Path(path)
     for parent in (path, *path.parents):
         if parent.exists():
             if not parent.is_dir():
                 raise AttnAuditError(f"{parent}: exists and is not a directory; give an output folder")
+            if not os.access(parent, os.W_OK | os.X_OK):
+                raise AttnAuditError(f"{path}: cannot write here: {parent} is read-only or not writable by this user")
             break
+    if path.is_dir() and not is_attnaudit_dir(path):
+        raise AttnAuditError(f"{path}: not empty and not an attnaudit run or audit folder; give a new or empty folder")
     return path
 
 
@@ -41,6 +64,133 @@ def file_mode() -> int:
     umask = os.umask(0)
     os.umask(umask)
     return 0o666 & ~umask
+
+
+def is_attnaudit_dir(path: Path) -> bool:
+    """Whether folder ``path`` is empty or holds what an attnaudit command writes: a run
+    (a ``config.json`` with ``model`` and ``task``), an audit, demo or sweep job (``audit.json``,
+    ``demo.json``, ``job.json``, or a ``results/``, ``run/``, ``subruns/`` or ``runs/`` of ours), the result
+    JSONs of ``attnaudit run --out``, or only a lock and temporary files. Names alone are not
+    enough: ``/`` has a ``run/`` folder."""
+    names = _own_names(path)
+    if not names:
+        return True
+    if "config.json" in names:
+        return _is_run(path)
+    if names & {"audit.json", "demo.json", "job.json"} or _has_results(path):
+        return True
+    results = path / "results"
+    if "results" in names and results.is_dir() and (not _own_names(results) or _has_results(results)):
+        return True
+    if "run" in names and _is_run(path / "run"):
+        return True
+    if "subruns" in names and any(_is_run(p) for p in (path / "subruns").glob("*/*")):
+        return True
+    return "runs" in names and (path / "runs").is_dir() and any(_is_run(p) for p in (path / "runs").iterdir())
+
+
+def _own_names(path: Path) -> set[str]:
+    """The entries of folder ``path`` other than its lock and leftover temporary files."""
+    return {p.name for p in path.iterdir() if p.name != LOCK and not (p.name.startswith(".") and p.name.endswith(".tmp"))}
+
+
+def _is_run(path: Path) -> bool:
+    """Whether ``path`` holds a readable attnaudit run config (a JSON object with ``model`` and ``task``)."""
+    if not (path / "config.json").is_file():
+        return False
+    try:
+        config = read_json(path / "config.json")
+    except AttnAuditError:
+        return False  # another program's config, or a damaged one: not ours to overwrite
+    return isinstance(config, dict) and "model" in config and "task" in config
+
+
+def _has_results(path: Path) -> bool:
+    """Whether folder ``path`` holds a result JSON of a registered test (or the heatmaps beside them)."""
+    from attnaudit.experiments.base import discover
+
+    return (path / "heatmaps.json").is_file() or any((path / f"{test}.json").is_file() for test in discover())
+
+
+@contextmanager
+def locked(directory: str | Path) -> Iterator[Path]:
+    """Hold ``directory``'s lock file for the block: a second attnaudit process writing the same
+    folder fails at once with one line naming the holder's pid.
+
+    Folders inside one this process already holds need no lock of their own (an audit writes
+    its run, results and report). A folder created here and left empty is removed again, so a
+    command that fails early leaves nothing behind.
+    """
+    directory = Path(directory)
+    absolute = directory.resolve()
+    if any(held == absolute or held in absolute.parents for held in _HELD):
+        yield directory
+        return
+    created = not directory.exists()
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise AttnAuditError(f"{directory}: cannot create the output folder ({exc.strerror or exc})") from None
+    lock = FileLock(directory / LOCK, blocking=False, on_acquired=_write_pid)
+    try:
+        try:
+            lock.acquire()
+        except Timeout:
+            raise AttnAuditError(f"{directory} is in use by another attnaudit process (pid {_holder(directory / LOCK)})") from None
+        _HELD.add(absolute)
+        try:
+            yield directory
+        finally:
+            _HELD.discard(absolute)
+            lock.release()
+    finally:
+        if created and directory.is_dir() and {p.name for p in directory.iterdir()} <= {LOCK}:
+            (directory / LOCK).unlink(missing_ok=True)
+            directory.rmdir()
+
+
+def _write_pid(fd: int) -> None:
+    """Record this process in the lock file it holds (best effort: a full disk must not stop the lock)."""
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    except OSError:
+        pass
+
+
+def _holder(lock_file: Path) -> str:
+    """The pid written into a held lock file, or ``unknown``."""
+    try:
+        text = lock_file.read_text(encoding="ascii", errors="replace").strip()
+    except OSError:
+        return "unknown"
+    return text if text.isdigit() else "unknown"
+
+
+def writes_folder(parameter: str, existing: bool = False) -> Callable[[F], F]:
+    """Decorate a command function that writes the folder passed as argument ``parameter``:
+    the folder is checked (:func:`check_output_dir`) and held (:func:`locked`) for the whole call.
+
+    ``existing``: the command reads the folder it writes (``report``), so a missing one is
+    left to the command to report rather than created.
+    """
+
+    def decorate(function: F) -> F:
+        signature = inspect.signature(function)
+
+        @functools.wraps(function)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            bound = signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            folder = Path(bound.arguments[parameter])
+            if existing and not folder.is_dir():
+                return function(*args, **kwargs)
+            with locked(check_output_dir(folder)):
+                return function(*args, **kwargs)
+
+        return wrapper  # type: ignore[return-value]
+
+    return decorate
 
 
 def atomic_write(path: str | Path, writer: Callable[[Path], None]) -> Path:
@@ -60,6 +210,8 @@ def atomic_write(path: str | Path, writer: Callable[[Path], None]) -> Path:
         # (safetensors' save_file writes a 0600 temporary file and renames it onto ``tmp``)
         os.chmod(tmp_path, file_mode())
         os.replace(tmp_path, path)
+    except OSError as exc:  # name the file the user knows, not the temporary one
+        raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from exc
     finally:
         if tmp_path.exists():
             tmp_path.unlink()
@@ -108,15 +260,46 @@ def atomic_write_json(path: str | Path, obj: Any) -> Path:
     return atomic_write_text(path, json.dumps(_clean(obj), indent=2, allow_nan=False) + "\n")
 
 
+def open_input(path: str | Path) -> IO[bytes]:
+    """Open an input file for binary reading: a regular file, else one-line :class:`InputError`.
+
+    A FIFO, a device such as ``/dev/zero`` or a socket is refused without blocking or reading
+    from it (the file is opened non-blocking and checked before any read); a directory, a
+    missing or unreadable file get their own messages.
+    """
+    path = Path(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        raise InputError(path, os_reason(exc)) from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        kind = "is a directory, expected a file" if stat.S_ISDIR(mode) else "not a regular file (a FIFO, device or socket)"
+        raise InputError(path, kind)
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
+
+
+def read_input(path: str | Path, limit: int = MAX_READ_BYTES) -> bytes:
+    """The bytes of a regular input file of at most ``limit`` bytes (see :func:`open_input`)."""
+    with open_input(path) as handle:
+        try:
+            data = handle.read(limit + 1)
+        except OSError as exc:
+            raise InputError(path, os_reason(exc)) from None
+    if len(data) > limit:
+        raise InputError(path, f"larger than {limit >> 20} MiB, the most attnaudit reads from such a file")
+    return data
+
+
 def read_json(path: str | Path) -> Any:
     """Read a JSON file, turning a decode error into an ``InputError`` with the line."""
-    from attnaudit.errors import InputError
-
     path = Path(path)
     if not path.exists():
         raise InputError(path, "file not found")
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(read_input(path).decode("utf-8"))
     except json.JSONDecodeError as exc:
         raise InputError(path, f"invalid JSON: {exc.msg}", exc.lineno) from None
     except UnicodeDecodeError:

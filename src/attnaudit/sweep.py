@@ -29,7 +29,7 @@ from typing import Any
 import yaml
 
 from attnaudit.errors import AttnAuditError, AttnAuditWarning, InputError, error_line
-from attnaudit.io import atomic_write, atomic_write_json, csv_cell, digest, read_json
+from attnaudit.io import atomic_write, atomic_write_json, csv_cell, digest, read_input, read_json
 from attnaudit.options import SEED_MAX, check_value, conforms, type_name
 from attnaudit.progress import status, track
 
@@ -117,7 +117,7 @@ class _Reader:
         if not path.is_file():
             raise InputError(path, "sweep file not found" if not path.exists() else "expected a YAML file")
         try:
-            text = path.read_text(encoding="utf-8")
+            text = read_input(path).decode("utf-8")
         except UnicodeDecodeError:
             raise InputError(path, "not a UTF-8 text file") from None
         self.loader = yaml.SafeLoader(text)

@@ -32,6 +32,7 @@ from attnaudit.data.batching import IGNORE_INDEX, _pad
 from attnaudit.data.tasks import register_task, split_off
 from attnaudit.data.types import Batch, Example, TaskData
 from attnaudit.errors import AttnAuditError, InputError, warn
+from attnaudit.io import read_input
 
 PAD, UNK, BOS, EOS = "<pad>", "<unk>", "<s>", "</s>"
 SPECIALS = (PAD, UNK, BOS, EOS)
@@ -50,9 +51,9 @@ def read_lines(path: str | Path) -> list[str]:
     Latin-1: ``daß``, ``Abhängiger``); every byte is valid Latin-1, so this never fails.
     """
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise InputError(path, "file not found")
-    raw = path.read_bytes()
+    raw = read_input(path)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from attnaudit.data.types import Example
-from attnaudit.errors import AttnAuditError, InputError, warn
+from attnaudit.errors import AttnAuditError, InputError, os_reason, warn
+from attnaudit.io import open_input
 
 # Words (keeping inner apostrophes, "don't"), English clitics ("'s", "'re") or single
 # punctuation marks. A regex is enough: the inputs are English research corpora, most of
@@ -29,6 +30,9 @@ from attnaudit.errors import AttnAuditError, InputError, warn
 _TOKEN_RE = re.compile(r"\w+(?:'\w+)*|'(?:s|re|ve|ll|d|m|t)\b|[^\w\s\x00-\x1f\x7f-\x9f]")
 # Control characters but the tab (a TSV delimiter): C0, DEL and C1.
 _CONTROL_RE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
+
+MAX_LINE_BYTES = 64 << 20
+"""The longest line read from a data file."""
 
 SST_FINE_LABELS = ("very negative", "negative", "neutral", "positive", "very positive")
 
@@ -109,18 +113,20 @@ def iter_text_lines(path: str | Path) -> Iterator[str]:
 
     Lines are decoded as UTF-8; a line that is not valid UTF-8 is decoded as Latin-1
     (every byte string is valid Latin-1) and the file is reported once with :func:`warn`.
-    Streaming keeps large files such as word-vector tables out of memory.
+    Streaming keeps large files such as word-vector tables out of memory. Only regular files
+    are read (:func:`~attnaudit.io.open_input`), and a line longer than :data:`MAX_LINE_BYTES`
+    is refused rather than read into memory (a gzip of zeros is endless).
     """
     path = Path(path)
     if not path.exists():
         raise InputError(path, "file not found")
-    if path.is_dir():
-        raise InputError(path, "is a directory, expected a file")
-    opener = gzip.open if path.suffix == ".gz" else open
     warned = False
-    try:
-        with opener(path, "rb") as handle:
-            for number, raw in enumerate(handle, start=1):
+    with open_input(path) as raw_handle:
+        handle = gzip.GzipFile(fileobj=raw_handle) if path.suffix == ".gz" else raw_handle
+        try:
+            for number, raw in enumerate(iter(lambda: handle.readline(MAX_LINE_BYTES + 1), b""), start=1):
+                if len(raw) > MAX_LINE_BYTES:
+                    raise InputError(path, f"line longer than {MAX_LINE_BYTES >> 20} MiB; not a text data file", number)
                 raw = raw.rstrip(b"\n").rstrip(b"\r")
                 try:
                     text = raw.decode("utf-8")
@@ -132,8 +138,10 @@ def iter_text_lines(path: str | Path) -> Iterator[str]:
                 if number == 1:
                     text = text.removeprefix("\ufeff")
                 yield text
-    except (gzip.BadGzipFile, zlib.error, EOFError) as exc:
-        raise InputError(path, f"not a valid gzip file ({exc})") from None
+        except (gzip.BadGzipFile, zlib.error, EOFError) as exc:
+            raise InputError(path, f"not a valid gzip file ({exc})") from None
+        except OSError as exc:  # a read error (EIO), not a format problem
+            raise InputError(path, os_reason(exc)) from None
 
 
 def _clean_lines(path: str | Path) -> tuple[list[str], int]:

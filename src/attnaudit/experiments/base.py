@@ -22,7 +22,7 @@ import pandas as pd
 
 from attnaudit.data.types import Example
 from attnaudit.errors import AttnAuditError, InputError
-from attnaudit.io import atomic_write, atomic_write_json, check_fields, check_output_dir, digest, read_json, remove_stray_tmp
+from attnaudit.io import atomic_write, atomic_write_json, check_fields, check_output_dir, digest, locked, read_json, remove_stray_tmp
 from attnaudit.run import Run
 
 
@@ -283,26 +283,27 @@ def run_test(
     if not examples:
         raise AttnAuditError(f"split {split!r} has no examples")
     stamp = fingerprint(name, run, opts, split=split, limit=limit, seed=seed, figures=plot, data_dir=data_dir)
-    set_seed(seed)
-    start = time.perf_counter()
-    result = experiment.run(run, examples, opts, seed=seed)
-    result.meta.update(
-        {
-            "run": str(run.path) if run.path else None,
-            "model": run.family,
-            "task": run.task.spec,
-            "split": split,
-            "limit": limit,
-            "n": len(examples),
-            "seed": seed,
-            "options": asdict(opts) if is_dataclass(opts) else {},
-            "seconds": round(time.perf_counter() - start, 3),
-            "fingerprint": stamp,
-        }
-    )
-    if plot:
-        result.figures = [str(p) for p in experiment.plot(result, directory)]
-    result.save(directory)
+    with locked(run.path if out is None and run.path else directory):  # the run directory, or --out
+        set_seed(seed)
+        start = time.perf_counter()
+        result = experiment.run(run, examples, opts, seed=seed)
+        result.meta.update(
+            {
+                "run": str(run.path) if run.path else None,
+                "model": run.family,
+                "task": run.task.spec,
+                "split": split,
+                "limit": limit,
+                "n": len(examples),
+                "seed": seed,
+                "options": asdict(opts) if is_dataclass(opts) else {},
+                "seconds": round(time.perf_counter() - start, 3),
+                "fingerprint": stamp,
+            }
+        )
+        if plot:
+            result.figures = [str(p) for p in experiment.plot(result, directory)]
+        result.save(directory)
     return result
 
 

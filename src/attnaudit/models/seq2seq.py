@@ -33,6 +33,7 @@ from torch import Tensor, nn
 
 from attnaudit.data.types import Batch, Example, TaskData
 from attnaudit.errors import AttnAuditError
+from attnaudit.io import writes_folder
 from attnaudit.models.attention import check_normaliser
 from attnaudit.models.base import (
     AttentionLayer,
@@ -392,6 +393,7 @@ def _fits(collate: Any, example: Example, limit: int) -> bool:
     return len(collate.source.encode(example.tokens)[0]) < limit and len(collate.target.encode(example.target or [])[0]) < limit
 
 
+@writes_folder("out")
 def train_nmt(
     task: str | TaskData,
     out: str | Path,
@@ -420,7 +422,7 @@ def train_nmt(
     """
     from attnaudit import __version__
     from attnaudit.data.alignment import PAD_ID, Seq2SeqCollator, SubwordTokenizer
-    from attnaudit.io import atomic_write_json, check_output_dir, digest, read_json_object
+    from attnaudit.io import atomic_write_json, digest, read_json_object
     from attnaudit.progress import status, track
     from attnaudit.run import TaskSpec
     from attnaudit.seed import resolve_device, set_seed
@@ -461,7 +463,6 @@ def train_nmt(
     )
     run_config: dict[str, Any] = {"kind": "nmt", "version": __version__, "train": asdict(cfg), "task": spec.to_dict()}
     out = Path(out)
-    check_output_dir(out)
     set_seed(cfg.seed)
     source = SubwordTokenizer.train((ex.tokens for ex in data.train), cfg.source_vocab)
     target = SubwordTokenizer.train((ex.target or [] for ex in data.train), cfg.target_vocab)

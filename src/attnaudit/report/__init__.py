@@ -18,7 +18,7 @@ from typing import Any
 
 from attnaudit.errors import AttnAuditError, InputError, warn
 from attnaudit.experiments.base import Result, discover
-from attnaudit.io import atomic_write_json, atomic_write_text, check_fields, read_json_object
+from attnaudit.io import atomic_write_json, atomic_write_text, check_fields, read_json_object, writes_folder
 from attnaudit.report.html import Section, render
 from attnaudit.run import Run
 
@@ -130,6 +130,7 @@ def _heatmaps(
     return data, ""
 
 
+@writes_folder("directory", existing=True)
 def build_report(
     directory: str | Path,
     run: Run | None = None,

@@ -7,6 +7,8 @@ cannot execute code. A file that looks like a pickle (``torch.save`` output) is 
 from __future__ import annotations
 
 import json
+import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,7 +19,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from attnaudit.errors import AttnAuditError, InputError
-from attnaudit.io import atomic_write, atomic_write_json, check_fields, read_json, read_json_object
+from attnaudit.io import atomic_write, atomic_write_json, check_fields, open_input, read_json, read_json_object
 
 WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
@@ -32,7 +34,17 @@ _MAX_HEADER = 100_000_000  # safetensors' own bound on the JSON header
 def save_tensors(path: str | Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> Path:
     """Atomically write tensors (made contiguous, CPU) as safetensors."""
     clean = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
-    return atomic_write(path, lambda tmp: save_file(clean, str(tmp), metadata=metadata))
+
+    def write(tmp: Path) -> None:
+        try:
+            save_file(clean, str(tmp), metadata=metadata)
+        except SafetensorError as exc:  # a full disk arrives as "I/O error: ... (os error 28)": keep it an OSError
+            code = re.search(r"os error (\d+)", str(exc))
+            if code is None:
+                raise
+            raise OSError(int(code.group(1)), os.strerror(int(code.group(1))), str(tmp)) from None
+
+    return atomic_write(path, write)
 
 
 def _sniff(path: Path) -> str:
@@ -43,8 +55,8 @@ def _sniff(path: Path) -> str:
     Parsing first matters: a header of 1152 bytes starts the file with ``\\x80\\x04``, which is
     also pickle protocol 4's magic.
     """
-    size = path.stat().st_size
-    with path.open("rb") as fh:
+    with open_input(path) as fh:  # a regular, readable file (not a folder, FIFO or device)
+        size = os.fstat(fh.fileno()).st_size
         prefix = fh.read(8)
         length = int.from_bytes(prefix, "little") if len(prefix) == 8 else 0
         if 0 < length <= min(size - 8, _MAX_HEADER):
@@ -203,9 +215,17 @@ def resume_epoch(
         return None
     if fresh is not None:
         state = _checked_state(state_file, state, fresh)
-    load_state_into(model, state_file.parent / "last.safetensors")
-    torch.set_rng_state(load_optimizer(state_file.parent / "optimizer.safetensors", optimizer)["rng"])
+    weights, optimizer_file = _epoch_files(state_file.parent, state.get("epoch", 0))
+    if not (weights.exists() and optimizer_file.exists()):
+        return None  # a checkpoint of an older layout (or damaged by hand): start afresh
+    load_state_into(model, weights)
+    torch.set_rng_state(load_optimizer(optimizer_file, optimizer)["rng"])
     return state
+
+
+def _epoch_files(ckpt: Path, epoch: int) -> tuple[Path, Path]:
+    """The weights and optimizer + RNG files of ``epoch``'s checkpoint."""
+    return ckpt / f"last-{epoch}.safetensors", ckpt / f"optimizer-{epoch}.safetensors"
 
 
 def _checked_state(path: Path, state: dict[str, Any], fresh: dict[str, Any]) -> dict[str, Any]:
@@ -273,8 +293,17 @@ def clear_checkpoint(out: Path) -> None:
 
 
 def save_epoch(out: Path, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any], config_hash: str) -> None:
-    """Checkpoint an epoch: weights, then optimizer + RNG, then ``state.json`` last (the commit point)."""
+    """Checkpoint an epoch: weights, then optimizer + RNG, under the epoch's own names, then
+    ``state.json`` last (the commit point), then the previous epoch's files.
+
+    A write that fails (a full disk) or a kill at any point leaves the last committed epoch
+    whole: its files are only removed once ``state.json`` names the new ones.
+    """
     ckpt = Path(out) / "checkpoint"
-    save_tensors(ckpt / "last.safetensors", model.state_dict())
-    save_optimizer(ckpt / "optimizer.safetensors", optimizer, {"rng": torch.get_rng_state()})
+    keep = _epoch_files(ckpt, state["epoch"])
+    save_tensors(keep[0], model.state_dict())
+    save_optimizer(keep[1], optimizer, {"rng": torch.get_rng_state()})
     atomic_write_json(ckpt / "state.json", {**state, "hash": config_hash})
+    for stale in ckpt.glob("*.safetensors"):
+        if stale not in keep:
+            stale.unlink(missing_ok=True)

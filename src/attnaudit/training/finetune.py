@@ -23,7 +23,7 @@ from torch import nn
 
 from attnaudit.data.types import TaskData
 from attnaudit.errors import AttnAuditError
-from attnaudit.io import atomic_write_json, digest, read_json_object
+from attnaudit.io import atomic_write_json, digest, read_json_object, writes_folder
 from attnaudit.progress import status, track
 from attnaudit.run import Run, TaskSpec
 from attnaudit.seed import set_seed
@@ -35,6 +35,7 @@ def _settings_hash(settings: dict[str, Any]) -> str:
     return digest(settings)
 
 
+@writes_folder("out")
 def finetune(
     task: str | TaskData,
     out: str | Path,

@@ -21,7 +21,7 @@ from attnaudit import __version__
 from attnaudit.data.tasks import absolute_spec, load_task
 from attnaudit.data.types import Batch, Example, TaskData
 from attnaudit.errors import AttnAuditError
-from attnaudit.io import atomic_write_json, check_output_dir, digest, read_json, read_json_object, remove_stray_tmp
+from attnaudit.io import atomic_write_json, digest, read_json, read_json_object, remove_stray_tmp, writes_folder
 from attnaudit.metrics import score_classification, score_tagging
 from attnaudit.models import MODELS, ModelConfig, build_model
 from attnaudit.models.base import Intervention, evaluation
@@ -224,6 +224,7 @@ def _build_vocabs(data: TaskData, cfg: TrainConfig) -> tuple[Any, Any]:
     return vocab, features
 
 
+@writes_folder("out")
 def train(
     task: str | TaskData,
     model: str,
@@ -263,7 +264,6 @@ def train(
     check_normaliser(merged.get("attention", "softmax"))
 
     out = Path(out)
-    check_output_dir(out)
     for folder in (out, out / "checkpoint"):  # what a killed earlier training left half-written
         remove_stray_tmp(folder)
     if isinstance(task, TaskData):
