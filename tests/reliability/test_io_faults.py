@@ -18,7 +18,6 @@ import json
 import os
 import shutil
 import signal
-import stat
 import subprocess
 import sys
 from collections.abc import Callable
@@ -308,9 +307,3 @@ def test_full_disk_during_training_keeps_the_last_epoch(tmp_path: Path, monkeypa
     metrics = [comparable(read_json(tmp_path / run / "metrics.json")) for run in ("full", "cut")]
     assert metrics[0] == metrics[1]
 
-
-def test_weights_are_as_readable_as_other_results(trained: Run) -> None:
-    """safetensors recreates the file it writes; the atomic write still gives it the usual mode (not 0600)."""
-    assert trained.path is not None
-    mode = stat.S_IMODE((Path(trained.path) / "model.safetensors").stat().st_mode)
-    assert mode == stat.S_IMODE((Path(trained.path) / "config.json").stat().st_mode)
