@@ -1,7 +1,7 @@
 """Change of activation: evaluate a trained Transformer with another attention normaliser.
 
-The first test of the sparse-attention study (Meister et al. 2021 style, Table 1 "change
-of activation"): a classifier trained with softmax, entmax15 or sparsemax is evaluated
+The first test of the sparse-attention study (Drozdyuk et al., "Is Sparse Attention a Better
+Explanation?", Table 1 "change of activation"): a classifier trained with softmax, entmax15 or sparsemax is evaluated
 with every normaliser swapped in at inference, on all layers at once. If accuracy barely
 moves, the exact shape of the distribution (dense vs sparse) is not what the model relies
 on. The helpers it shares with the shuffle and key tests (applicability, gold labels,
@@ -54,7 +54,7 @@ class ActivationSwap(Experiment):
 
     name = "activation-swap"
     description = "Accuracy of a Transformer classifier evaluated with softmax / entmax15 / sparsemax swapped in"
-    paper = "Meister et al. 2021, Is Sparse Attention more Interpretable? (Table 1: change of activation)"
+    paper = "Drozdyuk et al., Is Sparse Attention a Better Explanation? (Table 1: change of activation)"
     examples = ("runs/sst2-transformer --limit 200 --data-dir ../shared/data",)
 
     @dataclass

@@ -329,7 +329,7 @@ class AdversarialKeys(KeyTest):
 
     name = "key-adversary"
     description = "An MLP over all layers' keys trained to keep the prediction while moving the keys (alpha trade-off)"
-    paper = "Meister et al. 2021, Is Sparse Attention more Interpretable? (Table 1: adversarial)"
+    paper = "Drozdyuk et al., Is Sparse Attention a Better Explanation? (Table 1: adversarial)"
     source = "keys"
     setting_label = "adversarial keys"
     Options = AdversaryOptions
@@ -348,7 +348,7 @@ class RandomKeys(KeyTest):
 
     name = "random-keys"
     description = "The key MLP fed uniform noise instead of the keys, trained on cross-entropy alone"
-    paper = "Meister et al. 2021, Is Sparse Attention more Interpretable? (Table 1: random keys)"
+    paper = "Drozdyuk et al., Is Sparse Attention a Better Explanation? (Table 1: random keys)"
     source = "noise"
     setting_label = "random keys"
 
@@ -365,7 +365,7 @@ class OppositeKeys(KeyTest):
 
     name = "opposite-keys"
     description = "The key MLP trained so that the model predicts the other label; accuracy vs the swapped labels"
-    paper = "Meister et al. 2021, Is Sparse Attention more Interpretable? (Table 1: opposite)"
+    paper = "Drozdyuk et al., Is Sparse Attention a Better Explanation? (Table 1: opposite)"
     source = "keys"
     opposite = True
     setting_label = "opposite keys"

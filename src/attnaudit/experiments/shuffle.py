@@ -65,7 +65,7 @@ class Shuffle(Experiment):
 
     name = "shuffle"
     description = "Accuracy when each attention row is randomly permuted over real keys, per layer and in all layers"
-    paper = "Meister et al. 2021, Is Sparse Attention more Interpretable? (Table 1: shuffling)"
+    paper = "Drozdyuk et al., Is Sparse Attention a Better Explanation? (Table 1: shuffling)"
     examples = ("runs/sst2-transformer --limit 200 --data-dir ../shared/data",)
 
     @dataclass
