@@ -388,8 +388,8 @@ def _make_run_command(name: str, experiment: Any) -> None:
             # Left out, the option is not passed at all, so the test's own default applies: the CLI
             # keeps no second copy of it (that copy once turned an empty default into "").
             sequences[f.name] = hints[f.name]
-            shown = ",".join(str(v) for v in default) if default else "none"
-            help_text = f"{help_text} [default: {shown}]".strip()
+            if default:  # shown as text: rich would take "[default: ...]" for markup
+                help_text = f"{help_text} Default: {','.join(str(v) for v in default)}.".strip()
             default = None
         option = typer.Option(flag, help=help_text)
         own.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=Annotated[_cli_type(hints[f.name]), option]))
