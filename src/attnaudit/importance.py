@@ -31,7 +31,7 @@ from attnaudit.data.types import Batch
 from attnaudit.errors import AttnAuditError
 from attnaudit.metrics import output_change
 from attnaudit.models.attention import normalise
-from attnaudit.models.base import AttentionModel, Cache, Intervention, ModelOutput, detach_weights, evaluation
+from attnaudit.models.base import AttentionModel, Cache, Intervention, ModelOutput, detach_weights, evaluation, take_rows
 from attnaudit.models.han import HierarchicalAttentionNetwork
 from attnaudit.models.rnn import (
     AttentionClassifier,
@@ -81,11 +81,11 @@ def _layer_index(model: AttentionModel, layer: int | None) -> int:
     return index % n
 
 
-def _reduce(weights: Tensor, query_mask: Tensor | None, head: int | None, query: int | None = None) -> Tensor:
-    """``(B,H,Q,K)`` -> ``(B,K)``: the explaining query row (``query``, e.g. [CLS]) or the
-    mean over real queries, then the mean over heads (or one head)."""
+def _reduce(weights: Tensor, query_mask: Tensor | None, head: int | None, query: int | Tensor | None = None) -> Tensor:
+    """``(B,H,Q,K)`` -> ``(B,K)``: the explaining query row (``query``: [CLS], or a decoder's last
+    token per example) or the mean over real queries, then the mean over heads (or one head)."""
     if query is not None:
-        per_head = weights[:, :, query]
+        per_head = take_rows(weights, query, 2)
     elif query_mask is None:
         per_head = weights.mean(2)
     else:
@@ -128,7 +128,7 @@ def attention_importance(run: Run, batch: Batch, layer: int | None = None, head:
     index = _layer_index(model, layer)
     with evaluation(model), torch.no_grad():
         record = model(batch).trace[index]
-        values = _reduce(record.weights, record.query_mask, head, model.explanation_query)
+        values = _reduce(record.weights, record.query_mask, head, model.explanation_rows(batch.mask))
     return _to_items(values, run, batch, index)
 
 
@@ -148,7 +148,7 @@ def attention_per_head(run: Run, batch: Batch) -> Tensor:
     for index in layers:
         record = trace[index]
         heads = [
-            _to_items(_reduce(record.weights, record.query_mask, h, model.explanation_query), run, batch, index)
+            _to_items(_reduce(record.weights, record.query_mask, h, model.explanation_rows(batch.mask)), run, batch, index)
             for h in range(record.weights.shape[1])
         ]
         stacked.append(torch.stack(heads, 1))
@@ -204,13 +204,13 @@ def attention_gradient(run: Run, batch: Batch) -> Tensor:
     Signed (positive: more weight on the item raises ``ŷ``); mean over heads and real queries.
     """
     _, grad, query_mask, index = _attention_grad(run, batch)
-    return _to_items(_reduce(grad, query_mask, None, run.model.explanation_query), run, batch, index)
+    return _to_items(_reduce(grad, query_mask, None, run.model.explanation_rows(batch.mask)), run, batch, index)
 
 
 def gradient_times_attention(run: Run, batch: Batch) -> Tensor:
     """``α · ∂ŷ/∂α`` on the explained layer (signed), mean over heads and real queries, ``(B, K)``."""
     weights, grad, query_mask, index = _attention_grad(run, batch)
-    return _to_items(_reduce(weights * grad, query_mask, None, run.model.explanation_query), run, batch, index)
+    return _to_items(_reduce(weights * grad, query_mask, None, run.model.explanation_rows(batch.mask)), run, batch, index)
 
 
 # --------------------------------------------------------------------------- leave-one-out

@@ -36,6 +36,7 @@ from torch import Tensor
 from attnaudit.data.types import Batch, Example
 from attnaudit.errors import AttnAuditError
 from attnaudit.experiments.base import Experiment, Result, register, save_figure, summarise
+from attnaudit.models.base import take_rows
 from attnaudit.progress import track
 from attnaudit.run import Run
 
@@ -57,10 +58,11 @@ def _explained_record(run: Run, batch: Batch) -> tuple[Any, int, Any]:
 
 
 def _query_row(run: Run, values: Tensor, query_mask: Tensor | None) -> Tensor:
-    """``(B,Q,K)`` -> ``(B,K)``: the ``[CLS]`` row for Hugging Face encoders, else the mean over real queries."""
-    query = run.model.explanation_query
+    """``(B,Q,K)`` -> ``(B,K)``: the ``[CLS]`` row for Hugging Face encoders, a decoder's last real
+    token, else the mean over real queries."""
+    query = run.model.explanation_query if query_mask is None else run.model.explanation_rows(query_mask)
     if query is not None:
-        return values[:, query]
+        return take_rows(values, query, 1)
     if query_mask is None:
         return values.mean(1)
     qm = query_mask[:, :, None].to(values.dtype)

@@ -86,13 +86,31 @@ def apply_weight_interventions(
     return weights
 
 
+def restrict(weights: Tensor, allowed: Tensor) -> Tensor:
+    """Weights ``(B,H,Q,K)`` restricted to the ``allowed`` pairs (e.g. a causal mask).
+
+    Rows that put weight on a forbidden key lose it and are renormalised over the allowed
+    keys; rows that did not are returned unchanged (bit for bit)."""
+    kept = weights * allowed.to(weights.dtype)
+    leaked = (weights.detach() * (~allowed).to(weights.dtype)).abs().sum(-1, keepdim=True) > 0
+    total = kept.sum(-1, keepdim=True)
+    return torch.where(leaked & (total > 0), kept / total.clamp_min(torch.finfo(kept.dtype).tiny), kept)
+
+
 def attention_weights(
     scores: Tensor,
     key_mask: Tensor,
     normaliser: str,
     interventions: Sequence[Intervention],
+    allowed: Tensor | None = None,
 ) -> Tensor:
-    """Scores ``(B,H,Q,K)`` -> weights, with normaliser swaps and weight replacements applied."""
+    """Scores ``(B,H,Q,K)`` -> weights, with normaliser swaps and weight replacements applied.
+
+    ``allowed`` ``(B,1,Q,K)``: which query may read which key (a decoder's causal and padding
+    mask; None: every real key). Weight functions still receive ``key_mask`` ``(B,K)``; what
+    they return is then :func:`restrict`-ed, so a replacement cannot make a token read a later
+    one (uniform becomes uniform over the keys each query sees)."""
     name = normaliser_for(normaliser, interventions)
-    weights = normalise(scores, key_mask[:, None, None, :], name)
-    return apply_weight_interventions(weights, key_mask, interventions)
+    weights = normalise(scores, key_mask[:, None, None, :] if allowed is None else allowed, name)
+    replaced = apply_weight_interventions(weights, key_mask, interventions)
+    return replaced if allowed is None or replaced is weights else restrict(replaced, allowed)

