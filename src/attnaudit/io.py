@@ -54,7 +54,13 @@ def check_output_dir(path: str | Path) -> Path:
             if not os.access(parent, os.W_OK | os.X_OK):
                 raise AttnAuditError(f"{path}: cannot write here: {parent} is read-only or not writable by this user")
             break
-    if path.is_dir() and not is_attnaudit_dir(path):
+    if not path.is_dir():
+        return path
+    config = path / "config.json"
+    if config.is_file():  # a run, or another program's folder: its config says which
+        if not _is_run_config(read_json_object(config)):
+            raise InputError(config, "not an attnaudit run config (no 'model' and 'task'); give a new or empty folder")
+    elif not is_attnaudit_dir(path):
         raise AttnAuditError(f"{path}: not empty and not an attnaudit run or audit folder; give a new or empty folder")
     return path
 
@@ -67,31 +73,37 @@ def file_mode() -> int:
 
 
 def is_attnaudit_dir(path: Path) -> bool:
-    """Whether folder ``path`` is empty or holds what an attnaudit command writes: a run
-    (a ``config.json`` with ``model`` and ``task``), an audit, demo or sweep job (``audit.json``,
-    ``demo.json``, ``job.json``, or a ``results/``, ``run/``, ``subruns/`` or ``runs/`` of ours), the result
-    JSONs of ``attnaudit run --out``, or only a lock and temporary files. Names alone are not
-    enough: ``/`` has a ``run/`` folder."""
-    names = _own_names(path)
-    if not names:
+    """Whether folder ``path`` holds what an attnaudit command writes: a run (a ``config.json``
+    with ``model`` and ``task``), an audit, demo or sweep job (``audit.json``, ``demo.json``,
+    ``job.json``, or a ``results/``, ``run/``, ``checkpoint/``, ``subruns/`` or ``runs/`` of
+    ours), the result JSONs of ``attnaudit run --out``, a leftover temporary file, or nothing
+    but the lock. Names alone are not enough: ``/`` has a ``run/`` folder."""
+    if _is_run(path) or _holds_ours(path):
         return True
-    if "config.json" in names:
-        return _is_run(path)
-    if names & {"audit.json", "demo.json", "job.json"} or _has_results(path):
+    names = {p.name for p in path.iterdir()}
+    if names & {"audit.json", "demo.json", "job.json"}:
         return True
-    results = path / "results"
-    if "results" in names and results.is_dir() and (not _own_names(results) or _has_results(results)):
+    if "results" in names and (path / "results").is_dir() and _holds_ours(path / "results"):
         return True
     if "run" in names and _is_run(path / "run"):
         return True
+    if "checkpoint" in names and (path / "checkpoint" / "state.json").is_file():
+        return True  # a training's epoch checkpoint
     if "subruns" in names and any(_is_run(p) for p in (path / "subruns").glob("*/*")):
         return True
     return "runs" in names and (path / "runs").is_dir() and any(_is_run(p) for p in (path / "runs").iterdir())
 
 
-def _own_names(path: Path) -> set[str]:
-    """The entries of folder ``path`` other than its lock and leftover temporary files."""
-    return {p.name for p in path.iterdir() if p.name != LOCK and not (p.name.startswith(".") and p.name.endswith(".tmp"))}
+def _holds_ours(path: Path) -> bool:
+    """Whether folder ``path`` is empty but for our lock, or holds a leftover temporary file
+    (``.NAME...tmp``, as :func:`atomic_write` and ``save_hf_run`` name theirs) or a result JSON
+    of a registered test (or the heatmaps beside them)."""
+    from attnaudit.experiments.base import discover
+
+    names = {p.name for p in path.iterdir()} - {LOCK}
+    if not names or any(name.startswith(".") and name.endswith(".tmp") for name in names) or "heatmaps.json" in names:
+        return True
+    return any(f"{test}.json" in names for test in discover())
 
 
 def _is_run(path: Path) -> bool:
@@ -99,17 +111,14 @@ def _is_run(path: Path) -> bool:
     if not (path / "config.json").is_file():
         return False
     try:
-        config = read_json(path / "config.json")
+        return _is_run_config(read_json(path / "config.json"))
     except AttnAuditError:
         return False  # another program's config, or a damaged one: not ours to overwrite
+
+
+def _is_run_config(config: Any) -> bool:
+    """Whether a parsed ``config.json`` is an attnaudit run's (``load_run`` needs ``model`` and ``task``)."""
     return isinstance(config, dict) and "model" in config and "task" in config
-
-
-def _has_results(path: Path) -> bool:
-    """Whether folder ``path`` holds a result JSON of a registered test (or the heatmaps beside them)."""
-    from attnaudit.experiments.base import discover
-
-    return (path / "heatmaps.json").is_file() or any((path / f"{test}.json").is_file() for test in discover())
 
 
 @contextmanager

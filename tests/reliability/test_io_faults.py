@@ -178,15 +178,20 @@ def test_output_folder_attnaudit_did_not_write(trained: Run, run_copy: Path, tmp
     home = tmp_path / "home"
     (home / "run").mkdir(parents=True)  # a folder named like ours does not make it ours (`/` has a run/)
     (home / "notes.txt").write_text("keep me")
-    (home / "config.json").write_text('{"editor": "vim"}')  # another program's config
-    before = tree(home)
-    for args in (["train", "--task", "synthetic", "--out", home, *TINY_TRAIN],
-                 ["run", "importance", run_copy, "--out", home, "--quiet"],
-                 ["audit", "--run", run_copy, "--out", home, "--quiet"],
-                 ["report", home]):
-        error = assert_clean_failure(main_in_process(monkeypatch, capsys, *args), str(home))
-        assert "not an attnaudit run or audit folder" in error
-    assert tree(home) == before
+    tool = tmp_path / "tool"
+    tool.mkdir()
+    (tool / "config.json").write_text('{"editor": "vim"}')  # another program's config
+    (tool / "metrics.json").write_text("{}")
+    before = {folder: tree(folder) for folder in (home, tool)}
+    for folder, names, message in ((home, home, "not an attnaudit run or audit folder"),
+                                   (tool, tool / "config.json", "not an attnaudit run config")):
+        for args in (["train", "--task", "synthetic", "--out", folder, *TINY_TRAIN],
+                     ["run", "importance", run_copy, "--out", folder, "--quiet"],
+                     ["audit", "--run", run_copy, "--out", folder, "--quiet"],
+                     ["report", folder]):
+            error = assert_clean_failure(main_in_process(monkeypatch, capsys, *args), str(names))
+            assert message in error, error
+        assert tree(folder) == before[folder]
     with pytest.raises(AttnAuditError, match="not an attnaudit run or audit folder"):
         check_output_dir("/")
     # what attnaudit wrote stays writable: a run, an audit, a `run --out` folder, an empty folder
