@@ -108,9 +108,9 @@ def test_our_transformer_uses_the_mean_query_row(tiny_transformer_run: Run, tmp_
 
 def test_applicability_and_options(tiny_hf: SimpleNamespace, tiny_attention_run, hf_run: Run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(AttnAuditError, match="one attention"):
-        run_test("rollout", tiny_attention_run("bilstm"), limit=2, plot=False, out=tmp_path)
+        run_test("rollout", tiny_attention_run("bilstm"), limit=2, plot=False, out=tmp_path / "results")
     with pytest.raises(AttnAuditError, match="one per token"):
-        run_test("rollout", tiny_attention_run("tagger"), limit=2, plot=False, out=tmp_path)
+        run_test("rollout", tiny_attention_run("tagger"), limit=2, plot=False, out=tmp_path / "results")
     torch.manual_seed(0)
     BertModel(tiny_hf.config()).save_pretrained(tmp_path / "bare", safe_serialization=True)
     tiny_hf.tokenizer().save_pretrained(tmp_path / "bare")
@@ -118,13 +118,13 @@ def test_applicability_and_options(tiny_hf: SimpleNamespace, tiny_attention_run,
     # every test of predictions refuses a headless encoder; the attention-only ones run on it
     for name in ("importance", "permutation", "adversarial", "erasure"):
         with pytest.raises(AttnAuditError, match="no trained classification head"):
-            run_test(name, bare, out=tmp_path, plot=False)
-    assert run_test("norms", bare, out=tmp_path, plot=False, limit=2).summary
-    assert run_test("rollout", bare, out=tmp_path, plot=False, limit=2).summary["rollout_vs_raw"] is not None
+            run_test(name, bare, out=tmp_path / "results", plot=False)
+    assert run_test("norms", bare, out=tmp_path / "results", plot=False, limit=2).summary
+    assert run_test("rollout", bare, out=tmp_path / "results", plot=False, limit=2).summary["rollout_vs_raw"] is not None
     with pytest.raises(AttnAuditError, match="--importance"):
-        run_test("rollout", hf_run, out=tmp_path, plot=False, importance=["nonsense"])
+        run_test("rollout", hf_run, out=tmp_path / "results", plot=False, importance=["nonsense"])
     with pytest.raises(AttnAuditError, match="--query"):
-        run_test("rollout", hf_run, out=tmp_path, plot=False, query="first")
+        run_test("rollout", hf_run, out=tmp_path / "results", plot=False, query="first")
 
 
 # --------------------------------------------------------------------------- a pretrained encoder without a head
@@ -208,7 +208,8 @@ def test_cli_rollout_on_headless_minilm_and_its_report(tmp_path: Path) -> None:
     # flow on the synthetic sentences (~80 wordpieces) takes ~40 CPU s each: left to the test above
     proc = cli("run", "rollout", "--hf", "minilm", "--task", "synthetic", "--out", out, "--limit", "5", "--flow-limit", "0")
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert {p.name for p in out.iterdir()} == {"rollout.json", "rollout.csv", "rollout_maps.png", "rollout_maps.svg"}
+    written = {p.name for p in out.iterdir() if p.name != ".attnaudit.lock"}  # the folder's lock file stays
+    assert written == {"rollout.json", "rollout.csv", "rollout_maps.png", "rollout_maps.svg"}
     frame = pd.read_csv(out / "rollout.csv")
     assert len(frame) == 5 and "L5_rollout_vs_raw" in frame and not any("gradient" in c for c in frame.columns)
     report = cli("report", out)
