@@ -29,6 +29,9 @@ LOCK = ".attnaudit.lock"
 MAX_READ_BYTES = 1 << 30
 """The largest file read whole (JSON, YAML, a parallel corpus); results of big audits run to tens of MB."""
 _HELD: set[Path] = set()
+RESULT_NAMES: set[str] = set()
+"""The tests registered in this process (each adds its name as it registers; the CLI registers
+them all): ``NAME.json`` in a folder is a result that attnaudit wrote."""
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -107,9 +110,7 @@ def _is_run(path: Path) -> bool:
 
 def _has_results(path: Path) -> bool:
     """Whether folder ``path`` holds a result JSON of a registered test (or the heatmaps beside them)."""
-    from attnaudit.experiments.base import discover
-
-    return (path / "heatmaps.json").is_file() or any((path / f"{test}.json").is_file() for test in discover())
+    return (path / "heatmaps.json").is_file() or any((path / f"{test}.json").is_file() for test in RESULT_NAMES)
 
 
 @contextmanager
