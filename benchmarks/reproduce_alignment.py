@@ -34,7 +34,7 @@ if __package__ in (None, ""):
 from attnaudit.experiments import run_test  # noqa: E402
 from attnaudit.io import read_json  # noqa: E402
 from attnaudit.data.tasks import load_task  # noqa: E402
-from attnaudit.models.seq2seq import bleu_score, train_nmt  # noqa: E402
+from attnaudit.training.nmt import bleu_score, train_nmt  # noqa: E402
 from benchmarks.common import RUNS, write_result  # noqa: E402
 
 SIZE = {

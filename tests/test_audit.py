@@ -10,10 +10,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from attnaudit.audit import SUMMARY_COLUMNS, audit, order_tests, parse_settings
+from attnaudit.audit import audit, parse_settings
 from attnaudit.data.synthetic import synthetic_task
 from attnaudit.errors import AttnAuditError
 from attnaudit.experiments.base import EXPERIMENTS, Experiment, Result, register
+from attnaudit.report.summary import SUMMARY_COLUMNS, order_tests, verdict_rows
 from attnaudit.progress import set_quiet
 from attnaudit.training.trainer import train
 
@@ -157,8 +158,6 @@ def test_trains_into_out_run_when_given_task_and_model(tmp_path: Path) -> None:
 
 
 def test_default_verdict_lists_summary_beside_published_and_survives_broken_verdicts() -> None:
-    from attnaudit.audit import verdict_rows
-
     result = Result(test="zz-none", summary={"tau": 0.3, "n": 4}, meta={"published": {"tau": 0.351, "source": "J&W"}})
     assert Experiment().verdict(result) == [
         {"statistic": "tau", "value": 0.3, "published": 0.351, "interpretation": ""},

@@ -358,7 +358,7 @@ def train_nmt_command(
 
     Example: attnaudit train-nmt --out runs/nmt-deen --data-dir ../shared/data
     """
-    from attnaudit.models.seq2seq import train_nmt
+    from attnaudit.training.nmt import train_nmt
 
     set_quiet(quiet)
     run = train_nmt(

@@ -29,6 +29,9 @@ LOCK = ".attnaudit.lock"
 MAX_READ_BYTES = 1 << 30
 """The largest file read whole (JSON, YAML, a parallel corpus); results of big audits run to tens of MB."""
 _HELD: set[Path] = set()
+RESULT_NAMES: set[str] = set()
+"""The tests registered in this process (each adds its name as it registers; the CLI registers
+them all): ``NAME.json`` in a folder is a result that attnaudit wrote."""
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -98,12 +101,10 @@ def _holds_ours(path: Path) -> bool:
     """Whether folder ``path`` is empty but for our lock, or holds a leftover temporary file
     (``.NAME...tmp``, as :func:`atomic_write` and ``save_hf_run`` name theirs) or a result JSON
     of a registered test (or the heatmaps beside them)."""
-    from attnaudit.experiments.base import discover
-
     names = {p.name for p in path.iterdir()} - {LOCK}
     if not names or any(name.startswith(".") and name.endswith(".tmp") for name in names) or "heatmaps.json" in names:
         return True
-    return any(f"{test}.json" in names for test in discover())
+    return any(f"{test}.json" in names for test in RESULT_NAMES)
 
 
 def _is_run(path: Path) -> bool:

@@ -3,20 +3,30 @@
 A :class:`Run` is loaded from a run directory (``load_run``) or returned by ``train``; Hugging
 Face models get a ``Run`` from their adapter. Experiments only use ``run.model`` (the
 :class:`AttentionModel` interface), ``run.batches`` and ``run.examples``.
+
+A run directory's ``config.json`` records its ``kind``; :func:`load_run` hands the directory
+to the loader registered for that kind (:data:`RUN_LOADERS`). The built-in kinds name their
+loader's module, imported only when a run of that kind is loaded, so this module imports no
+model family and no trainer.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
+from importlib import import_module
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
 from attnaudit.data.types import Batch, Example, TaskData
-from attnaudit.errors import AttnAuditError
+from attnaudit.errors import AttnAuditError, InputError
+from attnaudit.io import atomic_write_json, check_fields, read_json
 from attnaudit.models.base import AttentionModel, ModelConfig
+from attnaudit.weights import load_tensors
+
+CONFIG = "config.json"
 
 
 @dataclass
@@ -94,47 +104,70 @@ class Run:
         return items[:limit] if limit else items
 
 
+def write_config(directory: Path, config: dict[str, Any]) -> Path:
+    """The run's ``config.json`` (atomic)."""
+    return atomic_write_json(directory / CONFIG, config)
+
+
+# The optional fields of a run config's ``task`` (``TaskSpec``) and their JSON types.
+TASK_OPTIONAL = {"data_dir": (str, type(None)), "seed": int, "dev": (str, type(None)), "test": (str, type(None))}
+
+
+def read_config(directory: Path) -> dict[str, Any]:
+    """A run directory's ``config.json``, with one-line errors for files, missing folders and foreign JSON."""
+    directory = Path(directory)
+    if directory.is_file():
+        if directory.suffix in (".safetensors", ".pt", ".pth", ".bin", ".ckpt", ".pkl", ".pickle"):
+            load_tensors(directory)  # a checkpoint file: refuses pickles with the right message
+        raise InputError(directory, "expected a run directory (config.json + model.safetensors), got a file")
+    if not directory.is_dir():
+        raise InputError(directory, "run directory not found")
+    path = directory / CONFIG
+    config = read_json(path)
+    if not isinstance(config, dict) or "model" not in config or "task" not in config:
+        raise InputError(path, "not an attnaudit run config (needs 'model' and 'task')")
+    check_fields(path, config, {"model": dict, "task": dict}, {"kind": str, "hash": str, "hf": dict})
+    task = check_fields(path, config["task"], {"spec": str, "task_type": str, "labels": list}, TASK_OPTIONAL, "task")
+    if not all(isinstance(label, str) for label in task["labels"]):
+        raise InputError(path, "field 'task.labels' must be an array of strings")
+    return config
+
+
+class RunLoader(Protocol):
+    """Loads the run in directory ``path`` onto ``device``, its data read from ``data_dir``."""
+
+    def __call__(self, path: Path, device: str | None = ..., data_dir: str | Path | None = ...) -> Run: ...
+
+
+# Run kind (``"kind"`` in config.json) -> its loader, or "module:function" naming it. A named
+# loader is imported when a run of its kind is first loaded, so loading one kind never imports
+# another's libraries (transformers takes seconds to import).
+RUN_LOADERS: dict[str, RunLoader | str] = {
+    "attnaudit": "attnaudit.training.checkpoint:load_attnaudit_run",
+    "hf": "attnaudit.models.hf:load_hf_run",
+    "nmt": "attnaudit.training.nmt:load_nmt_run",
+}
+
+
+def register_run_loader(kind: str, loader: RunLoader | str) -> None:
+    """Make :func:`load_run` load runs of ``kind`` with ``loader`` (a function, or
+    ``"module:function"`` imported when a run of that kind is first loaded)."""
+    if not kind or not (callable(loader) or (isinstance(loader, str) and ":" in loader)):
+        raise AttnAuditError(f"a run loader needs a kind and a function or 'module:function', got {kind!r}: {loader!r}")
+    RUN_LOADERS[kind] = loader
+
+
 def load_run(path: str | Path, device: str | None = "auto", data_dir: str | Path | None = None) -> Run:
-    """Load a run directory written by ``train`` (safetensors + JSON only)."""
-    from attnaudit.data.batching import Collator
-    from attnaudit.data.vocab import Vocab
-    from attnaudit.errors import InputError
-    from attnaudit.models import build_model
-    from attnaudit.seed import resolve_device
-    from attnaudit.training.checkpoint import FEATURE_VOCAB, VOCAB, WEIGHTS, load_state_into, read_config
+    """Load a run directory (safetensors + JSON only) with the loader registered for its kind.
 
+    A config without ``kind`` is an attnaudit run (the kind every ``train`` run records).
+    """
     path = Path(path)
-    raw = read_config(path)
-    if raw.get("kind") == "hf":
-        from attnaudit.models.hf import load_hf_run
-
-        return load_hf_run(path, device=device, data_dir=data_dir)
-    if raw.get("kind") == "nmt":
-        from attnaudit.models.seq2seq import load_nmt_run
-
-        return load_nmt_run(path, device=device, data_dir=data_dir)
-    try:
-        config = ModelConfig.from_dict(raw["model"])
-        task = TaskSpec(**raw["task"])
-        model = build_model(config)
-    except (TypeError, ValueError, AttributeError, AttnAuditError) as exc:
-        # a config that parses but cannot build a model: bad types, sizes or names
-        raise InputError(path / "config.json", f"malformed run config: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
-    vocab = Vocab.load(path / VOCAB)
-    if len(vocab) != config.vocab_size:
-        raise InputError(path / VOCAB, f"vocabulary has {len(vocab)} entries but the model expects {config.vocab_size}")
-    feature_vocab = Vocab.load(path / FEATURE_VOCAB) if (path / FEATURE_VOCAB).exists() else None
-    load_state_into(model, path / WEIGHTS)
-    dev = resolve_device(device)
-    model.to(dev).eval()
-    collate = Collator(
-        vocab,
-        task.labels,
-        task.task_type,  # type: ignore[arg-type]
-        hierarchical=config.model == "han",
-        max_len=config.max_len,
-        feature_vocab=feature_vocab,
-    )
-    if data_dir is not None:
-        task.data_dir = str(data_dir)
-    return Run(model=model, collate=collate, task=task, path=path, device=dev, info=raw)
+    kind = read_config(path).get("kind", "attnaudit")
+    if kind not in RUN_LOADERS:
+        raise InputError(path / CONFIG, f"unknown run kind {kind!r}; known kinds: {', '.join(sorted(RUN_LOADERS))}")
+    loader = RUN_LOADERS[kind]
+    if isinstance(loader, str):
+        module, _, name = loader.partition(":")
+        loader = RUN_LOADERS[kind] = getattr(import_module(module), name)
+    return loader(path, device=device, data_dir=data_dir)

@@ -27,7 +27,7 @@ def test_word_scores_average_subwords_on_both_sides():
 @pytest.fixture(scope="module")
 def nmt(tmp_path_factory):
     """A 2-layer, 2-head, d=32 NMT model trained for 8 epochs on 1500 synthetic pairs (~30-60 s)."""
-    from attnaudit.models.seq2seq import train_nmt
+    from attnaudit.training.nmt import train_nmt
 
     set_quiet(True)
     data = synthetic_translation(0, n_train=1500, n_dev=60, n_test=100, lexicon_size=16, max_len=6)

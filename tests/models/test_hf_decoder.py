@@ -44,13 +44,8 @@ from attnaudit.importance import attention_importance, gradient_importance
 from attnaudit.models.attention import normalise
 from attnaudit.models.base import Intervention, freeze_uniform
 from attnaudit.models.hf import HFCollator, load_hf, resolve_source, save_hf_run
-from attnaudit.models.hf_decoder import (
-    SMOLLM2_INSTALL,
-    HFDecoderModel,
-    causal_allowed,
-    real_positions,
-    smollm2_path,
-)
+from attnaudit.models.hf_decoder import HFDecoderModel, causal_allowed, real_positions
+from attnaudit.pretrained import SMOLLM2_INSTALL, smollm2_path
 from attnaudit.run import load_run
 
 FAMILIES = ("llama", "qwen2", "qwen2-window", "gpt2")

@@ -11,10 +11,11 @@ from attnaudit.data.alignment import EOS_ID, Seq2SeqCollator, SubwordTokenizer, 
 from attnaudit.errors import AttnAuditError
 from attnaudit.experiments.norms import transformed_inputs
 from attnaudit.models.base import ModelConfig, freeze_uniform
-from attnaudit.models.seq2seq import Seq2SeqTransformer, train_nmt, translate
+from attnaudit.models.seq2seq import Seq2SeqTransformer
 from attnaudit.models.transformer import merge_heads
 from attnaudit.progress import set_quiet
 from attnaudit.run import load_run
+from attnaudit.training.nmt import train_nmt, translate
 
 
 @pytest.fixture(scope="module")

@@ -286,12 +286,12 @@ def test_full_disk_during_training_keeps_the_last_epoch(tmp_path: Path, monkeypa
                                                          capsys: pytest.CaptureFixture[str]) -> None:
     """The optimizer state of epoch 2 cannot be written: epoch 1's checkpoint stays whole and
     consistent, and the resumed run ends exactly where an uninterrupted one does."""
-    import attnaudit.training.checkpoint as checkpoint
+    import attnaudit.weights as weights
 
     data = write_table(tmp_path / "train.csv", synthetic_rows(120))
     args = ["train", "--task", f"csv:{data}", *TINY_TRAIN[:2], "--epochs", "2", *TINY_TRAIN[4:]]
     assert main_in_process(monkeypatch, capsys, *args, "--out", tmp_path / "full").returncode == 0
-    real, calls = checkpoint.save_file, []
+    real, calls = weights.save_file, []
 
     def save_file(tensors: dict, path: str, metadata: dict | None = None) -> None:
         calls.append(path)
@@ -300,7 +300,7 @@ def test_full_disk_during_training_keeps_the_last_epoch(tmp_path: Path, monkeypa
         real(tensors, path, metadata=metadata)
 
     with monkeypatch.context() as patch:
-        patch.setattr(checkpoint, "save_file", save_file)
+        patch.setattr(weights, "save_file", save_file)
         proc = main_in_process(patch, capsys, *args, "--out", tmp_path / "cut")
     error = assert_clean_failure(proc, str(tmp_path / "cut" / "checkpoint"))
     assert "no space left on device" in error

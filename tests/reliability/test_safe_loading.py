@@ -27,14 +27,9 @@ import torch
 from attnaudit.errors import InputError
 from attnaudit.progress import set_quiet
 from attnaudit.run import Run, load_run
-from attnaudit.training.checkpoint import (
-    load_optimizer,
-    load_state_into,
-    load_tensors,
-    save_model,
-    save_optimizer,
-)
+from attnaudit.training.checkpoint import load_optimizer, load_state_into, save_model, save_optimizer
 from attnaudit.training.trainer import train
+from attnaudit.weights import load_tensors
 
 from .helpers import assert_clean_failure, cli, synthetic_rows, write_table
 

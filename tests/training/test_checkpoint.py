@@ -10,15 +10,9 @@ import torch
 from torch import nn
 
 from attnaudit.errors import InputError
-from attnaudit.training.checkpoint import (
-    load_optimizer,
-    load_state_into,
-    load_tensors,
-    read_config,
-    save_model,
-    save_optimizer,
-    save_tensors,
-)
+from attnaudit.run import read_config
+from attnaudit.training.checkpoint import load_optimizer, load_state_into, save_model, save_optimizer
+from attnaudit.weights import load_tensors, save_tensors
 
 
 def test_model_round_trip(tmp_path: Path) -> None:

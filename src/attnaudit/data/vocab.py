@@ -12,6 +12,8 @@ import torch
 from attnaudit.data.readers import iter_text_lines
 from attnaudit.errors import AttnAuditError, InputError, warn
 from attnaudit.io import atomic_write_json, read_json
+from attnaudit.pretrained import resolve_source
+from attnaudit.weights import checked_weight
 
 PAD = "<pad>"
 UNK = "<unk>"
@@ -195,9 +197,6 @@ def hf_static_vectors(name: str, vocab: Vocab, seed: int = 0, scale: float = 0.1
     """
     from safetensors import safe_open
     from transformers import AutoTokenizer
-
-    from attnaudit.models.hf import resolve_source
-    from attnaudit.training.checkpoint import checked_weight
 
     if name == "minilm":
         name = resolve_source(name)

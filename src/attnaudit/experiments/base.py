@@ -22,7 +22,7 @@ import pandas as pd
 
 from attnaudit.data.types import Example
 from attnaudit.errors import AttnAuditError, InputError
-from attnaudit.io import atomic_write, atomic_write_json, check_fields, check_output_dir, digest, locked, read_json, remove_stray_tmp
+from attnaudit.io import RESULT_NAMES, atomic_write, atomic_write_json, check_fields, check_output_dir, digest, locked, read_json, remove_stray_tmp
 from attnaudit.run import Run
 
 
@@ -157,6 +157,7 @@ def register(cls: type[Experiment]) -> type[Experiment]:
     if not cls.name:
         raise ValueError(f"{cls.__name__} has no name")
     EXPERIMENTS[cls.name] = cls
+    RESULT_NAMES.add(cls.name)  # a folder holding its result JSON is one attnaudit may write to
     return cls
 
 

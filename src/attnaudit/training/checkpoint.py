@@ -1,105 +1,30 @@
-"""Run directories: ``model.safetensors`` + ``config.json`` + ``vocab.json``; never pickle.
-
-A checkpoint is only ever read with safetensors and JSON, so loading an untrusted run
-cannot execute code. A file that looks like a pickle (``torch.save`` output) is refused.
+"""attnaudit run directories: ``model.safetensors`` + ``config.json`` + ``vocab.json``, and the
+per-epoch checkpoints that make training resumable; safetensors + JSON only, never pickle.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
 from torch import nn
 
+from attnaudit.data.batching import Collator
+from attnaudit.data.vocab import Vocab
 from attnaudit.errors import AttnAuditError, InputError
-from attnaudit.io import atomic_write, atomic_write_json, check_fields, open_input, read_json, read_json_object
+from attnaudit.io import atomic_write_json, check_fields, read_json, read_json_object
+from attnaudit.models import ModelConfig, build_model
+from attnaudit.run import CONFIG, Run, TaskSpec, read_config, write_config
+from attnaudit.seed import resolve_device
+from attnaudit.weights import checked_weight, load_tensors, save_tensors
 
 WEIGHTS = "model.safetensors"
-CONFIG = "config.json"
 VOCAB = "vocab.json"
 FEATURE_VOCAB = "feature_vocab.json"
 METRICS = "metrics.json"
-
-_PICKLE_MAGIC = (b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05", b"PK\x03\x04")
-_MAX_HEADER = 100_000_000  # safetensors' own bound on the JSON header
-
-
-def save_tensors(path: str | Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> Path:
-    """Atomically write tensors (made contiguous, CPU) as safetensors."""
-    clean = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
-
-    def write(tmp: Path) -> None:
-        try:
-            save_file(clean, str(tmp), metadata=metadata)
-        except SafetensorError as exc:  # a full disk arrives as "I/O error: ... (os error 28)": keep it an OSError
-            code = re.search(r"os error (\d+)", str(exc))
-            if code is None:
-                raise
-            raise OSError(int(code.group(1)), os.strerror(int(code.group(1))), str(tmp)) from None
-
-    return atomic_write(path, write)
-
-
-def _sniff(path: Path) -> str:
-    """``"safetensors"`` when ``path`` parses as one (an 8-byte little-endian header length, at
-    most the rest of the file, then that many bytes of JSON object), else ``"pickle"`` when it
-    starts with pickle/zip magic, else ``"unknown"``.
-
-    Parsing first matters: a header of 1152 bytes starts the file with ``\\x80\\x04``, which is
-    also pickle protocol 4's magic.
-    """
-    with open_input(path) as fh:  # a regular, readable file (not a folder, FIFO or device)
-        size = os.fstat(fh.fileno()).st_size
-        prefix = fh.read(8)
-        length = int.from_bytes(prefix, "little") if len(prefix) == 8 else 0
-        if 0 < length <= min(size - 8, _MAX_HEADER):
-            try:
-                if isinstance(json.loads(fh.read(length)), dict):
-                    return "safetensors"
-            except ValueError:  # not JSON, or not text
-                pass
-    return "pickle" if prefix.startswith(_PICKLE_MAGIC) else "unknown"
-
-
-def load_tensors(path: str | Path) -> dict[str, torch.Tensor]:
-    """Read a safetensors file; refuse pickles and report corruption as one line."""
-    path = Path(path)
-    if not path.exists():
-        raise InputError(path, "checkpoint not found")
-    try:
-        kind = _sniff(path)
-    except OSError as exc:
-        raise InputError(path, f"cannot read the checkpoint ({exc.strerror or exc})") from None
-    if kind == "pickle":
-        raise InputError(path, "looks like a pickle/torch.save file; attnaudit only loads safetensors and never unpickles")
-    try:
-        return load_file(str(path))
-    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
-        raise InputError(path, f"corrupt or truncated safetensors file ({str(exc).splitlines()[0][:120]})") from None
-
-
-def checked_weight(path: Path, key: str, value: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Weight ``key`` of ``path`` cast to the model's ``dtype`` (so float16/bfloat16 checkpoints load).
-
-    Refused: integer/bool values for a floating parameter (a cast would load them silently as
-    whole numbers), and NaN/Inf, which would make every score computed with the model NaN.
-    """
-    stored = str(value.dtype).removeprefix("torch.")
-    wanted = str(dtype).removeprefix("torch.")
-    if value.dtype != dtype and not (value.is_floating_point() and dtype.is_floating_point):
-        raise InputError(path, f"weight {key} is stored as {stored}; the model needs {wanted}")
-    value = value.to(dtype)
-    if dtype.is_floating_point and not bool(torch.isfinite(value).all()):
-        cast = "" if stored == wanted else f" (cast from {stored} to {wanted})"
-        raise InputError(path, f"weight {key} holds NaN or Inf values{cast}")
-    return value
 
 
 def save_model(directory: Path, model: nn.Module) -> Path:
@@ -110,7 +35,7 @@ def save_model(directory: Path, model: nn.Module) -> Path:
 def load_state_into(model: nn.Module, path: Path) -> None:
     """Load weights, turning shape/key mismatches into a clear error (e.g. a foreign vocabulary).
 
-    Floating weights are cast to the parameter's dtype; see :func:`checked_weight` for what is refused."""
+    Floating weights are cast to the parameter's dtype; see :func:`~attnaudit.weights.checked_weight` for what is refused."""
     state = load_tensors(path)
     own = model.state_dict()
     missing = sorted(set(own) - set(state))
@@ -125,35 +50,6 @@ def load_state_into(model: nn.Module, path: Path) -> None:
                 f"expected {tuple(own[key].shape)}",
             )
     model.load_state_dict({key: checked_weight(path, key, value, own[key].dtype) for key, value in state.items()})
-
-
-def write_config(directory: Path, config: dict[str, Any]) -> Path:
-    """The run's ``config.json`` (atomic)."""
-    return atomic_write_json(directory / CONFIG, config)
-
-
-# The optional fields of a run config's ``task`` (``TaskSpec``) and their JSON types.
-TASK_OPTIONAL = {"data_dir": (str, type(None)), "seed": int, "dev": (str, type(None)), "test": (str, type(None))}
-
-
-def read_config(directory: Path) -> dict[str, Any]:
-    """A run directory's ``config.json``, with one-line errors for files, missing folders and foreign JSON."""
-    directory = Path(directory)
-    if directory.is_file():
-        if directory.suffix in (".safetensors", ".pt", ".pth", ".bin", ".ckpt", ".pkl", ".pickle"):
-            load_tensors(directory)  # a checkpoint file: refuses pickles with the right message
-        raise InputError(directory, "expected a run directory (config.json + model.safetensors), got a file")
-    if not directory.is_dir():
-        raise InputError(directory, "run directory not found")
-    path = directory / CONFIG
-    config = read_json(path)
-    if not isinstance(config, dict) or "model" not in config or "task" not in config:
-        raise InputError(path, "not an attnaudit run config (needs 'model' and 'task')")
-    check_fields(path, config, {"model": dict, "task": dict}, {"kind": str, "hash": str, "hf": dict})
-    task = check_fields(path, config["task"], {"spec": str, "task_type": str, "labels": list}, TASK_OPTIONAL, "task")
-    if not all(isinstance(label, str) for label in task["labels"]):
-        raise InputError(path, "field 'task.labels' must be an array of strings")
-    return config
 
 
 def save_optimizer(path: Path, optimizer: torch.optim.Optimizer, extra: dict[str, torch.Tensor]) -> None:
@@ -307,3 +203,34 @@ def save_epoch(out: Path, model: nn.Module, optimizer: torch.optim.Optimizer, st
     for stale in ckpt.glob("*.safetensors"):
         if stale not in keep:
             stale.unlink(missing_ok=True)
+
+
+def load_attnaudit_run(path: str | Path, device: str | None = "auto", data_dir: str | Path | None = None) -> Run:
+    """Load a run directory written by ``train`` or a training-based test (kind ``attnaudit``)."""
+    path = Path(path)
+    raw = read_config(path)
+    try:
+        config = ModelConfig.from_dict(raw["model"])
+        task = TaskSpec(**raw["task"])
+        model = build_model(config)
+    except (TypeError, ValueError, AttributeError, AttnAuditError) as exc:
+        # a config that parses but cannot build a model: bad types, sizes or names
+        raise InputError(path / CONFIG, f"malformed run config: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+    vocab = Vocab.load(path / VOCAB)
+    if len(vocab) != config.vocab_size:
+        raise InputError(path / VOCAB, f"vocabulary has {len(vocab)} entries but the model expects {config.vocab_size}")
+    feature_vocab = Vocab.load(path / FEATURE_VOCAB) if (path / FEATURE_VOCAB).exists() else None
+    load_state_into(model, path / WEIGHTS)
+    dev = resolve_device(device)
+    model.to(dev).eval()
+    collate = Collator(
+        vocab,
+        task.labels,
+        task.task_type,  # type: ignore[arg-type]
+        hierarchical=config.model == "han",
+        max_len=config.max_len,
+        feature_vocab=feature_vocab,
+    )
+    if data_dir is not None:
+        task.data_dir = str(data_dir)
+    return Run(model=model, collate=collate, task=task, path=path, device=dev, info=raw)

@@ -56,7 +56,8 @@ def finetune(
     ``limit`` trains on a seeded random sample of that many training examples (dev and
     test stay whole). ``max_len`` caps wordpieces per input (default: the model's limit).
     """
-    from attnaudit.models.hf import load_hf, load_hf_run, resolve_source, save_hf_run
+    from attnaudit.models.hf import load_hf, load_hf_run, save_hf_run
+    from attnaudit.pretrained import resolve_source
 
     if epochs < 1 or batch_size < 1 or lr <= 0 or not 0 <= warmup < 1:
         raise AttnAuditError("finetune needs epochs >= 1, batch_size >= 1, lr > 0 and 0 <= warmup < 1")

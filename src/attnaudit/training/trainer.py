@@ -26,10 +26,9 @@ from attnaudit.metrics import score_classification, score_tagging
 from attnaudit.models import MODELS, ModelConfig, build_model
 from attnaudit.models.base import Intervention, evaluation
 from attnaudit.progress import status, track
-from attnaudit.run import Run, TaskSpec
+from attnaudit.run import CONFIG, Run, TaskSpec
 from attnaudit.seed import resolve_device, set_seed
 from attnaudit.training.checkpoint import (
-    CONFIG,
     FEATURE_VOCAB,
     METRICS,
     VOCAB,
