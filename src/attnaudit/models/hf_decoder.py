@@ -55,7 +55,7 @@ from attnaudit.models.base import (
     ModelOutput,
     interventions_for,
 )
-from attnaudit.models.hf import (
+from attnaudit.models.hf_encoder import (
     _ACTIVE,
     ATTN_IMPLEMENTATION,
     HFAttentionModel,
@@ -342,7 +342,11 @@ def build_decoder_model(
     otherwise ``num_labels`` adds a fresh one (for fine-tuning) and None loads the causal LM.
     A GGUF file is dequantised to float32 by transformers (needs ``gguf`` and ``accelerate``).
     """
-    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+    from transformers import (
+        AutoModelForCausalLM,
+        AutoModelForSequenceClassification,
+        AutoTokenizer,
+    )
 
     folder, gguf = _gguf(source)
     common: dict[str, Any] = {"attn_implementation": "eager", "dtype": torch.float32}
