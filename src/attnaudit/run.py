@@ -29,6 +29,11 @@ from attnaudit.weights import load_tensors
 CONFIG = "config.json"
 
 
+
+def absolute_dir(data_dir: str | Path | None) -> str | None:
+    """A data directory as recorded in a run: absolute, so the run finds its data from any folder."""
+    return str(Path(data_dir).expanduser().resolve()) if data_dir else None
+
 @dataclass
 class TaskSpec:
     """How to reload a run's data: the ``--task`` string, data directory and split seed."""

@@ -136,3 +136,21 @@ def test_cli_train_passes_word_dropout_and_clip(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     train_config = json.loads((out / "config.json").read_text())["train"]
     assert train_config["word_dropout"] == 0.2 and train_config["clip"] == 1.5
+
+
+def test_relative_data_dir_is_recorded_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--data-dir ../shared/data` given from one folder: the run still finds its data from another."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from fake_data import make_fake_data
+
+    from attnaudit.run import load_run
+
+    make_fake_data(tmp_path / "data")
+    monkeypatch.chdir(tmp_path)
+    train("sst", "bilstm", "run", data_dir="data", epochs=1, embed_dim=8, hidden_dim=8, quiet_eval=True)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    run = load_run(tmp_path / "run")
+    assert run.task.data_dir == str(tmp_path / "data")
+    assert len(run.examples("test")) == 16

@@ -27,7 +27,7 @@ from attnaudit.models.hf_encoder import (
     _quiet_transformers,
 )
 from attnaudit.pretrained import resolve_source
-from attnaudit.run import Run, TaskSpec, read_config, write_config
+from attnaudit.run import Run, TaskSpec, absolute_dir, read_config, write_config
 
 # Callers name the model classes and sources from here, the one entry to Hugging Face models.
 __all__ = ["HFAttentionModel", "HFCollator", "build_hf_model", "load_hf", "load_hf_run", "resolve_source", "save_hf_run"]
@@ -39,7 +39,11 @@ def build_hf_model(source: str, task_type: str, num_labels: int | None = None, t
     A checkpoint saved with a sequence-classification head is loaded with it; otherwise
     ``num_labels`` adds a fresh head (for fine-tuning) and None loads the bare encoder.
     """
-    from transformers import AutoModel, AutoModelForSequenceClassification, AutoTokenizer
+    from transformers import (
+        AutoModel,
+        AutoModelForSequenceClassification,
+        AutoTokenizer,
+    )
 
     if source.lower().endswith(".gguf"):
         return build_decoder_model(source, task_type, num_labels, trained_head)
@@ -91,7 +95,7 @@ def load_hf(
     data: TaskData | None
     if task is None:
         data = None
-        spec = TaskSpec(spec="", task_type="classification", labels=[], data_dir=str(data_dir) if data_dir else None)
+        spec = TaskSpec(spec="", task_type="classification", labels=[], data_dir=absolute_dir(data_dir))
     else:
         if isinstance(task, TaskData):
             data = task
@@ -103,7 +107,7 @@ def load_hf(
             spec=task if isinstance(task, str) else data.name,
             task_type=data.task_type,
             labels=list(data.labels),
-            data_dir=str(data_dir) if data_dir else None,
+            data_dir=absolute_dir(data_dir),
         )
     if spec.task_type not in ("classification", "pair"):
         raise AttnAuditError(f"Hugging Face encoders here handle classification and pair tasks, not {spec.task_type}")
@@ -169,7 +173,7 @@ def load_hf_run(path: str | Path, device: str | None = "auto", data_dir: str | P
         raise InputError(model_dir, "Hugging Face model directory missing from the run")
     model = build_hf_model(str(model_dir), spec.task_type, trained_head=trained)
     if data_dir is not None:
-        spec.data_dir = str(data_dir)
+        spec.data_dir = absolute_dir(data_dir)
     info = {**raw, "source": str(model_dir), "trained_head": trained}
     return _make_run(model, spec, device, path, info, None)
 

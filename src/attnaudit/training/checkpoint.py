@@ -17,7 +17,7 @@ from attnaudit.data.vocab import Vocab
 from attnaudit.errors import AttnAuditError, InputError
 from attnaudit.io import atomic_write_json, check_fields, read_json, read_json_object
 from attnaudit.models import ModelConfig, build_model
-from attnaudit.run import CONFIG, Run, TaskSpec, read_config, write_config
+from attnaudit.run import CONFIG, Run, TaskSpec, absolute_dir, read_config, write_config
 from attnaudit.seed import resolve_device
 from attnaudit.weights import checked_weight, load_tensors, save_tensors
 
@@ -232,5 +232,5 @@ def load_attnaudit_run(path: str | Path, device: str | None = "auto", data_dir: 
         feature_vocab=feature_vocab,
     )
     if data_dir is not None:
-        task.data_dir = str(data_dir)
+        task.data_dir = absolute_dir(data_dir)
     return Run(model=model, collate=collate, task=task, path=path, device=dev, info=raw)

@@ -25,7 +25,7 @@ from attnaudit.data.types import TaskData
 from attnaudit.errors import AttnAuditError
 from attnaudit.io import atomic_write_json, digest, read_json_object, writes_folder
 from attnaudit.progress import status, track
-from attnaudit.run import Run, TaskSpec
+from attnaudit.run import Run, TaskSpec, absolute_dir
 from attnaudit.seed import set_seed
 from attnaudit.training.checkpoint import METRICS
 from attnaudit.training.trainer import evaluate_examples
@@ -95,7 +95,7 @@ def finetune(
     set_seed(seed)
     run = load_hf(hf, task=data, data_dir=data_dir, device=device, num_labels=len(data.labels))
     run.task = TaskSpec(
-        spec=spec_name, task_type=data.task_type, labels=list(data.labels), data_dir=str(data_dir) if data_dir else None
+        spec=spec_name, task_type=data.task_type, labels=list(data.labels), data_dir=absolute_dir(data_dir)
     )
     if max_len is not None:
         run.collate.max_len = min(max_len, run.model.config.max_len)

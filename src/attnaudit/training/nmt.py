@@ -27,7 +27,7 @@ from attnaudit.models.attention import check_normaliser
 from attnaudit.models.base import ModelConfig, evaluation
 from attnaudit.models.seq2seq import Seq2SeqTransformer
 from attnaudit.progress import status, track
-from attnaudit.run import CONFIG, Run, TaskSpec, read_config
+from attnaudit.run import CONFIG, Run, TaskSpec, absolute_dir, read_config
 from attnaudit.seed import resolve_device, set_seed
 from attnaudit.training.checkpoint import (
     METRICS,
@@ -110,7 +110,9 @@ def evaluate_nmt(run: Run, examples: list[Example], batch_size: int = 64) -> dic
 def bleu_score(run: Run, examples: list[Example], batch_size: int = 64, desc: str | None = None) -> float:
     """Corpus BLEU (sacrebleu 13a) of greedy translations against the examples' targets
     (both space-joined words; the targets are 13a-tokenised, re-tokenising them is a no-op)."""
-    from attnaudit.metrics import bleu  # sacrebleu, scipy, sklearn: only when BLEU is asked for
+    from attnaudit.metrics import (
+        bleu,  # sacrebleu, scipy, sklearn: only when BLEU is asked for
+    )
 
     hypotheses = translate(run, examples, batch_size, desc)
     return bleu([" ".join(h) for h in hypotheses], [" ".join(ex.target or []) for ex in examples])
@@ -154,7 +156,7 @@ def train_nmt(
         raise AttnAuditError(f"task {data.name!r} needs non-empty train and dev splits")
     spec = TaskSpec(
         spec=task if isinstance(task, str) else data.name, task_type="seq2seq", labels=[],
-        data_dir=str(data_dir) if data_dir else None, seed=split_seed,
+        data_dir=absolute_dir(data_dir), seed=split_seed,
     )
     out = Path(out)
     set_seed(cfg.seed)
@@ -327,6 +329,6 @@ def load_nmt_run(path: str | Path, device: str | None = "auto", data_dir: str | 
     dev = resolve_device(device)
     model.to(dev).eval()
     if data_dir is not None:
-        task.data_dir = str(data_dir)
+        task.data_dir = absolute_dir(data_dir)
     collate = Seq2SeqCollator(source, target, max_len=config.max_len)
     return Run(model=model, collate=collate, task=task, path=path, device=dev, info=raw)

@@ -21,12 +21,19 @@ from attnaudit import __version__
 from attnaudit.data.tasks import absolute_spec, load_task
 from attnaudit.data.types import Batch, Example, TaskData
 from attnaudit.errors import AttnAuditError
-from attnaudit.io import atomic_write_json, digest, read_json, read_json_object, remove_stray_tmp, writes_folder
+from attnaudit.io import (
+    atomic_write_json,
+    digest,
+    read_json,
+    read_json_object,
+    remove_stray_tmp,
+    writes_folder,
+)
 from attnaudit.metrics import score_classification, score_tagging
 from attnaudit.models import MODELS, ModelConfig, build_model
 from attnaudit.models.base import Intervention, evaluation
 from attnaudit.progress import status, track
-from attnaudit.run import CONFIG, Run, TaskSpec
+from attnaudit.run import CONFIG, Run, TaskSpec, absolute_dir
 from attnaudit.seed import resolve_device, set_seed
 from attnaudit.training.checkpoint import (
     FEATURE_VOCAB,
@@ -277,7 +284,7 @@ def train(
         spec=absolute_spec(task) if isinstance(task, str) else data.name,
         task_type=data.task_type,
         labels=list(data.labels),
-        data_dir=str(data_dir) if data_dir else None,
+        data_dir=absolute_dir(data_dir),
         seed=split_seed,
         dev=absolute_spec(dev),
         test=absolute_spec(test),
