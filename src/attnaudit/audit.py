@@ -236,60 +236,97 @@ def audit(
     outcome = AuditResult(out=out)
     log: list[dict[str, Any]] = []
     lost: tuple[str, OSError] | None = None  # the test whose result a full disk lost; the audit stops there
-    registry = discover()
+    settings = {"split": split, "limit": limit, "seed": seed, "figures": figures, "data_dir": data_dir}
     status(f"auditing {target.family} on {target.task.spec or 'its data'}: {len(order)} test(s) -> {out}")
     for number, name in enumerate(order, 1):
-        experiment = registry[name]()
-        prefix = f"[{number}/{len(order)}] {name}"
-        opts = options[name]
-        entry: dict[str, Any] = {"test": name, "options": asdict(opts) if is_dataclass(opts) else {}}
-        start = time.perf_counter()
-        try:
-            target.model.load_state_dict(snapshot)  # every test starts from the trained weights
-            target.model.eval()
-            reason = skip_reason(experiment, target)
-            if reason:
-                outcome.skipped[name] = reason
-                entry.update(status="skipped", reason=reason)
-                status(f"{prefix}: [yellow]skipped[/] ({reason})")
-                log.append(entry)
-                continue
-            stamp = fingerprint(name, target, opts, split=split, limit=limit, seed=seed, figures=figures, data_dir=data_dir)
-            cached, stale = _reusable(results_dir / f"{name}.json", name, stamp["hash"])
-            if cached is not None:
-                outcome.results[name] = cached
-                entry.update(status="cached", seconds=cached.meta.get("seconds"))
-                status(f"{prefix}: stored result reused")
-                log.append(entry)
-                continue
-            if stale:
-                entry["recomputed"] = stale
-            # run_test seeds every test with `seed`
-            status(f"{prefix}: " + (f"[yellow]stored result not reused[/] ({stale}), running" if stale else "running"))
-            result = run_test(
-                name, target, split=split, limit=limit, seed=seed, out=results_dir, data_dir=data_dir, plot=figures, **entry["options"]
-            )
-            result.meta["audit"] = {"options_hash": stamp["hash"]}
-            result.save(results_dir)
-            outcome.results[name] = result
-            entry.update(status="done", seconds=round(time.perf_counter() - start, 3))
-            status(f"{prefix}: [green]done[/] in {time.perf_counter() - start:.1f}s")
-        except KeyboardInterrupt:
-            raise
-        except Exception as exc:  # one failing test must not stop the audit; it is reported
-            full = storage_full(exc)
-            message = f"result lost: {os_error_line(full)}" if full else error_line(exc)
-            outcome.failed[name] = message
-            entry.update(status="failed", error=message, traceback=traceback.format_exc(limit=8))
-            status(f"{prefix}: [red]failed[/]: {message}")
-            lost = (name, full) if full else None
+        target.model.load_state_dict(snapshot)  # every test starts from the trained weights
+        target.model.eval()
+        entry, full = _run_one(name, f"[{number}/{len(order)}] {name}", options[name], target, results_dir, outcome, **settings)
         log.append(entry)
-        if lost:  # a full disk: no later result could be stored either
+        if full is not None:  # a full disk: no later result could be stored either
+            lost = (name, full)
             break
     target.model.load_state_dict(snapshot)
     target.model.eval()
-
     outcome.rows = summary_rows(log, outcome.results)
+    _write_record(out, target, log, outcome, lost, heatmap_instances, split=split, limit=limit, seed=seed, data_dir=data_dir)
+    status(f"report: [bold]{outcome.report}[/]" + (f"; [red]{len(outcome.failed)} test(s) failed[/]" if outcome.failed else ""))
+    return outcome
+
+
+def _run_one(
+    name: str,
+    prefix: str,
+    opts: Any,
+    target: Run,
+    results_dir: Path,
+    outcome: AuditResult,
+    *,
+    split: str,
+    limit: int | None,
+    seed: int,
+    figures: bool,
+    data_dir: str | Path | None,
+) -> tuple[dict[str, Any], OSError | None]:
+    """One test of an audit: skipped (with the reason), reused from a stored result whose
+    fingerprint matches, or run and saved. Its ``audit.json`` entry is returned; a failure is
+    recorded in ``outcome`` and the audit goes on, except after a full disk, which is returned."""
+    experiment = discover()[name]()
+    entry: dict[str, Any] = {"test": name, "options": asdict(opts) if is_dataclass(opts) else {}}
+    start = time.perf_counter()
+    try:
+        reason = skip_reason(experiment, target)
+        if reason:
+            outcome.skipped[name] = reason
+            entry.update(status="skipped", reason=reason)
+            status(f"{prefix}: [yellow]skipped[/] ({reason})")
+            return entry, None
+        stamp = fingerprint(name, target, opts, split=split, limit=limit, seed=seed, figures=figures, data_dir=data_dir)
+        cached, stale = _reusable(results_dir / f"{name}.json", name, stamp["hash"])
+        if cached is not None:
+            outcome.results[name] = cached
+            entry.update(status="cached", seconds=cached.meta.get("seconds"))
+            status(f"{prefix}: stored result reused")
+            return entry, None
+        if stale:
+            entry["recomputed"] = stale
+        # run_test seeds every test with `seed`
+        status(f"{prefix}: " + (f"[yellow]stored result not reused[/] ({stale}), running" if stale else "running"))
+        result = run_test(
+            name, target, split=split, limit=limit, seed=seed, out=results_dir, data_dir=data_dir, plot=figures, **entry["options"]
+        )
+        result.meta["audit"] = {"options_hash": stamp["hash"]}
+        result.save(results_dir)
+        outcome.results[name] = result
+        entry.update(status="done", seconds=round(time.perf_counter() - start, 3))
+        status(f"{prefix}: [green]done[/] in {time.perf_counter() - start:.1f}s")
+    except KeyboardInterrupt:
+        raise
+    except Exception as exc:  # one failing test must not stop the audit; it is reported
+        full = storage_full(exc)
+        message = f"result lost: {os_error_line(full)}" if full else error_line(exc)
+        outcome.failed[name] = message
+        entry.update(status="failed", error=message, traceback=traceback.format_exc(limit=8))
+        status(f"{prefix}: [red]failed[/]: {message}")
+        return entry, full
+    return entry, None
+
+
+def _write_record(
+    out: Path,
+    target: Run,
+    log: list[dict[str, Any]],
+    outcome: AuditResult,
+    lost: tuple[str, OSError] | None,
+    heatmap_instances: int,
+    *,
+    split: str,
+    limit: int | None,
+    seed: int,
+    data_dir: str | Path | None,
+) -> None:
+    """``audit.json`` and the report; after a full disk, as much of them as fits, then one line
+    naming the lost test (the finished results stay)."""
     record = {
         "run": str(target.path) if target.path else None,
         "model": target.family,
@@ -312,9 +349,6 @@ def audit(
         report = "the report was updated" if outcome.report else "the report could not be rewritten (an earlier one is kept whole)"
         raise AttnAuditError(
             f"{os_error_line(error)}: the result of test {name!r} was lost and the audit stopped there; "
-            f"{len(outcome.results)} finished result(s) are kept in {results_dir}; {report}; "
+            f"{len(outcome.results)} finished result(s) are kept in {out / RESULTS}; {report}; "
             "free some space and rerun the same command to resume"
         )
-    status(f"report: [bold]{outcome.report}[/]" + (f"; [red]{len(outcome.failed)} test(s) failed[/]" if outcome.failed else ""))
-    return outcome
-
