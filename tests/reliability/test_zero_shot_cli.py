@@ -62,3 +62,13 @@ def test_prompt_and_verbalizer_make_importance_run(llama_lm: Path, tmp_path: Pat
     meta = json.loads((tmp_path / "out" / "importance.json").read_text())["meta"]
     assert meta["n"] == 4
     assert any("zero-shot: prompt 'the {text}\\nwas'" in note and "template tokens included" in note for note in meta["notes"])
+
+
+def test_audit_takes_prompt_and_verbalizer(llama_lm: Path, tmp_path: Path) -> None:
+    proc = cli(
+        "audit", "--hf", llama_lm, "--task", "synthetic", "--limit", "4", "--only", "importance", "--no-figures",
+        "--prompt", "the {text} was", "--verbalizer", "negative=bad,positive=good", "--out", tmp_path / "out", "--quiet",
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    meta = json.loads((tmp_path / "out" / "results" / "importance.json").read_text())["meta"]
+    assert meta["n"] == 4 and any("verbalizer {'negative': 'bad', 'positive': 'good'}" in note for note in meta["notes"])
