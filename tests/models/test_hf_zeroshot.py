@@ -15,7 +15,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import (
+    AutoModelForCausalLM,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedTokenizerFast,
+)
 
 from attnaudit.data.types import Example, TaskData
 from attnaudit.errors import AttnAuditError
@@ -23,7 +28,13 @@ from attnaudit.experiments import run_test
 from attnaudit.experiments.base import get_experiment
 from attnaudit.models.hf import load_hf, save_hf_run
 from attnaudit.models.hf_decoder import HFDecoderModel
-from attnaudit.models.zeroshot import ITEMS_NOTE, SENTIMENT_PROMPT, SENTIMENT_VERBALIZER, parse_verbalizer, resolve
+from attnaudit.models.zeroshot import (
+    ITEMS_NOTE,
+    SENTIMENT_PROMPT,
+    SENTIMENT_VERBALIZER,
+    parse_verbalizer,
+    resolve,
+)
 from attnaudit.pretrained import SMOLLM2_INSTALL
 from attnaudit.run import load_run
 

@@ -17,7 +17,11 @@ import torch
 from attnaudit.data.types import TaskData
 from attnaudit.errors import AttnAuditError, InputError
 from attnaudit.models import zeroshot
-from attnaudit.models.hf_decoder import HFDecoderModel, build_decoder_model, is_decoder_config
+from attnaudit.models.hf_decoder import (
+    HFDecoderModel,
+    build_decoder_model,
+    is_decoder_config,
+)
 from attnaudit.models.hf_encoder import (
     HF_DIR,
     HFAttentionModel,
