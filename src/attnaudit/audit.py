@@ -95,6 +95,7 @@ def _load_target(
     device: str,
     seed: int,
     train_options: dict[str, Any],
+    hf_options: dict[str, Any] | None = None,
 ) -> Run:
     """The run to audit: given, loaded, a Hugging Face encoder, or trained into ``out/run``."""
     from attnaudit.run import load_run
@@ -112,7 +113,7 @@ def _load_target(
 
         if not task:
             raise AttnAuditError("--hf needs --task (the data to audit on)")
-        return load_hf(hf, task=task, data_dir=data_dir, device=device)
+        return load_hf(hf, task=task, data_dir=data_dir, device=device, **(hf_options or {}))
     if not task:
         raise AttnAuditError("--model needs --task (the data to train on)")
     from attnaudit.training.trainer import train
@@ -201,6 +202,8 @@ def audit(
     heatmap_instances: int = 3,
     figures: bool = True,
     strict_options: bool = False,
+    prompt: str | None = None,
+    verbalizer: str | dict[str, str] | None = None,
     **train_options: Any,
 ) -> AuditResult:
     """Audit a model's attention with every applicable test and write ``out/report.html``.
@@ -214,6 +217,7 @@ def audit(
     skips the tests' plots (much faster on a busy CPU; the report then has tables only).
     ``strict_options`` refuses ``test_options`` for tests that will not run (the CLI's ``--set``;
     a preset shared by several audits, such as the demo's, may name more tests).
+    ``prompt``/``verbalizer``: zero-shot classification with an ``hf`` causal LM (see :func:`load_hf`).
     """
     out = Path(out)
     check_seed(seed)
@@ -223,7 +227,10 @@ def audit(
         raise AttnAuditError(f"--heatmaps must be >= 0, got {heatmap_instances}")
     train_options = {k: v for k, v in train_options.items() if v is not None}
     order, options = _plan(only, skip, test_options or {})
-    target = _load_target(out, task, model, run, hf, data_dir, device, seed, train_options)
+    hf_options = {k: v for k, v in (("prompt", prompt), ("verbalizer", verbalizer)) if v is not None}
+    if hf_options and hf is None:
+        raise AttnAuditError("--prompt/--verbalizer apply with --hf only")
+    target = _load_target(out, task, model, run, hf, data_dir, device, seed, train_options, hf_options)
     if not target.examples(split, limit, data_dir=data_dir):  # a bad --split fails here, not in every test
         raise AttnAuditError(f"split {split!r} has no examples")
     if strict_options:

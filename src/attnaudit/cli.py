@@ -38,6 +38,8 @@ DataDir = Annotated[
 ]
 Device = Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars or status lines.")]
+Prompt = Annotated[Optional[str], typer.Option(help="--hf causal LM, zero-shot: prompt with {text}, e.g. 'Review: {text}\\nSentiment:'.")]
+Verbalizer = Annotated[Optional[str], typer.Option(help="--hf causal LM, zero-shot: LABEL=\"WORD\",... e.g. positive=\" positive\",negative=\" negative\".")]
 SEED_RANGE = {"min": 0, "max": SEED_MAX}
 
 
@@ -248,6 +250,8 @@ def audit(
     max_vocab: Annotated[Optional[int], typer.Option(help="Training: keep at most this many words.")] = None,
     min_freq: Annotated[Optional[int], typer.Option(help="Training: drop words seen fewer times.")] = None,
     seed: Annotated[int, typer.Option(**SEED_RANGE, help="Random seed (training and tests).")] = 0,
+    prompt: Prompt = None,
+    verbalizer: Verbalizer = None,
     data_dir: DataDir = None,
     device: Device = "auto",
     quiet: Quiet = False,
@@ -266,6 +270,7 @@ def audit(
         heatmap_instances=heatmaps, figures=figures, attention=attention, scorer=scorer, layers=layers, heads=heads,
         d_model=d_model, hidden_dim=hidden_dim, embed_dim=embed_dim, epochs=epochs, batch_size=batch_size,
         lr=lr, patience=patience, vectors=vectors, max_vocab=max_vocab, min_freq=min_freq,
+        prompt=prompt, verbalizer=verbalizer,
     )
     out_console.print(f"summary: {out / 'summary.csv'}\nreport: [bold]{result.report}[/]")
     if result.failed:
@@ -399,6 +404,10 @@ def _make_run_command(name: str, experiment: Any) -> None:
 
         set_quiet(kwargs.pop("quiet"))
         run_dir, hf, task = kwargs.pop("run_dir"), kwargs.pop("hf"), kwargs.pop("task")
+        zero_shot = {k: kwargs.pop(k) for k in ("prompt", "verbalizer")}
+        zero_shot = {k: v for k, v in zero_shot.items() if v is not None}
+        if zero_shot and not hf:
+            raise AttnAuditError("--prompt/--verbalizer apply with --hf only")
         common = {k: kwargs.pop(k) for k in ("split", "limit", "seed", "out", "data_dir", "device")}
         for key, annotation in sequences.items():
             if kwargs[key] is None:
@@ -412,7 +421,7 @@ def _make_run_command(name: str, experiment: Any) -> None:
                 raise AttnAuditError("--hf needs --task (the data to run the test on)")
             if not common["out"]:
                 raise AttnAuditError("--hf needs --out (where to write results)")
-            target: Any = load_hf(hf, task=task, data_dir=common["data_dir"], device=common["device"])
+            target: Any = load_hf(hf, task=task, data_dir=common["data_dir"], device=common["device"], **zero_shot)
         elif run_dir is None:
             raise AttnAuditError("give a run directory, or --hf MODEL --task T --out DIR")
         else:
@@ -437,6 +446,8 @@ def _make_run_command(name: str, experiment: Any) -> None:
                           annotation=Annotated[Optional[str], typer.Option(help="Hugging Face model: minilm, a local path or a hub name.")]),
         inspect.Parameter("task", inspect.Parameter.KEYWORD_ONLY, default=None,
                           annotation=Annotated[Optional[str], typer.Option(help="Data for --hf models.")]),
+        inspect.Parameter("prompt", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Prompt),
+        inspect.Parameter("verbalizer", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Verbalizer),
         inspect.Parameter("data_dir", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=DataDir),
         inspect.Parameter("device", inspect.Parameter.KEYWORD_ONLY, default="auto", annotation=Device),
         inspect.Parameter("quiet", inspect.Parameter.KEYWORD_ONLY, default=False, annotation=Quiet),

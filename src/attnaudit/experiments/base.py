@@ -302,6 +302,10 @@ def run_test(
                 "fingerprint": stamp,
             }
         )
+        zero_shot = run.config.extra.get("zero_shot")
+        if zero_shot:  # a causal LM classifying by prompt: say how, and what the ranked items are
+            note = f"zero-shot: prompt {zero_shot['prompt']!r}, verbalizer {zero_shot['verbalizer']}; {zero_shot['items']}"
+            result.meta["notes"] = [*result.meta.get("notes", []), note]
         if plot:
             result.figures = [str(p) for p in experiment.plot(result, directory)]
         result.save(directory)

@@ -16,7 +16,12 @@ import torch
 
 from attnaudit.data.types import TaskData
 from attnaudit.errors import AttnAuditError, InputError
-from attnaudit.models.hf_decoder import build_decoder_model, is_decoder_config
+from attnaudit.models import zeroshot
+from attnaudit.models.hf_decoder import (
+    HFDecoderModel,
+    build_decoder_model,
+    is_decoder_config,
+)
 from attnaudit.models.hf_encoder import (
     HF_DIR,
     HFAttentionModel,
@@ -73,7 +78,11 @@ def _make_run(
 
     dev = resolve_device(device)
     model.to(dev).eval()
-    collate = HFCollator(model.tokenizer, spec.labels, spec.task_type, model.config.max_len, model.uses_token_types)
+    zero_shot = model.config.extra.get("zero_shot")
+    if zero_shot:
+        collate: HFCollator = zeroshot.ZeroShotCollator(zero_shot["prompt"], model.tokenizer, spec.labels, model.config.max_len)
+    else:
+        collate = HFCollator(model.tokenizer, spec.labels, spec.task_type, model.config.max_len, model.uses_token_types)
     return Run(model=model, collate=collate, task=spec, path=path, device=dev, info=info, _data=data)
 
 
@@ -83,13 +92,18 @@ def load_hf(
     data_dir: str | Path | None = None,
     device: str | None = "auto",
     num_labels: int | None = None,
+    prompt: str | None = None,
+    verbalizer: str | dict[str, str] | None = None,
 ) -> Run:
-    """A :class:`~attnaudit.run.Run` around a Hugging Face encoder.
+    """A :class:`~attnaudit.run.Run` around a Hugging Face encoder or decoder.
 
     ``name_or_path``: ``minilm`` (the embedded all-MiniLM-L6-v2), a local directory or a hub
     name. ``task`` (a task string or TaskData) supplies labels and data; without a trained
     classification head, tests that need predictions do not apply (``run.model.trained_head``).
     ``num_labels`` adds a fresh head to a headless checkpoint (what fine-tuning starts from).
+    A causal LM without a head classifies zero-shot with ``prompt`` (containing ``{text}``) and
+    ``verbalizer`` (label -> word, or ``'positive=" positive",negative=" negative"'``), or the
+    named task's defaults (:mod:`attnaudit.models.zeroshot`); then it has a prediction.
     """
     source = resolve_source(name_or_path)
     data: TaskData | None
@@ -112,6 +126,15 @@ def load_hf(
     if spec.task_type not in ("classification", "pair"):
         raise AttnAuditError(f"Hugging Face encoders here handle classification and pair tasks, not {spec.task_type}")
     model = build_hf_model(source, spec.task_type, num_labels)
+    if isinstance(model, HFDecoderModel) and num_labels is None:
+        chosen = zeroshot.resolve(spec.spec if isinstance(task, str) else None, prompt, verbalizer)
+        if chosen is not None and model.config.extra.get("output") == "next_token":
+            spec.labels = spec.labels or list(chosen[1])
+            zeroshot.make_zero_shot(model, chosen[0], chosen[1], spec.labels)
+        elif prompt is not None or verbalizer is not None:
+            raise AttnAuditError(f"--prompt/--verbalizer need a causal language model without a classification head; {source} is not one")
+    elif prompt is not None or verbalizer is not None:
+        raise AttnAuditError(f"--prompt/--verbalizer need a decoder-only causal language model; {source} is not one")
     if model.has_head and spec.labels and model.config.num_labels != len(spec.labels):
         raise AttnAuditError(
             f"{source} predicts {model.config.num_labels} labels but task {spec.spec!r} has {len(spec.labels)}"
@@ -172,6 +195,9 @@ def load_hf_run(path: str | Path, device: str | None = "auto", data_dir: str | P
     if not (model_dir / "config.json").exists():
         raise InputError(model_dir, "Hugging Face model directory missing from the run")
     model = build_hf_model(str(model_dir), spec.task_type, trained_head=trained)
+    zero_shot = raw["model"].get("extra", {}).get("zero_shot")
+    if isinstance(model, HFDecoderModel) and isinstance(zero_shot, dict):
+        zeroshot.make_zero_shot(model, str(zero_shot.get("prompt", "")), dict(zero_shot.get("verbalizer", {})), spec.labels)
     if data_dir is not None:
         spec.data_dir = absolute_dir(data_dir)
     info = {**raw, "source": str(model_dir), "trained_head": trained}

@@ -27,7 +27,8 @@ every attention module calls the ``"attnaudit"`` function registered there, and
   entered the block, which :meth:`~HFDecoderModel.cache_at` restarts from.
 
 Outputs: with a sequence-classification head, its logits at the last real token (HF's own
-pooling); a causal LM gives the next-token logits ``(B, vocab)`` at the last real token; a bare
+pooling); a causal LM gives the next-token logits ``(B, vocab)`` at the last real token (zero-shot:
+only those of the verbalizer tokens, :mod:`attnaudit.models.zeroshot`); a bare
 decoder its final state there.
 """
 
@@ -110,6 +111,8 @@ class HFDecoderModel(HFAttentionModel):
     """Per example, not fixed: see :meth:`explanation_rows` (the last real token)."""
     causal = True
     has_value_output = True
+    verbalizer_ids: Tensor | None = None
+    """Zero-shot classification (:mod:`attnaudit.models.zeroshot`): the next-token logits read at these ids."""
 
     def __init__(self, hf: nn.Module, tokenizer: Any, task_type: str, source: str, trained_head: bool) -> None:
         cfg = hf.config
@@ -279,7 +282,10 @@ class HFDecoderModel(HFAttentionModel):
         if self.has_head:
             return hf.score(final)[rows, last]  # HF's own order: score every position, then pool
         final = final[rows, last]
-        return hf.lm_head(final) if hasattr(hf, "lm_head") else final
+        if not hasattr(hf, "lm_head"):
+            return final
+        logits = hf.lm_head(final)
+        return logits if self.verbalizer_ids is None else logits[:, self.verbalizer_ids.to(logits.device)]
 
     def cache_at(self, trace: AttentionTrace, layer: int, base: Cache) -> Cache:
         """Restart at trace layer ``layer`` from the residual stream that entered it."""

@@ -342,13 +342,17 @@ class HFCollator:
         self.max_len = max_len
         self.token_types = token_types
 
+    def texts(self, examples: Sequence[Example]) -> list[str]:
+        """The text tokenised for each example: its tokens joined with spaces."""
+        return [" ".join(ex.tokens) for ex in examples]
+
     def __call__(self, examples: Sequence[Example]) -> Batch:
         if not examples:
             raise AttnAuditError("cannot build a batch from no examples")
         for ex in examples:
             if not ex.tokens:
                 raise InputError(str(ex.meta.get("source", "<example>")), "example has no tokens")
-        texts = [" ".join(ex.tokens) for ex in examples]
+        texts = self.texts(examples)
         pairs = None
         if self.task_type == "pair":
             for ex in examples:

@@ -1,0 +1,130 @@
+"""Zero-shot classification with a decoder-only causal LM: a prompt template and a verbalizer.
+
+Each example's text is put into the template (``"Review: {text}\\nSentiment:"``); the model's
+next-token logits at the last prompt position are read at the first token of each label's
+verbalizer string (``" positive"``), in the task's label order. Those ``(B, labels)`` logits are
+the model's output, so the prediction is their softmax and the tests that need a prediction run.
+The explanation query is the last prompt position (:meth:`HFDecoderModel.explanation_rows`).
+
+The ranked items are all the prompt's tokens, template tokens included (recorded in the model's
+``config.extra["zero_shot"]``): restricting them to the input text's tokens is not done yet.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from attnaudit.data.types import Example
+from attnaudit.errors import AttnAuditError
+from attnaudit.models.hf_decoder import HFDecoderModel
+from attnaudit.models.hf_encoder import HFCollator
+
+SENTIMENT_PROMPT = "Review: {text}\nSentiment:"
+SENTIMENT_VERBALIZER = {"negative": " negative", "positive": " positive"}
+DEFAULTS: dict[str, tuple[str, dict[str, str]]] = {
+    "sst": (SENTIMENT_PROMPT, SENTIMENT_VERBALIZER),
+    "sst2": (SENTIMENT_PROMPT, SENTIMENT_VERBALIZER),
+    "synthetic": (SENTIMENT_PROMPT, SENTIMENT_VERBALIZER),
+}
+"""Prompt and verbalizer used when ``--hf`` names a causal LM and the task is one of these."""
+ITEMS_NOTE = "ranked items are all prompt tokens, template tokens included"
+
+_PAIR = re.compile(r'\s*([^=,]+?)\s*=(?:\s*"([^"]*)"\s*|([^,]*))(?:,|$)')
+
+
+def parse_verbalizer(text: str) -> dict[str, str]:
+    """``positive=" positive",negative=" negative"`` -> ``{"positive": " positive", ...}``.
+
+    Quotes are optional (a shell removes them): an unquoted word keeps its spaces up to the comma."""
+    pairs: dict[str, str] = {}
+    position = 0
+    while position < len(text):
+        match = _PAIR.match(text, position)
+        if match is None or match.end() == position:
+            raise AttnAuditError(f"--verbalizer: cannot read {text[position:]!r}; expected LABEL=\"WORD\",LABEL=\"WORD\"")
+        label, word = match.group(1), match.group(2) if match.group(2) is not None else match.group(3)
+        if label in pairs:
+            raise AttnAuditError(f"--verbalizer: label {label!r} given twice")
+        pairs[label] = word
+        position = match.end()
+    if len(pairs) < 2:
+        raise AttnAuditError("--verbalizer needs at least two labels, e.g. positive=\" positive\",negative=\" negative\"")
+    return pairs
+
+
+def fill(prompt: str, text: str) -> str:
+    """The prompt with ``{text}`` replaced (no other braces are interpreted)."""
+    return prompt.replace("{text}", text)
+
+
+class ZeroShotCollator(HFCollator):
+    """:class:`HFCollator` whose texts are the examples' texts put into the prompt template."""
+
+    def __init__(self, prompt: str, tokenizer: Any, labels: Sequence[str], max_len: int) -> None:
+        super().__init__(tokenizer, labels, "classification", max_len, token_types=False)
+        self.prompt = prompt
+
+    def texts(self, examples: Sequence[Example]) -> list[str]:
+        return [fill(self.prompt, text) for text in super().texts(examples)]
+
+
+def verbalizer_ids(tokenizer: Any, verbalizer: dict[str, str], labels: Sequence[str]) -> list[int]:
+    """The first token id of each label's verbalizer string, in ``labels`` order; two labels may not share one."""
+    missing = [label for label in labels if label not in verbalizer]
+    extra = [label for label in verbalizer if label not in labels]
+    if missing or extra:
+        raise AttnAuditError(
+            f"--verbalizer labels {', '.join(verbalizer)} do not match the task's labels {', '.join(labels)}"
+        )
+    ids: dict[int, str] = {}
+    for label in labels:
+        tokens = tokenizer(verbalizer[label], add_special_tokens=False)["input_ids"]
+        if not tokens:
+            raise AttnAuditError(f"--verbalizer: {verbalizer[label]!r} (label {label!r}) has no tokens")
+        if tokens[0] in ids:
+            shared = tokenizer.convert_ids_to_tokens(tokens[0])
+            raise AttnAuditError(
+                f"--verbalizer: labels {ids[tokens[0]]!r} and {label!r} share their first token {shared!r}; "
+                "choose words that start differently"
+            )
+        ids[tokens[0]] = label
+    return list(ids)
+
+
+def resolve(task: str | None, prompt: str | None, verbalizer: str | dict[str, str] | None) -> tuple[str, dict[str, str]] | None:
+    """The ``(prompt, verbalizer)`` to use: given ones, else the task's defaults; None when neither applies.
+
+    A literal ``\\n`` in ``prompt`` (as typed in a shell) is a newline."""
+    if prompt is not None:
+        prompt = prompt.replace("\\n", "\n")
+    default = DEFAULTS.get((task or "").lower())
+    if isinstance(verbalizer, str):
+        verbalizer = parse_verbalizer(verbalizer)
+    if prompt is None and verbalizer is None:
+        return default
+    prompt = prompt if prompt is not None else default[0] if default else None
+    verbalizer = verbalizer if verbalizer is not None else default[1] if default else None
+    if prompt is None or verbalizer is None:
+        missing = "--prompt" if prompt is None else "--verbalizer"
+        raise AttnAuditError(f"zero-shot classification needs {missing} too (task {task!r} has no default)")
+    if prompt.count("{text}") != 1:
+        raise AttnAuditError(f"--prompt must contain {{text}} exactly once: {prompt!r}")
+    return prompt, verbalizer
+
+
+def make_zero_shot(model: HFDecoderModel, prompt: str, verbalizer: dict[str, str], labels: Sequence[str]) -> None:
+    """Turn a causal LM into a zero-shot classifier over ``labels`` (its outputs become the verbalizer logits)."""
+    if model.config.extra.get("output") != "next_token":
+        raise AttnAuditError("--prompt/--verbalizer need a causal language model without a classification head")
+    ids = verbalizer_ids(model.tokenizer, verbalizer, labels)
+    model.verbalizer_ids = torch.tensor(ids, dtype=torch.long)
+    model.trained_head = True
+    model.config.num_labels = len(ids)
+    model.config.extra.update(
+        trained_head=True, output="verbalizer",
+        zero_shot={"prompt": prompt, "verbalizer": {label: verbalizer[label] for label in labels}, "token_ids": ids, "items": ITEMS_NOTE},
+    )
