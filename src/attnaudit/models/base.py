@@ -280,6 +280,15 @@ def evaluation(model: nn.Module) -> Iterator[None]:
         model.train(was_training)
 
 
+def layer_range(cache: Cache, start_layer: int | None, n: int) -> range:
+    """The layers a stacked model's ``decode`` runs: ``start_layer`` (default ``cache.layer``;
+    negative counts from the end) up to the last of ``n``."""
+    start = cache.layer if start_layer is None else start_layer
+    if not -n <= start < n:
+        raise AttnAuditError(f"start_layer {start} out of range for a {n}-layer model")
+    return range(start % n, n)
+
+
 def take_rows(values: Tensor, rows: int | Tensor, dim: int) -> Tensor:
     """``values`` (batch first) at query row ``rows`` along axis ``dim``, which is dropped: the same
     row for every example (an int) or one per example (a ``(B,)`` index, :meth:`AttentionModel.explanation_rows`)."""

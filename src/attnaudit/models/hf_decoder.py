@@ -55,6 +55,7 @@ from attnaudit.models.base import (
     ModelConfig,
     ModelOutput,
     interventions_for,
+    layer_range,
 )
 from attnaudit.models.hf_encoder import (
     _ACTIVE,
@@ -239,9 +240,7 @@ class HFDecoderModel(HFAttentionModel):
     ) -> ModelOutput:
         """Run decoder layers ``start_layer``..L-1 (default ``cache.layer``) with the model's own modules, then the head."""
         n = self.num_attention_layers
-        start = cache.layer if start_layer is None else start_layer
-        if not -n <= start < n:
-            raise AttnAuditError(f"start_layer {start} out of range for a {n}-layer model")
+        indices = layer_range(cache, start_layer, n)
         x, mask = cache.states, cache.mask.bool()
         positions = real_positions(mask)
         extra: dict[str, Any] = {"position_ids": positions}
@@ -259,7 +258,7 @@ class HFDecoderModel(HFAttentionModel):
         trace = AttentionTrace()
         try:
             layers = self.layers
-            for index in range(start % n, n):
+            for index in indices:
                 window = getattr(self._attention_modules[index], "sliding_window", None)
                 state.allowed = causal if window is None else causal_allowed(mask, int(window))
                 # The mask argument is unused: every attention module here calls our function.

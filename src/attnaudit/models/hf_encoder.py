@@ -49,6 +49,7 @@ from attnaudit.models.base import (
     ModelConfig,
     ModelOutput,
     interventions_for,
+    layer_range,
 )
 from attnaudit.weights import checked_weight
 
@@ -292,9 +293,7 @@ class HFAttentionModel(AttentionModel):
     ) -> ModelOutput:
         """Run layers ``start_layer``..L-1 (default ``cache.layer``) with the model's own modules, then the head."""
         n = self.num_attention_layers
-        start = cache.layer if start_layer is None else start_layer
-        if not -n <= start < n:
-            raise AttnAuditError(f"start_layer {start} out of range for a {n}-layer model")
+        indices = layer_range(cache, start_layer, n)
         x, mask = cache.states, cache.mask.bool()
         # HF's additive padding mask, used only if a layer's attention is not ours (it always is).
         additive = (~mask)[:, None, None, :].to(x.dtype) * torch.finfo(x.dtype).min
@@ -303,7 +302,7 @@ class HFAttentionModel(AttentionModel):
         trace = AttentionTrace()
         try:
             layers = self.layers
-            for index in range(start % n, n):
+            for index in indices:
                 state.inputs = x
                 out = layers[index](x, additive)
                 x = out[0] if isinstance(out, tuple) else out

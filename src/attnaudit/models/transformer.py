@@ -24,7 +24,11 @@ from torch import Tensor, nn
 
 from attnaudit.data.types import Batch
 from attnaudit.errors import AttnAuditError
-from attnaudit.models.attention import apply_key_interventions, attention_weights, check_normaliser
+from attnaudit.models.attention import (
+    apply_key_interventions,
+    attention_weights,
+    check_normaliser,
+)
 from attnaudit.models.base import (
     AttentionLayer,
     AttentionModel,
@@ -34,8 +38,8 @@ from attnaudit.models.base import (
     ModelConfig,
     ModelOutput,
     interventions_for,
+    layer_range,
 )
-
 
 CONTENT_GAIN = 0.3
 """Initial RMS of the content embedding, against 0.71 for the sinusoidal positions.
@@ -264,12 +268,10 @@ class TransformerEncoderModel(AttentionModel):
     ) -> ModelOutput:
         """Run layers ``start_layer``..L-1 (default ``cache.layer``) and the head."""
         n = len(self.layers)
-        start = cache.layer if start_layer is None else start_layer
-        if not -n <= start < n:
-            raise AttnAuditError(f"start_layer {start} out of range for a {n}-layer Transformer")
+        indices = layer_range(cache, start_layer, n)
         x, mask = cache.states, cache.mask.bool()
         trace = AttentionTrace()
-        for index in range(start % n, n):
+        for index in indices:
             x, record = self.layers[index](x, mask, interventions_for(interventions, index, len(self.layers)), f"layer{index}")
             trace.layers.append(record)
         return ModelOutput(logits=self.head(x, mask), trace=trace)
