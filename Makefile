@@ -29,6 +29,7 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	ATTNAUDIT_DATA=$(DATA) $(VENV)/bin/python -m benchmarks
+	$(VENV)/bin/python -m benchmarks.table
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info

@@ -1,10 +1,12 @@
 """``python -m benchmarks`` (``make bench``): run every ``benchmarks/bench_*.py``, then summarise.
 
 Each benchmark's ``main()`` runs in its own interpreter, one after the other, so a failing or
-crashing one does not stop the rest (and they do not compete for the CPU). Afterwards a
-table of ``benchmarks/results/*.json`` (name, ratio = peer time / our time, agree) is
-printed, with this run's status per benchmark, and the statuses and wall times are written
-to ``benchmarks/results/bench_runs.json``. Exit code 1 when any benchmark failed.
+crashing one does not stop the rest (and they do not compete for the CPU). Each times ours
+and the peer in interleaved rounds (:func:`benchmarks.common.time_interleaved`). Afterwards a
+table of ``benchmarks/results/*.json`` (name, ratio = peer time / our time as median
+(min–max) over the rounds, agree) is printed, with this run's status per benchmark, and the
+statuses and wall times are written to ``benchmarks/results/bench_runs.json``. Exit code 1
+when any benchmark failed. ``python -m benchmarks.table`` then writes the README table.
 
 Usage: ``python -m benchmarks [NAME ...] [--data-dir DIR] [--timeout SECONDS]`` where NAME is
 ``flow`` or ``bench_flow``; the data directory reaches the benchmarks as ``$ATTNAUDIT_DATA``.
@@ -23,7 +25,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from benchmarks.common import RESULTS, ROOT, write_result
+from benchmarks.common import COMMAND_ENV, RESULTS, ROOT, ratio_span, write_result
 
 RUNNER_RESULT = "bench_runs"
 
@@ -36,7 +38,7 @@ def discover() -> list[str]:
 def run_benchmark(name: str, timeout: float | None, env: dict[str, str]) -> dict[str, Any]:
     """``benchmarks.<name>.main()`` in a fresh interpreter from the repo root; its output is shown live."""
     start = time.perf_counter()
-    command = [sys.executable, "-c", f"import benchmarks.{name} as bench; bench.main()"]
+    command = [sys.executable, "-m", f"benchmarks.{name}"]
     try:
         code = subprocess.run(command, cwd=ROOT, env=env, timeout=timeout).returncode
         outcome = "ok" if code == 0 else f"failed (exit {code})"
@@ -46,6 +48,8 @@ def run_benchmark(name: str, timeout: float | None, env: dict[str, str]) -> dict
 
 
 def _cell(value: Any) -> str:
+    if isinstance(value, dict) and {"min", "median", "max"} <= value.keys():
+        return ratio_span(value)
     if isinstance(value, float):
         return f"{value:.3g}"
     return "-" if value is None else str(value)
@@ -68,7 +72,7 @@ def summary_rows(statuses: dict[str, str]) -> list[dict[str, str]]:
             {
                 "file": path.name,
                 "name": _cell(data.get("name")),
-                "ratio": _cell(data.get("ratio")),
+                "ratio": _cell((data.get("timing") or {}).get("ratio", data.get("ratio"))),
                 "agree": _cell(data.get("agree")),
                 "this run": statuses.get(f"bench_{path.stem}", ""),
             }
@@ -88,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown benchmark(s) {', '.join(unknown)}; available: {', '.join(available)}")
     env = {**os.environ, **({"ATTNAUDIT_DATA": str(args.data_dir)} if args.data_dir else {})}
+    env[COMMAND_ENV] = " ".join(["python -m benchmarks", *(argv if argv is not None else sys.argv[1:])])
     console = Console()
     runs = []
     for number, name in enumerate(wanted, 1):

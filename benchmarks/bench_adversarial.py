@@ -12,10 +12,10 @@ Model: the BiLSTM + additive (tanh) attention classifier of ``bench_permutation.
   ``model(batch_of_one, [Intervention(...)])`` (the FULL model) per adversary per step.
 
 Same start points and optimiser, so the rechecked JSDs and output changes must agree to a
-tolerance (float rounding through Adam). Each is timed ``--repeats`` times; the ratio is of
-the medians. Writes ``benchmarks/results/adversarial.json``.
+tolerance (float rounding through Adam). They are timed in ``--repeats`` interleaved rounds
+(:func:`benchmarks.common.time_interleaved`); the ratio is taken per round. Writes ``benchmarks/results/adversarial.json``.
 
-Run: ``nice -n 5 .venv/bin/python benchmarks/bench_adversarial.py``
+Run: ``.venv/bin/python -m benchmarks.bench_adversarial [--steps 100] [--repeats 5]``
 """
 
 from __future__ import annotations
@@ -31,12 +31,24 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from attnaudit.experiments.adversarial import Search, adversarial_loop, max_valid_jsd, search_batch  # noqa: E402
+from attnaudit.experiments.adversarial import (  # noqa: E402
+    Search,
+    adversarial_loop,
+    max_valid_jsd,
+    search_batch,
+)
 from attnaudit.experiments.base import summarise  # noqa: E402
 from attnaudit.progress import set_quiet  # noqa: E402
 from attnaudit.training.trainer import train  # noqa: E402
-from benchmarks.bench_permutation import decode_fraction, read_accuracy, timed  # noqa: E402
-from benchmarks.common import RUNS, write_result  # noqa: E402
+from benchmarks.bench_permutation import decode_fraction, read_accuracy  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    REPEATS,
+    RUNS,
+    headline,
+    ratio_span,
+    time_interleaved,
+    write_result,
+)
 
 TOLERANCE = 1e-4
 BATCH = 16
@@ -47,7 +59,7 @@ def main() -> dict[str, Any]:
     parser.add_argument("--instances", type=int, default=16)
     parser.add_argument("--adversaries", type=int, default=5)
     parser.add_argument("--steps", type=int, default=100)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=REPEATS, help="interleaved timed rounds")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -69,24 +81,22 @@ def main() -> dict[str, Any]:
             change.append(out.change)
         return torch.cat(div).numpy(), torch.cat(change).numpy()
 
-    ours()  # warm-up: the first Adam step imports optimiser machinery
-    ours_s, ours_times, (ours_div, ours_change) = timed(ours, args.repeats)
-    peer_s, peer_times, (peer_div, peer_change) = timed(lambda: adversarial_loop(run, examples, layer, search, 0), args.repeats)
+    timing, out = time_interleaved(  # warm-up of ours: the first Adam step imports optimiser machinery
+        {"ours": ours, "peer": lambda: adversarial_loop(run, examples, layer, search, 0)}, args.repeats, warmup=("ours",)
+    )
+    (ours_div, ours_change), (peer_div, peer_change) = out["ours"], out["peer"]
     diff = max(float(np.abs(ours_div - peer_div).max()), float(np.abs(ours_change - peer_change).max()))
     same_valid = bool(np.array_equal(ours_change <= search.report_epsilon, peer_change <= search.report_epsilon))
     best, _ = max_valid_jsd(torch.from_numpy(ours_div), torch.from_numpy(ours_change), search.report_epsilon)
     fraction = decode_fraction(run, examples[:BATCH])
     decodes = steps + 2  # every step evaluates the adversaries, plus the final iterate and the recheck
     result = {
-        "ratio": peer_s / ours_s,
+        **headline(timing),
         "agree": diff <= TOLERANCE and same_valid,
         "max_abs_diff": diff,
         "same_valid_adversaries": same_valid,
         "tolerance": TOLERANCE,
-        "ours_s": ours_s,
-        "peer_s": peer_s,
-        "ours_runs_s": ours_times,
-        "peer_runs_s": peer_times,
+        "timing": timing,
         "ours": "search_batch: one full forward per instance, one decode per step for instances x adversaries",
         "peer": "adversarial_loop: per instance, the full model rerun for every adversary at every step",
         "model": "bilstm + tanh attention, embed 300, hidden 128/direction, trained 2 epochs on the synthetic task",
@@ -115,6 +125,6 @@ def main() -> dict[str, Any]:
 if __name__ == "__main__":
     out = main()
     print(
-        f"adversarial: ours {out['ours_s']:.3f}s, loop {out['peer_s']:.2f}s, ratio {out['ratio']:.0f}x, "
+        f"adversarial: ours {out['ours_s']:.3f}s, loop {out['peer_s']:.2f}s, ratio {ratio_span(out['timing']['ratio'])}, "
         f"agree={out['agree']} (max |diff| {out['max_abs_diff']:.1e})"
     )

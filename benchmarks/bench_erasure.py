@@ -4,20 +4,19 @@ Both run in this process on the same trained model, the same test instances and 
 removal orders (the rankings are computed once, batched, and shared): the batched loop of
 :func:`attnaudit.experiments.erasure.flip_steps` over padded batches, against the plain
 loop that encodes each instance on its own and reruns decode once per removal step per
-instance.  Only the removal loops are timed (median of ``--runs``); cost is also given in
-forward-pass equivalents (loop time / time of one batched forward pass over the same inputs).
+instance.  Only the removal loops are timed, with one batched forward pass over the same
+inputs, in ``--repeats`` interleaved rounds (:func:`benchmarks.common.time_interleaved`); cost
+is also given in forward-pass equivalents (median loop time / median forward time).
 
-Run: ``.venv/bin/python benchmarks/bench_erasure.py [--model bilstm] [--n 200] [--runs 3]``
+Run: ``.venv/bin/python -m benchmarks.bench_erasure [--model bilstm] [--n 200] [--repeats 5]``
 Writes ``benchmarks/results/erasure.json``.
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,23 +36,20 @@ from attnaudit.experiments.erasure import (  # noqa: E402
 from attnaudit.progress import set_quiet  # noqa: E402
 from attnaudit.run import Run  # noqa: E402
 from attnaudit.training.trainer import evaluate_examples, train  # noqa: E402
-from benchmarks.common import RUNS, write_result  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    REPEATS,
+    RUNS,
+    headline,
+    ratio_span,
+    time_interleaved,
+    write_result,
+)
 
 MODEL_OPTIONS: dict[str, dict[str, Any]] = {
     "bilstm": {"embed_dim": 64, "hidden_dim": 64},
     "han": {"embed_dim": 64, "hidden_dim": 64},
     "transformer": {"embed_dim": 64, "d_model": 64, "heads": 4, "layers": 2, "d_ff": 128},
 }
-
-
-def _median_seconds(fn: Callable[[], Any], runs: int) -> tuple[float, Any]:
-    """Median wall time of ``runs`` calls, and the last result."""
-    times, out = [], None
-    for _ in range(runs):
-        start = time.perf_counter()
-        out = fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times), out
 
 
 def _task(model: str, n: int) -> Any:
@@ -69,7 +65,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="bilstm", choices=sorted(MODEL_OPTIONS))
     parser.add_argument("--n", type=int, default=200, help="test instances")
-    parser.add_argument("--runs", type=int, default=3, help="timed repetitions (median)")
+    parser.add_argument("--repeats", type=int, default=REPEATS, help="interleaved timed rounds")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--random-orders", type=int, default=5)
     args = parser.parse_args(argv)
@@ -138,9 +134,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         return out, calls
 
     with torch.no_grad():
-        forward_s, _ = _median_seconds(lambda: [run.model(b) for b in run.batches(examples, args.batch_size)], args.runs)
-        ours_s, (ours, ours_calls) = _median_seconds(batched, args.runs)
-        peer_s, (peer, peer_calls) = _median_seconds(one_at_a_time, args.runs)
+        timing, out = time_interleaved(
+            {"ours": batched, "peer": one_at_a_time, "forward": lambda: [run.model(b) for b in run.batches(examples, args.batch_size)]},
+            args.repeats,
+            warmup=("ours", "forward"),
+        )
+    (ours, ours_calls), (peer, peer_calls) = out["ours"], out["peer"]
+    top = headline(timing)
+    forward_s = timing["seconds"]["forward"]["median"]
 
     # Same multiset of (ranking, order, removed, flipped): the orders of rows differ between loops.
     agree = sorted(ours) == sorted(peer)
@@ -154,17 +155,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "batch_size": args.batch_size,
         "rankings": DEFAULT_RANKINGS,
         "random_orders": args.random_orders,
-        "runs_timed": args.runs,
-        "ratio": peer_s / ours_s,
+        **top,
         "agree": agree,
-        "ours_s": ours_s,
-        "peer_s": peer_s,
+        "timing": timing,
         "peer": "per-instance loop: each instance encoded alone, one decode per removal step per instance",
         "decode_calls_ours": ours_calls,
         "decode_calls_peer": peer_calls,
         "forward_pass_s": forward_s,
-        "forward_pass_equivalents_ours": ours_s / forward_s,
-        "forward_pass_equivalents_peer": peer_s / forward_s,
+        "forward_pass_equivalents_ours": top["ours_s"] / forward_s,
+        "forward_pass_equivalents_peer": top["peer_s"] / forward_s,
         "erasure_runs": len(ours),
         "flipped_runs": flipped,
         "rankings_s": rankings_s,
@@ -181,5 +180,6 @@ if __name__ == "__main__":
         f"erase until flip ({out['model']}, n={out['n']}): batched {out['ours_s']:.2f}s "
         f"({out['decode_calls_ours']} decodes, {out['forward_pass_equivalents_ours']:.0f} forward passes), "
         f"one at a time {out['peer_s']:.2f}s ({out['decode_calls_peer']} decodes, "
-        f"{out['forward_pass_equivalents_peer']:.0f} forward passes); ratio {out['ratio']:.1f}x, agree={out['agree']}"
+        f"{out['forward_pass_equivalents_peer']:.0f} forward passes); ratio {ratio_span(out['timing']['ratio'])}, "
+        f"agree={out['agree']}"
     )

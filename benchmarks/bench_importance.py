@@ -11,21 +11,21 @@ and the agreement do not depend on training) explains the same 64 sentences:
   on the embeddings (signed gradient, attention detached) times the input ->
   ``results/gradient.json``.
 
-Sentences: by default 64 synthetic sentences of 15-25 tokens (SST's test sentences
-average ~19 tokens); with ``--data-dir`` the first 64 sentences of Jain & Wallace's SST
-test split. Each side is timed ``--repeats`` times; medians are compared. Cost is also given in
-forward-pass equivalents: each side's time over the median time of one batched forward pass
-of the same model over the same sentences (``forward_pass_equivalents_ours`` / ``_peer``).
-Run: ``.venv/bin/python benchmarks/bench_importance.py [--data-dir ../shared/data]``.
+Sentences: the first 64 sentences of Jain & Wallace's SST test split when a data directory
+is given (``--data-dir``, default ``$ATTNAUDIT_DATA``, which ``make bench`` sets), else 64
+synthetic sentences of 15-25 tokens (SST's test sentences average ~19 tokens). Ours, the
+peer and one batched forward pass of the same model over the same sentences are timed in
+``--repeats`` interleaved rounds (:func:`benchmarks.common.time_interleaved`); the ratio is
+taken per round. Cost is also given in forward-pass equivalents: each side's median time over
+the forward pass's (``forward_pass_equivalents_ours`` / ``_peer``).
+Run: ``.venv/bin/python -m benchmarks.bench_importance [--data-dir ../shared/data] [--repeats 5]``.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -40,28 +40,27 @@ from attnaudit.data.readers import read_jw_sst_csv
 from attnaudit.data.synthetic import make_classification
 from attnaudit.data.types import Batch, Example
 from attnaudit.data.vocab import Vocab
-from attnaudit.importance import gradient_importance, loo_importance, loo_importance_reference
-from attnaudit.io import atomic_write_json
+from attnaudit.importance import (
+    gradient_importance,
+    loo_importance,
+    loo_importance_reference,
+)
 from attnaudit.models import ModelConfig, build_model, detach_weights
 from attnaudit.run import Run, TaskSpec
 from attnaudit.training.trainer import FAMILY_DEFAULTS
-from benchmarks.common import commit
+from benchmarks.common import (
+    REPEATS,
+    headline,
+    ratio_span,
+    time_interleaved,
+    write_result,
+)
 
-RESULTS = Path(__file__).resolve().parent / "results"
 ENCODERS = ("bilstm", "average", "cnn", "transformer")
 LABELS = ["negative", "positive"]
 N_SENTENCES = 64
+GRADIENT_HEADLINE = "bilstm"
 TOLERANCE = 1e-5
-
-
-def _median_seconds(fn: Callable[[], torch.Tensor], repeats: int) -> tuple[float, torch.Tensor]:
-    """Median wall time of ``repeats`` calls, and the last result."""
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        out = fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times), out
 
 
 def sentences(data_dir: Path | None) -> tuple[list[Example], str]:
@@ -103,99 +102,82 @@ def saliency_gradient(run: Run, batch: Batch) -> torch.Tensor:
     return (grad * embeddings).sum(-1).abs() * batch.mask.to(embeddings.dtype)
 
 
-def forward_seconds(run: Run, batch: Batch, repeats: int) -> float:
-    """Median time of one batched forward pass (no gradient): the unit of forward-pass equivalents."""
+def compare(run: Run, batch: Batch, ours: Callable[[], torch.Tensor], peer: Callable[[], torch.Tensor], repeats: int) -> dict[str, Any]:
+    """Time ours, the peer and a plain forward pass interleaved; check ours and the peer agree
+    (NaN where the other is NaN, else within TOLERANCE)."""
 
     def forward() -> torch.Tensor:
         with torch.no_grad():
             return run.model(batch).logits
 
-    forward()  # warm-up
-    return _median_seconds(forward, repeats)[0]
-
-
-def compare(
-    ours: Callable[[], torch.Tensor], peer: Callable[[], torch.Tensor], repeats: int, forward_s: float
-) -> dict[str, Any]:
-    """Time both, check they agree (NaN where the other is NaN, else within TOLERANCE)."""
-    peer()  # warm-up: first calls pay for allocator and kernel setup
-    ours()
-    ours_s, a = _median_seconds(ours, repeats)
-    peer_s, b = _median_seconds(peer, repeats)
+    timing, out = time_interleaved({"ours": ours, "peer": peer, "forward": forward}, repeats)
+    a, b = out["ours"], out["peer"]
     same_nan = bool(torch.equal(a.isnan(), b.isnan()))
     diff = float((a - b).abs().nan_to_num(0.0).max())
+    top = headline(timing)
+    forward_s = timing["seconds"]["forward"]["median"]
     return {
-        "ratio": peer_s / ours_s,
+        **top,
         "agree": same_nan and diff <= TOLERANCE,
         "max_abs_diff": diff,
         "max_value": float(b.nan_to_num(0.0).abs().max()),
-        "ours_s": ours_s,
-        "peer_s": peer_s,
         "forward_s": forward_s,
-        "forward_pass_equivalents_ours": ours_s / forward_s,
-        "forward_pass_equivalents_peer": peer_s / forward_s,
+        "forward_pass_equivalents_ours": top["ours_s"] / forward_s,
+        "forward_pass_equivalents_peer": top["peer_s"] / forward_s,
+        "timing": timing,
     }
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--data-dir", type=Path, default=None, help="real data directory (uses SST test sentences)")
-    parser.add_argument("--repeats", type=int, default=3, help="timed calls per side (median reported)")
+    parser.add_argument("--data-dir", type=Path, default=os.environ.get("ATTNAUDIT_DATA"),
+                        help="real data directory, uses SST test sentences (default $ATTNAUDIT_DATA)")
+    parser.add_argument("--repeats", type=int, default=REPEATS, help="interleaved timed rounds")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     examples, description = sentences(args.data_dir)
     lengths = [len(ex.tokens) for ex in examples]
     common = {
-        "commit": commit(),
-        "cores": os.cpu_count(),
         "threads": 1,
         "inputs": description,
         "mean_length": sum(lengths) / len(lengths),
         "model": "randomly initialised, family default sizes (FAMILY_DEFAULTS)",
         "tolerance": TOLERANCE,
-        "command": "benchmarks/bench_importance.py"
-        + (f" --data-dir {args.data_dir}" if args.data_dir else "")
-        + f" --repeats {args.repeats}",
-        "repeats": args.repeats,
     }
     gradient_rows = {}
     summary: dict[str, Any] = {}
     for encoder in ENCODERS:
         run, batch = make_run(encoder, examples)
-        forward_s = forward_seconds(run, batch, args.repeats)
-        loo = compare(
-            lambda: loo_importance(run, batch), lambda: loo_importance_reference(run, batch), args.repeats, forward_s
-        )
+        loo = compare(run, batch, lambda: loo_importance(run, batch), lambda: loo_importance_reference(run, batch), args.repeats)
         result = {
-            "name": f"loo_{encoder}",
             **loo,
             "peer": "captum.attr.FeatureAblation, one ablated item position per forward pass",
             "encoder": encoder,
             **common,
         }
-        atomic_write_json(RESULTS / f"loo_{encoder}.json", result)
+        write_result(f"loo_{encoder}", result)
         summary[encoder] = result
         print(
-            f"loo {encoder:12s} ratio {loo['ratio']:6.1f}x  agree={loo['agree']}  max|diff| {loo['max_abs_diff']:.1e}  "
-            f"forward passes {loo['forward_pass_equivalents_ours']:.1f} vs {loo['forward_pass_equivalents_peer']:.1f}"
+            f"loo {encoder:12s} ratio {ratio_span(loo['timing']['ratio'])}  agree={loo['agree']}  "
+            f"max|diff| {loo['max_abs_diff']:.1e}  forward passes "
+            f"{loo['forward_pass_equivalents_ours']:.1f} vs {loo['forward_pass_equivalents_peer']:.1f}"
         )
-        grad = compare(
-            lambda: gradient_importance(run, batch), lambda: saliency_gradient(run, batch), args.repeats, forward_s
-        )
+        grad = compare(run, batch, lambda: gradient_importance(run, batch), lambda: saliency_gradient(run, batch), args.repeats)
         gradient_rows[encoder] = grad
-        print(f"gradient {encoder:7s} ratio {grad['ratio']:6.2f}x  agree={grad['agree']}  max|diff| {grad['max_abs_diff']:.1e}")
+        print(f"gradient {encoder:7s} ratio {ratio_span(grad['timing']['ratio'])}  agree={grad['agree']}  "
+              f"max|diff| {grad['max_abs_diff']:.1e}")
+    headline_row = gradient_rows[GRADIENT_HEADLINE]
     gradient = {
-        "name": "gradient",
-        "ratio": min(r["ratio"] for r in gradient_rows.values()),
+        **{key: headline_row[key] for key in ("ratio", "ours_s", "peer_s", "timing")},
         "agree": all(r["agree"] for r in gradient_rows.values()),
-        "ours_s": sum(r["ours_s"] for r in gradient_rows.values()),
-        "peer_s": sum(r["peer_s"] for r in gradient_rows.values()),
+        "encoder": GRADIENT_HEADLINE,
         "peer": "captum.attr.Saliency(abs=False) on the embeddings, attention detached, times the input",
-        "aggregation": "ratio = the smallest per-encoder ratio; ours_s/peer_s = sums over encoders",
+        "aggregation": f"ratio, ours_s, peer_s, timing: the {GRADIENT_HEADLINE} model's (Jain & Wallace's); "
+        "agree: every encoder; each encoder's own figures in per_encoder",
         "per_encoder": gradient_rows,
         **common,
     }
-    atomic_write_json(RESULTS / "gradient.json", gradient)
+    write_result("gradient", gradient)
     return {"loo": summary, "gradient": gradient}
 
 

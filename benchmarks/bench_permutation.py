@@ -10,21 +10,20 @@ first ``--instances`` test instances, ``--permutations`` permutations each, seed
 * peer: :func:`attnaudit.experiments.permutation.permutation_loop` — one instance at a time,
   ``model(batch_of_one, [Intervention(...)])`` (the FULL model) per permutation.
 
-Both draw identical permutations, so the output changes must agree (to 1e-5). Each is timed
-``--repeats`` times; the ratio is of the medians. Cost is also given in forward-pass
+Both draw identical permutations, so the output changes must agree (to 1e-5). They are timed
+in ``--repeats`` interleaved rounds (:func:`benchmarks.common.time_interleaved`); the ratio is
+taken per round. Cost is also given in forward-pass
 equivalents: a decode row costs ``decode_fraction`` of a full forward (measured).
 Writes ``benchmarks/results/permutation.json``.
 
-Run: ``nice -n 5 .venv/bin/python benchmarks/bench_permutation.py``
+Run: ``.venv/bin/python -m benchmarks.bench_permutation [--instances 50] [--repeats 5]``
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,38 +36,35 @@ from attnaudit.experiments.permutation import permutation_loop, permute_batch  #
 from attnaudit.progress import set_quiet  # noqa: E402
 from attnaudit.run import Run  # noqa: E402
 from attnaudit.training.trainer import train  # noqa: E402
-from benchmarks.common import RUNS, write_result  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    REPEATS,
+    RUNS,
+    headline,
+    ratio_span,
+    time_interleaved,
+    write_result,
+)
 
 TOLERANCE = 1e-5
 BATCH = 32
 
 
-def timed(fn: Callable[[], Any], repeats: int) -> tuple[float, list[float], Any]:
-    """Median wall time of ``repeats`` calls, all times, and the last result."""
-    times, out = [], None
-    for _ in range(repeats):
-        start = time.perf_counter()
-        out = fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times), times, out
-
-
-def decode_fraction(run: Run, examples: list, repeats: int = 5) -> float:
-    """Time of ``decode`` (attention + output) relative to a full forward pass, same batch."""
+def decode_fraction(run: Run, examples: list, repeats: int = REPEATS) -> float:
+    """Time of ``decode`` (attention + output) relative to a full forward pass, same batch (median per round)."""
     batch = run.collate(examples).to(run.device)
     model = run.model
     with torch.no_grad():
         cache = model.encode(batch)
-        full, _, _ = timed(lambda: model(batch), repeats)
-        part, _, _ = timed(lambda: model.decode(cache), repeats)
-    return part / full
+        timing, _ = time_interleaved({"decode": lambda: model.decode(cache), "full": lambda: model(batch)}, repeats,
+                                     ratios={"fraction": ("decode", "full")})
+    return timing["fraction"]["median"]
 
 
 def main() -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--instances", type=int, default=50)
     parser.add_argument("--permutations", type=int, default=100)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=REPEATS, help="interleaved timed rounds")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -89,20 +85,18 @@ def main() -> dict[str, Any]:
             chunks.append(permute_batch(run.model, batch, layers, p, 0, range(i * BATCH, i * BATCH + len(batch))).changes)
         return torch.cat(chunks).numpy()
 
-    ours()  # warm-up (first-call allocations)
-    ours_s, ours_times, ours_out = timed(ours, args.repeats)
-    peer_s, peer_times, peer_out = timed(lambda: permutation_loop(run, examples, layers, p, 0), args.repeats)
+    timing, out = time_interleaved(
+        {"ours": ours, "peer": lambda: permutation_loop(run, examples, layers, p, 0)}, args.repeats, warmup=("ours",)
+    )
+    ours_out, peer_out = out["ours"], out["peer"]
     max_diff = float(np.abs(ours_out - peer_out).max())
     fraction = decode_fraction(run, examples[:BATCH])
     result = {
-        "ratio": peer_s / ours_s,
+        **headline(timing),
         "agree": max_diff <= TOLERANCE,
         "max_abs_diff": max_diff,
         "tolerance": TOLERANCE,
-        "ours_s": ours_s,
-        "peer_s": peer_s,
-        "ours_runs_s": ours_times,
-        "peer_runs_s": peer_times,
+        "timing": timing,
         "ours": "permute_batch: one full forward per instance, all permutations through batched decode calls",
         "peer": "permutation_loop: per instance, the full model rerun for every permutation",
         "model": "bilstm + tanh attention, embed 300, hidden 128/direction, trained 2 epochs on the synthetic task",
@@ -138,6 +132,6 @@ def read_accuracy(run: Run) -> float | None:
 if __name__ == "__main__":
     out = main()
     print(
-        f"permutation: ours {out['ours_s']:.3f}s, loop {out['peer_s']:.2f}s, ratio {out['ratio']:.0f}x, "
+        f"permutation: ours {out['ours_s']:.3f}s, loop {out['peer_s']:.2f}s, ratio {ratio_span(out['timing']['ratio'])}, "
         f"agree={out['agree']} (max |diff| {out['max_abs_diff']:.1e})"
     )

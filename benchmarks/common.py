@@ -1,11 +1,21 @@
-"""Shared bits of the benchmark and reproduction scripts: provenance and result files."""
+"""Shared bits of the benchmark and reproduction scripts: provenance, timing and result files.
+
+Every speed benchmark times its implementations with :func:`time_interleaved` (``≥ 5`` rounds,
+ours and the peer's runs interleaved so that load changes on a shared machine hit both alike)
+and stores the returned record under ``"timing"``; :mod:`benchmarks.table` turns those records
+into the README table. A claim is the median with its range (min–max over the rounds).
+"""
 
 from __future__ import annotations
 
+import datetime
 import os
 import platform
+import statistics
 import subprocess
 import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -14,27 +24,126 @@ from attnaudit.io import atomic_write_json
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 RUNS = ROOT / "benchmarks" / "runs"
+REPEATS = 5  # default rounds of every benchmark (fewer make no claim)
+# Set by ``python -m benchmarks`` for the benchmarks it starts, so each result names that command.
+COMMAND_ENV = "ATTNAUDIT_BENCH_COMMAND"
+DEFAULT_RATIOS = {"ratio": ("peer", "ours")}
 
 
 def commit() -> str:
-    """The current commit (with ``-dirty`` when the tree has changes), or ``uncommitted``."""
+    """The current commit (with ``-dirty`` when tracked files other than results changed), or ``uncommitted``.
+
+    ``benchmarks/results/`` is left out of the check: a benchmark run rewrites it as it goes.
+    """
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True, text=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":!benchmarks/results"],
+                               cwd=ROOT, capture_output=True, text=True)
         return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
     except (subprocess.CalledProcessError, FileNotFoundError):
         return "uncommitted"
 
 
-def provenance() -> dict[str, Any]:
-    """Command line, commit, cores and platform, stored with every result."""
+def machine() -> dict[str, Any]:
+    """What the timings depend on: cores (all / usable by this process), torch threads and version, date."""
+    import torch
+
     return {
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "cpu_count": os.cpu_count(),
+        "usable_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch_version": torch.__version__,
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+    }
+
+
+def provenance() -> dict[str, Any]:
+    """Command line, commit, cores, platform and machine, stored with every result."""
+    return {
+        "command": os.environ.get(COMMAND_ENV) or " ".join([Path(sys.executable).name, *sys.argv]),
         "commit": commit(),
         "cores": os.cpu_count(),
         "platform": platform.platform(),
         "python": platform.python_version(),
+        "machine": machine(),
     }
+
+
+def stats(values: Sequence[float]) -> dict[str, Any]:
+    """``min`` / ``median`` / ``max`` of ``values``, and the values themselves (``runs``)."""
+    if not values:
+        raise ValueError("no values to summarise")
+    return {"min": min(values), "median": statistics.median(values), "max": max(values), "runs": list(values)}
+
+
+def pair_ratios(numerators: Sequence[float], denominators: Sequence[float]) -> list[float]:
+    """``numerators[i] / denominators[i]`` per round: a ratio of two runs timed side by side."""
+    if len(numerators) != len(denominators):
+        raise ValueError(f"{len(numerators)} numerators for {len(denominators)} denominators")
+    return [n / d for n, d in zip(numerators, denominators)]
+
+
+def _load() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else []
+
+
+def time_interleaved(
+    fns: dict[str, Callable[[], Any]],
+    repeats: int,
+    ratios: dict[str, tuple[str, str]] | None = None,
+    warmup: Iterable[str] | None = None,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Time every function once per round for ``repeats`` rounds; the record and each last output.
+
+    Rounds alternate the order (``a, b`` then ``b, a``) so neither side always runs first.
+    ``ratios`` maps a name to ``(numerator, denominator)`` function names (default
+    ``ratio = peer / ours``); each ratio is taken per round, then summarised. The record holds
+    :func:`stats` of every time (``seconds``) and ratio, the repeats, and the 1/5/15-minute
+    load average before and after the timed rounds. The functions named in ``warmup`` (default:
+    all) are called once first, untimed, to pay for allocator and kernel setup.
+    """
+    if repeats < 1:
+        raise ValueError(f"repeats must be at least 1, not {repeats}")
+    ratios = DEFAULT_RATIOS if ratios is None else ratios
+    load_before = _load()
+    outputs: dict[str, Any] = {}
+    for name in fns if warmup is None else warmup:
+        outputs[name] = fns[name]()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    names = list(fns)
+    for round_ in range(repeats):
+        for name in names if round_ % 2 == 0 else names[::-1]:
+            start = time.perf_counter()
+            outputs[name] = fns[name]()
+            times[name].append(time.perf_counter() - start)
+    record = {
+        "repeats": repeats,
+        "order": "interleaved: one run of each per round, order alternating between rounds",
+        "seconds": {name: stats(values) for name, values in times.items()},
+        **{key: stats(pair_ratios(times[top], times[bottom])) for key, (top, bottom) in ratios.items()},
+        "load_average_before": load_before,
+        "load_average_after": _load(),
+    }
+    return record, outputs
+
+
+def headline(timing: dict[str, Any], ours: str = "ours", peer: str = "peer") -> dict[str, float]:
+    """The medians a result file shows at top level: ``ratio``, ``ours_s``, ``peer_s``."""
+    return {
+        "ratio": timing["ratio"]["median"],
+        "ours_s": timing["seconds"][ours]["median"],
+        "peer_s": timing["seconds"][peer]["median"],
+    }
+
+
+def span(stat: dict[str, Any], fmt: str = ".3g", unit: str = "") -> str:
+    """``median (min–max)`` of a :func:`stats` record, e.g. ``2.5× (1.9–2.8×)``."""
+    return f"{stat['median']:{fmt}}{unit} ({stat['min']:{fmt}}–{stat['max']:{fmt}}{unit})"
+
+
+def ratio_span(stat: dict[str, Any]) -> str:
+    """A ratio's :func:`span`: two decimals below 1, one below 10, whole numbers above."""
+    return span(stat, ".2f" if stat["max"] < 1 else ".1f" if stat["max"] < 10 else ".0f", "×")
 
 
 def write_result(name: str, payload: dict[str, Any]) -> Path:
