@@ -28,6 +28,7 @@ from rich.table import Table
 from benchmarks.common import COMMAND_ENV, RESULTS, ROOT, ratio_span, write_result
 
 RUNNER_RESULT = "bench_runs"
+PRODUCER = {"loo": "bench_importance", "gradient": "bench_importance"}  # result files named after no benchmark
 
 
 def discover() -> list[str]:
@@ -40,7 +41,7 @@ def run_benchmark(name: str, timeout: float | None, env: dict[str, str]) -> dict
     start = time.perf_counter()
     command = [sys.executable, "-m", f"benchmarks.{name}"]
     try:
-        code = subprocess.run(command, cwd=ROOT, env=env, timeout=timeout).returncode
+        code = subprocess.run(command, check=False, cwd=ROOT, env=env, timeout=timeout).returncode
         outcome = "ok" if code == 0 else f"failed (exit {code})"
     except subprocess.TimeoutExpired:
         outcome = f"failed (timeout after {timeout:g} s)"
@@ -74,7 +75,7 @@ def summary_rows(statuses: dict[str, str]) -> list[dict[str, str]]:
                 "name": _cell(data.get("name")),
                 "ratio": _cell((data.get("timing") or {}).get("ratio", data.get("ratio"))),
                 "agree": _cell(data.get("agree")),
-                "this run": statuses.get(f"bench_{path.stem}", ""),
+                "this run": statuses.get(PRODUCER.get(path.stem.split("_")[0], f"bench_{path.stem}"), ""),
             }
         )
     return rows

@@ -38,7 +38,7 @@ def commit() -> str:
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True)
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":!benchmarks/results"],
-                               cwd=ROOT, capture_output=True, text=True)
+                               check=False, cwd=ROOT, capture_output=True, text=True)
         return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
     except (subprocess.CalledProcessError, FileNotFoundError):
         return "uncommitted"

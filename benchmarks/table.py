@@ -24,6 +24,7 @@ START = "<!-- bench-table:start -->"
 END = "<!-- bench-table:end -->"
 CAPTUM_ABLATION = "Captum `FeatureAblation`"
 LOOP = "per-instance loop over the full model"
+ENCODER_NAMES = {"bilstm": "BiLSTM", "average": "average encoder", "cnn": "CNN", "transformer": "Transformer"}
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,7 @@ ROWS = (
     Row("loo_average", "leave-one-out, average encoder", CAPTUM_ABLATION),
     Row("loo_cnn", "leave-one-out, CNN", CAPTUM_ABLATION),
     Row("loo_transformer", "leave-one-out, Transformer", CAPTUM_ABLATION),
-    Row("gradient", "gradient importance, {encoder}", "Captum `Saliency`"),
+    Row("gradient", "gradient importance, {encoder_name}", "Captum `Saliency`"),
     Row("permutation", "permutation, {instances} × {permutations}", LOOP),
     Row("adversarial", "adversarial search, {instances} × {adversaries} × {steps} steps", LOOP),
     Row("erasure", "erase until flip, {n} instances", "one instance at a time"),
@@ -57,7 +58,12 @@ def load(folder: Path = RESULTS) -> dict[str, dict[str, Any]]:
 
 
 def _seconds(stat: dict[str, Any]) -> str:
-    return span(stat, ".3g", " s")
+    """Seconds to three significant digits, trailing zeros kept (``7.00 s``, ``0.0104 s``, ``175 s``)."""
+
+    def digits(value: float) -> str:
+        return f"{value:.0f}" if value >= 100 else f"{value:#.3g}"
+
+    return f"{digits(stat['median'])} s ({digits(stat['min'])}–{digits(stat['max'])} s)"
 
 
 def _agree(data: dict[str, Any]) -> str:
@@ -83,7 +89,7 @@ def table_rows(results: dict[str, dict[str, Any]]) -> list[str]:
             ratio += f"; our pass costs {ratio_span(timing['cost'])} the peer's"
         seconds = timing["seconds"]
         lines.append(
-            f"| {row.label.format(**data)} | {ratio} | {_seconds(seconds['ours'])} | {_seconds(seconds['peer'])} "
+            f"| {row.label.format(**data, encoder_name=ENCODER_NAMES.get(data.get('encoder', ''), ''))} | {ratio} | {_seconds(seconds['ours'])} | {_seconds(seconds['peer'])} "
             f"| {timing['repeats']} | {_agree(data)} | {row.peer} |"
         )
     return lines
@@ -92,13 +98,14 @@ def table_rows(results: dict[str, dict[str, Any]]) -> list[str]:
 def training_line(training: dict[str, Any]) -> str:
     """Tokens per second of each training setup, median (min–max)."""
     parts = [
-        f"{name} ({m['task']}, {m['model']}) {span(m['tokens_per_s'], ',.0f')} tokens/s"
+        f"{name} {span(m['tokens_per_s'], ',.0f')} tokens/s"
         for name, m in training["models"].items()
     ]
     first = next(iter(training["models"].values()))
     return (
-        f"Training throughput (`python -m benchmarks training`, {training['data']} data, {first['batches']} batches "
-        f"of {first['batch_size']}, {training['timing']['repeats']} runs each, {training['threads']} thread): "
+        f"Training throughput (`benchmarks/bench_training.py`, {training['data']} data, one epoch of "
+        f"{first['batches']} batches of {first['batch_size']}, {training['timing']['repeats']} runs each, "
+        f"{training['threads']} thread; no peer): "
         + "; ".join(parts) + "."
     )
 
@@ -128,7 +135,8 @@ def machine_line(results: dict[str, dict[str, Any]]) -> str:
     commands = sorted({f"`{data['command']}`" for data in results.values()})
     commits = sorted({data["commit"][:10] for data in results.values()})
     cores = sorted({f"{m['cpu_count']} cores ({m['usable_cores']} usable)" for m in machines})
-    torch = sorted({f"torch {m['torch_version']}, {m['torch_threads']} thread(s)" for m in machines})
+    torch = sorted({f"torch {m['torch_version']} with {m['torch_threads']} thread{'s' * (m['torch_threads'] != 1)}"
+                    for m in machines})
     date = dates[0] if dates[0] == dates[-1] else f"{dates[0]} to {dates[-1]}"
     return (
         f"Taken by {', '.join(commands)} on {date} (commit {', '.join(commits)}): {', '.join(cores)}, "
