@@ -122,8 +122,13 @@ def cost_line(results: dict[str, dict[str, Any]]) -> str:
         if stem in results:
             model = results[stem]["forward_pass_equivalents"]
             parts.append(f"{stem} {model['ours']:,.0f} vs {model['peer']:,.0f} (modelled)")
-    return ("Cost in forward-pass equivalents, ours vs peer (median time over the median time of one batched "
-            "forward pass of the same model and inputs): " + "; ".join(parts) + ".")
+    inputs = ""
+    if "loo_bilstm" in results:
+        data = results["loo_bilstm"]
+        inputs = (f"Leave-one-out and gradient explain {data['inputs']}, mean length {data['mean_length']:.1f} tokens "
+                  f"(models: {data['model']}). ")
+    return (inputs + "Cost in forward-pass equivalents, ours vs peer (median time over the median time of one "
+            "batched forward pass of the same model and inputs): " + "; ".join(parts) + ".")
 
 
 def machine_line(results: dict[str, dict[str, Any]]) -> str:
