@@ -67,7 +67,7 @@ def sentences(data_dir: Path | None) -> tuple[list[Example], str]:
     """The 64 sentences to explain and a description of them."""
     if data_dir is not None:
         path = data_dir / "sst" / "sst_dataset.csv"
-        return read_jw_sst_csv(path)["test"][:N_SENTENCES], f"first {N_SENTENCES} SST test sentences ({path})"
+        return read_jw_sst_csv(path)["test"][:N_SENTENCES], f"first {N_SENTENCES} SST test sentences (DATA/sst/sst_dataset.csv)"
     examples = make_classification(N_SENTENCES, seed=0, min_len=15, max_len=25)
     return examples, f"{N_SENTENCES} synthetic sentences of 15-25 tokens (make_classification, seed 0)"
 
