@@ -18,7 +18,7 @@ from attnaudit.errors import AttnAuditError
 from attnaudit.experiments import run_test
 from attnaudit.experiments.rollout import Rollout, explanation_rows, input_gradient
 from attnaudit.flow import flow, rollout
-from attnaudit.importance import gradient_importance
+from attnaudit.explain.gradient import gradient_importance
 from attnaudit.models.hf import load_hf
 from attnaudit.run import Run
 from tests.reliability.helpers import cli
