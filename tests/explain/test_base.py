@@ -11,7 +11,16 @@ from attnaudit.data.batching import Collator
 from attnaudit.data.types import Example
 from attnaudit.data.vocab import Vocab
 from attnaudit.errors import AttnAuditError
-from attnaudit.explain import EXPLANATIONS, Explanation, choose, default_names, explanation, item_mask, list_explanations, unregister
+from attnaudit.explain import (
+    EXPLANATIONS,
+    Explanation,
+    choose,
+    default_names,
+    explanation,
+    item_mask,
+    list_explanations,
+    unregister,
+)
 from attnaudit.models import ModelConfig, build_model
 from attnaudit.run import Run, TaskSpec
 

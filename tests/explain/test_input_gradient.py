@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import torch
 
 from attnaudit.explain.gradient import gradient_importance
 from attnaudit.explain.input_gradient import input_gradient
+from attnaudit.models.hf import load_hf
 
 
 def test_input_gradient_is_the_summed_gradient_of_the_predicted_logit(runs: dict) -> None:
@@ -21,3 +24,14 @@ def test_input_gradient_is_the_summed_gradient_of_the_predicted_logit(runs: dict
         torch.testing.assert_close(ours[b, :n], emb.grad[0, :n].sum(-1).abs(), atol=1e-6, rtol=1e-4)
         assert (ours[b, n:] == 0).all()
     assert not torch.allclose(ours, gradient_importance(run, batch))  # attention live, logit, no ·e: another method
+
+
+def test_on_a_hugging_face_encoder_it_is_the_gradient_of_the_predicted_logit(tiny_hf: SimpleNamespace) -> None:
+    run = load_hf(tiny_hf.dir, task=tiny_hf.task(), device="cpu")
+    batch = next(run.batches(run.data().test, 8))
+    model = run.model
+    emb = model.embed(batch).detach().requires_grad_(True)
+    logits = model(batch, embeddings=emb).logits
+    logits.gather(1, logits.argmax(-1, keepdim=True)).sum().backward()
+    expected = emb.grad.sum(-1).abs() * batch.mask
+    torch.testing.assert_close(input_gradient(run, batch), expected)

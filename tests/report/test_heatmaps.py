@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from attnaudit.experiments.base import Result
-from attnaudit.explain.attention import attention_importance
 from attnaudit.experiments.importance import ImportanceCorrelation
+from attnaudit.explain.attention import attention_importance
 from attnaudit.report.heatmaps import compute_heatmaps, ranking_result, select_instances
 
 
