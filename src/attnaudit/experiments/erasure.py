@@ -184,14 +184,14 @@ def ranking_orders(
     ]
 
 
-def importance_functions(names: list[str]) -> dict[str, Explanation]:
-    """The explanations behind ``names`` (plus ``attention``, which the single test uses); ``random``
-    is this test's own seeded orders, not an explanation's scores."""
+def importance_functions(names: list[str], model: AttentionModel | None = None) -> dict[str, Explanation]:
+    """The explanations behind ``names`` (plus ``attention``, which the single test uses), each
+    applying to ``model`` when given; ``random`` is this test's own seeded orders, not an explanation's scores."""
     choices = Erasure.explanation_choices()
     unknown = [n for n in names if n not in choices]
     if unknown:
         raise AttnAuditError(f"unknown ranking(s) {', '.join(unknown)}; choose from {', '.join(choices)}")
-    return choose(sorted({"attention", *(n for n in names if n != RANDOM)}), option="--rankings")
+    return choose(sorted({"attention", *(n for n in names if n != RANDOM)}), option="--rankings", model=model)
 
 
 def _single(
@@ -276,7 +276,7 @@ class Erasure(Experiment):
         rankings = list(dict.fromkeys(options.rankings))
         if not rankings:
             raise AttnAuditError("--rankings is empty; give at least one ranking")
-        functions = importance_functions(rankings)
+        functions = importance_functions(rankings, run.model)
         model = run.model
         instances: list[dict[str, Any]] = []
         long_rows: list[dict[str, Any]] = []
