@@ -65,7 +65,7 @@ def test_audit_writes_results_summary_and_report(run, tmp_path: Path) -> None:
     log = json.loads((out / "audit.json").read_text())
     assert [t["test"] for t in log["tests"]] == TESTS  # cheap-first order, rationale before permutation
     heatmaps = json.loads((out / "results" / "heatmaps.json").read_text())
-    assert heatmaps["instances"] and set(heatmaps["instances"][0]["scores"]) == {"attention", "gradient", "loo"}
+    assert heatmaps["instances"] and set(heatmaps["instances"][0]["scores"]) == {"attention", "gradient", "loo", "ig"}
 
 
 def test_resume_reuses_stored_results_and_matches_uninterrupted(run, tmp_path: Path) -> None:

@@ -40,22 +40,6 @@ from attnaudit.report import build_report
 from attnaudit.report.summary import AUDIT, order_tests, summary_rows
 from attnaudit.run import Run
 
-TRANSFORMER_ONLY = frozenset({"activation-swap", "shuffle", "key-adversary", "random-keys", "opposite-keys"})
-SELF_ATTENTION_FAMILIES = ("transformer", "hf")
-
-# Small defaults for the tests that train models, so an audit stays an audit; a field is
-# used only if the test's Options has it, and --set overrides it.
-AUDIT_DEFAULTS: dict[str, dict[str, Any]] = {
-    "uniform": {"epochs": 3},
-    "seeds": {"seeds": [1, 2], "epochs": 3},
-    "diagnostic": {"epochs": 3},
-    "global-adversary": {"epochs": 3},
-    "probe": {"epochs": 3},
-    "key-adversary": {"epochs": 2, "train_limit": 2000},
-    "random-keys": {"epochs": 2, "train_limit": 2000},
-    "opposite-keys": {"epochs": 2, "train_limit": 2000},
-    "rollout": {"flow_limit": 20},  # flow costs ~T^4: a 90-wordpiece sentence takes ~40 CPU-s
-}
 RESULTS = "results"
 
 
@@ -136,7 +120,7 @@ def _plan(
     for name in selected:
         experiment = registry[name]()
         known = {f.name for f in fields(experiment.Options)}
-        values = {k: v for k, v in AUDIT_DEFAULTS.get(name, {}).items() if k in known}
+        values = {k: v for k, v in experiment.audit_options.items() if k in known}
         values.update(test_options.get(name, {}))
         options[name] = make_options(experiment, values)
     return order_tests(selected), options
@@ -157,7 +141,7 @@ def _refuse_unused_settings(target: Run, order: list[str], test_options: dict[st
 
 def skip_reason(experiment: Experiment, target: Run) -> str | None:
     """Why the audit skips ``experiment`` on ``target`` (None when it runs)."""
-    if experiment.name in TRANSFORMER_ONLY and target.family not in SELF_ATTENTION_FAMILIES:
+    if experiment.audit_transformers_only and not target.model.self_attention:
         return "the audit runs the activation and key tests on Transformers only"
     return experiment.why_not(target)
 

@@ -189,7 +189,44 @@ def tests() -> None:
     """
     from attnaudit.experiments import discover
 
-    _print_table("tests", [{"name": n, "paper": c.paper, "description": c.description} for n, c in discover().items()])
+    rows = [
+        {"name": n, "paper": c.paper, "description": c.description, "explanations": ", ".join(c.explanation_choices())}
+        for n, c in discover().items()
+    ]
+    _print_table("tests", rows)
+
+
+@app.command()
+def explanations(
+    run: Annotated[Optional[Path], typer.Argument(help="Run directory: list only the methods that apply to its model.")] = None,
+    data_dir: DataDir = None,
+    device: Device = "auto",
+) -> None:
+    """List the explanation methods the tests can compare (with RUN: those that apply to its model, and why not the rest).
+
+    Examples:
+
+    attnaudit explanations
+
+    attnaudit explanations runs/sst
+    """
+    from attnaudit.explain import EXPLANATIONS, NEEDS, list_explanations
+
+    model = None
+    if run is not None:
+        from attnaudit.run import load_run
+
+        model = load_run(run, device=device, data_dir=data_dir).model
+    shown = list(EXPLANATIONS.values()) if model is None else list_explanations(model)
+    rows = [
+        {"name": m.name, "default": "yes" if m.default else "", "needs": "; ".join(NEEDS[n][0] for n in m.needs), "description": m.about}
+        for m in shown
+    ]
+    _print_table("explanations" if run is None else f"explanations for {run}", rows)
+    for method in EXPLANATIONS.values() if model is not None else ():
+        reason = method.applies(model)
+        if reason:
+            out_console.print(f"not for this model: {method.name}: {reason}", markup=False, highlight=False)
 
 
 @app.command()

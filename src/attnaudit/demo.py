@@ -36,43 +36,6 @@ MODELS: dict[str, dict[str, dict[str, Any]]] = {
     },
 }
 LIMIT = {"full": 100, "quick": 6}
-TESTS: dict[str, dict[str, dict[str, Any]]] = {
-    "full": {
-        "permutation": {"permutations": 30},
-        "adversarial": {"adversaries": 3, "steps": 150},
-        "erasure": {"random_orders": 3},
-        "importance": {"methods": ["gradient", "loo", "ig"], "ig_steps": 20},
-        "rationale": {"ig_steps": 20},
-        "shuffle": {"repeats": 3},
-        "key-adversary": {"epochs": 1, "train_limit": 500},
-        "random-keys": {"epochs": 1, "train_limit": 500},
-        "opposite-keys": {"epochs": 1, "train_limit": 500},
-        "rollout": {"flow_limit": 20},
-        "uniform": {"epochs": 2},
-        "seeds": {"seeds": [1], "epochs": 2},
-        "diagnostic": {"epochs": 2},
-        "global-adversary": {"lambdas": [1.0], "epochs": 2},
-        "probe": {"lambdas": [1.0], "variants": ["frozen"], "epochs": 2},
-    },
-    "quick": {
-        "permutation": {"permutations": 3},
-        "adversarial": {"adversaries": 1, "steps": 5},
-        "erasure": {"random_orders": 1, "rankings": ["random", "attention", "gradient"]},
-        "importance": {"methods": ["gradient"]},
-        "rationale": {"ig_steps": 2},
-        "shuffle": {"repeats": 1},
-        "key-adversary": {"epochs": 1, "train_limit": 16, "hidden": 8},
-        "random-keys": {"epochs": 1, "train_limit": 16, "hidden": 8},
-        "opposite-keys": {"epochs": 1, "train_limit": 16, "hidden": 8},
-        "rollout": {"flow_limit": 2, "importance": ["gradient"]},
-        "uniform": {"epochs": 1},
-        "seeds": {"seeds": [1], "epochs": 1},
-        "diagnostic": {"epochs": 1},
-        "global-adversary": {"lambdas": [0.2], "epochs": 1},
-        "probe": {"lambdas": [0.2], "variants": ["frozen"], "epochs": 1},
-        "norms": {"max_pairs": 2000},
-    },
-}
 PRETRAINED_TESTS = ("norms", "rollout")
 
 # Built-in sentences for the pretrained part; rationale = the words carrying the sentiment.
@@ -87,13 +50,12 @@ SENTENCES: list[tuple[str, str, list[int]]] = [
 
 
 def demo_options(size: str) -> dict[str, dict[str, Any]]:
-    """The demo's per-test options, restricted to the tests and option names that exist."""
-    registry = discover()
+    """The demo's per-test options at ``size`` (each test's ``demo_options``), restricted to the option names that exist."""
     chosen = {}
-    for name, values in TESTS[size].items():
-        if name in registry:
-            known = {f.name for f in fields(registry[name].Options)}
-            chosen[name] = {k: v for k, v in values.items() if k in known}
+    for name, cls in discover().items():
+        if size in cls.demo_options:
+            known = {f.name for f in fields(cls.Options)}
+            chosen[name] = {k: v for k, v in cls.demo_options[size].items() if k in known}
     return chosen
 
 

@@ -161,6 +161,8 @@ def test_bad_options_and_tagging_are_rejected(tmp_path: Path) -> None:
     experiment = Erasure()
     with pytest.raises(AttnAuditError, match="unknown ranking"):
         experiment.run(run, HAND_EXAMPLES, Erasure.Options(rankings=["attention", "nonsense"]))
+    with pytest.raises(AttnAuditError, match="--rankings: rollout does not apply to this model: .*self-attention"):
+        experiment.run(run, HAND_EXAMPLES, Erasure.Options(rankings=["attention", "rollout"]))
     with pytest.raises(AttnAuditError, match="random-orders"):
         experiment.run(run, HAND_EXAMPLES, Erasure.Options(random_orders=0))
     tagger = build_model(ModelConfig(model="transformer", task_type="tagging", vocab_size=6, num_labels=3,

@@ -15,7 +15,10 @@ from attnaudit.data.types import Example
 from attnaudit.errors import AttnAuditError
 from attnaudit.experiments.base import Result, make_options, run_test
 from attnaudit.experiments.importance import PUBLISHED, ImportanceCorrelation
-from attnaudit.importance import attention_importance, gradient_importance, item_mask, loo_importance
+from attnaudit.explain import item_mask
+from attnaudit.explain.attention import attention_importance
+from attnaudit.explain.gradient import gradient_importance
+from attnaudit.explain.loo import loo_importance
 from attnaudit.models import ModelConfig, build_model
 from attnaudit.progress import set_quiet
 from attnaudit.run import Run, TaskSpec

@@ -17,7 +17,6 @@ from sklearn.metrics import average_precision_score
 from attnaudit.data.synthetic import synthetic_task
 from attnaudit.data.types import TaskData
 from attnaudit.errors import AttnAuditError
-from attnaudit.experiments import rationale as rationale_module
 from attnaudit.experiments import run_test
 from attnaudit.experiments.rationale import (
     Rationale,
@@ -25,9 +24,10 @@ from attnaudit.experiments.rationale import (
     instance_units,
     precision_at_k,
     random_average_precision,
-    rollout_importance,
     score_against,
 )
+from attnaudit.explain import explanation, unregister
+from attnaudit.explain.rollout import rollout_importance
 from attnaudit.progress import set_quiet
 from attnaudit.training.trainer import train
 
@@ -88,19 +88,23 @@ def test_units_sum_magnitudes_per_unit() -> None:
     assert units.scores(np.array([5.0, -1.0, 2.0, 0.5, 9.0])).tolist() == [3.0, 0.5]
 
 
-def test_oracle_explanation_scores_perfectly(bilstm, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_oracle_explanation_scores_perfectly(bilstm) -> None:
     """An explanation that *is* the rationale gets MAP = AUC = precision@k = 1 through the whole pipeline."""
 
-    def oracle(run, batch):
+    @explanation("oracle", "the rationale itself (a test method)")
+    def oracle(model, batch):
         scores = torch.zeros(batch.mask.shape)
         for row, ex in enumerate(batch.examples):
             scores[row, ex.rationale] = 1.0
         return scores
 
-    monkeypatch.setattr(rationale_module, "explanations", lambda run, ig_steps=20: {"attention": oracle})
-    result = Rationale().run(bilstm, bilstm.examples("test"), Rationale.Options(methods=["attention"]))
-    assert result.summary["attention_map"] == 1.0
-    assert result.summary["attention_precision_at_k"] == 1.0
+    try:
+        assert "oracle" in Rationale.Options().methods  # a registered default explanation is scored by default
+        result = Rationale().run(bilstm, bilstm.examples("test"), Rationale.Options(methods=["oracle"]))
+    finally:
+        unregister("oracle")
+    assert result.summary["oracle_map"] == 1.0
+    assert result.summary["oracle_precision_at_k"] == 1.0
     assert result.summary["n"] == 20
     assert result.summary["random_map"] < 1.0
 

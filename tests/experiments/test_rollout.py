@@ -16,9 +16,9 @@ from transformers import BertModel
 from attnaudit.data.synthetic import synthetic_task
 from attnaudit.errors import AttnAuditError
 from attnaudit.experiments import run_test
-from attnaudit.experiments.rollout import Rollout, explanation_rows, input_gradient
+from attnaudit.experiments.rollout import Rollout, explanation_rows
+from attnaudit.explain.gradient import gradient_importance
 from attnaudit.flow import flow, rollout
-from attnaudit.importance import gradient_importance
 from attnaudit.models.hf import load_hf
 from attnaudit.run import Run
 from tests.reliability.helpers import cli
@@ -37,16 +37,6 @@ def test_explanation_rows_by_hand() -> None:
     torch.testing.assert_close(explanation_rows(m, mask, "mean", 0), torch.tensor([[[0.35, 0.65, 0.0]]]))
     torch.testing.assert_close(explanation_rows(m, mask, "max", 0), torch.tensor([[[0.6, 0.9, 0.0]]]))
     torch.testing.assert_close(explanation_rows(m, mask, "cls", None), torch.tensor([[[0.35, 0.65, 0.0]]]))
-
-
-def test_input_gradient_is_the_predicted_logit_gradient(hf_run: Run) -> None:
-    batch = next(hf_run.batches(hf_run.data().test, 8))
-    model = hf_run.model
-    emb = model.embed(batch).detach().requires_grad_(True)
-    logits = model(batch, embeddings=emb).logits
-    logits.gather(1, logits.argmax(-1, keepdim=True)).sum().backward()
-    expected = emb.grad.sum(-1).abs() * batch.mask
-    torch.testing.assert_close(input_gradient(hf_run, batch), expected)
 
 
 def test_end_to_end_on_hf_matches_a_hand_computation(hf_run: Run, tmp_path: Path) -> None:

@@ -40,7 +40,8 @@ from transformers.models.qwen2 import modeling_qwen2
 
 from attnaudit.data.types import Batch, Example
 from attnaudit.errors import AttnAuditError, InputError
-from attnaudit.importance import attention_importance, gradient_importance
+from attnaudit.explain.attention import attention_importance
+from attnaudit.explain.gradient import gradient_importance
 from attnaudit.models.attention import normalise
 from attnaudit.models.base import Intervention, freeze_uniform
 from attnaudit.models.hf import HFCollator, load_hf, resolve_source, save_hf_run

@@ -9,7 +9,7 @@ import torch
 
 from attnaudit.data.alignment import EOS_ID, Seq2SeqCollator, SubwordTokenizer, synthetic_translation
 from attnaudit.errors import AttnAuditError
-from attnaudit.experiments.norms import transformed_inputs
+from attnaudit.explain.norms import transformed_inputs
 from attnaudit.models.base import ModelConfig, freeze_uniform
 from attnaudit.models.seq2seq import Seq2SeqTransformer
 from attnaudit.models.transformer import merge_heads

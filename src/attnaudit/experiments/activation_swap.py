@@ -53,6 +53,8 @@ class ActivationSwap(Experiment):
     """The test of this module (its docstring gives the method, options and outputs)."""
 
     name = "activation-swap"
+    audit_rank = 7
+    audit_transformers_only = True
     description = "Accuracy of a Transformer classifier evaluated with softmax / entmax15 / sparsemax swapped in"
     paper = "Drozdyuk et al., Is Sparse Attention a Better Explanation? (Table 1: change of activation)"
     examples = ("runs/sst2-transformer --limit 200 --data-dir ../shared/data",)

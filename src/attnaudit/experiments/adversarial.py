@@ -255,6 +255,8 @@ class Adversarial(Experiment):
     """Jain & Wallace's per-instance adversarial attention search on the explained layer."""
 
     name = "adversarial"
+    audit_rank = 10
+    demo_options = {"full": {"adversaries": 3, "steps": 150}, "quick": {"adversaries": 1, "steps": 5}}
     description = (
         "Search K attention distributions per instance that differ most (JSD) from the model's "
         "while keeping the output within epsilon; report the largest JSD found."

@@ -100,9 +100,28 @@ class Experiment:
     runs each (tests/reliability/test_documented_commands.py), so each must name a run the test
     applies to, made by a documented command (``runs/sst``: ``attnaudit train --help``)."""
 
+    audit_rank: ClassVar[int] = 50
+    """Where an audit runs this test: cheap tests first (below 50), tests without a rank (50)
+    next, the training-based ones last (above 50); ties by name."""
+    audit_options: ClassVar[dict[str, Any]] = {}
+    """Options an audit sets by default (small sizes for the tests that train models); --set overrides them."""
+    audit_transformers_only: ClassVar[bool] = False
+    """Whether an audit runs this test on stacked self-attention models only (it still runs on
+    any model it applies to with ``attnaudit run``)."""
+    demo_options: ClassVar[dict[str, dict[str, Any]]] = {}
+    """The demo's options per size (``full``, ``quick``)."""
+    ranks_instances: ClassVar[str] = ""
+    """The per-instance result column that orders instances from most to least faithful (the
+    report's heatmaps show both ends); empty when the test has none."""
+
     @dataclass
     class Options:
         pass
+
+    @classmethod
+    def explanation_choices(cls) -> list[str]:
+        """The explanation methods (:mod:`attnaudit.explain`) this test can take; none by default."""
+        return []
 
     def applies(self, run: Run) -> str | None:
         """Why this test does not apply to ``run`` (None when it does)."""

@@ -49,6 +49,9 @@ class Diagnostic(Experiment):
     """Train a context-free MLP with learned, uniform, base-model and adversary attention."""
 
     name = "diagnostic"
+    audit_rank = 62
+    audit_options = {"epochs": 3}
+    demo_options = {"full": {"epochs": 2}, "quick": {"epochs": 1}}
     description = "context-free (average) model with learned / uniform / base-model / adversary attention imposed: test scores"
     paper = "Wiegreffe & Pinter 2019, §3.3"
 

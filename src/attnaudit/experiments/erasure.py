@@ -17,7 +17,6 @@ weight to 0 in every head and query and renormalises each row over the remaining
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,7 +27,7 @@ from torch import Tensor
 
 from attnaudit.errors import AttnAuditError
 from attnaudit.experiments.base import Experiment, Result, register, save_figure, summarise
-from attnaudit.importance import IMPORTANCE, item_mask
+from attnaudit.explain import EXPLANATIONS, Explanation, choose, item_mask
 from attnaudit.metrics import jsd
 from attnaudit.models.base import AttentionModel, Cache, Intervention, WeightsFn, evaluation
 from attnaudit.progress import track
@@ -74,7 +73,7 @@ def select_rows(cache: Cache, rows: Tensor) -> Cache:
 class Explained:
     """A batch prepared for erasure: a cache restarting at the explained layer and the decisions.
 
-    ``mask`` ``(B,K)`` marks the real items (:func:`attnaudit.importance.item_mask`: tokens,
+    ``mask`` ``(B,K)`` marks the real items (:func:`attnaudit.explain.item_mask`: tokens,
     HAN sentences, the text keys of a pair Transformer), the axis rankings are over.
     """
 
@@ -95,7 +94,7 @@ def prepare(run: Run, batch: Any) -> Explained:
         out = model.decode(base)
         cache = model.cache_at(out.trace, layer, base)
     probs = out.logits.softmax(-1)
-    mask = item_mask(run, batch)
+    mask = item_mask(model, batch)
     return Explained(cache, layer, probs, probs.argmax(-1), mask, mask.sum(-1))
 
 
@@ -185,15 +184,14 @@ def ranking_orders(
     ]
 
 
-def importance_functions(names: list[str]) -> dict[str, Callable[[Run, Any], Tensor]]:
-    """The importance functions behind ``names`` (plus ``attention``, which the single test uses)."""
-    unknown = [n for n in names if n != RANDOM and n not in IMPORTANCE]
+def importance_functions(names: list[str], model: AttentionModel | None = None) -> dict[str, Explanation]:
+    """The explanations behind ``names`` (plus ``attention``, which the single test uses), each
+    applying to ``model`` when given; ``random`` is this test's own seeded orders, not an explanation's scores."""
+    choices = Erasure.explanation_choices()
+    unknown = [n for n in names if n not in choices]
     if unknown:
-        raise AttnAuditError(
-            f"unknown ranking(s) {', '.join(unknown)}; choose from {', '.join([RANDOM, *sorted(IMPORTANCE)])}"
-        )
-    wanted = {"attention", *(n for n in names if n != RANDOM)}
-    return {name: IMPORTANCE[name] for name in sorted(wanted)}
+        raise AttnAuditError(f"unknown ranking(s) {', '.join(unknown)}; choose from {', '.join(choices)}")
+    return choose(sorted({"attention", *(n for n in names if n != RANDOM)}), option="--rankings", model=model)
 
 
 def _single(
@@ -240,6 +238,8 @@ class Erasure(Experiment):
     """Serrano & Smith's single-weight and erase-until-flip tests at the explained attention layer."""
 
     name = "erasure"
+    audit_rank = 9
+    demo_options = {"full": {"random_orders": 3}, "quick": {"random_orders": 1, "rankings": ["random", "attention", "gradient"]}}
     description = (
         "Erase attention at the explained layer: top vs random single item (JSD, flips), and items "
         "removed in ranking order until the decision flips"
@@ -250,10 +250,15 @@ class Erasure(Experiment):
     class Options:
         rankings: list[str] = field(
             default_factory=lambda: list(DEFAULT_RANKINGS),
-            metadata={"help": "Orders to erase in: random and names of attnaudit.importance.IMPORTANCE."},
+            metadata={"help": "Orders to erase in: random (seeded orders) and explanations (`attnaudit explanations`)."},
         )
         random_orders: int = field(default=5, metadata={"help": "Seeded random orders per instance."})
         batch_size: int = field(default=32, metadata={"help": "Instances per batch."})
+
+    @classmethod
+    def explanation_choices(cls) -> list[str]:
+        """``random`` (this test's seeded orders) and every registered explanation."""
+        return [RANDOM, *(n for n in EXPLANATIONS if n != RANDOM)]
 
     def applies(self, run: Run) -> str | None:
         if run.task.task_type not in ("classification", "pair"):
@@ -271,7 +276,7 @@ class Erasure(Experiment):
         rankings = list(dict.fromkeys(options.rankings))
         if not rankings:
             raise AttnAuditError("--rankings is empty; give at least one ranking")
-        functions = importance_functions(rankings)
+        functions = importance_functions(rankings, run.model)
         model = run.model
         instances: list[dict[str, Any]] = []
         long_rows: list[dict[str, Any]] = []
@@ -284,7 +289,7 @@ class Erasure(Experiment):
                 indices = list(range(offset, offset + len(batch)))
                 offset += len(batch)
                 explained = prepare(run, batch)
-                scores = {name: fn(run, batch) for name, fn in functions.items()}
+                scores = {name: fn(run.model, batch, seed=seed) for name, fn in functions.items()}
                 single = _single(model, explained, scores["attention"], indices, seed)
                 rows = self._instance_rows(run, batch, explained, single, indices)
                 for ranking in rankings:

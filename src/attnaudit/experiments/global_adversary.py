@@ -361,6 +361,9 @@ class GlobalAdversary(Experiment):
     """Train adversarial models over a λ sweep; how far can attention move while outputs stay?"""
 
     name = NAME
+    audit_rank = 64
+    audit_options = {"epochs": 3}
+    demo_options = {"full": {"lambdas": [1.0], "epochs": 2}, "quick": {"lambdas": [0.2], "epochs": 1}}
     description = "train a new model whose attention diverges from the base's while its predictions match (λ sweep)"
     paper = "Wiegreffe & Pinter 2019 §4 (classification); CoNLL-2000 tagging study (NLL − λ·KL)"
 

@@ -96,6 +96,7 @@ class Identifiability(Experiment):
     """The test of this module (its docstring gives the method, options and outputs)."""
 
     name = "identifiability"
+    audit_rank = 1
     needs_prediction = False  # reads attention and weights only
     description = "Rank / null space of each head's value-output map and raw vs effective attention"
     paper = "Brunner et al. 2020, On Identifiability in Transformers (ICLR)"

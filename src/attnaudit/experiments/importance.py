@@ -22,6 +22,9 @@ import torch
 from attnaudit.data.types import Example
 from attnaudit.errors import AttnAuditError
 from attnaudit.experiments.base import Experiment, Result, register, save_figure, summarise
+from attnaudit.explain import EXPLANATIONS, choose, item_mask
+from attnaudit.explain.attention import attention_importance, attention_per_head
+from attnaudit.explain.base import hierarchical
 from attnaudit.metrics import kendall_tau, kendall_tau_topk
 from attnaudit.models.base import evaluation
 from attnaudit.progress import track
@@ -53,6 +56,9 @@ class ImportanceCorrelation(Experiment):
     """Jain & Wallace's attention-vs-importance rank correlation test."""
 
     name = "importance"
+    audit_rank = 3
+    demo_options = {"full": {"methods": ["gradient", "loo", "ig"], "ig_steps": 20}, "quick": {"methods": ["gradient"]}}
+    ranks_instances = "tau_attention_vs_gradient"
     description = "Kendall τ between attention and gradient / leave-one-out / IG importance, per instance"
     paper = "Jain & Wallace 2019"
 
@@ -61,8 +67,8 @@ class ImportanceCorrelation(Experiment):
         methods: list[str] = field(
             default_factory=lambda: ["gradient", "loo"],
             metadata={
-                "help": "Importance methods to compare with attention: gradient, loo, ig, attention_gradient, "
-                "gradient_x_attention. gradient and loo together add the gradient-vs-LOO reference row."
+                "help": "Explanations to compare with attention (`attnaudit explanations` lists them). "
+                "gradient and loo together add the gradient-vs-LOO reference row."
             },
         )
         topk: int = field(default=5, metadata={"help": "k of the top-k τ variant (union of both methods' top k)."})
@@ -77,14 +83,14 @@ class ImportanceCorrelation(Experiment):
             )
         return None
 
-    def run(self, run: Run, examples: list[Example], options: Any, seed: int = 0) -> Result:
-        from attnaudit.importance import IMPORTANCE, attention_importance, attention_per_head, item_mask
+    @classmethod
+    def explanation_choices(cls) -> list[str]:
+        """Every registered explanation but ``attention``, which each is compared with."""
+        return [name for name in EXPLANATIONS if name != "attention"]
 
-        methods = list(dict.fromkeys(options.methods))
-        unknown = [m for m in methods if m not in IMPORTANCE or m == "attention"]
-        if unknown or not methods:
-            choices = ", ".join(m for m in IMPORTANCE if m != "attention")
-            raise AttnAuditError(f"--methods: unknown or missing method(s) {', '.join(unknown)}; choose from {choices}")
+    def run(self, run: Run, examples: list[Example], options: Any, seed: int = 0) -> Result:
+        chosen = choose(options.methods, self.explanation_choices(), model=run.model)
+        methods = list(chosen)
         if options.topk < 1:
             raise AttnAuditError(f"--topk must be at least 1, got {options.topk}")
         if options.batch_size < 1:
@@ -92,7 +98,6 @@ class ImportanceCorrelation(Experiment):
         pairs = [("attention", m) for m in methods]
         if all(m in methods for m in REFERENCE):
             pairs.append(REFERENCE)
-        kwargs = {"ig": {"steps": options.ig_steps}}
 
         instances: list[dict[str, Any]] = []
         heads: dict[tuple[int, int | str, str], list[float]] = defaultdict(list)
@@ -103,13 +108,13 @@ class ImportanceCorrelation(Experiment):
         total = -(-len(examples) // options.batch_size)
         with evaluation(run.model):
             for batch in track(run.batches(examples, options.batch_size), "importance", total=total):
-                mask = item_mask(run, batch)
-                scores = {"attention": attention_importance(run, batch)}
+                mask = item_mask(run.model, batch)
+                scores = {"attention": attention_importance(run.model, batch)}
                 for method in methods:
-                    scores[method] = IMPORTANCE[method](run, batch, **kwargs.get(method, {}))
+                    scores[method] = chosen[method](run.model, batch, steps=options.ig_steps, seed=seed)
                 with torch.no_grad():
                     pred = run.model(batch).logits.argmax(-1).tolist()
-                per_head = attention_per_head(run, batch)
+                per_head = attention_per_head(run.model, batch)
                 layers_heads = (int(per_head.shape[1]), int(per_head.shape[2]))
                 many = per_head.shape[1] * per_head.shape[2] > 1
                 values = {k: v.detach().cpu().double() for k, v in scores.items()}
@@ -354,7 +359,7 @@ class ImportanceCorrelation(Experiment):
 
 def _items(run: Run) -> str:
     """What the ranked items are for this model family."""
-    if run.family == "han":
+    if hierarchical(run.model):
         return "sentences (HAN's sentence-level attention; token scores summed per sentence)"
     if run.task.task_type == "pair":
         return "passage tokens (attention and gradients over the passage; the question is fixed)"

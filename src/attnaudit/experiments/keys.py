@@ -142,6 +142,10 @@ class OppositeOptions(KeyOptions):
 class KeyTest(Experiment):
     """Shared training and evaluation; subclasses set ``source`` and ``opposite``."""
 
+    audit_options = {"epochs": 2, "train_limit": 2000}
+    audit_transformers_only = True
+    demo_options = {"full": {"epochs": 1, "train_limit": 500}, "quick": {"epochs": 1, "train_limit": 16, "hidden": 8}}
+
     source: ClassVar[str] = "keys"  # "keys": the MLP sees the real keys; "noise": uniform noise
     opposite: ClassVar[bool] = False
     setting_label: ClassVar[str] = "attacked keys"
@@ -328,6 +332,7 @@ class AdversarialKeys(KeyTest):
     """One of the key tests of this module (its docstring gives the method)."""
 
     name = "key-adversary"
+    audit_rank = 13
     description = "An MLP over all layers' keys trained to keep the prediction while moving the keys (alpha trade-off)"
     paper = "Drozdyuk et al., Is Sparse Attention a Better Explanation? (Table 1: adversarial)"
     source = "keys"
@@ -347,6 +352,7 @@ class RandomKeys(KeyTest):
     """One of the key tests of this module (its docstring gives the method)."""
 
     name = "random-keys"
+    audit_rank = 11
     description = "The key MLP fed uniform noise instead of the keys, trained on cross-entropy alone"
     paper = "Drozdyuk et al., Is Sparse Attention a Better Explanation? (Table 1: random keys)"
     source = "noise"
@@ -364,6 +370,7 @@ class OppositeKeys(KeyTest):
     """One of the key tests of this module (its docstring gives the method)."""
 
     name = "opposite-keys"
+    audit_rank = 12
     description = "The key MLP trained so that the model predicts the other label; accuracy vs the swapped labels"
     paper = "Drozdyuk et al., Is Sparse Attention a Better Explanation? (Table 1: opposite)"
     source = "keys"

@@ -193,6 +193,8 @@ class Permutation(Experiment):
     """Jain & Wallace's permutation test on the explained attention layer."""
 
     name = "permutation"
+    audit_rank = 6
+    demo_options = {"full": {"permutations": 30}, "quick": {"permutations": 3}}
     description = (
         "Shuffle the explained attention over the real items (encoder states fixed) many times per "
         "instance; report the median output change."

@@ -105,6 +105,9 @@ class AttentionProbe(Experiment):
     """Train fresh models on top of saved attention (original / adversarial) and score them."""
 
     name = "probe"
+    audit_rank = 61
+    audit_options = {"epochs": 3}
+    demo_options = {"full": {"lambdas": [1.0], "variants": ["frozen"], "epochs": 2}, "quick": {"lambdas": [0.2], "variants": ["frozen"], "epochs": 1}}
     description = "fresh Transformer trained on another model's attention (original / adversaries): test score per source x variant"
     paper = "CoNLL-2000 sequence-tagging attention study (Table 2)"
     examples = ("runs/conll --limit 200 --data-dir ../shared/data",)

@@ -3,10 +3,10 @@
 Tasks whose examples carry ``Example.rationale`` (the synthetic tasks' planted signal words,
 SST trees' strongly polar phrases, bAbI supporting-fact tokens) give a ground truth no
 faithfulness test of the attention literature has: the tokens the label depends on. Every
-explanation — attention, gradient, leave-one-out, Integrated Gradients and, for
-self-attention models, attention rollout (Abnar & Zuidema 2020) and the head-summed
-norm ``‖Σ_h α f_h(x)‖`` (Kobayashi et al. 2020) — scores the items of the explained layer;
-per instance we measure how well those scores retrieve the rationale:
+explanation of :mod:`attnaudit.explain` that applies to the model (by default the default ones:
+attention, gradient, leave-one-out, Integrated Gradients and, for self-attention models,
+attention rollout and the head-summed norm ``‖Σ_h α f_h(x)‖``) scores the items of the
+explained layer; per instance we measure how well those scores retrieve the rationale:
 
 * average precision (AP; the mean over instances is the MAP) and ROC-AUC of the scores
   against the binary "in the rationale" labels (scikit-learn);
@@ -22,105 +22,21 @@ tokens left out). Scores are compared by magnitude (absolute values).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 from sklearn.metrics import average_precision_score, roc_auc_score
-from torch import Tensor
 
 from attnaudit.data.types import Batch, Example
 from attnaudit.errors import AttnAuditError
 from attnaudit.experiments.base import Experiment, Result, register, save_figure, summarise
-from attnaudit.models.base import take_rows
+from attnaudit.explain import EXPLANATIONS, default_names, list_explanations
 from attnaudit.progress import track
 from attnaudit.run import Run
 
-ScoreFn = Callable[[Run, Batch], Tensor]
-SELF_ATTENTION = ("transformer", "hf")
 METRICS = ("ap", "auc", "precision_at_k")
-
-
-# --------------------------------------------------------------------------- explanations
-
-
-def _explained_record(run: Run, batch: Batch) -> tuple[Any, int, Any]:
-    """(trace, explained layer index, that layer's record) of an unperturbed forward pass."""
-    model = run.model
-    with torch.no_grad():
-        trace = model(batch).trace
-    index = model.explained_layer % len(trace)
-    return trace, index, trace[index]
-
-
-def _query_row(run: Run, values: Tensor, query_mask: Tensor | None) -> Tensor:
-    """``(B,Q,K)`` -> ``(B,K)``: the ``[CLS]`` row for Hugging Face encoders, a decoder's last real
-    token, else the mean over real queries."""
-    query = run.model.explanation_query if query_mask is None else run.model.explanation_rows(query_mask)
-    if query is not None:
-        return take_rows(values, query, 1)
-    if query_mask is None:
-        return values.mean(1)
-    qm = query_mask[:, :, None].to(values.dtype)
-    return (values * qm).sum(1) / qm.sum(1).clamp_min(1.0)
-
-
-def _on_items(run: Run, batch: Batch, values: Tensor) -> Tensor:
-    """Key-axis values ``(B,K')`` restricted to the explained items (pair Transformers: the passage), 0 at padding."""
-    from attnaudit.importance import item_mask
-
-    mask = item_mask(run, batch)
-    return values[:, : mask.shape[1]] * mask.to(values.dtype)
-
-
-def rollout_importance(run: Run, batch: Batch) -> Tensor:
-    """Attention rollout through every layer (Abnar & Zuidema 2020) read at the explanation query, ``(B,K)``.
-
-    Heads are averaged and the residual connection counted with weight 0.5, as in the
-    paper; the row is ``[CLS]``'s for Hugging Face encoders and the mean over real
-    queries for our mean-pooled Transformer.
-    """
-    from attnaudit.flow import rollout
-
-    trace, index, record = _explained_record(run, batch)
-    weights = [layer.weights for layer in list(trace.layers)[: index + 1]]
-    rolled = rollout(weights, mask=record.mask)[:, -1]
-    return _on_items(run, batch, _query_row(run, rolled, record.query_mask))
-
-
-def norm_importance(run: Run, batch: Batch) -> Tensor:
-    """Kobayashi et al.'s head-summed contribution ``‖Σ_h α^h_ij f_h(x_j)‖`` of the explained layer, ``(B,K)``."""
-    from attnaudit.experiments.norms import layer_norms
-
-    _, index, record = _explained_record(run, batch)
-    with torch.no_grad():
-        norms = layer_norms(run.model, record, index).summed_norm
-    return _on_items(run, batch, _query_row(run, norms, record.query_mask))
-
-
-def explanations(run: Run, ig_steps: int = 20) -> dict[str, ScoreFn]:
-    """The explanations available for ``run``, each ``fn(run, batch) -> (B, K)`` over the explained items.
-
-    Attention, gradient, leave-one-out and Integrated Gradients for every classifier;
-    rollout and norms for self-attention models. A Hugging Face encoder without a trained
-    head makes no prediction to explain, so only the attention-based scores remain.
-    """
-    from attnaudit.importance import IMPORTANCE, integrated_gradients
-
-    methods: dict[str, ScoreFn] = {"attention": IMPORTANCE["attention"]}
-    if run.model.trained_head:
-        methods["gradient"] = IMPORTANCE["gradient"]
-        methods["loo"] = IMPORTANCE["loo"]
-        methods["ig"] = partial(integrated_gradients, steps=ig_steps)
-    if run.family in SELF_ATTENTION:
-        methods["rollout"] = rollout_importance
-        if run.model.has_value_output:
-            methods["norms"] = norm_importance
-    return methods
 
 
 # --------------------------------------------------------------------------- units
@@ -236,10 +152,12 @@ class Rationale(Experiment):
     """The test of this module (its docstring gives the method, options and outputs)."""
 
     name = "rationale"
+    audit_rank = 2
+    demo_options = {"full": {"ig_steps": 20}, "quick": {"ig_steps": 2}}
     needs_prediction = False  # without a trained head it scores the attention-based explanations only
     description = (
-        "Score each explanation (attention, gradient, LOO, IG; rollout and norms for Transformers) "
-        "against the known rationale tokens: MAP, ROC-AUC and precision@k"
+        "Score each explanation (`attnaudit explanations`) against the known rationale tokens: MAP, ROC-AUC "
+        "and precision@k"
     )
     paper = "attnaudit ground-truth check (rationales: synthetic tasks, SST phrases, bAbI supporting facts)"
     examples = ("runs/syn --limit 200", "--hf minilm --task synthetic --out results/minilm-rationale --data-dir ../shared/data")
@@ -247,8 +165,11 @@ class Rationale(Experiment):
     @dataclass
     class Options:
         methods: list[str] = field(
-            default_factory=lambda: ["attention", "gradient", "loo", "ig", "rollout", "norms"],
-            metadata={"help": "Explanations to score (those the model does not support are skipped with a note)."},
+            default_factory=default_names,
+            metadata={
+                "help": "Explanations to score (`attnaudit explanations` lists them; default: the default ones); "
+                "those the model does not support are skipped with a note."
+            },
         )
         ig_steps: int = field(default=20, metadata={"help": "Integrated Gradients steps."})
         batch_size: int = field(default=32, metadata={"help": "Instances per batch."})
@@ -261,11 +182,18 @@ class Rationale(Experiment):
             return f"the examples of task {run.task.spec or data.name!r} carry no rationale"
         return None
 
+    @classmethod
+    def explanation_choices(cls) -> list[str]:
+        """Every registered explanation."""
+        return list(EXPLANATIONS)
+
     def run(self, run: Run, examples: list[Example], options: Any, seed: int = 0) -> Result:
-        available = explanations(run, options.ig_steps)
-        unknown = [m for m in options.methods if m not in ("attention", "gradient", "loo", "ig", "rollout", "norms")]
+        unknown = [m for m in options.methods if m not in self.explanation_choices()]
         if unknown:
-            raise AttnAuditError(f"rationale: unknown method(s) {', '.join(unknown)}; choose attention, gradient, loo, ig, rollout, norms")
+            raise AttnAuditError(
+                f"rationale: unknown method(s) {', '.join(unknown)}; choose {', '.join(self.explanation_choices())}"
+            )
+        available = {m.name: m for m in list_explanations(run)}
         methods = [m for m in options.methods if m in available]
         if not methods:
             raise AttnAuditError(f"rationale: none of {', '.join(options.methods)} applies to this {run.family} model")
@@ -278,7 +206,10 @@ class Rationale(Experiment):
         batches = run.batches(subset, options.batch_size)
         offset = 0
         for batch in track(batches, "rationale", total=-(-len(subset) // options.batch_size)):
-            scores = {m: available[m](run, batch).detach().cpu().double().numpy() for m in methods}
+            scores = {
+                m: available[m](run.model, batch, steps=options.ig_steps, seed=seed).detach().cpu().double().numpy()
+                for m in methods
+            }
             for b in range(len(batch)):
                 units = instance_units(run, batch, b)
                 index = chosen[offset + b][0]

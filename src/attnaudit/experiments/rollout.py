@@ -14,10 +14,11 @@ share on ``[CLS]``/``[SEP]``, Spearman ρ with raw attention of the same layer).
 model makes a prediction (a trained head), each map is also rank-correlated (Spearman, per
 instance; table ``layers``) with reference importance scores for the predicted class:
 
-* ``gradient``: J&W's ``|Σ_d ∂ŷ/∂e·e|`` with attention detached (:mod:`attnaudit.importance`);
-* ``loo``: leave-one-out output change when a token is removed (:mod:`attnaudit.importance`);
+* ``gradient``: J&W's ``|Σ_d ∂ŷ/∂e·e|`` with attention detached (:mod:`attnaudit.explain.gradient`);
+* ``loo``: leave-one-out output change when a token is removed (:mod:`attnaudit.explain.loo`);
 * ``input_gradient``: ``|Σ_d ∂z/∂e|``, the gradient of the predicted logit with attention
-  left live — the "input gradients" of Abnar & Zuidema's released code.
+  left live — the "input gradients" of Abnar & Zuidema's released code;
+* any other explanation of the prediction (:mod:`attnaudit.explain`, those needing one).
 """
 
 from __future__ import annotations
@@ -33,12 +34,12 @@ import torch
 from scipy.stats import entropy
 from torch import Tensor
 
-from attnaudit.data.types import Batch, Example
+from attnaudit.data.types import Example
 from attnaudit.errors import AttnAuditError
 from attnaudit.experiments.base import Experiment, Result, register, save_figure, summarise
 from attnaudit.experiments.common import spearman_rho
+from attnaudit.explain import EXPLANATIONS, Explanation, item_mask
 from attnaudit.flow import flow, rollout
-from attnaudit.models.base import evaluation
 from attnaudit.progress import track
 from attnaudit.run import Run
 
@@ -72,20 +73,6 @@ PUBLISHED = {
     "verb_number_6layer_blank_out_L6": {"raw": 0.29, "rollout": 0.71, "flow": 0.70},
     "verb_number_6layer_input_gradients_L6": {"raw": 0.46, "rollout": 0.54, "flow": 0.61},
 }
-
-
-def input_gradient(run: Run, batch: Batch) -> Tensor:
-    """Abnar & Zuidema's input gradient ``|Σ_d ∂z_ŷ/∂e_{t,d}|`` (predicted logit, attention live), ``(B, K)``."""
-    from attnaudit.importance import item_mask
-
-    model = run.model
-    with evaluation(model), torch.enable_grad():
-        embeddings = model.embed(batch).detach().requires_grad_(True)
-        logits = model(batch, embeddings=embeddings).logits
-        chosen = logits.gather(1, logits.argmax(-1, keepdim=True)).sum()
-        (grad,) = torch.autograd.grad(chosen, embeddings)
-    mask = item_mask(run, batch)
-    return grad.sum(-1)[:, : mask.shape[1]].abs() * mask.to(grad.dtype)
 
 
 def explanation_rows(matrices: Tensor, mask: Tensor, query: str, cls_index: int | None) -> Tensor:
@@ -154,6 +141,9 @@ class Rollout(Experiment):
     """The test of this module (its docstring gives the method, options and outputs)."""
 
     name = "rollout"
+    audit_rank = 5
+    audit_options = {"flow_limit": 20}  # flow costs ~T^4: a 90-wordpiece sentence takes ~40 CPU-s
+    demo_options = {"full": {"flow_limit": 20}, "quick": {"flow_limit": 2, "importance": ["gradient"]}}
     description = (
         "raw attention, rollout and flow maps per layer, vs gradient / leave-one-out importance when the model "
         "predicts (Abnar & Zuidema)"
@@ -166,7 +156,10 @@ class Rollout(Experiment):
     class Options:
         importance: list[str] = field(
             default_factory=lambda: ["gradient", "loo", "input_gradient"],
-            metadata={"help": "Reference importance: gradient, loo, input_gradient (A&Z), ig, ... (models with a trained head)."},
+            metadata={
+                "help": "Reference importance: explanations of the prediction (`attnaudit explanations`), e.g. gradient, "
+                "loo, input_gradient (A&Z), ig (models with a trained head)."
+            },
         )
         query: str = field(
             default="cls", metadata={"help": "Token scores from the cls row (mean of rows without [CLS]), mean or max over rows."}
@@ -182,7 +175,7 @@ class Rollout(Experiment):
         batch_size: int = field(default=16, metadata={"help": "Instances per batch."})
 
     def applies(self, run: Run) -> str | None:
-        if run.family not in ("transformer", "hf"):
+        if not run.model.self_attention:
             return (
                 f"rollout and flow compose stacked self-attention layers; a {run.family} model has one attention "
                 "over encoder states, not a stack of token-to-token attentions"
@@ -194,10 +187,13 @@ class Rollout(Experiment):
             )
         return None
 
-    def _check(self, options: Any) -> dict[str, Any]:
-        from attnaudit.importance import IMPORTANCE
+    @classmethod
+    def explanation_choices(cls) -> list[str]:
+        """The registered explanations of a prediction (those needing one): the references."""
+        return [m.name for m in EXPLANATIONS.values() if "prediction" in m.needs]
 
-        known = {**{k: v for k, v in IMPORTANCE.items() if k != "attention"}, "input_gradient": input_gradient}
+    def _check(self, options: Any) -> dict[str, Explanation]:
+        known = self.explanation_choices()
         unknown = [name for name in options.importance if name not in known]
         if unknown or not options.importance:
             raise AttnAuditError(f"--importance must name some of {', '.join(known)}; got {options.importance}")
@@ -205,7 +201,7 @@ class Rollout(Experiment):
             raise AttnAuditError(f"--query must be cls, mean or max, got {options.query!r}")
         if options.flow_limit is not None and options.flow_limit < 0:
             raise AttnAuditError(f"--flow-limit must be >= 0, got {options.flow_limit}")
-        return {name: known[name] for name in options.importance}
+        return {name: EXPLANATIONS[name] for name in options.importance}
 
     def _scores(self, trace: Any, options: Any, cls_index: int | None, flow_left: int) -> dict[str, np.ndarray]:
         """Token scores ``(B, L, T)`` per method for one batch; flow for the first ``flow_left`` instances only."""
@@ -227,7 +223,6 @@ class Rollout(Experiment):
 
     def run(self, run: Run, examples: list[Example], options: Any, seed: int = 0) -> Result:
         from attnaudit.experiments.norms import key_tokens
-        from attnaudit.importance import item_mask
 
         checked = self._check(options)
         references = checked if run.model.trained_head else {}
@@ -243,8 +238,8 @@ class Rollout(Experiment):
             with torch.no_grad():
                 out = model(batch)
             scores = self._scores(out.trace, options, model.explanation_query, flow_limit - done)
-            imp = {name: fn(run, batch).detach().float().cpu().numpy() for name, fn in references.items()}
-            items = item_mask(run, batch).cpu().numpy()
+            imp = {name: fn(model, batch, seed=seed).detach().float().cpu().numpy() for name, fn in references.items()}
+            items = item_mask(model, batch).cpu().numpy()
             width = items.shape[1]
             tokens = key_tokens(run, batch)
             predicted = out.logits.argmax(-1).tolist() if model.trained_head else None

@@ -100,6 +100,9 @@ class SeedVariance(Experiment):
     """W&P's variance calibration: retrain with other seeds, compare attention and predictions."""
 
     name = "seeds"
+    audit_rank = 63
+    audit_options = {"seeds": [1, 2], "epochs": 3}
+    demo_options = {"full": {"seeds": [1], "epochs": 2}, "quick": {"seeds": [1], "epochs": 1}}
     description = "retrain with N other seeds: per-instance attention JSD / prediction TVD from the base (the adversary's baseline)"
     paper = "Wiegreffe & Pinter 2019, §3.2"
 

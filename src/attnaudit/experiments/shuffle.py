@@ -64,6 +64,9 @@ class Shuffle(Experiment):
     """The test of this module (its docstring gives the method, options and outputs)."""
 
     name = "shuffle"
+    audit_rank = 8
+    audit_transformers_only = True
+    demo_options = {"full": {"repeats": 3}, "quick": {"repeats": 1}}
     description = "Accuracy when each attention row is randomly permuted over real keys, per layer and in all layers"
     paper = "Drozdyuk et al., Is Sparse Attention a Better Explanation? (Table 1: shuffling)"
     examples = ("runs/sst2-transformer --limit 200 --data-dir ../shared/data",)

@@ -58,6 +58,9 @@ class UniformBaseline(Experiment):
     """Train with attention frozen to uniform; compare its test score with the base model's."""
 
     name = "uniform"
+    audit_rank = 60
+    audit_options = {"epochs": 3}
+    demo_options = {"full": {"epochs": 2}, "quick": {"epochs": 1}}
     description = "train the same model with attention frozen to uniform; its test score beside the base's (is attention needed?)"
     paper = "Wiegreffe & Pinter 2019, §3.1"
 

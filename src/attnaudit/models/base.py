@@ -188,6 +188,9 @@ class AttentionModel(nn.Module):
     """The query row whose attention explains a classification ([CLS]: 0); None = mean over real queries.
     Where the row differs per example (a decoder's last real token), see :meth:`explanation_rows`."""
     causal: bool = False
+    self_attention: bool = False
+    """Whether the attention layers are stacked token-to-token self-attention over the input
+    (Transformers, Hugging Face encoders and decoders): what rollout and flow compose."""
     """Whether each query reads only itself and earlier keys (decoder-only language models)."""
     trained_head: bool = True
     """Whether the output head was trained; an untrained head (a bare Hugging Face encoder) makes

@@ -156,6 +156,7 @@ class HFAttentionModel(AttentionModel):
     """
 
     explained_layer = -1
+    self_attention = True
     explanation_query = 0
     """Classification explanations read the attention row of ``[CLS]`` (query 0)."""
 

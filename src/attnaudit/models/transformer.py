@@ -160,6 +160,7 @@ class TransformerEncoderModel(AttentionModel):
     """
 
     explained_layer = -1
+    self_attention = True
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config)

@@ -18,36 +18,16 @@ from attnaudit.errors import error_line
 from attnaudit.experiments.base import Experiment, Result, discover
 from attnaudit.io import atomic_write, csv_cell
 
-# Cheap tests first; the training-based ones (each trains models) last. Tests registered
-# later and missing here run between the two groups, in name order.
-CHEAP_ORDER = (
-    "identifiability",
-    "rationale",
-    "importance",
-    "norms",
-    "rollout",
-    "permutation",
-    "activation-swap",
-    "shuffle",
-    "erasure",
-    "adversarial",
-    "random-keys",
-    "opposite-keys",
-    "key-adversary",
-)
-TRAINING_ORDER = ("uniform", "probe", "diagnostic", "seeds", "global-adversary")
 SUMMARY = "summary.csv"
 AUDIT = "audit.json"
 SUMMARY_COLUMNS = ["test", "statistic", "value", "published", "interpretation"]
 
 
 def order_tests(names: typing.Iterable[str]) -> list[str]:
-    """Cheap-first order: :data:`CHEAP_ORDER`, then unknown tests by name, then :data:`TRAINING_ORDER`."""
-    names = list(names)
-    cheap = [n for n in CHEAP_ORDER if n in names]
-    training = [n for n in TRAINING_ORDER if n in names]
-    middle = sorted(n for n in names if n not in cheap and n not in training)
-    return cheap + middle + training
+    """Cheap-first order: by each test's :attr:`~attnaudit.experiments.base.Experiment.audit_rank`
+    (unregistered names rank like tests without one), then by name."""
+    registry = discover()
+    return sorted(names, key=lambda n: (registry[n].audit_rank if n in registry else Experiment.audit_rank, n))
 
 
 def verdict_rows(name: str, result: Result) -> list[dict[str, Any]]:

@@ -1,22 +1,9 @@
-"""Post-hoc feature importance over the items of the explained attention layer.
+"""``loo``: leave-one-out, the output change when an item is *removed* from the input (Jain & Wallace 2019).
 
-Every method has the signature ``fn(run, batch, **kw) -> Tensor (B, K)``: one score per
-*item* of the attention that the single-attention tests examine (``model.explained_layer``):
-tokens for the recurrent/convolutional/average classifiers and Transformers, passage tokens
-for pair/QA models, sentences for HAN. Scores are 0 at padding. The decision explained is
-the predicted class of the unperturbed model, ``ŷ`` its probability (Jain & Wallace 2019).
-
-* ``attention``: the explained attention itself (mean over heads and real queries).
-* ``gradient``: ``|Σ_d ∂ŷ/∂e_{t,d} · e_{t,d}|`` with attention detached (J&W's gradient).
-* ``attention_gradient`` / ``gradient_x_attention``: ``∂ŷ/∂α`` and ``α · ∂ŷ/∂α`` on the
-  explained layer (Serrano & Smith 2019).
-* ``loo``: output change when the item is *removed* from the input (J&W's leave-one-out),
-  computed with family-specific shortcuts; :func:`loo_importance_reference` is the plain
-  Captum ``FeatureAblation`` version used to check them.
-* ``ig``: Integrated Gradients (Captum) on the embeddings, zero baseline.
-
-Tagging and seq2seq models make one decision per token, not per instance, so these
-methods raise :class:`~attnaudit.errors.AttnAuditError` for them.
+Computed with family-specific shortcuts (renormalised scores for ``average``, suffix/prefix
+reruns for a single-layer ``bilstm``, sentence reassembly for HAN, batched full recomputation
+otherwise); :func:`loo_importance_reference` is the plain Captum ``FeatureAblation`` version
+used to check them.
 """
 
 from __future__ import annotations
@@ -28,20 +15,22 @@ import torch
 from torch import Tensor, nn
 
 from attnaudit.data.types import Batch
-from attnaudit.errors import AttnAuditError
+from attnaudit.explain.base import (
+    check_task,
+    explanation,
+    hierarchical,
+    item_mask,
+    takes_run,
+)
 from attnaudit.metrics import output_change
 from attnaudit.models.attention import normalise
-from attnaudit.models.base import AttentionModel, Cache, Intervention, ModelOutput, detach_weights, evaluation, take_rows
-from attnaudit.models.han import HierarchicalAttentionNetwork
+from attnaudit.models.base import AttentionModel, Cache, ModelOutput, evaluation
 from attnaudit.models.rnn import (
     AttentionClassifier,
     AverageEncoder,
     PairAttentionClassifier,
     RecurrentEncoder,
 )
-from attnaudit.run import Run
-
-ImportanceFn = Callable[..., Tensor]
 
 # Elements (floats) one chunk of leave-one-out rows may occupy in its largest tensor:
 # 2**23 floats = 32 MB keeps memory bounded for long documents without slowing short ones.
@@ -51,169 +40,9 @@ _CHUNK_ELEMENTS = 1 << 23
 _PASS_ELEMENTS = 1 << 21
 
 
-def _check_task(run: Run) -> None:
-    if run.task.task_type not in ("classification", "pair"):
-        raise AttnAuditError(
-            f"importance explains one decision per instance; a {run.task.task_type} model makes one per token"
-        )
-
-
-def _hierarchical(model: AttentionModel) -> bool:
-    return isinstance(model, HierarchicalAttentionNetwork)
-
-
-def item_mask(run: Run, batch: Batch) -> Tensor:
-    """``(B, K)`` bool, True at the real items of the explained layer (tokens; HAN: sentences)."""
-    mask = batch.mask.bool()
-    return mask.any(-1) if _hierarchical(run.model) else mask
-
-
 def _single_items(mask: Tensor) -> Tensor:
     """``(B,)`` True for instances with fewer than two items (no ranking, no leave-one-out)."""
     return mask.sum(-1) < 2
-
-
-def _layer_index(model: AttentionModel, layer: int | None) -> int:
-    n = model.num_attention_layers
-    index = model.explained_layer if layer is None else layer
-    if not -n <= index < n:
-        raise AttnAuditError(f"attention layer {index} out of range for a model with {n} attention layer(s)")
-    return index % n
-
-
-def _reduce(weights: Tensor, query_mask: Tensor | None, head: int | None, query: int | Tensor | None = None) -> Tensor:
-    """``(B,H,Q,K)`` -> ``(B,K)``: the explaining query row (``query``: [CLS], or a decoder's last
-    token per example) or the mean over real queries, then the mean over heads (or one head)."""
-    if query is not None:
-        per_head = take_rows(weights, query, 2)
-    elif query_mask is None:
-        per_head = weights.mean(2)
-    else:
-        qm = query_mask[:, None, :, None].to(weights.dtype)
-        per_head = (weights * qm).sum(2) / qm.sum(2).clamp_min(1.0)
-    if head is None:
-        return per_head.mean(1)
-    if not -weights.shape[1] <= head < weights.shape[1]:
-        raise AttnAuditError(f"head {head} out of range for a layer with {weights.shape[1]} head(s)")
-    return per_head[:, head]
-
-
-def _to_items(values: Tensor, run: Run, batch: Batch, layer: int) -> Tensor:
-    """Per-key values of attention layer ``layer`` as ``(B, K)`` over that layer's items, 0 at padding.
-
-    HAN's word layer has one row per sentence; its words are flattened to ``(B, S*W)``.
-    Pair Transformers attend over text then query; only the text (passage) keys are items.
-    """
-    b = batch.mask.shape[0]
-    if _hierarchical(run.model) and layer == 0:
-        mask = batch.mask.bool().reshape(b, -1)
-    else:
-        mask = item_mask(run, batch)
-    return values.reshape(b, -1)[:, : mask.shape[1]] * mask.to(values.dtype)
-
-
-def _predicted(probs: Tensor) -> Tensor:
-    """Predicted-class probability ``ŷ`` per instance, ``(B,)``."""
-    return probs.gather(1, probs.argmax(-1, keepdim=True)).squeeze(1)
-
-
-def attention_importance(run: Run, batch: Batch, layer: int | None = None, head: int | None = None) -> Tensor:
-    """The explained attention ``(B, K)``: mean over heads (or ``head``) and real queries.
-
-    ``layer`` defaults to ``model.explained_layer`` (the last one for Transformers). HAN's
-    word layer (``layer=0``) gives ``(B, S*W)``: the word weights within each sentence.
-    """
-    _check_task(run)
-    model = run.model
-    index = _layer_index(model, layer)
-    with evaluation(model), torch.no_grad():
-        record = model(batch).trace[index]
-        values = _reduce(record.weights, record.query_mask, head, model.explanation_rows(batch.mask))
-    return _to_items(values, run, batch, index)
-
-
-def attention_per_head(run: Run, batch: Batch) -> Tensor:
-    """Attention of every layer and head over the explained items, ``(B, L, H, K)``.
-
-    Mean over real queries. Only layers whose keys are the explained items are included:
-    every layer of a Transformer, the one layer of the single-attention classifiers, and
-    HAN's sentence layer alone (its word layer attends within sentences).
-    """
-    _check_task(run)
-    model = run.model
-    with evaluation(model), torch.no_grad():
-        trace = model(batch).trace
-    layers = [model.explained_layer % len(trace)] if _hierarchical(model) else range(len(trace))
-    stacked = []
-    for index in layers:
-        record = trace[index]
-        heads = [
-            _to_items(_reduce(record.weights, record.query_mask, h, model.explanation_rows(batch.mask)), run, batch, index)
-            for h in range(record.weights.shape[1])
-        ]
-        stacked.append(torch.stack(heads, 1))
-    return torch.stack(stacked, 1)
-
-
-def _token_scores(per_token: Tensor, run: Run, batch: Batch, absolute: bool) -> Tensor:
-    """Per-token scores ``(B,T)`` (HAN ``(B,S,W)``) -> ``(B,K)`` over items, 0 at padding.
-
-    ``absolute`` takes ``|·|`` per token first; HAN then sums a sentence's tokens.
-    """
-    scores = per_token.abs() if absolute else per_token
-    if _hierarchical(run.model):
-        scores = (scores * batch.mask.to(scores.dtype)).sum(-1)
-    mask = item_mask(run, batch)
-    return scores[:, : mask.shape[1]] * mask.to(scores.dtype)
-
-
-def gradient_importance(run: Run, batch: Batch) -> Tensor:
-    """Jain & Wallace's gradient: ``|Σ_d ∂ŷ/∂e_{t,d} · e_{t,d}|`` per token, ``(B, K)``.
-
-    Every attention layer is detached (treated as a constant), so the gradient flows only
-    through the values. HAN: the token scores of a sentence are summed. Pair Transformers
-    embed text and query together; only the text (passage) positions are returned.
-    """
-    _check_task(run)
-    model = run.model
-    with evaluation(model), torch.enable_grad():
-        embeddings = model.embed(batch).detach().requires_grad_(True)
-        probs = model(batch, [detach_weights()], embeddings=embeddings).probs
-        (grad,) = torch.autograd.grad(_predicted(probs).sum(), embeddings)
-    return _token_scores((grad * embeddings).sum(-1).detach(), run, batch, absolute=True)
-
-
-def _attention_grad(run: Run, batch: Batch) -> tuple[Tensor, Tensor, Tensor | None, int]:
-    """``(α, ∂ŷ/∂α, query_mask, layer)`` on the explained layer, each ``(B,H,Q,K)``."""
-    _check_task(run)
-    model = run.model
-    index = _layer_index(model, None)
-    with evaluation(model):
-        with torch.no_grad():
-            record = model(batch).trace[index]
-        weights = record.weights.detach().clone().requires_grad_(True)
-        with torch.enable_grad():
-            probs = model(batch, [Intervention(layer=index, weights=weights)]).probs
-            (grad,) = torch.autograd.grad(_predicted(probs).sum(), weights)
-    return weights.detach(), grad, record.query_mask, index
-
-
-def attention_gradient(run: Run, batch: Batch) -> Tensor:
-    """Serrano & Smith's gradient w.r.t. attention: ``∂ŷ/∂α`` on the explained layer, ``(B, K)``.
-
-    Signed (positive: more weight on the item raises ``ŷ``); mean over heads and real queries.
-    """
-    _, grad, query_mask, index = _attention_grad(run, batch)
-    return _to_items(_reduce(grad, query_mask, None, run.model.explanation_rows(batch.mask)), run, batch, index)
-
-
-def gradient_times_attention(run: Run, batch: Batch) -> Tensor:
-    """``α · ∂ŷ/∂α`` on the explained layer (signed), mean over heads and real queries, ``(B, K)``."""
-    weights, grad, query_mask, index = _attention_grad(run, batch)
-    return _to_items(_reduce(weights * grad, query_mask, None, run.model.explanation_rows(batch.mask)), run, batch, index)
-
-
-# --------------------------------------------------------------------------- leave-one-out
 
 
 def _select_extra(extra: dict[str, Any], index: Tensor, batch_size: int) -> dict[str, Any]:
@@ -475,7 +304,7 @@ def _loo_han(
 
 def _loo_method(model: AttentionModel) -> LooMethod:
     """The fastest exact leave-one-out for this model family."""
-    if _hierarchical(model):
+    if hierarchical(model):
         return _loo_han
     if isinstance(model, (AttentionClassifier, PairAttentionClassifier)):
         encoder = model.encoder
@@ -494,7 +323,11 @@ def _finish_loo(changes: Tensor, mask: Tensor) -> Tensor:
     return changes.masked_fill(_single_items(mask)[:, None] & mask, float("nan"))
 
 
-def loo_importance(run: Run, batch: Batch) -> Tensor:
+@explanation(
+    "loo", "output change (|Δŷ|; TVD multi-class) when the item is removed from the input (Jain & Wallace 2019)",
+    ("prediction",), order=30,
+)
+def loo_importance(model: AttentionModel, batch: Batch) -> Tensor:
     """Leave-one-out: output change (:func:`~attnaudit.metrics.output_change`) when item i is removed.
 
     ``(B, K)``; |Δŷ| for binary models, TVD for multi-class. Exact removal (later items
@@ -502,9 +335,8 @@ def loo_importance(run: Run, batch: Batch) -> Tensor:
     for ``average``, suffix/prefix reruns for ``bilstm``, sentence reassembly for HAN, and
     batched full recomputation otherwise. One-item instances get NaN.
     """
-    _check_task(run)
-    model = run.model
-    mask = item_mask(run, batch)
+    check_task(model)
+    mask = item_mask(model, batch)
     with evaluation(model), torch.no_grad():
         cache = model.encode(batch)
         output = model.decode(cache)
@@ -517,7 +349,8 @@ def loo_importance(run: Run, batch: Batch) -> Tensor:
     return _finish_loo(changes, mask)
 
 
-def loo_importance_reference(run: Run, batch: Batch) -> Tensor:
+@takes_run
+def loo_importance_reference(model: AttentionModel, batch: Batch) -> Tensor:
     """Leave-one-out with Captum ``FeatureAblation``: the check for :func:`loo_importance`.
 
     The ablated input is a ``keep`` indicator per item; the forward function removes the
@@ -527,9 +360,8 @@ def loo_importance_reference(run: Run, batch: Batch) -> Tensor:
     """
     from captum.attr import FeatureAblation
 
-    _check_task(run)
-    model = run.model
-    mask = item_mask(run, batch)
+    check_task(model)
+    mask = item_mask(model, batch)
     everyone = torch.arange(len(batch), device=mask.device)
     with evaluation(model), torch.no_grad():
         full = model(batch).probs
@@ -540,61 +372,3 @@ def loo_importance_reference(run: Run, batch: Batch) -> Tensor:
 
         attributions = FeatureAblation(forward).attribute(mask.to(full.dtype), baselines=0.0)
     return _finish_loo(-attributions, mask)
-
-
-# --------------------------------------------------------------------------- integrated gradients
-
-
-def integrated_gradients(run: Run, batch: Batch, steps: int = 50, absolute: bool = True) -> Tensor:
-    """Integrated Gradients (Captum) of ``ŷ`` w.r.t. the item embeddings, zero baseline, ``(B, K)``.
-
-    Attributions are summed over the embedding dimension per token; with ``absolute``
-    (the default, like :func:`gradient_importance`) the sum's absolute value is taken, so
-    scores rank magnitude regardless of direction. HAN sums its tokens' values per sentence.
-    ``absolute=False`` keeps the sign, so a row sums to ``f(x) − f(0)`` up to the
-    integration error (completeness). Pair models: only the passage embeddings are
-    integrated; the question stays as it is.
-    """
-    from captum.attr import IntegratedGradients
-
-    _check_task(run)
-    if steps < 1:
-        raise AttnAuditError(f"integrated gradients needs steps >= 1, got {steps}")
-    model = run.model
-    t = batch.tokens.shape[1]
-    with evaluation(model):
-        with torch.no_grad():
-            target = model(batch).probs.argmax(-1)
-            embeddings = model.embed(batch)
-        hierarchical = _hierarchical(model)
-        passage = embeddings if hierarchical else embeddings[:, :t]
-        rest = None if hierarchical or embeddings.shape[1] == t else embeddings[:, t:]
-
-        def forward(
-            x: Tensor, tokens: Tensor, mask: Tensor, features: Tensor | None,
-            query: Tensor | None, query_mask: Tensor | None, tail: Tensor | None,
-        ) -> Tensor:
-            emb = x if tail is None else torch.cat([x, tail], 1)
-            sub = Batch(tokens=tokens, mask=mask, features=features, query=query, query_mask=query_mask)
-            return model(sub, embeddings=emb).probs
-
-        per_pass = max(1, 4096 // max(len(batch), 1))
-        attributions = IntegratedGradients(forward).attribute(
-            passage,
-            target=target,
-            additional_forward_args=(batch.tokens, batch.mask, batch.features, batch.query, batch.query_mask, rest),
-            n_steps=steps,
-            internal_batch_size=len(batch) * min(steps, per_pass),
-        )
-    return _token_scores(attributions.sum(-1).detach(), run, batch, absolute)
-
-
-IMPORTANCE: dict[str, ImportanceFn] = {
-    "attention": attention_importance,
-    "gradient": gradient_importance,
-    "attention_gradient": attention_gradient,
-    "gradient_x_attention": gradient_times_attention,
-    "loo": loo_importance,
-    "ig": integrated_gradients,
-}
-"""Importance methods by name; each is ``fn(run, batch) -> (B, K)`` (erasure ranks items with them)."""

@@ -1,0 +1,42 @@
+"""Explanation methods, one module each, registered by name (see :mod:`attnaudit.explain.base`).
+
+Importing the package imports every module in it, so each method registers itself: adding a
+method is adding one file (and its test), nothing else.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+from attnaudit.explain.base import (
+    EXPLANATIONS,
+    NEEDS,
+    Explanation,
+    choose,
+    default_names,
+    explanation,
+    get_explanation,
+    item_mask,
+    list_explanations,
+    register,
+    unregister,
+)
+
+for _info in pkgutil.iter_modules(__path__):
+    if _info.name != "base" and not _info.name.startswith("_"):
+        importlib.import_module(f"{__name__}.{_info.name}")
+
+__all__ = [
+    "EXPLANATIONS",
+    "NEEDS",
+    "Explanation",
+    "choose",
+    "default_names",
+    "explanation",
+    "get_explanation",
+    "item_mask",
+    "list_explanations",
+    "register",
+    "unregister",
+]

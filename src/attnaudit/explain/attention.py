@@ -1,0 +1,57 @@
+"""``attention``: the explained attention itself, mean over heads and real queries (or the explanation row)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from attnaudit.data.types import Batch
+from attnaudit.explain.base import (
+    check_task,
+    explanation,
+    hierarchical,
+    layer_index,
+    reduce_heads,
+    takes_run,
+    to_items,
+)
+from attnaudit.models.base import AttentionModel, evaluation
+
+
+@explanation("attention", "the explained attention layer's weights (mean over heads; the explanation query's row)", order=10)
+def attention_importance(model: AttentionModel, batch: Batch, layer: int | None = None, head: int | None = None) -> Tensor:
+    """The explained attention ``(B, K)``: mean over heads (or ``head``) and real queries.
+
+    ``layer`` defaults to ``model.explained_layer`` (the last one for Transformers). HAN's
+    word layer (``layer=0``) gives ``(B, S*W)``: the word weights within each sentence.
+    """
+    check_task(model)
+    index = layer_index(model, layer)
+    with evaluation(model), torch.no_grad():
+        record = model(batch).trace[index]
+        values = reduce_heads(record.weights, record.query_mask, head, model.explanation_rows(batch.mask))
+    return to_items(values, model, batch, index)
+
+
+@takes_run
+def attention_per_head(model: AttentionModel, batch: Batch) -> Tensor:
+    """Attention of every layer and head over the explained items, ``(B, L, H, K)``.
+
+    Mean over real queries. Only layers whose keys are the explained items are included:
+    every layer of a Transformer, the one layer of the single-attention classifiers, and
+    HAN's sentence layer alone (its word layer attends within sentences).
+    """
+    check_task(model)
+    with evaluation(model), torch.no_grad():
+        trace = model(batch).trace
+    layers = [model.explained_layer % len(trace)] if hierarchical(model) else range(len(trace))
+    stacked = []
+    for index in layers:
+        record = trace[index]
+        rows = model.explanation_rows(batch.mask)
+        heads = [
+            to_items(reduce_heads(record.weights, record.query_mask, h, rows), model, batch, index)
+            for h in range(record.weights.shape[1])
+        ]
+        stacked.append(torch.stack(heads, 1))
+    return torch.stack(stacked, 1)

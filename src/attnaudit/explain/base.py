@@ -1,0 +1,279 @@
+"""The registry of explanation methods and what every method shares.
+
+An explanation scores the *items* of the attention that the single-attention tests examine
+(``model.explained_layer``): tokens for the recurrent/convolutional/average classifiers and
+Transformers, passage tokens for pair/QA models, sentences for HAN. Every method is a function
+``fn(model, batch, **options) -> Tensor (B, K)``, 0 at padding, registered once with
+:func:`explanation`: its name, a one-line description, what it needs (:data:`NEEDS`) and any
+further condition on the model. The tests, the report's heatmaps and the command line find the
+methods here (:func:`list_explanations`, :func:`choose`) and nowhere else.
+
+The decision explained is the predicted class of the unperturbed model, ``ŷ`` its probability
+(Jain & Wallace 2019). Tagging and seq2seq models make one decision per token, not one per
+instance, so no explanation applies to them.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from torch import Tensor
+
+from attnaudit.data.types import Batch
+from attnaudit.errors import AttnAuditError
+from attnaudit.models.base import AttentionModel, take_rows
+from attnaudit.models.han import HierarchicalAttentionNetwork
+from attnaudit.run import Run
+
+ExplainFn = Callable[..., Tensor]
+"""``fn(model, batch, **options) -> (B, K)`` over the explained items, 0 at padding."""
+Check = Callable[[AttentionModel], "str | None"]
+
+NEEDS: dict[str, tuple[str, Check]] = {
+    "prediction": (
+        "a prediction to explain (a trained head)",
+        lambda m: None if m.trained_head else "this model has no trained classification head, so it makes no prediction to explain",
+    ),
+    "gradients": ("a backward pass through the model", lambda m: None),
+    "self_attention": (
+        "stacked token-to-token self-attention (Transformers)",
+        lambda m: None if m.self_attention else f"{type(m).__name__} has no stack of token-to-token self-attention layers",
+    ),
+    "value_output": (
+        "per-head value and output projections (Transformers)",
+        lambda m: None if m.has_value_output else f"{type(m).__name__} attention has no per-head value/output projections",
+    ),
+}
+"""What a method may need: a description for listings and the check, ``model -> None | reason``."""
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """One registered method: ``name``, the function, ``about`` (one line), ``needs`` (keys of
+    :data:`NEEDS`), an optional further ``check``, ``default`` (part of the set a test takes
+    when it compares every explanation; False for costly ones, variants and baselines) and
+    ``order`` (listing order, then name)."""
+
+    name: str
+    fn: ExplainFn
+    about: str
+    needs: tuple[str, ...] = ()
+    check: Check | None = None
+    default: bool = True
+    order: int = 100
+
+    def applies(self, target: AttentionModel | Run) -> str | None:
+        """Why this method cannot explain a model (or a run's model); None when it can."""
+        model = model_of(target)
+        task = model.config.task_type
+        if task not in ("classification", "pair"):
+            return f"explanations score one decision per instance; a {task} model makes one per token"
+        for need in self.needs:
+            reason = NEEDS[need][1](model)
+            if reason:
+                return reason
+        return self.check(model) if self.check else None
+
+    @property
+    def options(self) -> tuple[str, ...]:
+        """The keyword options ``fn`` takes after ``(model, batch)`` (ig: ``steps``; random: ``seed``)."""
+        return tuple(list(inspect.signature(self.fn).parameters)[2:])
+
+    def __call__(self, target: AttentionModel | Run, batch: Batch, **offered: Any) -> Tensor:
+        """The scores ``(B, K)`` for a model (or a run's model), passing on the ``offered`` options the
+        method takes (a test offers its ``steps`` and ``seed`` to every method); a one-line error when
+        the method does not apply to the model."""
+        reason = self.applies(target)
+        if reason:
+            raise AttnAuditError(f"explanation {self.name!r} does not apply to this model: {reason}")
+        return self.fn(target, batch, **{k: v for k, v in offered.items() if k in self.options})
+
+
+EXPLANATIONS: dict[str, Explanation] = {}
+
+
+def explanation(
+    name: str, about: str, needs: Iterable[str] = (), check: Check | None = None, default: bool = True, order: int = 100
+) -> Callable[[ExplainFn], ExplainFn]:
+    """Decorator registering ``fn(model, batch, **options) -> (B, K)`` as explanation ``name``;
+    the function itself is returned unchanged."""
+    wanted = tuple(needs)
+    unknown = [n for n in wanted if n not in NEEDS]
+    if unknown:
+        raise ValueError(f"explanation {name!r}: unknown need(s) {unknown}; known: {list(NEEDS)}")
+
+    def add(fn: ExplainFn) -> ExplainFn:
+        method = takes_run(fn)
+        register(Explanation(name, method, about, wanted, check, default, order))
+        return method
+
+    return add
+
+
+def takes_run(fn: ExplainFn) -> ExplainFn:
+    """``fn(model, batch, ...)`` that also takes a :class:`~attnaudit.run.Run` in place of its model."""
+
+    @functools.wraps(fn)
+    def call(target: AttentionModel | Run, batch: Batch, *args: Any, **kwargs: Any) -> Tensor:
+        return fn(model_of(target), batch, *args, **kwargs)
+
+    return call
+
+
+def register(method: Explanation) -> Explanation:
+    """Add ``method`` to the registry (replacing one of the same name) and keep it in listing order."""
+    EXPLANATIONS[method.name] = method
+    ordered = sorted(EXPLANATIONS.values(), key=lambda m: (m.order, m.name))
+    EXPLANATIONS.clear()
+    EXPLANATIONS.update((m.name, m) for m in ordered)
+    return method
+
+
+def unregister(name: str) -> None:
+    """Remove explanation ``name`` (tests register throw-away methods)."""
+    EXPLANATIONS.pop(name, None)
+
+
+def model_of(target: AttentionModel | Run) -> AttentionModel:
+    """The model itself, or a run's model."""
+    return target.model if isinstance(target, Run) else target
+
+
+def list_explanations(target: AttentionModel | Run, default: bool = False) -> list[Explanation]:
+    """The registered methods that apply to a model (or a run's model), in listing order;
+    ``default``: only those a test takes when it compares every explanation."""
+    model = model_of(target)
+    return [m for m in EXPLANATIONS.values() if (m.default or not default) and m.applies(model) is None]
+
+
+def default_names() -> list[str]:
+    """Names of the ``default`` methods, in listing order (a test's default "every explanation")."""
+    return [m.name for m in EXPLANATIONS.values() if m.default]
+
+
+def get_explanation(name: str) -> Explanation:
+    """The method ``name``; a one-line error listing the registered ones otherwise."""
+    if name not in EXPLANATIONS:
+        raise AttnAuditError(f"unknown explanation {name!r}; available: {', '.join(EXPLANATIONS)}")
+    return EXPLANATIONS[name]
+
+
+def choose(
+    names: Iterable[str],
+    allowed: Iterable[str] | None = None,
+    option: str = "--methods",
+    model: AttentionModel | Run | None = None,
+) -> dict[str, Explanation]:
+    """The methods ``names`` (order kept, repeats dropped), each registered, in ``allowed`` (default:
+    all) and, given a ``model``, applying to it; a one-line error naming ``option`` otherwise."""
+    choices = list(EXPLANATIONS if allowed is None else allowed)
+    wanted = list(dict.fromkeys(names))
+    unknown = [n for n in wanted if n not in choices]
+    if unknown or not wanted:
+        raise AttnAuditError(f"{option}: unknown or missing method(s) {', '.join(unknown)}; choose from {', '.join(choices)}")
+    chosen = {n: EXPLANATIONS[n] for n in wanted}
+    for method in chosen.values() if model is not None else ():
+        reason = method.applies(model)
+        if reason:
+            raise AttnAuditError(f"{option}: {method.name} does not apply to this model: {reason}")
+    return chosen
+
+
+# --------------------------------------------------------------------------- helpers the methods share
+
+
+def check_task(model: AttentionModel) -> None:
+    """A one-line error unless ``model`` makes one decision per instance (classification, pair)."""
+    task = model.config.task_type
+    if task not in ("classification", "pair"):
+        raise AttnAuditError(f"importance explains one decision per instance; a {task} model makes one per token")
+
+
+def hierarchical(model: AttentionModel) -> bool:
+    """Whether the explained items are sentences of words (HAN)."""
+    return isinstance(model, HierarchicalAttentionNetwork)
+
+
+def item_mask(target: AttentionModel | Run, batch: Batch) -> Tensor:
+    """``(B, K)`` bool, True at the real items of the explained layer (tokens; HAN: sentences)."""
+    mask = batch.mask.bool()
+    return mask.any(-1) if hierarchical(model_of(target)) else mask
+
+
+def layer_index(model: AttentionModel, layer: int | None) -> int:
+    """Attention layer ``layer`` (default the explained one) as a non-negative index; checked."""
+    n = model.num_attention_layers
+    index = model.explained_layer if layer is None else layer
+    if not -n <= index < n:
+        raise AttnAuditError(f"attention layer {index} out of range for a model with {n} attention layer(s)")
+    return index % n
+
+
+def reduce_heads(weights: Tensor, query_mask: Tensor | None, head: int | None, query: int | Tensor | None = None) -> Tensor:
+    """``(B,H,Q,K)`` -> ``(B,K)``: the explaining query row (``query``: [CLS], or a decoder's last
+    token per example) or the mean over real queries, then the mean over heads (or one head)."""
+    if query is not None:
+        per_head = take_rows(weights, query, 2)
+    elif query_mask is None:
+        per_head = weights.mean(2)
+    else:
+        qm = query_mask[:, None, :, None].to(weights.dtype)
+        per_head = (weights * qm).sum(2) / qm.sum(2).clamp_min(1.0)
+    if head is None:
+        return per_head.mean(1)
+    if not -weights.shape[1] <= head < weights.shape[1]:
+        raise AttnAuditError(f"head {head} out of range for a layer with {weights.shape[1]} head(s)")
+    return per_head[:, head]
+
+
+def query_row(model: AttentionModel, values: Tensor, query_mask: Tensor | None) -> Tensor:
+    """``(B,Q,K)`` -> ``(B,K)``: the ``[CLS]`` row for Hugging Face encoders, a decoder's last real
+    token, else the mean over real queries."""
+    query = model.explanation_query if query_mask is None else model.explanation_rows(query_mask)
+    if query is not None:
+        return take_rows(values, query, 1)
+    if query_mask is None:
+        return values.mean(1)
+    qm = query_mask[:, :, None].to(values.dtype)
+    return (values * qm).sum(1) / qm.sum(1).clamp_min(1.0)
+
+
+def to_items(values: Tensor, model: AttentionModel, batch: Batch, layer: int) -> Tensor:
+    """Per-key values of attention layer ``layer`` as ``(B, K)`` over that layer's items, 0 at padding.
+
+    HAN's word layer has one row per sentence; its words are flattened to ``(B, S*W)``.
+    Pair Transformers attend over text then query; only the text (passage) keys are items.
+    """
+    b = batch.mask.shape[0]
+    if hierarchical(model) and layer == 0:
+        mask = batch.mask.bool().reshape(b, -1)
+    else:
+        mask = item_mask(model, batch)
+    return values.reshape(b, -1)[:, : mask.shape[1]] * mask.to(values.dtype)
+
+
+def on_items(model: AttentionModel, batch: Batch, values: Tensor) -> Tensor:
+    """Key-axis values ``(B,K')`` restricted to the explained items (pair Transformers: the passage), 0 at padding."""
+    mask = item_mask(model, batch)
+    return values[:, : mask.shape[1]] * mask.to(values.dtype)
+
+
+def token_scores(per_token: Tensor, model: AttentionModel, batch: Batch, absolute: bool) -> Tensor:
+    """Per-token scores ``(B,T)`` (HAN ``(B,S,W)``) -> ``(B,K)`` over items, 0 at padding.
+
+    ``absolute`` takes ``|·|`` per token first; HAN then sums a sentence's tokens.
+    """
+    scores = per_token.abs() if absolute else per_token
+    if hierarchical(model):
+        scores = (scores * batch.mask.to(scores.dtype)).sum(-1)
+    mask = item_mask(model, batch)
+    return scores[:, : mask.shape[1]] * mask.to(scores.dtype)
+
+
+def predicted(probs: Tensor) -> Tensor:
+    """Predicted-class probability ``ŷ`` per instance, ``(B,)``."""
+    return probs.gather(1, probs.argmax(-1, keepdim=True)).squeeze(1)

@@ -1,0 +1,28 @@
+"""``flow``: attention flow through every layer up to the explained one (Abnar & Zuidema 2020), read
+at the explanation query; the max-flow algorithm is :func:`attnaudit.flow.flow`. Costly (about
+``T^4`` per instance), so not among the default explanations."""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from attnaudit.data.types import Batch
+from attnaudit.explain.base import explanation, on_items, query_row
+from attnaudit.explain.rollout import explained_record, layer_weights
+from attnaudit.flow import flow
+from attnaudit.models.base import AttentionModel
+
+
+@explanation(
+    "flow", "attention flow (max-flow) through the layers, residual ½I, heads averaged (Abnar & Zuidema 2020)",
+    ("self_attention",), default=False, order=70,
+)
+def flow_importance(model: AttentionModel, batch: Batch) -> Tensor:
+    """Maximum flow from each input token to the explanation query's node of the explained layer, ``(B,K)``.
+
+    Heads are averaged and the residual counted with weight 0.5, as for ``rollout``; the raw
+    max-flow values (A&Z divide each row by its sum, which keeps the ranking).
+    """
+    trace, index, record = explained_record(model, batch)
+    flowed = flow(layer_weights(trace, index), mask=record.mask)[:, -1]
+    return on_items(model, batch, query_row(model, flowed, record.query_mask))

@@ -1,0 +1,27 @@
+"""``input_gradient``: Abnar & Zuidema's input gradient ``|Σ_d ∂z_ŷ/∂e_{t,d}|`` (predicted logit, attention live)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from attnaudit.data.types import Batch
+from attnaudit.explain.base import explanation, token_scores
+from attnaudit.models.base import AttentionModel, evaluation
+
+
+@explanation(
+    "input_gradient",
+    "|Σ_d ∂z_ŷ/∂e| of the predicted logit, attention live (Abnar & Zuidema 2020's input gradients)",
+    ("prediction", "gradients"),
+    default=False,
+    order=80,
+)
+def input_gradient(model: AttentionModel, batch: Batch) -> Tensor:
+    """Abnar & Zuidema's input gradient ``|Σ_d ∂z_ŷ/∂e_{t,d}|``, ``(B, K)``; HAN sums a sentence's tokens."""
+    with evaluation(model), torch.enable_grad():
+        embeddings = model.embed(batch).detach().requires_grad_(True)
+        logits = model(batch, embeddings=embeddings).logits
+        chosen = logits.gather(1, logits.argmax(-1, keepdim=True)).sum()
+        (grad,) = torch.autograd.grad(chosen, embeddings)
+    return token_scores(grad.sum(-1), model, batch, absolute=True)

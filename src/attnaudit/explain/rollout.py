@@ -1,0 +1,43 @@
+"""``rollout``: attention rollout through every layer up to the explained one (Abnar & Zuidema 2020),
+read at the explanation query; the algorithm is :func:`attnaudit.flow.rollout`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from attnaudit.data.types import Batch
+from attnaudit.explain.base import explanation, on_items, query_row
+from attnaudit.flow import rollout
+from attnaudit.models.base import AttentionLayer, AttentionModel, AttentionTrace
+
+
+def explained_record(model: AttentionModel, batch: Batch) -> tuple[AttentionTrace, int, AttentionLayer]:
+    """(trace, explained layer index, that layer's record) of an unperturbed forward pass."""
+    with torch.no_grad():
+        trace = model(batch).trace
+    index = model.explained_layer % len(trace)
+    return trace, index, trace[index]
+
+
+def layer_weights(trace: AttentionTrace, index: int) -> list[Any]:
+    """The attention weights of layers ``0 … index``, each ``(B,H,T,T)``."""
+    return [layer.weights for layer in list(trace.layers)[: index + 1]]
+
+
+@explanation(
+    "rollout", "attention rollout through the layers, residual ½I, heads averaged (Abnar & Zuidema 2020)",
+    ("self_attention",), order=50,
+)
+def rollout_importance(model: AttentionModel, batch: Batch) -> Tensor:
+    """Attention rollout through every layer (Abnar & Zuidema 2020) read at the explanation query, ``(B,K)``.
+
+    Heads are averaged and the residual connection counted with weight 0.5, as in the
+    paper; the row is ``[CLS]``'s for Hugging Face encoders and the mean over real
+    queries for our mean-pooled Transformer.
+    """
+    trace, index, record = explained_record(model, batch)
+    rolled = rollout(layer_weights(trace, index), mask=record.mask)[:, -1]
+    return on_items(model, batch, query_row(model, rolled, record.query_mask))

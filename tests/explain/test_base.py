@@ -1,0 +1,133 @@
+"""The registry: every method's shape and padding on every family, applicability, choosing, registering."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from attnaudit.data.batching import Collator
+from attnaudit.data.types import Example
+from attnaudit.data.vocab import Vocab
+from attnaudit.errors import AttnAuditError
+from attnaudit.explain import (
+    EXPLANATIONS,
+    Explanation,
+    choose,
+    default_names,
+    explanation,
+    item_mask,
+    list_explanations,
+    unregister,
+)
+from attnaudit.models import ModelConfig, build_model
+from attnaudit.run import Run, TaskSpec
+
+from .conftest import FAMILIES
+
+OPTIONS = {"steps": 4, "seed": 1}  # what a test offers every method: few IG steps, a seed
+
+
+@pytest.fixture
+def dummy() -> Iterator[str]:
+    """A throw-away method registered for one test: the item's position, 0 at padding."""
+
+    @explanation("position", "the item's position (a test method)", order=1)
+    def position(model, batch):
+        mask = item_mask(model, batch)
+        return torch.arange(mask.shape[1], dtype=torch.float32)[None, :] * mask
+
+    try:
+        yield "position"
+    finally:
+        unregister("position")
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_every_method_that_applies_has_item_shape_and_zero_padding(runs: dict, family: str) -> None:
+    run, batch = runs[family]
+    mask = item_mask(run, batch)
+    if family == "han":
+        assert mask.shape[1] == batch.tokens.shape[1]  # sentences
+    single = mask.sum(1) < 2
+    assert single[-1] and not single[:-1].any()
+    applying = list_explanations(run)
+    expected = {"attention", "gradient", "attention_gradient", "gradient_x_attention", "loo", "ig", "input_gradient", "random"}
+    if "transformer" in family:
+        expected |= {"rollout", "flow", "norms"}
+    assert {m.name for m in applying} == expected
+    for method in applying:
+        scores = method(run, batch, **OPTIONS)
+        assert scores.shape == mask.shape, method.name
+        assert (scores[~mask] == 0).all(), method.name
+        real = scores[mask & ~single[:, None]]
+        assert torch.isfinite(real).all(), method.name
+        if method.name in ("gradient", "ig", "attention", "loo", "input_gradient", "rollout", "flow", "norms", "random"):
+            assert (real >= 0).all(), method.name
+    assert scores.shape == batch.tokens.shape[:2]  # pair models: the passage tokens only
+
+
+def test_methods_that_do_not_apply_say_why(runs: dict) -> None:
+    run, batch = runs["bilstm"]
+    assert "self-attention" in EXPLANATIONS["rollout"].applies(run)
+    assert "value/output" in EXPLANATIONS["norms"].applies(run.model)
+    with pytest.raises(AttnAuditError, match="'flow' does not apply to this model"):
+        EXPLANATIONS["flow"](run, batch)
+    with pytest.raises(AttnAuditError, match="--methods: rollout does not apply"):
+        choose(["gradient", "rollout"], model=run)
+
+
+def test_a_model_without_a_trained_head_gets_no_explanation_of_a_prediction(runs: dict) -> None:
+    run, _ = runs["transformer"]
+    run.model.trained_head = False
+    try:
+        names = [m.name for m in list_explanations(run)]
+        assert names == ["attention", "rollout", "norms", "flow", "random"]
+        assert "no trained classification head" in EXPLANATIONS["gradient"].applies(run)
+    finally:
+        del run.model.trained_head  # back to the class default
+
+
+def test_tagging_models_get_none() -> None:
+    config = ModelConfig(model="transformer", task_type="tagging", vocab_size=10, num_labels=3, embed_dim=8, d_model=8, heads=2)
+    collate = Collator(Vocab(["a", "b"]), ["O", "B-X", "I-X"], "tagging")
+    run = Run(model=build_model(config), collate=collate, task=TaskSpec(spec="x", task_type="tagging", labels=["O", "B-X", "I-X"]))
+    batch = collate([Example(tokens=["a", "b"], tags=["O", "B-X"])])
+    assert list_explanations(run) == []
+    for method in EXPLANATIONS.values():
+        with pytest.raises(AttnAuditError, match="one decision per instance"):
+            method(run, batch)
+
+
+def test_choose_keeps_order_drops_repeats_and_names_the_option() -> None:
+    assert list(choose(["loo", "gradient", "loo"])) == ["loo", "gradient"]
+    with pytest.raises(AttnAuditError, match=r"^--rankings: unknown or missing method\(s\) saliency; choose from attention, "):
+        choose(["saliency"], option="--rankings")
+    with pytest.raises(AttnAuditError, match="unknown or missing"):
+        choose([])
+    with pytest.raises(AttnAuditError, match="choose from gradient$"):
+        choose(["loo"], allowed=["gradient"])
+
+
+def test_listing_order_defaults_and_options() -> None:
+    assert list(EXPLANATIONS)[:6] == ["attention", "gradient", "loo", "ig", "rollout", "norms"]
+    assert default_names() == ["attention", "gradient", "loo", "ig", "rollout", "norms"]
+    assert EXPLANATIONS["ig"].options == ("steps", "absolute")
+    assert EXPLANATIONS["random"].options == ("seed",)
+    assert EXPLANATIONS["gradient"].options == ()
+
+
+def test_registering_a_method_adds_it_in_order_and_unregistering_removes_it(runs: dict, dummy: str) -> None:
+    run, batch = runs["bilstm"]
+    assert list(EXPLANATIONS)[0] == dummy and dummy in default_names()
+    assert isinstance(EXPLANATIONS[dummy], Explanation) and EXPLANATIONS[dummy] in list_explanations(run)
+    scores = EXPLANATIONS[dummy](run, batch, **OPTIONS)  # offered options it does not take are not passed
+    assert scores[0, 2] == 2 and scores[-1, 1:].eq(0).all()
+    unregister(dummy)
+    assert dummy not in EXPLANATIONS
+
+
+def test_an_unknown_need_is_refused_at_registration() -> None:
+    with pytest.raises(ValueError, match="unknown need"):
+        explanation("x", "x", needs=("telepathy",))
