@@ -31,9 +31,9 @@ import torch
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from attnaudit.data.tasks import load_task  # noqa: E402
 from attnaudit.experiments import run_test  # noqa: E402
 from attnaudit.io import read_json  # noqa: E402
-from attnaudit.data.tasks import load_task  # noqa: E402
 from attnaudit.training.nmt import bleu_score, train_nmt  # noqa: E402
 from benchmarks.common import RUNS, write_result  # noqa: E402
 

@@ -14,8 +14,8 @@ from attnaudit.audit import audit, parse_settings
 from attnaudit.data.synthetic import synthetic_task
 from attnaudit.errors import AttnAuditError
 from attnaudit.experiments.base import EXPERIMENTS, Experiment, Result, register
-from attnaudit.report.summary import SUMMARY_COLUMNS, order_tests, verdict_rows
 from attnaudit.progress import set_quiet
+from attnaudit.report.summary import SUMMARY_COLUMNS, order_tests, verdict_rows
 from attnaudit.training.trainer import train
 
 set_quiet(True)

@@ -22,7 +22,17 @@ import pandas as pd
 
 from attnaudit.data.types import Example
 from attnaudit.errors import AttnAuditError, InputError
-from attnaudit.io import RESULT_NAMES, atomic_write, atomic_write_json, check_fields, check_output_dir, digest, locked, read_json, remove_stray_tmp
+from attnaudit.io import (
+    RESULT_NAMES,
+    atomic_write,
+    atomic_write_json,
+    check_fields,
+    check_output_dir,
+    digest,
+    locked,
+    read_json,
+    remove_stray_tmp,
+)
 from attnaudit.run import Run
 
 

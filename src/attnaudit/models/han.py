@@ -32,7 +32,6 @@ from attnaudit.models.rnn import (
     attend,
     build_scorer,
     check_ids,
-
     resolve_start_layer,
 )
 

@@ -24,6 +24,7 @@ from attnaudit.explain import Explanation, item_mask, list_explanations
 from attnaudit.explain.base import hierarchical
 from attnaudit.run import Run
 
+
 def heatmap_methods(run: Run) -> list[Explanation]:
     """The explanations the heatmaps show for ``run``: the default ones that apply to its model."""
     return list_explanations(run, default=True)

@@ -24,7 +24,6 @@ from attnaudit.errors import AttnAuditError
 from attnaudit.io import (
     atomic_write_json,
     digest,
-    read_json,
     read_json_object,
     remove_stray_tmp,
     writes_folder,
