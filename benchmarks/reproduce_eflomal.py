@@ -32,7 +32,7 @@ from attnaudit.experiments.aligner_baseline import eflomal_baseline, training_pa
 from attnaudit.experiments.alignment import diagonal_links  # noqa: E402
 from attnaudit.metrics import aer  # noqa: E402
 from attnaudit.run import load_run  # noqa: E402
-from benchmarks.common import RUNS, write_result  # noqa: E402
+from benchmarks.common import ROOT, RUNS, write_result  # noqa: E402
 from benchmarks.reproduce_alignment import SIZE  # noqa: E402
 
 
@@ -47,7 +47,8 @@ def run_pairs(data_dir: Path, run_dir: Path, seed: int) -> tuple[list, str]:
         data=lambda: data, collate=SimpleNamespace(source=source, target=target),
         info={"train": {"max_train_len": SIZE["max_train_len"]}},
     )
-    how = (f"rebuilt as train_nmt does (no run at {run_dir}): europarl-deen train split, seed {seed}, "
+    shown = run_dir.resolve().relative_to(ROOT) if run_dir.resolve().is_relative_to(ROOT) else run_dir
+    how = (f"rebuilt as train_nmt does (no run at {shown}): europarl-deen train split, seed {seed}, "
            f"BPE {SIZE['source_vocab']}/{SIZE['target_vocab']}, fewer than {SIZE['max_train_len']} subwords a side")
     return training_pairs(stand_in), how  # type: ignore[arg-type]
 
