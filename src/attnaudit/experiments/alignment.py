@@ -178,7 +178,7 @@ class Alignment(Experiment):
         baseline: str = field(
             default="none",
             metadata={"help": "Statistical aligner to report beside attention: none or eflomal (trained on the run's "
-                      "training pairs plus the gold sentences; needs pip install 'attnaudit[align]')."},
+                      "training pairs plus the gold sentences; needs the optional eflomal==2.0.0)."},
         )
         baseline_runs: int = field(default=3, metadata={"help": "eflomal runs (it has no seed): AER mean, min, max."})
 
