@@ -8,7 +8,9 @@ Trains a small De->En Transformer on ``europarl-deen-20k`` (the pairs whose Germ
 one of the RWTH gold sentences removed; 1,000 seeded pairs held out as the in-domain dev split
 that selects the epoch), reports training loss, dev loss, greedy BLEU on the Europarl dev
 pairs and on newstest2015 (out of domain), then AER on the 508 RWTH gold pairs per decoder
-layer, alignment by weight vs by norm, with the output word and with the input word. The run
+layer, alignment by weight vs by norm, with the output word and with the input word, beside
+the statistical aligner eflomal trained on the same training pairs plus the gold sentences
+(``--baseline-runs`` runs, mean/min/max; 0 skips it; needs ``pip install 'attnaudit[align]'``). The run
 goes to ``benchmarks/runs/nmt-deen-europarl-dev`` (resumable; a finished model is loaded), the
 JSON to ``benchmarks/results/alignment.json``.
 
@@ -53,6 +55,7 @@ def main() -> None:
     parser.add_argument("--patience", type=int, default=5, help="epochs without dev (Europarl) improvement")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1 was the fastest on a loaded machine)")
+    parser.add_argument("--baseline-runs", type=int, default=3, help="eflomal runs (it has no seed); 0: no baseline")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
@@ -67,7 +70,8 @@ def main() -> None:
     news_bleu = bleu_score(run, news, desc="BLEU newstest2015")
     bled = time.perf_counter()
     gold = args.data_dir / "deen-alignment" / "DeEn"
-    result = run_test("alignment", run, split="dev", limit=1, out=args.out / "results", gold=str(gold))
+    baseline = {"baseline": "eflomal", "baseline_runs": args.baseline_runs} if args.baseline_runs > 0 else {}
+    result = run_test("alignment", run, split="dev", limit=1, out=args.out / "results", gold=str(gold), **baseline)
     layers = result.tables["layers"]
     verdict = {
         setting: {
@@ -96,6 +100,7 @@ def main() -> None:
             "aer_by_layer": layers,
             "summary": result.summary,
             "diagonal_baseline_aer": result.summary["diagonal_baseline"],
+            "eflomal_runs": result.tables.get("baseline", []),
             "verdict": verdict,
             "published": result.meta["published"],
             "notes": [

@@ -79,3 +79,22 @@ def test_applies_only_to_seq2seq_models(nmt):
     assert Alignment().applies(run) is None
     classifier = SimpleNamespace(task=SimpleNamespace(task_type="classification"), model=object())
     assert "encoder-decoder" in Alignment().applies(classifier)
+
+
+def test_eflomal_baseline_in_the_same_run(nmt, tmp_path):
+    pytest.importorskip("eflomal", reason="eflomal is not installed: pip install 'attnaudit[align]'")
+    from attnaudit.report.summary import verdict_rows
+
+    run, data = nmt
+    result = run_test("alignment", run, split="test", limit=40, out=tmp_path, baseline="eflomal", baseline_runs=2)
+    summary = result.summary
+    assert summary["eflomal_runs"] == 2 and summary["eflomal_train_pairs"] == len(data.train)
+    assert {r["symmetrisation"] for r in result.tables["baseline"]} == {"fwd", "rev", "intersection", "grow_diag_final"}
+    assert summary["eflomal_grow_diag_final_mean"] < summary["diagonal_baseline"]
+    assert any("eflomal baseline: trained on the run's 1500 training pairs plus the 40" in n for n in result.meta["notes"])
+    row = verdict_rows("alignment", result)[-1]
+    assert row["statistic"].startswith("eflomal AER, grow-diag-final") and row["value"].startswith(
+        f"{summary['eflomal_grow_diag_final_mean']:.1f} ["
+    )
+    saved = json.loads((tmp_path / "alignment.json").read_text())
+    assert saved["tables"]["baseline"] == result.tables["baseline"]

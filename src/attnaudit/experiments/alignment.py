@@ -19,6 +19,11 @@ two settings (Ding et al. 2019; Kobayashi et al. 2020):
 
 AER (Och & Ney 2003, :func:`attnaudit.metrics.aer`) is computed over the whole corpus from
 the sure/possible gold links, per layer, and reported in percent like the paper.
+
+``--baseline eflomal`` adds the statistical aligner a reader would use instead (trained on the
+run's own training pairs plus the gold sentences; :mod:`attnaudit.experiments.aligner_baseline`):
+AER mean/min/max over ``--baseline-runs`` runs for each direction, their intersection and
+grow-diag-final, in the summary, the verdict and the table ``baseline``.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from attnaudit.progress import track
 from attnaudit.run import Run
 
 SETTINGS = ("output", "input")
+BASELINES = ("none", "eflomal")
 METHODS = ("weight", "norm")
 PUBLISHED = {
     "output_weight_best": 47.7,
@@ -121,6 +127,35 @@ def _default_gold(run: Run) -> str:
     return str(folder) if folder.is_dir() else ""
 
 
+def _check_options(options: Any) -> None:
+    """Refuse bad option values before any work (and a missing eflomal before the attention pass)."""
+    if options.batch_size < 1:
+        raise AttnAuditError(f"--batch-size must be at least 1, got {options.batch_size}")
+    if options.baseline not in BASELINES:
+        raise AttnAuditError(f"--baseline must be one of {', '.join(BASELINES)}, got {options.baseline!r}")
+    if options.baseline == "eflomal":
+        from attnaudit.experiments.aligner_baseline import require_eflomal
+
+        if options.baseline_runs < 1:
+            raise AttnAuditError(f"--baseline-runs must be at least 1, got {options.baseline_runs}")
+        require_eflomal()
+
+
+def _eflomal(
+    run: Run, examples: list[Example], runs: int, gold_sure: set[Any], gold_possible: set[Any], notes: list[str]
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The eflomal baseline on the run's training pairs plus the gold sentences; appends its note."""
+    from attnaudit.experiments.aligner_baseline import eflomal_baseline, training_pairs
+
+    train = training_pairs(run)
+    notes.append(
+        f"eflomal baseline: trained on the run's {len(train)} training pairs plus the {len(examples)} gold "
+        "sentences (without their links, as unsupervised aligners are), words as tokenised for the NMT run; "
+        f"AER mean/min/max over {runs} runs (eflomal has no seed)"
+    )
+    return eflomal_baseline(train, examples, runs, gold_sure, gold_possible)
+
+
 @register
 class Alignment(Experiment):
     """The test of this module (its docstring gives the method, options and outputs)."""
@@ -140,6 +175,12 @@ class Alignment(Experiment):
         source_lang: str = field(default="de", metadata={"help": "Source file name in the gold directory."})
         target_lang: str = field(default="en", metadata={"help": "Target file name in the gold directory."})
         batch_size: int = field(default=16, metadata={"help": "Sentence pairs per forward pass."})
+        baseline: str = field(
+            default="none",
+            metadata={"help": "Statistical aligner to report beside attention: none or eflomal (trained on the run's "
+                      "training pairs plus the gold sentences; needs the optional eflomal==2.0.0)."},
+        )
+        baseline_runs: int = field(default=3, metadata={"help": "eflomal runs (it has no seed): AER mean, min, max."})
 
     def applies(self, run: Run) -> str | None:
         if run.task.task_type != "seq2seq" or not run.model.cross_layers:
@@ -164,8 +205,7 @@ class Alignment(Experiment):
             raise AttnAuditError("these examples carry no gold alignment: pass --gold DIR (RWTH format)")
         if any(ex.target is None for ex in examples):
             raise AttnAuditError("alignment needs sentence pairs (examples with a target)")
-        if options.batch_size < 1:
-            raise AttnAuditError(f"--batch-size must be at least 1, got {options.batch_size}")
+        _check_options(options)
         scores = alignment_scores(run, examples, options.batch_size)
         blocks = len(run.model.cross_layers)  # type: ignore[attr-defined]
         sure = [_links(ex, "sure") for ex in examples]
@@ -207,11 +247,15 @@ class Alignment(Experiment):
         summary["diagonal_baseline"] = 100 * aer(diagonal, gold_sure, gold_possible)
         summary["layers"] = blocks
         summary["pairs"] = len(examples)
+        tables: dict[str, list[dict[str, Any]]] = {"layers": rows}
+        if options.baseline == "eflomal":
+            baseline, tables["baseline"] = _eflomal(run, examples, options.baseline_runs, gold_sure, gold_possible, notes)
+            summary.update(baseline)
         return Result(
             test=self.name,
             summary=summary,
             instances=instances,
-            tables={"layers": rows},
+            tables=tables,
             meta={"notes": notes, "published": PUBLISHED},
         )
 
@@ -229,6 +273,10 @@ class Alignment(Experiment):
             layers = [r["layer"] for r in chosen]
             for method, style in zip(METHODS, ("o--", "s-")):
                 ax.plot(layers, [r[f"aer_{method}"] for r in chosen], style, label=method)
+            for key, label, colour in (("diagonal_baseline", "diagonal", "grey"),
+                                       ("eflomal_grow_diag_final_mean", "eflomal (gdf)", "green")):
+                if key in result.summary:
+                    ax.axhline(result.summary[key], linestyle=":", color=colour, label=label)
             ax.set_title(f"alignment with the {setting} word")
             ax.set_xlabel("decoder layer")
             ax.set_xticks(layers)
@@ -250,4 +298,20 @@ class Alignment(Experiment):
                     else "norms do not align better than weights here",
                 }
             )
+        if "eflomal_grow_diag_final_mean" in result.summary:
+            rows.append(_eflomal_verdict(result.summary))
         return rows
+
+
+def _eflomal_verdict(summary: dict[str, Any]) -> dict[str, Any]:
+    """The verdict row of the eflomal baseline: grow-diag-final AER against the best attention layer."""
+    mean, low, high = (summary[f"eflomal_grow_diag_final_{k}"] for k in ("mean", "min", "max"))
+    attention = min(summary[f"{s}_{m}_best"] for s in SETTINGS for m in METHODS)
+    gap = attention - mean
+    return {
+        "statistic": f"eflomal AER, grow-diag-final (mean [min, max] of {summary['eflomal_runs']} runs)",
+        "value": f"{mean:.1f} [{low:.1f}, {high:.1f}]",
+        "published": "",
+        "interpretation": f"the statistical aligner is {gap:.1f} points better than the best attention layer ({attention:.1f})"
+        if gap > 0 else f"the best attention layer ({attention:.1f}) is {-gap:.1f} points better than the statistical aligner",
+    }
