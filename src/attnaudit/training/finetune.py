@@ -33,6 +33,24 @@ def _settings_hash(settings: dict[str, Any]) -> str:
     return digest(settings)
 
 
+def _hooks(run: Run, data: TaskData, out: Path, extra: dict[str, Any]) -> Hooks:
+    """Cross-entropy on the head's logits, dev scores per epoch; the kept epoch is saved as an
+    ``hf`` run directory (``save_pretrained``) with its head marked as trained."""
+    from attnaudit.models.hf import save_hf_run
+
+    def save_best() -> None:
+        run.model.trained_head = True
+        run.model.config.extra["trained_head"] = True
+        save_hf_run(run, out, extra)
+
+    return Hooks(
+        loss=lambda net, batch: cross_entropy()(net(batch).logits, batch.labels),
+        evaluate=lambda: {"dev": evaluate_examples(run, data.dev)},
+        save_best=save_best,
+        label="fine-tune ",
+    )
+
+
 @writes_folder("out")
 def finetune(
     task: str | TaskData,
@@ -54,7 +72,7 @@ def finetune(
     ``limit`` trains on a seeded random sample of that many training examples (dev and
     test stay whole). ``max_len`` caps wordpieces per input (default: the model's limit).
     """
-    from attnaudit.models.hf import load_hf, load_hf_run, save_hf_run
+    from attnaudit.models.hf import load_hf, load_hf_run
     from attnaudit.pretrained import resolve_source
 
     if epochs < 1 or batch_size < 1 or lr <= 0 or not 0 <= warmup < 1:
@@ -62,25 +80,13 @@ def finetune(
     if limit is not None and limit < 1:
         raise AttnAuditError(f"--limit must be at least 1, got {limit}")
     out = Path(out)
-    if isinstance(task, TaskData):
-        data = task
-    else:
-        from attnaudit.data.tasks import load_task
+    from attnaudit.data.tasks import load_task
 
-        data = load_task(task, data_dir=data_dir)
+    data = task if isinstance(task, TaskData) else load_task(task, data_dir=data_dir)
     spec_name = task if isinstance(task, str) else data.name
-    settings = {
-        "task": spec_name,
-        "source": str(hf) if str(hf).lower() == "minilm" else resolve_source(hf),
-        "epochs": epochs,
-        "lr": lr,
-        "batch_size": batch_size,
-        "limit": limit,
-        "seed": seed,
-        "warmup": warmup,
-        "weight_decay": weight_decay,
-        "max_len": max_len,
-    }
+    source = str(hf) if str(hf).lower() == "minilm" else resolve_source(hf)
+    settings = {"task": spec_name, "source": source, "epochs": epochs, "lr": lr, "batch_size": batch_size, "limit": limit,
+                "seed": seed, "warmup": warmup, "weight_decay": weight_decay, "max_len": max_len}
     digest = _settings_hash(settings)
     config_file = out / "config.json"
     if (out / METRICS).exists() and config_file.exists() and read_json_object(config_file, optional={"finetune": dict}).get("finetune", {}).get("hash") == digest:
@@ -99,24 +105,11 @@ def finetune(
     train_set = list(data.train)
     if limit is not None and limit < len(train_set):
         train_set = random.Random(seed).sample(train_set, limit)
-    model = run.model
     extra = {"finetune": {**settings, "hash": digest, "train_examples": len(train_set)}}
     steps = epochs * -(-len(train_set) // batch_size)
     optimiser = Optimiser("adamw", lr, weight_decay, clip=1.0, schedule="linear-hf", warmup=int(warmup * steps))
     loop = LoopConfig(epochs, batch_size, seed, optimiser, Selection("dev.accuracy"))
-
-    def save_best() -> None:
-        model.trained_head = True
-        model.config.extra["trained_head"] = True
-        save_hf_run(run, out, extra)
-
-    hooks = Hooks(
-        loss=lambda net, batch: cross_entropy()(net(batch).logits, batch.labels),
-        evaluate=lambda: {"dev": evaluate_examples(run, data.dev)},
-        save_best=save_best,
-        label="fine-tune ",
-    )
-    state = fit(model, run, train_set, loop, hooks)
+    state = fit(run.model, run, train_set, loop, _hooks(run, data, out, extra))
     best_run = load_hf_run(out, device=device, data_dir=data_dir)
     best_run._data = data
     metrics = {
