@@ -18,7 +18,8 @@ size, patience, epochs) and selects its epoch on the dev split. What differs is 
 
 Sub-runs are idempotent like :func:`attnaudit.training.trainer.train`: a directory whose
 ``metrics.json`` exists with the same config hash is loaded, never retrained; ``metrics.json``
-is written (atomically) last, so a killed sub-run is simply retrained from scratch.
+is written (atomically) last, and a killed sub-run resumes from its last finished epoch (the
+one training loop, :mod:`attnaudit.training.loop`, checkpoints every epoch).
 Extra seeds are plain :func:`~attnaudit.training.trainer.train` calls (:func:`train_standard`).
 
 Where they live: new sub-runs are written under :func:`subrun_root` — ``run.subruns`` when set
@@ -327,9 +328,13 @@ def train_variant(
 
 
 def _resumable(out: Path, digest: str) -> bool:
-    """``out`` holds the checkpoint of a killed sub-run of this very config."""
+    """``out`` holds the checkpoint of a killed sub-run of this very config (an unreadable one is
+    not trusted: the sub-run starts afresh, as one of another config does)."""
     state = out / "checkpoint" / "state.json"
-    return state.is_file() and read_json_object(state, optional={"hash": str}).get("hash") == digest
+    try:
+        return state.is_file() and read_json_object(state, optional={"hash": str}).get("hash") == digest
+    except AttnAuditError:
+        return False
 
 
 def _save_vocabs(base: Run, folder: Path) -> None:

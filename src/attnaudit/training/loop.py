@@ -191,7 +191,9 @@ def fit(
     The state holds ``epoch`` (epochs run), ``step``, ``best`` (the selected epoch's metric),
     ``selected`` (its epoch), ``history`` (one record per epoch) and ``seconds``. With a
     checkpoint, every epoch is saved under ``out/checkpoint`` and a killed run resumes from its
-    last finished epoch; the selected weights are in ``model`` on return.
+    last finished epoch; the selected weights (``out/model.safetensors``) are in ``model`` on
+    return. With ``hooks.save_best`` the caller keeps (and reloads) the selected model itself;
+    with neither, ``model`` holds the last epoch's weights.
     """
     from attnaudit.training.checkpoint import (
         WEIGHTS,

@@ -1,4 +1,7 @@
-"""Adam + early stopping on dev, resumable per epoch, checkpoints as safetensors + JSON.
+"""Training classifiers and taggers (``attnaudit train``) through the one loop
+(:mod:`attnaudit.training.loop`): Adam + early stopping on dev by default, every knob of the
+loop (optimiser, weight-decay exemptions, clipping, summed loss, selection metric, minimum
+epoch, fixed epochs) a :class:`TrainConfig` option; resumable per epoch, safetensors + JSON.
 
 ``train`` is idempotent: a finished run directory (``metrics.json`` present, same
 config) is loaded rather than retrained, and a killed run resumes from its last
