@@ -87,6 +87,7 @@ class TrainConfig:
     weight_decay: float = 0.0
     patience: int = 3
     clip: float = 5.0
+    """Gradient-norm clipping threshold; 0 = no clipping."""
     seed: int = 0
     min_freq: int = 1
     max_vocab: int | None = None
