@@ -89,7 +89,10 @@ def test_kill_during_training_then_resume_matches_uninterrupted(tmp_path: Path) 
 
 
 def test_lr_schedule_warms_up_then_decays() -> None:
-    from attnaudit.training.trainer import lr_factor
+    from attnaudit.training.loop import Optimiser
+
+    def lr_factor(step: int, warmup: int, total: int) -> float:
+        return Optimiser(schedule="linear", warmup=warmup).factor(step, total)
 
     assert lr_factor(5, 0, 100) == 1.0
     assert [lr_factor(s, 4, 12) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]

@@ -34,11 +34,11 @@ from attnaudit.training.adversary import (
     attention_of,
     base_scores,
     base_seed,
-    score_key,
     subrun_dir,
     train_variant,
     trainable_reason,
 )
+from attnaudit.training.trainer import score_key
 
 SETTINGS = ("learned", "uniform", "base", "adversary")
 GUIDED_ENCODER = "average"

@@ -64,14 +64,13 @@ from attnaudit.training.adversary import (
     Variant,
     base_scores,
     check_same_inputs,
-    score_key,
     stored_subruns,
     subrun_dir,
     train_variant,
     trainable_reason,
 )
 from attnaudit.training.checkpoint import METRICS
-from attnaudit.training.trainer import InterventionsFn
+from attnaudit.training.trainer import InterventionsFn, score_key
 
 NAME = "global-adversary"
 DEFAULT_LAMBDAS = {

@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -49,8 +48,9 @@ from attnaudit.experiments.common import (
 )
 from attnaudit.models.base import AttentionModel, AttentionTrace, Intervention
 from attnaudit.models.transformer import merge_heads, split_heads
-from attnaudit.progress import status, track
+from attnaudit.progress import track
 from attnaudit.run import Run
+from attnaudit.training.loop import Hooks, LoopConfig, Optimiser, fit
 
 # Keys for seeded_generator: which stream of uniform noise the random-keys test draws.
 _TRAIN_NOISE, _EVAL_NOISE = 1, 2
@@ -187,7 +187,8 @@ class KeyTest(Experiment):
         return clean, attacked, keys, new_keys
 
     def train_adversary(self, run: Run, options: Any, seed: int) -> tuple[KeyAdversary, list[dict[str, float]]]:
-        """Fit the key MLP on the train split (or its first ``train_limit`` examples); seeded."""
+        """Fit the key MLP on the train split (or its first ``train_limit`` examples) with the one
+        training loop; seeded (its initial weights without touching the global generator)."""
         alpha = self._alpha(options)
         if options.epochs < 1 or options.batch_size < 1:
             raise AttnAuditError("--epochs and --batch-size must be at least 1")
@@ -202,29 +203,24 @@ class KeyTest(Experiment):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             adversary = KeyAdversary(run.model.num_attention_layers, cfg.d_model, options.hidden).to(run.device)
-        optimizer = torch.optim.Adam(adversary.parameters(), lr=options.lr)
-        history = []
-        steps = -(-len(train) // options.batch_size)
-        for epoch in range(1, options.epochs + 1):
-            generator = seeded_generator(seed, _TRAIN_NOISE, epoch) if self.source == "noise" else None
-            sums = np.zeros(4)
-            count = 0
-            batches = run.batches(train, options.batch_size, shuffle=True, seed=seed * 1000 + epoch)
-            for batch in track(batches, f"{self.name} epoch {epoch}/{options.epochs}", total=steps):
-                target = self._targets(batch_labels(batch), len(run.labels))
-                _, attacked, keys, new_keys = self._attack(run, adversary, batch, generator)
-                ce = F.cross_entropy(attacked.logits, target)
-                distance = bounded_distance(keys, new_keys, batch.mask.bool()).mean()
-                loss = alpha * ce - (1.0 - alpha) * distance if self.source == "keys" else ce
-                optimizer.zero_grad()
-                loss.backward()
-                optimizer.step()
-                hit = (attacked.logits.argmax(-1) == target).float().mean()
-                sums += len(batch) * np.array([float(v.detach()) for v in (loss, ce, distance, hit)])
-                count += len(batch)
-            row = dict(zip(("loss", "ce", "bounded_distance", "train_accuracy"), (sums / count).tolist()))
-            history.append({"epoch": epoch, **row})
-            status(f"{self.name} epoch {epoch}: loss {row['loss']:.4f}, target accuracy {row['train_accuracy']:.3f}")
+        noise: list[torch.Generator | None] = [None]
+
+        def epoch_start(epoch: int) -> None:
+            noise[0] = seeded_generator(seed, _TRAIN_NOISE, epoch) if self.source == "noise" else None
+
+        def loss(net: nn.Module, batch: Batch) -> tuple[Tensor, dict[str, Tensor]]:
+            target = self._targets(batch_labels(batch), len(run.labels))
+            _, attacked, keys, new_keys = self._attack(run, adversary, batch, noise[0])
+            ce = F.cross_entropy(attacked.logits, target)
+            distance = bounded_distance(keys, new_keys, batch.mask.bool()).mean()
+            total = alpha * ce - (1.0 - alpha) * distance if self.source == "keys" else ce
+            hit = (attacked.logits.argmax(-1) == target).float().mean()
+            return total, {"ce": ce, "bounded_distance": distance, "train_accuracy": hit}
+
+        # Adam, constant learning rate, no clipping, every epoch, the last one kept
+        loop = LoopConfig(options.epochs, options.batch_size, seed, Optimiser("adam", options.lr))
+        hooks = Hooks(loss=loss, epoch_start=epoch_start, label=f"{self.name} ", train_key="loss")
+        history = fit(adversary, run, train, loop, hooks)["history"]
         return adversary, history
 
     def run(self, run: Run, examples: list[Example], options: Any, seed: int = 0) -> Result:

@@ -35,12 +35,11 @@ from attnaudit.training.adversary import (
     EVAL_BATCH,
     base_scores,
     base_seed,
-    score_key,
     subrun_dir,
     train_standard,
     trainable_reason,
 )
-from attnaudit.training.trainer import InterventionsFn
+from attnaudit.training.trainer import InterventionsFn, score_key
 
 
 def compare(

@@ -30,11 +30,11 @@ from attnaudit.training.adversary import (
     Variant,
     base_scores,
     base_seed,
-    score_key,
     subrun_dir,
     train_variant,
     trainable_reason,
 )
+from attnaudit.training.trainer import score_key
 
 # Within this many points of the base's score, uniform attention counts as "as good".
 TOLERANCE = 0.01

@@ -18,7 +18,8 @@ size, patience, epochs) and selects its epoch on the dev split. What differs is 
 
 Sub-runs are idempotent like :func:`attnaudit.training.trainer.train`: a directory whose
 ``metrics.json`` exists with the same config hash is loaded, never retrained; ``metrics.json``
-is written (atomically) last, so a killed sub-run is simply retrained from scratch.
+is written (atomically) last, and a killed sub-run resumes from its last finished epoch (the
+one training loop, :mod:`attnaudit.training.loop`, checkpoints every epoch).
 Extra seeds are plain :func:`~attnaudit.training.trainer.train` calls (:func:`train_standard`).
 
 Where they live: new sub-runs are written under :func:`subrun_root` — ``run.subruns`` when set
@@ -32,9 +33,8 @@ first, where :func:`train` checks its config, so nothing is ever written under `
 from __future__ import annotations
 
 import shutil
-import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -46,23 +46,28 @@ from attnaudit.data.types import Batch, Example
 from attnaudit.errors import AttnAuditError
 from attnaudit.io import atomic_write_json, digest, read_json_object
 from attnaudit.models import ModelConfig, build_model
-from attnaudit.models.base import AttentionModel, Intervention, ModelOutput, evaluation, freeze_to
-from attnaudit.progress import status, track
-from attnaudit.run import CONFIG, Run, write_config
-from attnaudit.seed import set_seed
+from attnaudit.models.base import (
+    AttentionModel,
+    Intervention,
+    ModelOutput,
+    evaluation,
+    freeze_to,
+)
+from attnaudit.run import CONFIG, Run
 from attnaudit.training.checkpoint import (
     FEATURE_VOCAB,
     METRICS,
     VOCAB,
     WEIGHTS,
     load_state_into,
-    save_model,
 )
+from attnaudit.training.loop import Checkpoint, Hooks, fit, seeded
 from attnaudit.training.trainer import (
     InterventionsFn,
     TrainConfig,
+    classifier_hooks,
     evaluate_examples,
-    lr_factor,
+    run_summary,
     train,
 )
 
@@ -159,7 +164,7 @@ def train_settings(run: Run, epochs: int | None = None, seed: int | None = None)
         raise AttnAuditError(f"--epochs must be at least 1, got {epochs}")
     known = {f.name for f in fields(TrainConfig)}
     settings = {k: v for k, v in run.info["train"].items() if k in known}
-    settings = asdict(TrainConfig(**settings))
+    settings = TrainConfig(**settings).to_dict()
     if epochs is not None:
         settings["epochs"] = epochs
     if seed is not None:
@@ -245,16 +250,6 @@ def read_metrics(path: Path) -> dict[str, Any]:
     return read_json_object(path, {"dev": dict, "test": dict}, {"epochs": int})
 
 
-def score_key(task_type: str) -> str:
-    """The headline task score, the one standard training selects on: chunk F1 (tagging) or accuracy."""
-    return "f1" if task_type == "tagging" else "accuracy"
-
-
-def selection_score(scores: dict[str, float], task_type: str) -> float:
-    """The dev number standard training selects on."""
-    return scores[score_key(task_type)]
-
-
 def base_scores(run: Run) -> dict[str, Any]:
     """The base run's dev and test scores: from its ``metrics.json``, else evaluated now."""
     path = Path(run.path) / METRICS if run.path else None
@@ -286,106 +281,78 @@ def train_variant(
 ) -> SubRun:
     """Train (or load, when finished with the same config) one sub-run of ``variant`` into ``out``.
 
-    Same loop as standard training — Adam with the base's learning-rate schedule, gradient
-    clipping, shuffled length-bucketed batches with a per-epoch seed, dev selection with the
-    base's patience — with the variant's interventions and loss. The selected weights are
-    reloaded and scored on dev and test (with the interventions); ``metrics.json`` is written last.
+    Standard training (:func:`~attnaudit.training.loop.fit` with the base's settings: optimiser,
+    learning-rate schedule, clipping, per-epoch shuffles, dev selection with the base's
+    patience) with the variant's interventions and loss, but no word dropout. A killed sub-run
+    resumes from its last epoch. The selected weights are scored on dev and test (with the
+    interventions); ``metrics.json`` is written last.
     """
     out = Path(out)
     settings = train_settings(base, epochs, seed)
     cfg = TrainConfig(**settings)
     config = ModelConfig.from_dict(base.info["model"]).with_(**variant.model)
     run_config: dict[str, Any] = {
-        "kind": "attnaudit",
-        "version": __version__,
-        "model": config.to_dict(),
-        "train": settings,
-        "task": base.task.to_dict(),
-        "variant": variant.key,
-        "base": base.info.get("hash"),
+        "kind": "attnaudit", "version": __version__, "model": config.to_dict(), "train": settings,
+        "task": base.task.to_dict(), "variant": variant.key, "base": base.info.get("hash"),
     }
-    digest = config_hash(run_config)
-    run_config["hash"] = digest
-    set_seed(cfg.seed)
-    net = (variant.build or build_model)(config).to(base.device)
+    run_config["hash"] = config_hash(run_config)
+    net = seeded(cfg.seed, lambda: (variant.build or build_model)(config).to(base.device))
     if variant.start is not None:
         net.load_state_dict(variant.start.state_dict())
     for place in stored_subruns(base, out):
-        if finished(place, digest):
+        if finished(place, run_config["hash"]):
             load_state_into(net, place / WEIGHTS)
             net.eval()
             sub = Run(model=net, collate=base.collate, task=base.task, path=place, device=base.device, info=run_config)
             return SubRun(sub, read_metrics(place / METRICS), variant.interventions, trained=False)
     sub = Run(model=net, collate=base.collate, task=base.task, path=out, device=base.device, info=run_config)
-
-    if out.exists():
+    if out.exists() and not _resumable(out, run_config["hash"]):
         shutil.rmtree(out)
-    out.mkdir(parents=True)
-    write_config(out, run_config)
-    base.collate.vocab.save(out / VOCAB)
-    if base.collate.feature_vocab is not None:
-        base.collate.feature_vocab.save(out / FEATURE_VOCAB)
-
     data = base.data()
-    task_type = base.task.task_type
-    by_loss = variant.loss is not None
-    loss_fn = variant.loss or _cross_entropy
-    optimizer = torch.optim.Adam(net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    best, bad, history, seconds = float("-inf"), 0, [], 0.0
-    n_batches = -(-len(data.train) // cfg.batch_size)
-    epoch = 0
-    while epoch < cfg.epochs and bad < cfg.patience:
-        epoch += 1
-        start = time.perf_counter()
-        net.train()
-        total, count = 0.0, 0
-        batches = base.batches(data.train, cfg.batch_size, shuffle=True, seed=cfg.seed * 1000 + epoch)
-        tracked = track(batches, f"{label or out.name} epoch {epoch}/{cfg.epochs}", total=n_batches)
-        for step, batch in enumerate(tracked, start=(epoch - 1) * n_batches):
-            for group in optimizer.param_groups:  # the base's learning-rate schedule (warmup, decay)
-                group["lr"] = cfg.lr * lr_factor(step, cfg.warmup, cfg.epochs * n_batches)
-            loss = loss_fn(batch, _forward(net, batch, variant.interventions))
-            optimizer.zero_grad()
-            loss.backward()
-            nn.utils.clip_grad_norm_(net.parameters(), cfg.clip)
-            optimizer.step()
-            total += float(loss.detach()) * len(batch)
-            count += len(batch)
-        record: dict[str, Any] = {"epoch": epoch, "train_loss": total / max(count, 1)}
-        if by_loss:
-            record["dev_loss"] = mean_loss(net, sub, data.dev, variant)
-            score = -record["dev_loss"]
-        else:
-            record["dev"] = evaluate_examples(sub, data.dev, interventions=variant.interventions)
-            score = selection_score(record["dev"], task_type)
-        if score > best:
-            best, bad = score, 0
-            save_model(out, net)
-        else:
-            bad += 1
-        seconds += time.perf_counter() - start
-        history.append(record)
-        status(f"{label or out.name} epoch {epoch}: train loss {record['train_loss']:.4f}, dev {score:.4f}")
-
-    load_state_into(net, out / WEIGHTS)
-    net.eval()
+    loop = cfg.loop(base.task.task_type)
+    hooks = _variant_hooks(sub, cfg, variant, data.dev, f"{label or out.name} ")
+    if variant.loss is not None:
+        loop.selection = replace(loop.selection, metric="dev_loss", mode="min")
+    state = fit(net, sub, data.train, loop, hooks, Checkpoint(out, run_config, lambda folder: _save_vocabs(base, folder)))
     metrics: dict[str, Any] = {
         "dev": evaluate_examples(sub, data.dev, interventions=variant.interventions),
         "test": evaluate_examples(sub, data.test, interventions=variant.interventions),
-        "epochs": epoch,
-        "best_dev": best,
-        "train_seconds": seconds,
-        "history": history,
-        "selection": "lowest dev loss" if by_loss else "best dev " + ("chunk F1" if task_type == "tagging" else "accuracy"),
+        **run_summary(cfg, loop, state, base.task.task_type),
         "variant": variant.key,
     }
+    if variant.loss is not None:  # selected on the loss, recorded as a score (higher is better)
+        metrics.update(best_dev=-state["best"], selection="lowest dev loss")
     atomic_write_json(out / METRICS, metrics)
+    shutil.rmtree(out / "checkpoint", ignore_errors=True)
     return SubRun(sub, metrics, variant.interventions, trained=True)
 
 
-def _cross_entropy(batch: Batch, output: ModelOutput) -> Tensor:
-    """Standard training's loss: cross-entropy with the gold labels (padding ignored)."""
-    if batch.labels is None:
-        raise AttnAuditError("training needs labelled examples")
-    logits = output.logits
-    return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch.labels.reshape(-1), ignore_index=-100)
+def _resumable(out: Path, digest: str) -> bool:
+    """``out`` holds the checkpoint of a killed sub-run of this very config (an unreadable one is
+    not trusted: the sub-run starts afresh, as one of another config does)."""
+    state = out / "checkpoint" / "state.json"
+    try:
+        return state.is_file() and read_json_object(state, optional={"hash": str}).get("hash") == digest
+    except AttnAuditError:
+        return False
+
+
+def _save_vocabs(base: Run, folder: Path) -> None:
+    base.collate.vocab.save(folder / VOCAB)
+    if base.collate.feature_vocab is not None:
+        base.collate.feature_vocab.save(folder / FEATURE_VOCAB)
+
+
+def _variant_hooks(sub: Run, cfg: TrainConfig, variant: Variant, dev: list[Example], label: str) -> Hooks:
+    """Standard hooks, or the variant's own loss with selection on its mean dev loss."""
+    if variant.loss is None:
+        return classifier_hooks(sub, cfg, dev, variant.interventions, label, word_dropout=False)
+    loss_fn = variant.loss
+
+    def loss(model: nn.Module, batch: Batch) -> Tensor:
+        return loss_fn(batch, _forward(model, batch, variant.interventions))  # type: ignore[arg-type]
+
+    def evaluate() -> dict[str, Any]:
+        return {"dev_loss": mean_loss(sub.model, sub, dev, variant)}
+
+    return Hooks(loss=loss, evaluate=evaluate, label=label)

@@ -1,9 +1,10 @@
 """Fine-tune a Hugging Face encoder with a classification head (``attnaudit finetune``).
 
-AdamW with linear warm-up/decay (the usual BERT recipe), cross-entropy on the head's
-logits computed through :class:`~attnaudit.models.hf.HFAttentionModel` (so training sees
-exactly the model the tests later examine), one dev evaluation per epoch and the best
-dev-accuracy epoch kept. The run directory (``config.json`` with ``kind: hf``, ``hf/``
+AdamW with linear warm-up/decay (the usual BERT recipe) and clipping at 1, cross-entropy on
+the head's logits computed through :class:`~attnaudit.models.hf.HFAttentionModel` (so training
+sees exactly the model the tests later examine), every epoch trained (no early stopping), one
+dev evaluation per epoch and the best dev-accuracy epoch kept; all of it by the one loop,
+:func:`attnaudit.training.loop.fit`. The run directory (``config.json`` with ``kind: hf``, ``hf/``
 from ``save_pretrained`` in safetensors, ``metrics.json``) loads with
 :func:`attnaudit.run.load_run`, so every post-hoc test accepts it.
 
@@ -14,25 +15,40 @@ retrained (``metrics.json`` is written last, as the commit point).
 from __future__ import annotations
 
 import random
-import time
 from pathlib import Path
 from typing import Any
 
-import torch
-from torch import nn
 
 from attnaudit.data.types import TaskData
 from attnaudit.errors import AttnAuditError
 from attnaudit.io import atomic_write_json, digest, read_json_object, writes_folder
-from attnaudit.progress import status, track
+from attnaudit.progress import status
 from attnaudit.run import Run, TaskSpec, absolute_dir
-from attnaudit.seed import set_seed
 from attnaudit.training.checkpoint import METRICS
-from attnaudit.training.trainer import evaluate_examples
+from attnaudit.training.loop import Hooks, LoopConfig, Optimiser, Selection, fit, notes, seeded
+from attnaudit.training.trainer import cross_entropy, evaluate_examples
 
 
 def _settings_hash(settings: dict[str, Any]) -> str:
     return digest(settings)
+
+
+def _hooks(run: Run, data: TaskData, out: Path, extra: dict[str, Any]) -> Hooks:
+    """Cross-entropy on the head's logits, dev scores per epoch; the kept epoch is saved as an
+    ``hf`` run directory (``save_pretrained``) with its head marked as trained."""
+    from attnaudit.models.hf import save_hf_run
+
+    def save_best() -> None:
+        run.model.trained_head = True
+        run.model.config.extra["trained_head"] = True
+        save_hf_run(run, out, extra)
+
+    return Hooks(
+        loss=lambda net, batch: cross_entropy()(net(batch).logits, batch.labels),
+        evaluate=lambda: {"dev": evaluate_examples(run, data.dev)},
+        save_best=save_best,
+        label="fine-tune ",
+    )
 
 
 @writes_folder("out")
@@ -56,7 +72,7 @@ def finetune(
     ``limit`` trains on a seeded random sample of that many training examples (dev and
     test stay whole). ``max_len`` caps wordpieces per input (default: the model's limit).
     """
-    from attnaudit.models.hf import load_hf, load_hf_run, save_hf_run
+    from attnaudit.models.hf import load_hf, load_hf_run
     from attnaudit.pretrained import resolve_source
 
     if epochs < 1 or batch_size < 1 or lr <= 0 or not 0 <= warmup < 1:
@@ -64,25 +80,13 @@ def finetune(
     if limit is not None and limit < 1:
         raise AttnAuditError(f"--limit must be at least 1, got {limit}")
     out = Path(out)
-    if isinstance(task, TaskData):
-        data = task
-    else:
-        from attnaudit.data.tasks import load_task
+    from attnaudit.data.tasks import load_task
 
-        data = load_task(task, data_dir=data_dir)
+    data = task if isinstance(task, TaskData) else load_task(task, data_dir=data_dir)
     spec_name = task if isinstance(task, str) else data.name
-    settings = {
-        "task": spec_name,
-        "source": str(hf) if str(hf).lower() == "minilm" else resolve_source(hf),
-        "epochs": epochs,
-        "lr": lr,
-        "batch_size": batch_size,
-        "limit": limit,
-        "seed": seed,
-        "warmup": warmup,
-        "weight_decay": weight_decay,
-        "max_len": max_len,
-    }
+    source = str(hf) if str(hf).lower() == "minilm" else resolve_source(hf)
+    settings = {"task": spec_name, "source": source, "epochs": epochs, "lr": lr, "batch_size": batch_size, "limit": limit,
+                "seed": seed, "warmup": warmup, "weight_decay": weight_decay, "max_len": max_len}
     digest = _settings_hash(settings)
     config_file = out / "config.json"
     if (out / METRICS).exists() and config_file.exists() and read_json_object(config_file, optional={"finetune": dict}).get("finetune", {}).get("hash") == digest:
@@ -92,8 +96,7 @@ def finetune(
         raise AttnAuditError(f"task {spec_name!r} needs train and dev examples to fine-tune")
 
     (out / METRICS).unlink(missing_ok=True)  # stale results of other settings; rewritten last
-    set_seed(seed)
-    run = load_hf(hf, task=data, data_dir=data_dir, device=device, num_labels=len(data.labels))
+    run = seeded(seed, lambda: load_hf(hf, task=data, data_dir=data_dir, device=device, num_labels=len(data.labels)))
     run.task = TaskSpec(
         spec=spec_name, task_type=data.task_type, labels=list(data.labels), data_dir=absolute_dir(data_dir)
     )
@@ -102,52 +105,23 @@ def finetune(
     train_set = list(data.train)
     if limit is not None and limit < len(train_set):
         train_set = random.Random(seed).sample(train_set, limit)
-    model = run.model
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
-    steps = epochs * -(-len(train_set) // batch_size)
-    from transformers import get_linear_schedule_with_warmup
-
-    scheduler = get_linear_schedule_with_warmup(optimizer, int(warmup * steps), steps)
-    loss_fn = nn.CrossEntropyLoss()
-    history: list[dict[str, Any]] = []
-    best, seconds = float("-inf"), 0.0
     extra = {"finetune": {**settings, "hash": digest, "train_examples": len(train_set)}}
-    for epoch in range(1, epochs + 1):
-        start = time.perf_counter()
-        model.train()
-        total, count = 0.0, 0
-        batches = run.batches(train_set, batch_size, shuffle=True, seed=seed * 1000 + epoch)
-        for batch in track(batches, f"fine-tune epoch {epoch}/{epochs}", total=-(-len(train_set) // batch_size)):
-            loss = loss_fn(model(batch).logits, batch.labels)
-            optimizer.zero_grad()
-            loss.backward()
-            nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            scheduler.step()
-            total += float(loss.detach()) * len(batch)
-            count += len(batch)
-        model.eval()
-        scores = evaluate_examples(run, data.dev)
-        seconds += time.perf_counter() - start
-        history.append({"epoch": epoch, "train_loss": total / max(count, 1), "dev": scores})
-        improved = scores["accuracy"] > best
-        status(f"epoch {epoch}: train loss {total / max(count, 1):.4f}, dev accuracy {scores['accuracy']:.4f}{' *' if improved else ''}")
-        if improved:
-            best = scores["accuracy"]
-            model.trained_head = True
-            model.config.extra["trained_head"] = True
-            save_hf_run(run, out, extra)
+    steps = epochs * -(-len(train_set) // batch_size)
+    optimiser = Optimiser("adamw", lr, weight_decay, clip=1.0, schedule="linear-hf", warmup=int(warmup * steps))
+    loop = LoopConfig(epochs, batch_size, seed, optimiser, Selection("dev.accuracy"))
+    state = fit(run.model, run, train_set, loop, _hooks(run, data, out, extra))
     best_run = load_hf_run(out, device=device, data_dir=data_dir)
     best_run._data = data
     metrics = {
-        "dev": next(h["dev"] for h in history if h["dev"]["accuracy"] == best),  # the saved epoch's own scores
+        "dev": state["history"][state["selected"] - 1]["dev"],  # the saved epoch's own scores
         "test": evaluate_examples(best_run, data.test) if data.test else {},
         "epochs": epochs,
-        "best_dev": best,
-        "train_seconds": seconds,
+        "best_dev": state["best"],
+        "train_seconds": state["seconds"],
         "train_examples": len(train_set),
-        "history": history,
+        "history": state["history"],
         "selection": "best dev accuracy",
+        "training": notes(loop, state),
         "notes": list(data.notes),
     }
     atomic_write_json(out / METRICS, metrics)

@@ -28,16 +28,9 @@ from attnaudit.models.base import ModelConfig, evaluation
 from attnaudit.models.seq2seq import Seq2SeqTransformer
 from attnaudit.progress import status, track
 from attnaudit.run import CONFIG, Run, TaskSpec, absolute_dir, read_config
-from attnaudit.seed import resolve_device, set_seed
-from attnaudit.training.checkpoint import (
-    METRICS,
-    WEIGHTS,
-    load_state_into,
-    refuse_other_run,
-    save_epoch,
-    save_model,
-    start_or_resume,
-)
+from attnaudit.seed import resolve_device
+from attnaudit.training.checkpoint import METRICS, WEIGHTS, load_state_into, refuse_other_run
+from attnaudit.training.loop import Checkpoint, Hooks, LoopConfig, Optimiser, Selection, fit, notes, seeded
 
 SOURCE_BPE = "source_bpe.json"
 TARGET_BPE = "target_bpe.json"
@@ -159,7 +152,6 @@ def train_nmt(
         data_dir=absolute_dir(data_dir), seed=split_seed,
     )
     out = Path(out)
-    set_seed(cfg.seed)
     source = SubwordTokenizer.train((ex.tokens for ex in data.train), cfg.source_vocab)
     target = SubwordTokenizer.train((ex.target or [] for ex in data.train), cfg.target_vocab)
     config = ModelConfig(
@@ -178,23 +170,18 @@ def train_nmt(
     refuse_other_run(out, config_hash)
 
     dev_device = resolve_device(device)
-    net = Seq2SeqTransformer(config).to(dev_device)
+    net = seeded(cfg.seed, lambda: Seq2SeqTransformer(config)).to(dev_device)
     collate = Seq2SeqCollator(source, target, max_len=cfg.max_len)
     run = Run(model=net, collate=collate, task=spec, path=out, device=dev_device, info=run_config, _data=data)
     train_pairs = [ex for ex in data.train if _fits(collate, ex, cfg.max_train_len)]
-    optimizer = torch.optim.Adam(net.parameters(), lr=cfg.lr, betas=(0.9, 0.98), eps=1e-9)
 
     def save_bpe(directory: Path) -> None:
         source.save(directory / SOURCE_BPE)
         target.save(directory / TARGET_BPE)
 
-    fresh = {"epoch": 0, "step": 0, "best": float("inf"), "bad": 0, "history": [], "seconds": 0.0}
-    state = start_or_resume(out, net, optimizer, run_config, fresh, save_bpe, resume)
-    _train_epochs(run, out, train_pairs, data.dev, optimizer, state, cfg)
-
-    load_state_into(net, out / WEIGHTS)
-    net.eval()
-    metrics = _final_metrics(run, data, state, cfg, train_pairs, bleu_split)
+    loop = nmt_loop(cfg)
+    state = fit(net, run, train_pairs, loop, nmt_hooks(run, data.dev, cfg), Checkpoint(out, run_config, save_bpe, resume))
+    metrics = {**_final_metrics(run, data, state, cfg, train_pairs, bleu_split), "training": notes(loop, state)}
     atomic_write_json(out / METRICS, metrics)
     shutil.rmtree(out / "checkpoint", ignore_errors=True)  # the run is complete: no resume needed
     status(f"[green]done[/]: dev loss {metrics['dev']['loss']:.4f}"
@@ -221,64 +208,28 @@ def _fits(collate: Any, example: Example, limit: int) -> bool:
     return len(collate.source.encode(example.tokens)[0]) < limit and len(collate.target.encode(example.target or [])[0]) < limit
 
 
-def _steps_left(cfg: NMTConfig, state: dict[str, Any]) -> bool:
-    return cfg.max_steps is None or state["step"] < cfg.max_steps
+def nmt_loop(cfg: NMTConfig) -> LoopConfig:
+    """Adam (0.9, 0.98) with Vaswani et al.'s schedule (linear warm-up, then ``∝ 1/√step``),
+    clipping, the lowest dev loss kept, early stopping after ``patience`` epochs, ``max_steps``."""
+    optimiser = Optimiser("adam", cfg.lr, betas=(0.9, 0.98), eps=1e-9, clip=cfg.clip, schedule="inverse-sqrt", warmup=cfg.warmup)
+    selection = Selection("dev.loss", "min", patience=cfg.patience)
+    return LoopConfig(cfg.epochs, cfg.batch_size, cfg.seed, optimiser, selection, cfg.max_steps)
 
 
-def _train_epochs(
-    run: Run, out: Path, train_pairs: list[Example], dev_pairs: list[Example], optimizer: torch.optim.Optimizer,
-    state: dict[str, Any], cfg: NMTConfig,
-) -> None:
-    """Epochs until ``cfg.epochs``, ``cfg.patience`` epochs without a lower dev loss, or
-    ``cfg.max_steps``: the best weights are saved to ``out`` and every epoch is checkpointed
-    there (``state`` is updated in place)."""
-    net = run.model
+def nmt_hooks(run: Run, dev_pairs: list[Example], cfg: NMTConfig) -> Hooks:
+    """Teacher forcing with label-smoothed cross-entropy (the epoch's mean is per subword);
+    teacher-forced dev scores (:func:`evaluate_nmt`) at the end of every epoch."""
     loss_fn = nn.CrossEntropyLoss(ignore_index=-100, label_smoothing=cfg.label_smoothing)
-    while state["epoch"] < cfg.epochs and state["bad"] < cfg.patience and _steps_left(cfg, state):
-        epoch = state["epoch"] + 1
-        start = time.perf_counter()
-        train_loss = _train_epoch(run, train_pairs, optimizer, loss_fn, state, cfg, epoch)
-        dev = evaluate_nmt(run, dev_pairs)
-        improved = dev["loss"] < state["best"]
-        if improved:
-            state["best"], state["bad"] = dev["loss"], 0
-            save_model(out, net)
-        else:
-            state["bad"] += 1
-        state["seconds"] += time.perf_counter() - start
-        state["epoch"] = epoch
-        state["history"].append({"epoch": epoch, "train_loss": train_loss, "dev": dev})
-        status(f"epoch {epoch}: train loss {train_loss:.4f} (smoothed), dev loss {dev['loss']:.4f}"
-               f"{' *' if improved else ''}")
-        save_epoch(out, net, optimizer, state, str(run.info["hash"]))
 
+    def loss(model: nn.Module, batch: Any) -> torch.Tensor:
+        logits = model(batch).logits
+        return loss_fn(logits.reshape(-1, logits.shape[-1]), batch.labels.reshape(-1))
 
-def _train_epoch(
-    run: Run, train_pairs: list[Example], optimizer: torch.optim.Optimizer, loss_fn: nn.Module,
-    state: dict[str, Any], cfg: NMTConfig, epoch: int,
-) -> float:
-    """One epoch of teacher-forced steps (``state["step"]`` counts them); the mean smoothed loss per subword."""
-    net = run.model
-    net.train()
-    total, count = 0.0, 0
-    batches = run.batches(train_pairs, cfg.batch_size, shuffle=True, seed=cfg.seed * 1000 + epoch)
-    for batch in track(batches, f"epoch {epoch}/{cfg.epochs}", total=-(-len(train_pairs) // cfg.batch_size)):
-        if not _steps_left(cfg, state):
-            break  # the step budget ends this (last) epoch early
-        state["step"] += 1
-        # Vaswani et al.'s schedule: linear warm-up to lr, then decay with 1/sqrt(step).
-        for group in optimizer.param_groups:
-            group["lr"] = cfg.lr * min(state["step"] / cfg.warmup, math.sqrt(cfg.warmup / state["step"]))
-        logits = net(batch).logits
-        loss = loss_fn(logits.reshape(-1, logits.shape[-1]), batch.labels.reshape(-1))
-        optimizer.zero_grad()
-        loss.backward()
-        nn.utils.clip_grad_norm_(net.parameters(), cfg.clip)
-        optimizer.step()
-        tokens = int((batch.labels != -100).sum())
-        total += float(loss.detach()) * tokens
-        count += tokens
-    return total / max(count, 1)
+    return Hooks(
+        loss=loss,
+        evaluate=lambda: {"dev": evaluate_nmt(run, dev_pairs)},
+        weight=lambda batch: int((batch.labels != -100).sum()),
+    )
 
 
 def _final_metrics(

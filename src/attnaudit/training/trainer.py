@@ -1,4 +1,7 @@
-"""Adam + early stopping on dev, resumable per epoch, checkpoints as safetensors + JSON.
+"""Training classifiers and taggers (``attnaudit train``) through the one loop
+(:mod:`attnaudit.training.loop`): Adam + early stopping on dev by default, every knob of the
+loop (optimiser, weight-decay exemptions, clipping, summed loss, selection metric, minimum
+epoch, fixed epochs) a :class:`TrainConfig` option; resumable per epoch, safetensors + JSON.
 
 ``train`` is idempotent: a finished run directory (``metrics.json`` present, same
 config) is loaded rather than retrained, and a killed run resumes from its last
@@ -8,9 +11,8 @@ finished epoch with the same numbers an uninterrupted run gives (CPU).
 from __future__ import annotations
 
 import shutil
-import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,17 +35,22 @@ from attnaudit.models import MODELS, ModelConfig, build_model
 from attnaudit.models.base import Intervention, evaluation
 from attnaudit.progress import status, track
 from attnaudit.run import CONFIG, Run, TaskSpec, absolute_dir
-from attnaudit.seed import resolve_device, set_seed
+from attnaudit.seed import resolve_device
 from attnaudit.training.checkpoint import (
     FEATURE_VOCAB,
     METRICS,
     VOCAB,
-    WEIGHTS,
-    load_state_into,
     refuse_other_run,
-    save_epoch,
-    save_model,
-    start_or_resume,
+)
+from attnaudit.training.loop import (
+    Checkpoint,
+    Hooks,
+    LoopConfig,
+    Optimiser,
+    Selection,
+    fit,
+    notes,
+    seeded,
 )
 
 # Per-family defaults (the literature's settings where they exist); CLI flags override.
@@ -80,6 +87,7 @@ class TrainConfig:
     weight_decay: float = 0.0
     patience: int = 3
     clip: float = 5.0
+    """Gradient-norm clipping threshold; 0 = no clipping."""
     seed: int = 0
     min_freq: int = 1
     max_vocab: int | None = None
@@ -90,6 +98,19 @@ class TrainConfig:
     word_dropout: float = 0.0
     """Probability of replacing each real training token by ``<unk>`` (a regulariser that also
     teaches the model what to do with unseen words); 0 = off."""
+    optimizer: str = "adam"
+    """``adam``, ``amsgrad``, ``adamw`` or ``sgd`` (:class:`~attnaudit.training.loop.Optimiser`)."""
+    no_decay: list[str] = field(default_factory=list)
+    """Parameter-name patterns (``fnmatch``) trained without weight decay, e.g. ``["scorer.*"]``."""
+    loss: str = "mean"
+    """Cross-entropy over a batch's tokens/instances: ``mean`` or ``sum``."""
+    select: str = ""
+    """Dev metric the kept epoch is chosen on (``accuracy``, ``roc_auc``, ``f1``...); "" = the task's
+    headline score (accuracy; chunk F1 for tagging)."""
+    min_epoch: int = 1
+    """Epochs before this one are never kept (nor count towards ``patience``)."""
+    early_stop: bool = True
+    """False trains all ``epochs`` whatever the dev score does (``patience`` is then unused)."""
 
     def check(self) -> None:
         """Reject values that would crash or silently train nothing, before anything is written."""
@@ -99,20 +120,61 @@ class TrainConfig:
             (not 0 < self.lr <= 1, f"--lr must be in (0, 1], got {self.lr}"),
             (self.weight_decay < 0, f"--weight-decay must be >= 0, got {self.weight_decay}"),
             (self.patience < 1, f"--patience must be at least 1 epoch, got {self.patience}"),
-            (not self.clip > 0, f"--clip must be > 0, got {self.clip}"),
+            (not self.clip >= 0, f"--clip must be >= 0 (0: no clipping), got {self.clip}"),
             (self.min_freq < 1, f"--min-freq must be at least 1, got {self.min_freq}"),
             (self.max_vocab is not None and self.max_vocab < 1, f"--max-vocab must be at least 1, got {self.max_vocab}"),
             (self.warmup < 0, f"--warmup must be >= 0, got {self.warmup}"),
             (not 0 <= self.word_dropout < 1, f"--word-dropout must be in [0, 1), got {self.word_dropout}"),
+            (self.loss not in ("mean", "sum"), f"loss must be mean or sum, got {self.loss!r}"),
+            (self.min_epoch < 1 or self.min_epoch > self.epochs, f"min_epoch must be in 1..epochs, got {self.min_epoch}"),
         ]
         for failed, message in bad:
             if failed:
                 raise AttnAuditError(message)
+        self.loop("classification")  # an unknown optimiser is refused here too
+
+    def to_dict(self) -> dict[str, Any]:
+        """The settings saved with a run: the loop's later options only when set (so runs
+        trained before they existed keep their config and its hash)."""
+        return {k: v for k, v in asdict(self).items() if _LOOP_OPTIONS.get(k, object()) != v}
+
+    def metric(self, task_type: str) -> str:
+        """The dev metric the kept epoch is chosen on."""
+        return self.select or score_key(task_type)
+
+    def loop(self, task_type: str, seed: int | None = None) -> LoopConfig:
+        """The :class:`~attnaudit.training.loop.LoopConfig` of these settings."""
+        optimiser = Optimiser(
+            name=self.optimizer, lr=self.lr, weight_decay=self.weight_decay, no_decay=tuple(self.no_decay),
+            clip=self.clip or None, schedule="linear", warmup=self.warmup,
+        )
+        selection = Selection(f"dev.{self.metric(task_type)}", "max", self.min_epoch, self.patience if self.early_stop else None)
+        return LoopConfig(self.epochs, self.batch_size, self.seed if seed is None else seed, optimiser, selection)
 
 
 # Options added after the first release enter the config hash only when set, so run
 # directories trained before they existed are still recognised as finished.
-_HASH_IF_SET = {"word_dropout": 0.0}
+# Those of the one training loop are also left out of config.json while unset.
+_LOOP_OPTIONS: dict[str, Any] = {
+    "optimizer": "adam", "no_decay": [], "loss": "mean", "select": "", "min_epoch": 1, "early_stop": True,
+}
+_HASH_IF_SET: dict[str, Any] = {"word_dropout": 0.0, **_LOOP_OPTIONS}
+
+
+def score_key(task_type: str) -> str:
+    """The headline task score, the one training selects on by default: chunk F1 (tagging) or accuracy."""
+    return "f1" if task_type == "tagging" else "accuracy"
+
+
+def cross_entropy(reduction: str = "mean") -> Callable[[Tensor, Tensor], Tensor]:
+    """Cross-entropy of ``(…, C)`` logits with gold ids (``-100``: padding, ignored), mean or summed."""
+
+    def loss(logits: Tensor, labels: Tensor) -> Tensor:
+        return nn.functional.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100, reduction=reduction
+        )
+
+    return loss
 
 
 def check_model_options(options: dict[str, Any]) -> None:
@@ -124,22 +186,6 @@ def check_model_options(options: dict[str, Any]) -> None:
     dropout = options.get("dropout")
     if dropout is not None and not 0 <= dropout < 1:
         raise AttnAuditError(f"--dropout must be in [0, 1), got {dropout}")
-
-
-def lr_factor(step: int, warmup: int, total: int) -> float:
-    """The learning-rate multiplier at optimiser step ``step`` (0-based) of ``total``.
-
-    Stateless (a function of the step alone), so a resumed run follows the same schedule.
-    """
-    if warmup <= 0:
-        return 1.0
-    if step < warmup:
-        return (step + 1) / warmup
-    return max(0.0, (total - step) / max(1, total - warmup))
-
-
-def _dev_score(scores: dict[str, float], task_type: str) -> float:
-    return scores["f1"] if task_type == "tagging" else scores["accuracy"]
 
 
 def drop_words(batch: Batch, p: float, unk_id: int, first_word_id: int, generator: torch.Generator) -> Batch:
@@ -229,6 +275,91 @@ def _build_vocabs(data: TaskData, cfg: TrainConfig) -> tuple[Any, Any]:
     return vocab, features
 
 
+def _settings(model: str, options: dict[str, Any]) -> tuple[TrainConfig, dict[str, Any]]:
+    """The checked :class:`TrainConfig` and the merged model + training options of ``train``."""
+    from attnaudit.models.attention import check_normaliser
+
+    if model not in MODELS:
+        raise AttnAuditError(f"unknown model {model!r}; choose one of {', '.join(MODELS)}")
+    options = {k: v for k, v in options.items() if v is not None}
+    train_fields = {f.name for f in fields(TrainConfig)}
+    unknown = set(options) - _MODEL_FIELDS - train_fields
+    if unknown:
+        raise AttnAuditError(f"unknown training option(s): {', '.join(sorted(unknown))}")
+    merged = {**FAMILY_DEFAULTS[model], **options}
+    cfg = TrainConfig(**{k: v for k, v in merged.items() if k in train_fields})
+    cfg.check()
+    check_model_options(merged)
+    check_normaliser(merged.get("attention", "softmax"))
+    return cfg, merged
+
+
+def _task_data(
+    task: str | TaskData, data_dir: str | Path | None, split_seed: int, dev: str | None, test: str | None
+) -> tuple[TaskData, TaskSpec]:
+    """The task's data (at least two labels) and the spec saved with the run."""
+    data = task if isinstance(task, TaskData) else load_task(task, data_dir=data_dir, seed=split_seed, dev=dev, test=test)
+    if len(data.labels) < 2:
+        raise AttnAuditError(
+            f"task {data.name!r} has {len(data.labels)} label(s) ({', '.join(data.labels) or 'none'}); a model needs at least 2"
+        )
+    spec = TaskSpec(
+        spec=absolute_spec(task) if isinstance(task, str) else data.name,
+        task_type=data.task_type,
+        labels=list(data.labels),
+        data_dir=absolute_dir(data_dir),
+        seed=split_seed,
+        dev=absolute_spec(dev),
+        test=absolute_spec(test),
+    )
+    return data, spec
+
+
+def _model_config(model: str, merged: dict[str, Any], data: TaskData, vocab: Any, features: Any, vectors: Any) -> ModelConfig:
+    """The model's config: the merged options, sized by the vocabularies and the task's labels."""
+    if vectors is not None:
+        merged = {**merged, "embed_dim": vectors.shape[1]}  # the vectors decide the embedding size
+    extra = dict(merged.get("extra", {}))
+    if features is not None:
+        extra["feature_vocab_size"] = len(features)
+    derived = ("model", "task_type", "vocab_size", "num_labels", "extra")
+    return ModelConfig(
+        model=model,
+        task_type=data.task_type,  # type: ignore[arg-type]
+        vocab_size=len(vocab),
+        num_labels=len(data.labels),
+        extra=extra,
+        **{k: v for k, v in merged.items() if k in _MODEL_FIELDS and k not in derived},
+    )
+
+
+def classifier_hooks(
+    run: Run, cfg: TrainConfig, dev: list[Example], interventions: InterventionsFn | None = None, label: str = "",
+    word_dropout: bool = True,
+) -> Hooks:
+    """Standard training of a classifier or tagger: cross-entropy on the gold labels (with the
+    settings' word dropout unless ``word_dropout`` is False), scores on ``dev`` at the end of
+    every epoch; ``interventions(batch)`` are applied in every forward, training and evaluation."""
+    loss_fn = cross_entropy(cfg.loss)
+    vocab = run.collate.vocab
+    words = [torch.Generator()]
+
+    def epoch_start(epoch: int) -> None:  # seeded like the shuffle: a resumed run drops the same words
+        words[0] = torch.Generator().manual_seed(cfg.seed * 1000 + epoch)
+
+    def loss(model: nn.Module, batch: Batch) -> Tensor:
+        if word_dropout and cfg.word_dropout > 0:
+            batch = drop_words(batch, cfg.word_dropout, vocab.unk_id, len(vocab.specials), words[0])
+        if batch.labels is None:
+            raise AttnAuditError("training needs labelled examples")
+        return loss_fn(model(batch, interventions(batch) if interventions else ()).logits, batch.labels)
+
+    def evaluate() -> dict[str, Any]:
+        return {"dev": evaluate_examples(run, dev, interventions=interventions)}
+
+    return Hooks(loss=loss, evaluate=evaluate, epoch_start=epoch_start, label=label)
+
+
 @writes_folder("out")
 def train(
     task: str | TaskData,
@@ -253,146 +384,45 @@ def train(
     """
     from attnaudit.data.batching import Collator
     from attnaudit.data.vocab import load_vectors
-    from attnaudit.models.attention import check_normaliser
     from attnaudit.run import load_run
 
-    if model not in MODELS:
-        raise AttnAuditError(f"unknown model {model!r}; choose one of {', '.join(MODELS)}")
-    options = {k: v for k, v in options.items() if v is not None}
-    unknown = set(options) - _MODEL_FIELDS - {f.name for f in fields(TrainConfig)}
-    if unknown:
-        raise AttnAuditError(f"unknown training option(s): {', '.join(sorted(unknown))}")
-    merged = {**FAMILY_DEFAULTS[model], **options}
-    cfg = TrainConfig(**{k: v for k, v in merged.items() if k in {f.name for f in fields(TrainConfig)}})
-    cfg.check()
-    check_model_options(merged)
-    check_normaliser(merged.get("attention", "softmax"))
-
+    cfg, merged = _settings(model, options)
     out = Path(out)
     for folder in (out, out / "checkpoint"):  # what a killed earlier training left half-written
         remove_stray_tmp(folder)
-    if isinstance(task, TaskData):
-        data = task
-    else:
-        data = load_task(task, data_dir=data_dir, seed=split_seed, dev=dev, test=test)
-    if len(data.labels) < 2:
-        raise AttnAuditError(
-            f"task {data.name!r} has {len(data.labels)} label(s) ({', '.join(data.labels) or 'none'}); a model needs at least 2"
-        )
-    spec = TaskSpec(
-        spec=absolute_spec(task) if isinstance(task, str) else data.name,
-        task_type=data.task_type,
-        labels=list(data.labels),
-        data_dir=absolute_dir(data_dir),
-        seed=split_seed,
-        dev=absolute_spec(dev),
-        test=absolute_spec(test),
-    )
-    set_seed(cfg.seed)
+    data, spec = _task_data(task, data_dir, split_seed, dev, test)
     vocab, feature_vocab = _build_vocabs(data, cfg)
     vectors = load_vectors(cfg.vectors, vocab, seed=cfg.seed) if cfg.vectors else None
-    if vectors is not None:
-        merged["embed_dim"] = vectors.shape[1]  # the vectors decide the embedding size
-    extra = dict(merged.get("extra", {}))
-    if feature_vocab is not None:
-        extra["feature_vocab_size"] = len(feature_vocab)
-    model_fields = {k: v for k, v in merged.items() if k in _MODEL_FIELDS and k != "extra"}
-    config = ModelConfig(
-        model=model,
-        task_type=data.task_type,  # type: ignore[arg-type]
-        vocab_size=len(vocab),
-        num_labels=len(data.labels),
-        extra=extra,
-        **{k: v for k, v in model_fields.items() if k not in ("model", "task_type", "vocab_size", "num_labels")},
-    )
-    run_config = {
-        "kind": "attnaudit",
-        "version": __version__,
-        "model": config.to_dict(),
-        "train": asdict(cfg),
-        "task": spec.to_dict(),
-    }
-    config_hash = _config_hash({k: v for k, v in run_config.items() if k != "version"})
-    run_config["hash"] = config_hash
+    config = _model_config(model, merged, data, vocab, feature_vocab, vectors)
+    run_config = {"kind": "attnaudit", "version": __version__, "model": config.to_dict(), "train": cfg.to_dict(), "task": spec.to_dict()}
+    run_config["hash"] = _config_hash({k: v for k, v in run_config.items() if k != "version"})
 
     existing = out / CONFIG
-    if resume and (out / METRICS).exists() and existing.exists() and read_json_object(existing, optional={"hash": str}).get("hash") == config_hash:
+    if resume and (out / METRICS).exists() and existing.exists() and read_json_object(existing, optional={"hash": str}).get("hash") == run_config["hash"]:
         status(f"[green]{out}[/]: already trained with this config, loading it")
         return load_run(out, device=device, data_dir=data_dir)
-    refuse_other_run(out, config_hash)
+    refuse_other_run(out, run_config["hash"])
 
-    dev_device = resolve_device(device)
-    net = build_model(config)
+    net = seeded(cfg.seed, lambda: build_model(config))
     if vectors is not None:
         net.embedding.weight.data.copy_(vectors)
-    net.to(dev_device)
-    optimizer = torch.optim.Adam(net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    net.to(resolve_device(device))
     collate = Collator(
         vocab, data.labels, data.task_type, hierarchical=model == "han", max_len=config.max_len, feature_vocab=feature_vocab
     )
-    run = Run(model=net, collate=collate, task=spec, path=out, device=dev_device, info=run_config, _data=data)
+    run = Run(model=net, collate=collate, task=spec, path=out, device=resolve_device(device), info=run_config, _data=data)
 
     def save_vocabs(directory: Path) -> None:
         vocab.save(directory / VOCAB)
         if feature_vocab is not None:
             feature_vocab.save(directory / FEATURE_VOCAB)
 
-    fresh = {"epoch": 0, "best": float("-inf"), "bad": 0, "history": [], "seconds": 0.0}
-    state = start_or_resume(out, net, optimizer, run_config, fresh, save_vocabs, resume)
-
-    loss_fn = nn.CrossEntropyLoss(ignore_index=-100)
-    n_batches = -(-len(data.train) // cfg.batch_size)
-    while state["epoch"] < cfg.epochs and state["bad"] < cfg.patience:
-        epoch = state["epoch"] + 1
-        start = time.perf_counter()
-        net.train()
-        total, count = 0.0, 0
-        # One generator per epoch, seeded like the shuffle: a resumed run drops the same words.
-        words = torch.Generator().manual_seed(cfg.seed * 1000 + epoch)
-        for step, batch in enumerate(
-            track(
-                run.batches(data.train, cfg.batch_size, shuffle=True, seed=cfg.seed * 1000 + epoch),
-                f"epoch {epoch}/{cfg.epochs}",
-                total=n_batches,
-            ),
-            start=(epoch - 1) * n_batches,
-        ):
-            for group in optimizer.param_groups:
-                group["lr"] = cfg.lr * lr_factor(step, cfg.warmup, cfg.epochs * n_batches)
-            if cfg.word_dropout > 0:
-                batch = drop_words(batch, cfg.word_dropout, vocab.unk_id, len(vocab.specials), words)
-            logits = net(batch).logits
-            loss = loss_fn(logits.reshape(-1, logits.shape[-1]), batch.labels.reshape(-1))
-            optimizer.zero_grad()
-            loss.backward()
-            nn.utils.clip_grad_norm_(net.parameters(), cfg.clip)
-            optimizer.step()
-            total += float(loss.detach()) * len(batch)
-            count += len(batch)
-        scores = evaluate_examples(run, data.dev)
-        score = _dev_score(scores, data.task_type)
-        improved = score > state["best"]
-        if improved:
-            state["best"], state["bad"] = score, 0
-            save_model(out, net)
-        else:
-            state["bad"] += 1
-        state["seconds"] += time.perf_counter() - start
-        state["epoch"] = epoch
-        state["history"].append({"epoch": epoch, "train_loss": total / max(count, 1), "dev": scores})
-        status(f"epoch {epoch}: train loss {total / max(count, 1):.4f}, dev {score:.4f}{' *' if improved else ''}")
-        save_epoch(out, net, optimizer, state, config_hash)
-
-    load_state_into(net, out / WEIGHTS)
-    net.eval()
+    loop = cfg.loop(data.task_type)
+    state = fit(net, run, data.train, loop, classifier_hooks(run, cfg, data.dev), Checkpoint(out, run_config, save_vocabs, resume))
     metrics = {
         "dev": evaluate_examples(run, data.dev),
         "test": evaluate_examples(run, data.test),
-        "epochs": state["epoch"],
-        "best_dev": state["best"],
-        "train_seconds": state["seconds"],
-        "history": state["history"],
-        "selection": "best dev " + ("chunk F1" if data.task_type == "tagging" else "accuracy"),
+        **run_summary(cfg, loop, state, data.task_type),
         "notes": data.notes,
     }
     atomic_write_json(out / METRICS, metrics)
@@ -400,3 +430,19 @@ def train(
     if not quiet_eval:
         status(f"[green]done[/]: dev {metrics['dev']}, test {metrics['test']}")
     return run
+
+
+def run_summary(cfg: TrainConfig, loop: LoopConfig, state: dict[str, Any], task_type: str) -> dict[str, Any]:
+    """The training part of a run's ``metrics.json``: epochs, the kept epoch's dev score, the
+    history, how the epoch was selected and what the loop did (:func:`~attnaudit.training.loop.notes`)."""
+    metric = cfg.metric(task_type)
+    name = {"accuracy": "accuracy", "f1": "chunk F1"}.get(metric, metric) if not cfg.select else metric
+    selection = f"best dev {name}" + (f" from epoch {cfg.min_epoch} on" if cfg.min_epoch > 1 else "")
+    return {
+        "epochs": state["epoch"],
+        "best_dev": state["best"],
+        "train_seconds": state["seconds"],
+        "history": state["history"],
+        "selection": selection,
+        "training": notes(loop, state),
+    }
