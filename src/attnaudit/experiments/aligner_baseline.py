@@ -23,6 +23,7 @@ from attnaudit.data.types import Example
 from attnaudit.errors import AttnAuditError
 from attnaudit.metrics import aer
 from attnaudit.run import Run
+from attnaudit.training.nmt import fits_length
 
 Link = tuple[int, int]
 SYMMETRISATIONS = ("fwd", "rev", "intersection", "grow_diag_final")
@@ -81,16 +82,12 @@ def symmetrise(fwd: set[Link], rev: set[Link], source_len: int, target_len: int)
 
 def training_pairs(run: Run) -> list[Example]:
     """The pairs the NMT run was trained on: its task's train split minus the pairs longer than
-    the run's ``max_train_len`` subwords on either side (the filter of ``train_nmt``)."""
+    the run's ``max_train_len`` subwords on either side (``train_nmt``'s own filter)."""
     train = run.data().train
     limit = run.info.get("train", {}).get("max_train_len")
     if limit is None:
         return list(train)
-    collate: Any = run.collate
-    return [
-        ex for ex in train
-        if len(collate.source.encode(ex.tokens)[0]) < limit and len(collate.target.encode(ex.target or [])[0]) < limit
-    ]
+    return [ex for ex in train if fits_length(run.collate, ex, limit)]
 
 
 def _read_links(path: Path, first: int, count: int) -> list[set[Link]]:

@@ -173,7 +173,7 @@ def train_nmt(
     net = seeded(cfg.seed, lambda: Seq2SeqTransformer(config)).to(dev_device)
     collate = Seq2SeqCollator(source, target, max_len=cfg.max_len)
     run = Run(model=net, collate=collate, task=spec, path=out, device=dev_device, info=run_config, _data=data)
-    train_pairs = [ex for ex in data.train if _fits(collate, ex, cfg.max_train_len)]
+    train_pairs = [ex for ex in data.train if fits_length(collate, ex, cfg.max_train_len)]
 
     def save_bpe(directory: Path) -> None:
         source.save(directory / SOURCE_BPE)
@@ -204,7 +204,8 @@ def _nmt_config(options: dict[str, Any], bleu_split: str | None) -> NMTConfig:
     return cfg
 
 
-def _fits(collate: Any, example: Example, limit: int) -> bool:
+def fits_length(collate: Any, example: Example, limit: int) -> bool:
+    """Whether a pair is shorter than ``limit`` subwords on both sides (the pairs NMT trains on)."""
     return len(collate.source.encode(example.tokens)[0]) < limit and len(collate.target.encode(example.target or [])[0]) < limit
 
 
