@@ -349,3 +349,22 @@ def test_bad_inputs_raise_one_line_errors() -> None:
     classifier = shared_model("classification", "bilstm", "tanh")
     with pytest.raises(AttnAuditError, match=r"expects tokens \(B,T\)"):
         classifier(Batch(tokens=batch.tokens[:, None], mask=batch.mask[:, None]))
+
+
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_recurrent_encoder_avoids_cudnn_only_for_backward_in_eval(cell: str) -> None:
+    """cuDNN's RNN refuses backward in eval mode (found running importance with --device cuda):
+    the encoder turns cuDNN off exactly for passes that build a graph in eval mode."""
+    from attnaudit.models.rnn import RecurrentEncoder
+
+    encoder = RecurrentEncoder(cell, 4, 3)
+    seen: list[bool] = []
+    encoder.rnn.register_forward_pre_hook(lambda module, args: seen.append(torch.backends.cudnn.enabled))
+    x, mask = torch.randn(2, 5, 4), torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
+    expected = []
+    for training, grad in [(False, True), (False, False), (True, True)]:
+        encoder.train(training)
+        with torch.set_grad_enabled(grad):
+            encoder(x, mask)
+        expected.append(torch.backends.cudnn.enabled and not (grad and not training))
+    assert seen == expected and seen[0] is False

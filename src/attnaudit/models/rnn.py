@@ -53,6 +53,9 @@ class RecurrentEncoder(Encoder):
     Packing means a padded position is never read, so an example gives the same states
     alone or inside a batch with longer ones. Empty rows (HAN's padding sentences) are
     run with length 1 and then zeroed, because ``pack_padded_sequence`` rejects length 0.
+    On CUDA, cuDNN's RNN cannot run backward in eval mode, which every gradient-based
+    explanation needs (attention is explained with dropout off); such a pass uses PyTorch's own
+    RNN kernels instead, with the same numbers up to float rounding.
     """
 
     def __init__(self, cell: Literal["lstm", "gru"], input_dim: int, hidden_per_direction: int) -> None:
@@ -64,7 +67,9 @@ class RecurrentEncoder(Encoder):
     def forward(self, x: Tensor, mask: Tensor) -> Tensor:
         lengths = mask.sum(-1).clamp_min(1).cpu()
         packed = pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
-        out, _ = self.rnn(packed)
+        backward_in_eval = torch.is_grad_enabled() and not self.training
+        with torch.backends.cudnn.flags(enabled=torch.backends.cudnn.enabled and not backward_in_eval):
+            out, _ = self.rnn(packed)
         out, _ = pad_packed_sequence(out, batch_first=True, total_length=x.shape[1])
         return out * mask[..., None].to(out.dtype)
 
