@@ -5,6 +5,8 @@ Per layer, the attention block's output ``y_i = Σ_j T_i(x_j)`` is decomposed as
 no token, left out). Token ``j``'s contribution to ``i`` is how much closer ``T_i(x_j)`` is to ``y_i``
 than the origin is, in the Manhattan (L1) distance the paper uses:
 ``c_ij = max(0, ‖y_i‖₁ − ‖y_i − T_i(x_j)‖₁)``, rows normalised to 1 and rolled out through the layers.
+Under L1, ``y_i`` can be farther from every share than from the origin; such a row has no positive
+contribution and stays 0 (the paper's normalisation would divide by 0), so the scores then sum to < 1.
 """
 
 from __future__ import annotations
