@@ -7,10 +7,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import pytest
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForSequenceClassification, PreTrainedTokenizerFast
 
+import attnaudit.explain.value_zeroing as value_zeroing_module
 from attnaudit.explain.value_zeroing import value_zeroing
 from attnaudit.models.hf import HFCollator
 from attnaudit.models.hf_decoder import HFDecoderModel
@@ -90,7 +92,9 @@ def hf_layer_outputs(reference: torch.nn.Module, ids: torch.Tensor, zero: tuple[
     return [o[0] for o in outputs]
 
 
-def test_value_zeroing_on_a_llama_equals_hf_forwards_with_a_zeroed_value(tiny_hf) -> None:
+def test_value_zeroing_on_a_llama_equals_hf_forwards_with_a_zeroed_value(tiny_hf, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Also with the zeroed tokens run two at a time (``ROWS`` 8 for 4 examples), not all at once."""
+    monkeypatch.setattr(value_zeroing_module, "ROWS", 8)
     model, reference, batch = tiny_llama(tiny_hf)
     ours = value_zeroing(model, batch)
     for b in range(len(batch)):

@@ -15,24 +15,29 @@ from attnaudit.explain.rollout import explained_record
 from attnaudit.models.base import AttentionModel, Cache, Intervention, evaluation
 
 
-def zero_value(token: int, layer: int) -> Intervention:
-    """Token ``token``'s value vector zeroed in every head of attention layer ``layer``."""
-
-    def zeroed(values: Tensor) -> Tensor:
-        keep = torch.ones(values.shape[2], dtype=values.dtype, device=values.device)
-        keep[token] = 0.0
-        return values * keep[:, None]
-
-    return Intervention(layer=layer, values=zeroed)
+ROWS = 256
+"""Copies of the batch run at once (one per zeroed token), at most: bounds memory."""
 
 
 def zeroing_map(model: AttentionModel, cache: Cache, original: Tensor, layer: int) -> Tensor:
-    """``C_ij = 1 − cos(out_i, out_i without v_j)`` ``(B,Q,K)`` for layer ``layer`` restarted from ``cache``."""
+    """``C_ij = 1 − cos(out_i, out_i without v_j)`` ``(B,Q,K)`` for layer ``layer`` restarted from ``cache``.
+
+    Tokens are zeroed a chunk at a time: each example is repeated once per token of the chunk, and
+    copy ``c`` has token ``c``'s value vector zeroed in every head (``Intervention(values=...)``)."""
+    b, t = cache.states.shape[:2]
+    step = max(1, ROWS // b)
     columns = []
-    for token in range(cache.states.shape[1]):
-        changed = model.decode(cache, [zero_value(token, layer)], start_layer=layer).trace[0].outputs
-        columns.append(1.0 - torch.nn.functional.cosine_similarity(original, changed, dim=-1))
-    return torch.stack(columns, -1).clamp_min(0.0)
+    for start in range(0, t, step):
+        tokens = torch.arange(start, min(start + step, t))
+        n = len(tokens)
+        keep = torch.ones(n, t, dtype=cache.states.dtype, device=cache.states.device)
+        keep[torch.arange(n), tokens] = 0.0
+        keep = keep.repeat(b, 1)  # row e*n + c: example e with token tokens[c] zeroed
+        copies = Cache(cache.states.repeat_interleave(n, 0), cache.mask.repeat_interleave(n, 0), layer, dict(cache.extra))
+        zeroed = Intervention(layer=layer, values=lambda v, keep=keep: v * keep[:, None, :, None])
+        changed = model.decode(copies, [zeroed], start_layer=layer).trace[0].outputs.view(b, n, t, -1)
+        columns.append(1.0 - torch.nn.functional.cosine_similarity(original[:, None], changed, dim=-1))  # (B,n,Q)
+    return torch.cat(columns, 1).transpose(1, 2).clamp_min(0.0)
 
 
 @explanation(
