@@ -4,11 +4,14 @@ pre-LN decomposition of a tiny Llama against Hugging Face's own forward."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForSequenceClassification, PreTrainedTokenizerFast
 
 from attnaudit.data.types import Batch
+import attnaudit.explain.norms_res_ln as norms_res_ln_module
+from attnaudit.explain import EXPLANATIONS
 from attnaudit.explain.norms_res_ln import attention_block_parts, norms_res_ln
 from attnaudit.models import ModelConfig, build_model
 from attnaudit.models.hf import HFCollator
@@ -91,3 +94,13 @@ def test_pre_rmsnorm_llama_shares_add_up_to_hfs_residual_stream_after_attention(
         for layer, stream in enumerate(seen):
             torch.testing.assert_close(parts[layer][b, :n, :n].sum(1), stream, atol=1e-5, rtol=1e-4)
             assert (parts[layer][b, :n, :n].norm(dim=-1).triu(1) == 0).all()
+
+
+def test_examples_taken_one_at_a_time_give_the_same_scores(encoder: tuple, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The shares are built a few examples at a time (``ELEMENTS``); one at a time changes nothing."""
+    run, batch = encoder
+    methods = [EXPLANATIONS[name] for name in ("norms_res_ln", "globenc", "alti")]
+    whole = [method(run, batch) for method in methods]
+    monkeypatch.setattr(norms_res_ln_module, "ELEMENTS", 1)
+    for method, expected in zip(methods, whole):
+        torch.testing.assert_close(method(run, batch), expected, atol=1e-6, rtol=1e-5, msg=method.name)

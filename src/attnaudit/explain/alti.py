@@ -16,7 +16,7 @@ from torch import Tensor
 
 from attnaudit.data.types import Batch
 from attnaudit.explain.base import explanation
-from attnaudit.explain.norms_res_ln import attention_block_parts, layers_up_to, rolled_contributions
+from attnaudit.explain.norms_res_ln import attention_block_parts, layers_up_to, rolled_contributions, token_map
 from attnaudit.explain.rollout import explained_record
 from attnaudit.models.base import AttentionLayer, AttentionModel
 
@@ -38,5 +38,5 @@ def alti(model: AttentionModel, batch: Batch) -> Tensor:
     layer and read at the explanation query."""
     trace, index, record = explained_record(model, batch)
     with torch.no_grad():
-        maps = [alti_layer(model, r, layer) for layer, r in layers_up_to(trace, index)]
+        maps = [token_map(alti_layer, model, r, layer) for layer, r in layers_up_to(trace, index)]
     return rolled_contributions(model, batch, maps, record)

@@ -10,7 +10,13 @@ from torch import Tensor
 
 from attnaudit.data.types import Batch
 from attnaudit.explain.base import explanation
-from attnaudit.explain.norms_res_ln import attention_block_parts, layers_up_to, residual_parts, rolled_contributions
+from attnaudit.explain.norms_res_ln import (
+    attention_block_parts,
+    layers_up_to,
+    residual_parts,
+    rolled_contributions,
+    token_map,
+)
 from attnaudit.explain.rollout import explained_record
 from attnaudit.models.base import AttentionLayer, AttentionModel
 
@@ -30,6 +36,11 @@ def layer_shares(model: AttentionModel, record: AttentionLayer, layer: int) -> T
     return norms.ffn_norm.linear(shares, norms.ffn_norm.scale(h + norms.ffn(h))[:, :, None])
 
 
+def shares_norm(model: AttentionModel, record: AttentionLayer, layer: int) -> Tensor:
+    """GlobEnc's unnormalised ``N_ij = ‖share of j in i's layer output‖`` of one layer, ``(B,Q,K)``."""
+    return layer_shares(model, record, layer).norm(dim=-1)
+
+
 @explanation(
     "globenc", "GlobEnc: attention + both residuals and layer norms per layer, rolled out (Modarressi et al. 2022)",
     ("residual_ln",), default=False, order=57,
@@ -39,5 +50,5 @@ def globenc(model: AttentionModel, batch: Batch) -> Tensor:
     rolled out (``R = N_l ⋯ N_1``) to the explained layer and read at the explanation query."""
     trace, index, record = explained_record(model, batch)
     with torch.no_grad():
-        maps = [layer_shares(model, r, layer).norm(dim=-1) for layer, r in layers_up_to(trace, index)]
+        maps = [token_map(shares_norm, model, r, layer) for layer, r in layers_up_to(trace, index)]
     return rolled_contributions(model, batch, maps, record)

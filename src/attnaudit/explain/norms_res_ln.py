@@ -13,6 +13,9 @@ The bias terms belong to no token and are left out, as in the paper.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import fields, replace
+
 import torch
 from torch import Tensor
 
@@ -61,6 +64,26 @@ def rolled_contributions(model: AttentionModel, batch: Batch, per_layer: list[Te
     return on_items(model, batch, query_row(model, rolled, record.query_mask))
 
 
+ELEMENTS = 2**25
+"""Entries of the ``(B,Q,K,d)`` shares computed at once, at most (examples are taken in chunks)."""
+
+
+def token_map(
+    fn: Callable[[AttentionModel, AttentionLayer, int], Tensor], model: AttentionModel, record: AttentionLayer, layer: int
+) -> Tensor:
+    """``fn(model, record, layer) -> (B,Q,K)`` run a few examples at a time, so that the ``(B,Q,K,d)``
+    shares it builds stay under :data:`ELEMENTS` entries."""
+    b, t, d = record.inputs.shape
+    step = max(1, ELEMENTS // (t * t * d))
+    return torch.cat([fn(model, rows(record, slice(i, i + step)), layer) for i in range(0, b, step)])
+
+
+def rows(record: AttentionLayer, part: slice) -> AttentionLayer:
+    """The record of examples ``part`` of the batch (every tensor field sliced on its first axis)."""
+    values = {f.name: getattr(record, f.name) for f in fields(record)}
+    return replace(record, **{k: v[part] for k, v in values.items() if isinstance(v, Tensor)})
+
+
 def layers_up_to(trace: AttentionTrace, index: int) -> list[tuple[int, AttentionLayer]]:
     """``(layer, record)`` of layers ``0 … index``."""
     return list(enumerate(list(trace.layers)[: index + 1]))
@@ -75,5 +98,5 @@ def norms_res_ln(model: AttentionModel, batch: Batch) -> Tensor:
     explained layer, read at the explanation query, ``(B,K)``."""
     _, index, record = explained_record(model, batch)
     with torch.no_grad():
-        norms = attention_block_parts(model, record, index).norm(dim=-1)
+        norms = token_map(lambda m, r, layer: attention_block_parts(m, r, layer).norm(dim=-1), model, record, index)
     return on_items(model, batch, query_row(model, norms, record.query_mask))
