@@ -8,7 +8,7 @@ Post-LN (BERT, our Transformer): ``h_i = LN(Σ_j Σ_h α^h_ij f_h(x_j) + x_i + b
 ``g_i(z) = γ ⊙ (z − mean z) / s_i`` and ``s_i`` the standard deviation of the whole LN input of token
 ``i``; the share of token ``j`` is ``g_i(…)``. Pre-LN (Llama, GPT-2): ``h_i = x_i + Σ_j α_ij f(LN(x_j)) + b_O``;
 the norm acts on each token before it is mixed, so the share of ``j`` is ``α_ij f(LN(x_j)) + δ_ij x_i``.
-The bias terms belong to no token and are left out, as in the paper.
+The bias terms belong to no token and are left out.
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ def zeroing_map(model: AttentionModel, cache: Cache, original: Tensor, layer: in
         keep = keep.repeat(b, 1)  # row e*n + c: example e with token tokens[c] zeroed
         copies = Cache(cache.states.repeat_interleave(n, 0), cache.mask.repeat_interleave(n, 0), layer, dict(cache.extra))
         zeroed = Intervention(layer=layer, values=lambda v, keep=keep: v * keep[:, None, :, None])
-        changed = model.decode(copies, [zeroed], start_layer=layer).trace[0].outputs.view(b, n, t, -1)
+        changed = model.decode(copies, [zeroed], start_layer=layer).trace[0].outputs.reshape(b, n, t, -1)
         columns.append(1.0 - torch.nn.functional.cosine_similarity(original[:, None], changed, dim=-1))  # (B,n,Q)
     return torch.cat(columns, 1).transpose(1, 2).clamp_min(0.0)
 
