@@ -11,8 +11,13 @@ import math
 from dataclasses import dataclass
 
 import torch
+from tokenizers import Tokenizer, models, pre_tokenizers
 from torch import Tensor, nn
+from transformers import LlamaConfig, LlamaForSequenceClassification, PreTrainedTokenizerFast
 
+from attnaudit.data.types import Batch
+from attnaudit.models.hf import HFCollator
+from attnaudit.models.hf_decoder import HFDecoderModel
 from attnaudit.models.hf_encoder import HFAttentionModel
 from attnaudit.models.transformer import TransformerEncoderModel
 
@@ -149,3 +154,21 @@ def rolled(maps: list[Tensor]) -> Tensor:
         normed = torch.stack([c[i] / c[i].sum() for i in range(n)])
         r = torch.stack([sum(normed[i, k] * r[k] for k in range(n)) for i in range(n)])
     return r
+
+
+def tiny_llama(tiny_hf, dtype: torch.dtype = torch.float32) -> tuple[HFDecoderModel, nn.Module, Batch]:
+    """A tiny random pre-RMSNorm Llama classifier (2 layers, 4 query heads on 2 key/value heads): our
+    wrapper, the same weights as a plain HF model with eager attention, and a right-padded batch."""
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tiny_hf.vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0, num_labels=2)
+    hf = LlamaForSequenceClassification(config).to(dtype).eval()
+    reference = LlamaForSequenceClassification(config).to(dtype).eval()
+    reference.load_state_dict(hf.state_dict())
+    reference.set_attn_implementation("eager")
+    core = Tokenizer(models.WordLevel({w: i for i, w in enumerate(tiny_hf.vocab)}, unk_token="[UNK]"))
+    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok = PreTrainedTokenizerFast(tokenizer_object=core, unk_token="[UNK]", pad_token="[PAD]", eos_token="[SEP]")
+    model = HFDecoderModel(hf, tok, "classification", "llama", trained_head=True).eval()
+    batch = HFCollator(tok, ["neg", "pos"], "classification", 64, token_types=False)(tiny_hf.task().test[:4])
+    return model, reference, batch

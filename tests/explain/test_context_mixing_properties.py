@@ -13,6 +13,8 @@ from attnaudit.explain import EXPLANATIONS
 from attnaudit.explain.alti import alti_layer
 from attnaudit.models import ModelConfig, build_model
 
+from .plain import tiny_llama
+
 METHODS = ("norms_res_ln", "globenc", "alti", "value_zeroing", "chefer")
 NORMALISED = ("globenc", "alti", "value_zeroing")
 
@@ -66,3 +68,17 @@ def alti_rows_positive(model: torch.nn.Module, tokens: list[int]) -> bool:
     with torch.no_grad():
         trace = model(Batch(tokens=ids, mask=ids > 0)).trace
         return all(bool((alti_layer(model, record, layer).sum(-1) > 0).all()) for layer, record in enumerate(trace.layers))
+
+
+def test_every_context_mixing_method_on_a_llama_reads_the_last_real_token(tiny_hf) -> None:  # noqa: ANN001
+    """On a causal pre-RMSNorm decoder every method applies; scores are 0 at padding, the normalised ones
+    sum to 1 over the tokens the last real token sees (all real ones)."""
+    model, _, batch = tiny_llama(tiny_hf)
+    real = batch.mask.bool()
+    for name in METHODS:
+        assert EXPLANATIONS[name].applies(model) is None, name
+        found = EXPLANATIONS[name](model, batch)
+        assert found.shape == real.shape and (found[~real] == 0).all() and (found[real] >= 0).all(), name
+        assert torch.isfinite(found).all(), name
+        if name in NORMALISED and name != "alti":
+            torch.testing.assert_close(found.sum(-1), torch.ones(len(batch)), atol=1e-5, rtol=0, msg=name)

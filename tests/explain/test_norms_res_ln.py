@@ -6,18 +6,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import LlamaConfig, LlamaForSequenceClassification, PreTrainedTokenizerFast
 
 from attnaudit.data.types import Batch
 import attnaudit.explain.norms_res_ln as norms_res_ln_module
 from attnaudit.explain import EXPLANATIONS
 from attnaudit.explain.norms_res_ln import attention_block_parts, norms_res_ln
 from attnaudit.models import ModelConfig, build_model
-from attnaudit.models.hf import HFCollator
-from attnaudit.models.hf_decoder import HFDecoderModel
 
-from .plain import explanation_row, plain_layers, run_layer, shares
+from .plain import explanation_row, plain_layers, run_layer, shares, tiny_llama
 
 
 def test_identity_value_output_maps_give_weight_times_centred_norm_over_the_spread() -> None:
@@ -65,15 +61,7 @@ def test_norms_res_ln_equals_the_definition_computed_token_by_token(encoder: tup
 def test_pre_rmsnorm_llama_shares_add_up_to_hfs_residual_stream_after_attention(tiny_hf) -> None:
     """Pre-LN: ``Σ_j T_i(x_j) (+ b_O) = x_i + attn(norm(x))_i``, read from HF's own forward at the input
     of each layer's ``post_attention_layernorm``; future tokens get nothing."""
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(tiny_hf.vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0, num_labels=2)
-    hf = LlamaForSequenceClassification(config).eval()
-    core = Tokenizer(models.WordLevel({w: i for i, w in enumerate(tiny_hf.vocab)}, unk_token="[UNK]"))
-    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok = PreTrainedTokenizerFast(tokenizer_object=core, unk_token="[UNK]", pad_token="[PAD]", eos_token="[SEP]")
-    model = HFDecoderModel(hf, tok, "classification", "llama", trained_head=True).eval()
-    batch = HFCollator(tok, ["neg", "pos"], "classification", 64, token_types=False)(tiny_hf.task().test[:4])
+    model, reference, batch = tiny_llama(tiny_hf)
     with torch.no_grad():
         trace = model(batch).trace
         parts = [attention_block_parts(model, record, layer) for layer, record in enumerate(trace.layers)]
@@ -82,13 +70,11 @@ def test_pre_rmsnorm_llama_shares_add_up_to_hfs_residual_stream_after_attention(
         n = int(batch.mask[b].sum())
         seen: list[torch.Tensor] = []
         hooks = [layer.post_attention_layernorm.register_forward_pre_hook(lambda _m, args: seen.append(args[0][0]))
-                 for layer in hf.model.layers]
+                 for layer in reference.model.layers]
         try:
-            model.hf.set_attn_implementation("eager")
             with torch.no_grad():
-                hf(input_ids=batch.tokens[b : b + 1, :n])
+                reference(input_ids=batch.tokens[b : b + 1, :n])
         finally:
-            model.hf.set_attn_implementation("attnaudit")
             for hook in hooks:
                 hook.remove()
         for layer, stream in enumerate(seen):

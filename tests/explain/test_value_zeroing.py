@@ -9,15 +9,11 @@ from contextlib import contextmanager
 
 import pytest
 import torch
-from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import LlamaConfig, LlamaForSequenceClassification, PreTrainedTokenizerFast
 
 import attnaudit.explain.value_zeroing as value_zeroing_module
 from attnaudit.explain.value_zeroing import value_zeroing
-from attnaudit.models.hf import HFCollator
-from attnaudit.models.hf_decoder import HFDecoderModel
 
-from .plain import explanation_row, plain_layers, rolled, run_layer
+from .plain import explanation_row, plain_layers, rolled, run_layer, tiny_llama
 
 
 @contextmanager
@@ -54,23 +50,6 @@ def test_value_zeroing_equals_zeroing_each_token_in_a_plain_forward(encoder: tup
         assert (ours[b, n:] == 0).all()
 
 
-def tiny_llama(tiny_hf) -> tuple[HFDecoderModel, torch.nn.Module, object]:
-    """(our wrapper, the same weights as a plain HF model, a right-padded batch), in float64 (see above)."""
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(tiny_hf.vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0, num_labels=2)
-    hf = LlamaForSequenceClassification(config).double().eval()
-    reference = LlamaForSequenceClassification(config).double().eval()
-    reference.load_state_dict(hf.state_dict())
-    reference.set_attn_implementation("eager")
-    core = Tokenizer(models.WordLevel({w: i for i, w in enumerate(tiny_hf.vocab)}, unk_token="[UNK]"))
-    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok = PreTrainedTokenizerFast(tokenizer_object=core, unk_token="[UNK]", pad_token="[PAD]", eos_token="[SEP]")
-    model = HFDecoderModel(hf, tok, "classification", "llama", trained_head=True).eval()
-    batch = HFCollator(tok, ["neg", "pos"], "classification", 64, token_types=False)(tiny_hf.task().test[:4])
-    return model, reference, batch
-
-
 def hf_layer_outputs(reference: torch.nn.Module, ids: torch.Tensor, zero: tuple[int, int] | None = None) -> list[torch.Tensor]:
     """Each decoder layer's output for one unpadded example, from HF's own forward; ``zero=(layer, token)``
     zeroes that token's row of the layer's ``v_proj`` output (its value in every head)."""
@@ -95,7 +74,7 @@ def hf_layer_outputs(reference: torch.nn.Module, ids: torch.Tensor, zero: tuple[
 def test_value_zeroing_on_a_llama_equals_hf_forwards_with_a_zeroed_value(tiny_hf, monkeypatch: pytest.MonkeyPatch) -> None:
     """Also with the zeroed tokens run two at a time (``ROWS`` 8 for 4 examples), not all at once."""
     monkeypatch.setattr(value_zeroing_module, "ROWS", 8)
-    model, reference, batch = tiny_llama(tiny_hf)
+    model, reference, batch = tiny_llama(tiny_hf, torch.float64)
     ours = value_zeroing(model, batch)
     for b in range(len(batch)):
         n = int(batch.mask[b].sum())
