@@ -1,4 +1,4 @@
-"""Properties of the context-mixing methods (norms_res_ln, globenc, alti, value_zeroing, chefer) on
+"""Properties of the context-mixing methods (norms_res_ln, globenc, alti, value_zeroing, chefer, decompx) on
 random small Transformers, with hypothesis: padding changes nothing and scores 0, permuting the tokens
 of a model without positions permutes the scores, the normalised methods' scores sum to 1."""
 
@@ -15,17 +15,18 @@ from attnaudit.models import ModelConfig, build_model
 
 from .plain import tiny_llama
 
-METHODS = ("norms_res_ln", "globenc", "alti", "value_zeroing", "chefer")
+METHODS = ("norms_res_ln", "globenc", "alti", "value_zeroing", "chefer", "decompx")
 NORMALISED = ("globenc", "alti", "value_zeroing")
 
 
 def positionless_transformer(seed: int) -> torch.nn.Module:
     """A random 2-layer, 2-head mean-pooled Transformer with its position table zeroed, so that it is
-    permutation equivariant (and its prediction invariant)."""
+    permutation equivariant (and its prediction invariant). In float64: Value Zeroing's ``1 − cos`` of
+    nearly equal states (repeated tokens) is below float32's resolution."""
     torch.manual_seed(seed)
     config = ModelConfig(model="transformer", task_type="classification", vocab_size=20, num_labels=3, embed_dim=8,
                          d_model=8, heads=2, layers=2, d_ff=16, dropout=0.0)
-    model = build_model(config).eval()
+    model = build_model(config).double().eval()
     model.positions.zero_()
     return model
 
@@ -50,13 +51,13 @@ def test_padding_permutation_and_normalisation(seed: int, tokens: list[int], pad
     padded = scores(model, tokens, pad)
     permuted = scores(model, [tokens[k] for k in order])
     for name in METHODS:
-        assert (plain[name] >= 0).all(), name
+        assert name == "decompx" or (plain[name] >= 0).all(), name  # DecompX is signed
         torch.testing.assert_close(padded[name][: len(tokens)], plain[name], atol=1e-5, rtol=1e-4, msg=name)
         assert (padded[name][len(tokens):] == 0).all(), name
         torch.testing.assert_close(permuted[name], plain[name][list(order)], atol=1e-5, rtol=1e-4, msg=name)
         if name in NORMALISED:
             total = torch.tensor(1.0 if name != "alti" or alti_rows_positive(model, tokens) else float(plain[name].sum()))
-            torch.testing.assert_close(plain[name].sum(), total, atol=1e-5, rtol=0, msg=name)
+            torch.testing.assert_close(plain[name].sum(), total.to(plain[name].dtype), atol=1e-5, rtol=0, msg=name)
             assert plain[name].sum() <= 1 + 1e-5, name
 
 
@@ -75,7 +76,7 @@ def test_every_context_mixing_method_on_a_llama_reads_the_last_real_token(tiny_h
     sum to 1 over the tokens the last real token sees (all real ones)."""
     model, _, batch = tiny_llama(tiny_hf)
     real = batch.mask.bool()
-    for name in METHODS:
+    for name in METHODS[:-1]:  # DecompX: post-LN only
         assert EXPLANATIONS[name].applies(model) is None, name
         found = EXPLANATIONS[name](model, batch)
         assert found.shape == real.shape and (found[~real] == 0).all() and (found[real] >= 0).all(), name

@@ -121,3 +121,22 @@ def test_families_without_them_say_so(tiny_hf: SimpleNamespace) -> None:
     assert not model.has_residual_norms and not model.value_interventions
     with pytest.raises(AttnAuditError, match="no residual connections and layer norms"):
         model.residual_norms(0)
+
+
+@pytest.mark.parametrize("family", ["transformer", "bert", "distilbert"])
+def test_head_layers_recompute_the_logits(family: str, tiny_hf: SimpleNamespace) -> None:
+    """Pooling then the dense layers of ``head_layers`` on the last layer's outputs give the model's logits."""
+    model, batch = build(family, tiny_hf)
+    head = model.head_layers()
+    with torch.no_grad():
+        out = model(batch)
+        states = out.trace[-1].outputs
+        if head.pool == "first":
+            x = states[:, 0]
+        else:
+            real = batch.mask[..., None].to(states.dtype)
+            x = (states * real).sum(1) / real.sum(1)
+        for weight, bias, act in head.layers:
+            x = x @ weight + bias
+            x = x if act is None else act(x)
+    torch.testing.assert_close(x, out.logits, atol=1e-5, rtol=1e-4)

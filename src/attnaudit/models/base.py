@@ -125,6 +125,19 @@ class NormParams:
         return out if self.bias is None else out + self.bias
 
 
+Dense = tuple[Tensor, "Tensor | None", "Callable[[Tensor], Tensor] | None"]
+"""One dense layer as ``(W, b, act)``: ``act(z @ W + b)`` (``W`` right-multiplied; ``act`` None: linear)."""
+
+
+@dataclass
+class HeadLayers:
+    """A classification head as pooling then dense layers (DecompX decomposes it): ``pool`` ``"first"``
+    (the ``[CLS]`` state) or ``"mean"`` (over real tokens), then ``layers`` in order; the last gives logits."""
+
+    pool: Literal["first", "mean"]
+    layers: tuple[Dense, ...]
+
+
 @dataclass
 class ResidualNorms:
     """What surrounds the attention of one layer (Kobayashi et al. 2021), for context-mixing analyses.
@@ -133,7 +146,8 @@ class ResidualNorms:
     ``out = LN₂(h + ffn(h))``. ``"pre"`` (Llama, GPT-2): ``h = x + attn(LN₁(x)) + b_O``, then
     ``out = h + ffn(LN₂(h))``; the trace's ``inputs`` are then ``LN₁(x)`` and ``residual`` is ``x``.
     ``output_bias`` is ``b_O`` (None: no bias); ``ffn`` the feed-forward map alone (no residual,
-    no norm, no dropout).
+    no norm, no dropout); ``ffn_layers`` the same map as dense layers where it is one (empty otherwise,
+    e.g. Llama's gated MLP).
     """
 
     placement: Literal["post", "pre"]
@@ -141,6 +155,7 @@ class ResidualNorms:
     ffn_norm: NormParams
     output_bias: Tensor | None
     ffn: Callable[[Tensor], Tensor]
+    ffn_layers: tuple[Dense, ...] = ()
 
 
 @dataclass
@@ -301,6 +316,10 @@ class AttentionModel(nn.Module):
         """The residual connections, norms, output bias and feed-forward map around attention layer
         ``layer``, for families with :attr:`has_residual_norms`."""
         raise AttnAuditError(f"{type(self).__name__} exposes no residual connections and layer norms around attention")
+
+    def head_layers(self) -> HeadLayers | None:
+        """The classification head as pooling + dense layers, or None where it is not one (or absent)."""
+        return None
 
     def residual_stream(self, record: AttentionLayer) -> Tensor:
         """The states ``x`` the residual connection of a traced layer carries ``(B,T,d)``: the layer's

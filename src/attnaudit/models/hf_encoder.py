@@ -47,12 +47,14 @@ from attnaudit.models.base import (
     Cache,
     Intervention,
     ModelConfig,
+    HeadLayers,
     ModelOutput,
     NormParams,
     ResidualNorms,
     interventions_for,
     layer_range,
 )
+from attnaudit.models.transformer import dense
 from attnaudit.weights import checked_weight
 
 ATTN_IMPLEMENTATION = "attnaudit"
@@ -260,14 +262,14 @@ class HFAttentionModel(AttentionModel):
         _, output = self.attention_projections(layer)
         if hasattr(block, "intermediate"):
             first, second = block.attention.output.LayerNorm, block.output.LayerNorm
-
-            def ffn(h: Tensor) -> Tensor:
-                return block.output.dense(block.intermediate(h))
+            layers = (dense(block.intermediate.dense, block.intermediate.intermediate_act_fn), dense(block.output.dense))
         else:
             first, second, lin = block.sa_layer_norm, block.output_layer_norm, block.ffn
+            layers = (dense(lin.lin1, lin.activation), dense(lin.lin2))
 
-            def ffn(h: Tensor) -> Tensor:
-                return lin.lin2(lin.activation(lin.lin1(h)))
+        def ffn(h: Tensor) -> Tensor:
+            up, act, down = layers[0][0], layers[0][2], layers[1]
+            return act(h @ up + layers[0][1]) @ down[0] + down[1]
 
         return ResidualNorms(
             placement="post",
@@ -275,7 +277,23 @@ class HFAttentionModel(AttentionModel):
             ffn_norm=NormParams(second.weight, second.bias, second.eps),
             output_bias=output.bias,
             ffn=ffn,
+            ffn_layers=layers,
         )
+
+    def head_layers(self) -> HeadLayers | None:
+        """[CLS], then BERT's tanh pooler and classifier, DistilBERT's ReLU pre-classifier and classifier, or
+        RoBERTa's tanh dense and out_proj; None without a head."""
+        hf = self.hf
+        if not self.has_head:
+            return None
+        if hasattr(hf, "pre_classifier"):
+            return HeadLayers("first", (dense(hf.pre_classifier, nn.ReLU()), dense(hf.classifier)))
+        pooler = getattr(hf.base_model, "pooler", None)
+        if pooler is not None and isinstance(hf.classifier, nn.Linear):
+            return HeadLayers("first", (dense(pooler.dense, nn.Tanh()), dense(hf.classifier)))
+        if hasattr(hf.classifier, "out_proj"):
+            return HeadLayers("first", (dense(hf.classifier.dense, nn.Tanh()), dense(hf.classifier.out_proj)))
+        return None
 
     def wordpieces(self, batch: Batch) -> list[list[str]]:
         """The wordpiece strings on the key axis of each example (real positions only)."""

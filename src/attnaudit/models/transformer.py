@@ -37,6 +37,7 @@ from attnaudit.models.base import (
     Cache,
     Intervention,
     ModelConfig,
+    HeadLayers,
     ModelOutput,
     NormParams,
     ResidualNorms,
@@ -311,7 +312,13 @@ class TransformerEncoderModel(AttentionModel):
             ffn_norm=layer_norm(block.ffn_norm),
             output_bias=block.out_proj.bias,
             ffn=block.ffn,
+            ffn_layers=(dense(block.ffn[0], block.ffn[1]), dense(block.ffn[2])),
         )
+
+
+def dense(linear: nn.Linear, act: nn.Module | None = None) -> tuple[Tensor, Tensor | None, nn.Module | None]:
+    """A Linear (and the activation after it) as ``(W, b, act)`` with ``W`` right-multiplied."""
+    return linear.weight.t(), linear.bias, act
 
 
 def layer_norm(module: nn.LayerNorm) -> NormParams:
@@ -329,6 +336,10 @@ class TransformerClassifier(TransformerEncoderModel):
             )
         super().__init__(config)
         self.classifier = nn.Linear(config.d_model, config.num_labels)
+
+    def head_layers(self) -> HeadLayers:
+        """Mean over real tokens, then the classifier."""
+        return HeadLayers("mean", (dense(self.classifier),))
 
     def head(self, states: Tensor, mask: Tensor) -> Tensor:
         m = mask[..., None].to(states.dtype)
