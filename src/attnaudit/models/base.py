@@ -129,6 +129,11 @@ Dense = tuple[Tensor, "Tensor | None", "Callable[[Tensor], Tensor] | None"]
 """One dense layer as ``(W, b, act)``: ``act(z @ W + b)`` (``W`` right-multiplied; ``act`` None: linear)."""
 
 
+def dense(linear: nn.Linear, act: Callable[[Tensor], Tensor] | None = None) -> Dense:
+    """A Linear (and the activation after it) as ``(W, b, act)`` with ``W`` right-multiplied."""
+    return linear.weight.t(), linear.bias, act
+
+
 @dataclass
 class HeadLayers:
     """A classification head as pooling then dense layers (DecompX decomposes it): ``pool`` ``"first"``

@@ -51,10 +51,10 @@ from attnaudit.models.base import (
     ModelOutput,
     NormParams,
     ResidualNorms,
+    dense,
     interventions_for,
     layer_range,
 )
-from attnaudit.models.transformer import dense
 from attnaudit.weights import checked_weight
 
 ATTN_IMPLEMENTATION = "attnaudit"
@@ -255,7 +255,7 @@ class HFAttentionModel(AttentionModel):
     value_interventions = True
 
     def residual_norms(self, layer: int) -> ResidualNorms:
-        """Post-LN, as BERT computes it: ``h = LN(x + dense(attn) )``, ``out = LN(h + ffn(h))``
+        """Post-LN, as BERT computes it: ``h = LN(x + dense(attn))``, ``out = LN(h + ffn(h))``
         (BERT/RoBERTa: ``attention.output``, ``intermediate``, ``output``; DistilBERT: ``sa_layer_norm``,
         ``ffn``, ``output_layer_norm``)."""
         block = self.layers[layer]

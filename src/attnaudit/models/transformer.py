@@ -41,6 +41,7 @@ from attnaudit.models.base import (
     ModelOutput,
     NormParams,
     ResidualNorms,
+    dense,
     interventions_for,
     layer_range,
 )
@@ -314,11 +315,6 @@ class TransformerEncoderModel(AttentionModel):
             ffn=block.ffn,
             ffn_layers=(dense(block.ffn[0], block.ffn[1]), dense(block.ffn[2])),
         )
-
-
-def dense(linear: nn.Linear, act: nn.Module | None = None) -> tuple[Tensor, Tensor | None, nn.Module | None]:
-    """A Linear (and the activation after it) as ``(W, b, act)`` with ``W`` right-multiplied."""
-    return linear.weight.t(), linear.bias, act
 
 
 def layer_norm(module: nn.LayerNorm) -> NormParams:
