@@ -68,3 +68,21 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Run, Batch
         examples = [*task.test[:6], short_example(kind)]
         out[name] = (run, run.collate(examples))
     return out
+
+
+@pytest.fixture(scope="session")
+def bert(tiny_hf) -> tuple[Run, Batch]:
+    """The tiny random 2-layer BERT classifier of ``tiny_hf`` (post-LN, [CLS] explains) and a padded batch."""
+    from attnaudit.models.hf import load_hf
+
+    run = load_hf(tiny_hf.dir, task=tiny_hf.task(), device="cpu")
+    run.model.eval()
+    return run, run.collate(tiny_hf.task().test[:5])
+
+
+@pytest.fixture(params=["transformer", "bert"])
+def encoder(request: pytest.FixtureRequest, runs: dict, bert: tuple[Run, Batch]) -> tuple[Run, Batch]:
+    """Our trained mean-pooled Transformer and the tiny BERT, each with a padded batch."""
+    run, batch = runs["transformer"] if request.param == "transformer" else bert
+    run.model.eval()
+    return run, batch

@@ -26,6 +26,7 @@ from attnaudit.run import Run, TaskSpec
 
 from .conftest import FAMILIES
 
+CONTEXT_MIXING = ("norms_res_ln", "globenc", "alti", "value_zeroing", "chefer")
 OPTIONS = {"steps": 4, "seed": 1}  # what a test offers every method: few IG steps, a seed
 
 
@@ -55,7 +56,7 @@ def test_every_method_that_applies_has_item_shape_and_zero_padding(runs: dict, f
     applying = list_explanations(run)
     expected = {"attention", "gradient", "attention_gradient", "gradient_x_attention", "loo", "ig", "input_gradient", "random"}
     if "transformer" in family:
-        expected |= {"rollout", "flow", "norms"}
+        expected |= {"rollout", "flow", "norms", "decompx", *CONTEXT_MIXING}
     assert {m.name for m in applying} == expected
     for method in applying:
         scores = method(run, batch, **OPTIONS)
@@ -63,7 +64,7 @@ def test_every_method_that_applies_has_item_shape_and_zero_padding(runs: dict, f
         assert (scores[~mask] == 0).all(), method.name
         real = scores[mask & ~single[:, None]]
         assert torch.isfinite(real).all(), method.name
-        if method.name in ("gradient", "ig", "attention", "loo", "input_gradient", "rollout", "flow", "norms", "random"):
+        if method.name in ("gradient", "ig", "attention", "loo", "input_gradient", "rollout", "flow", "norms", "random", *CONTEXT_MIXING):
             assert (real >= 0).all(), method.name
     assert scores.shape == batch.tokens.shape[:2]  # pair models: the passage tokens only
 
@@ -72,6 +73,8 @@ def test_methods_that_do_not_apply_say_why(runs: dict) -> None:
     run, batch = runs["bilstm"]
     assert "self-attention" in EXPLANATIONS["rollout"].applies(run)
     assert "value/output" in EXPLANATIONS["norms"].applies(run.model)
+    assert "no residual connections and layer norms" in EXPLANATIONS["alti"].applies(run)
+    assert "cannot zero a token's value vector" in EXPLANATIONS["value_zeroing"].applies(run)
     with pytest.raises(AttnAuditError, match="'flow' does not apply to this model"):
         EXPLANATIONS["flow"](run, batch)
     with pytest.raises(AttnAuditError, match="--methods: rollout does not apply"):
@@ -83,7 +86,7 @@ def test_a_model_without_a_trained_head_gets_no_explanation_of_a_prediction(runs
     run.model.trained_head = False
     try:
         names = [m.name for m in list_explanations(run)]
-        assert names == ["attention", "rollout", "norms", "flow", "random"]
+        assert names == ["attention", "rollout", "norms", "norms_res_ln", "globenc", "alti", "value_zeroing", "flow", "random"]
         assert "no trained classification head" in EXPLANATIONS["gradient"].applies(run)
     finally:
         del run.model.trained_head  # back to the class default

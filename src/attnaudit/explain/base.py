@@ -47,6 +47,18 @@ NEEDS: dict[str, tuple[str, Check]] = {
         "per-head value and output projections (Transformers)",
         lambda m: None if m.has_value_output else f"{type(m).__name__} attention has no per-head value/output projections",
     ),
+    "residual_ln": (
+        "the residual connections, layer norms and feed-forward map around each attention layer (Transformers)",
+        lambda m: None
+        if m.self_attention and m.has_value_output and m.has_residual_norms
+        else f"{type(m).__name__} exposes no residual connections and layer norms around stacked self-attention",
+    ),
+    "value_zeroing": (
+        "zeroing one token's value vector in a self-attention layer, and each layer's output states",
+        lambda m: None
+        if m.self_attention and m.value_interventions and m.has_residual_norms
+        else f"{type(m).__name__} cannot zero a token's value vector in stacked self-attention",
+    ),
 }
 """What a method may need: a description for listings and the check, ``model -> None | reason``."""
 

@@ -64,6 +64,14 @@ def apply_key_interventions(keys: Tensor, interventions: Sequence[Intervention])
     return keys
 
 
+def apply_value_interventions(values: Tensor, interventions: Sequence[Intervention]) -> Tensor:
+    """Replace the per-head values ``(B,H,K,dh)`` of a layer (tensor or function), in order."""
+    for iv in interventions:
+        if iv.values is not None:
+            values = iv.values(values) if callable(iv.values) else iv.values.to(values.device, values.dtype).expand_as(values)
+    return values
+
+
 def normaliser_for(default: str, interventions: Sequence[Intervention]) -> str:
     """The normaliser to use: the last intervention that swaps it wins."""
     for iv in interventions:

@@ -32,6 +32,8 @@ TaskType = Literal["classification", "pair", "tagging", "seq2seq"]
 WeightsFn = Callable[[Tensor, Tensor], Tensor]
 """``fn(weights (B,H,Q,K), key_mask (B,K) bool) -> new weights (B,H,Q,K)``."""
 KeysFn = Callable[[Tensor], Tensor]
+ValuesFn = Callable[[Tensor], Tensor]
+"""``fn(values (B,H,K,dh)) -> new values``, e.g. one token's value vector zeroed (Value Zeroing)."""
 
 
 @dataclass
@@ -41,13 +43,16 @@ class Intervention:
     ``weights``: a ``(B,H,Q,K)`` tensor (broadcastable) or a :data:`WeightsFn`, applied
     after the normaliser. ``keys``: a tensor shaped like the layer's keys, or a function
     of them, applied before scoring. ``normaliser``: evaluate with another normaliser
-    (``softmax``, ``entmax15``, ``sparsemax``, ``entmax:<alpha>``).
+    (``softmax``, ``entmax15``, ``sparsemax``, ``entmax:<alpha>``). ``values``: a tensor
+    shaped like the layer's per-head values ``(B,H,K,dh)`` or a function of them, applied
+    before they are weighted; only models with :attr:`AttentionModel.value_interventions`.
     """
 
     layer: int | None = None
     weights: Tensor | WeightsFn | None = None
     keys: Tensor | KeysFn | None = None
     normaliser: str | None = None
+    values: Tensor | ValuesFn | None = None
 
 
 def uniform_weights(weights: Tensor, mask: Tensor) -> Tensor:
@@ -78,7 +83,9 @@ class AttentionLayer:
     ``weights`` (B,H,Q,K); ``scores`` the pre-normaliser logits (same shape, -inf at
     padding) or None; ``keys``/``values`` (B,H,K,d) (additive attention: H=1);
     ``inputs`` (B,K,d) the states that entered the layer; ``mask`` (B,K) True at real
-    keys; ``query_mask`` (B,Q) True at real queries.
+    keys; ``query_mask`` (B,Q) True at real queries; ``outputs`` (B,Q,d) the states that
+    left the whole layer (after its feed-forward block), where the family records them
+    (:attr:`AttentionModel.has_residual_norms`).
     """
 
     weights: Tensor
@@ -89,6 +96,71 @@ class AttentionLayer:
     scores: Tensor | None = None
     query_mask: Tensor | None = None
     name: str = ""
+    outputs: Tensor | None = None
+
+
+@dataclass
+class NormParams:
+    """One normalisation as it acts on a vector ``z``: ``γ ⊙ (z − mean z) / sqrt(var z + eps) + β``
+    (LayerNorm, ``centred``) or ``γ ⊙ z / sqrt(mean z² + eps)`` (RMSNorm, not centred, no β)."""
+
+    weight: Tensor
+    bias: Tensor | None
+    eps: float
+    centred: bool = True
+
+    def scale(self, z: Tensor) -> Tensor:
+        """``sqrt(var z + eps)`` (RMSNorm: ``sqrt(mean z² + eps)``) over the last axis, keeping it."""
+        spread = z.var(-1, unbiased=False, keepdim=True) if self.centred else z.pow(2).mean(-1, keepdim=True)
+        return (spread + self.eps).sqrt()
+
+    def linear(self, part: Tensor, scale: Tensor) -> Tensor:
+        """The linear part of the norm applied to one summand ``part`` of ``z`` with ``z``'s ``scale``:
+        ``γ ⊙ (part − mean part) / scale`` (no β), so the parts of ``z`` add up to ``norm(z) − β``."""
+        centred = part - part.mean(-1, keepdim=True) if self.centred else part
+        return self.weight * centred / scale
+
+    def __call__(self, z: Tensor) -> Tensor:
+        out = self.linear(z, self.scale(z))
+        return out if self.bias is None else out + self.bias
+
+
+Dense = tuple[Tensor, "Tensor | None", "Callable[[Tensor], Tensor] | None"]
+"""One dense layer as ``(W, b, act)``: ``act(z @ W + b)`` (``W`` right-multiplied; ``act`` None: linear)."""
+
+
+def dense(linear: nn.Linear, act: Callable[[Tensor], Tensor] | None = None) -> Dense:
+    """A Linear (and the activation after it) as ``(W, b, act)`` with ``W`` right-multiplied."""
+    return linear.weight.t(), linear.bias, act
+
+
+@dataclass
+class HeadLayers:
+    """A classification head as pooling then dense layers (DecompX decomposes it): ``pool`` ``"first"``
+    (the ``[CLS]`` state) or ``"mean"`` (over real tokens), then ``layers`` in order; the last gives logits."""
+
+    pool: Literal["first", "mean"]
+    layers: tuple[Dense, ...]
+
+
+@dataclass
+class ResidualNorms:
+    """What surrounds the attention of one layer (Kobayashi et al. 2021), for context-mixing analyses.
+
+    ``placement`` ``"post"`` (BERT, our Transformer): ``h = LN₁(x + attn(x) + b_O)``, then
+    ``out = LN₂(h + ffn(h))``. ``"pre"`` (Llama, GPT-2): ``h = x + attn(LN₁(x)) + b_O``, then
+    ``out = h + ffn(LN₂(h))``; the trace's ``inputs`` are then ``LN₁(x)`` and ``residual`` is ``x``.
+    ``output_bias`` is ``b_O`` (None: no bias); ``ffn`` the feed-forward map alone (no residual,
+    no norm, no dropout); ``ffn_layers`` the same map as dense layers where it is one (empty otherwise,
+    e.g. Llama's gated MLP).
+    """
+
+    placement: Literal["post", "pre"]
+    attention_norm: NormParams
+    ffn_norm: NormParams
+    output_bias: Tensor | None
+    ffn: Callable[[Tensor], Tensor]
+    ffn_layers: tuple[Dense, ...] = ()
 
 
 @dataclass
@@ -199,6 +271,12 @@ class AttentionModel(nn.Module):
     """Whether :meth:`value_output_maps` exists: multi-head attention with per-head value and output
     projections (the norm analysis and identifiability need them)."""
 
+    has_residual_norms: bool = False
+    """Whether :meth:`residual_norms` exists and the trace records each layer's ``outputs``: what
+    the attention + residual + layer-norm decompositions (Kobayashi et al. 2021, GlobEnc, ALTI) need."""
+    value_interventions: bool = False
+    """Whether ``Intervention(values=...)`` reaches every self-attention layer (Value Zeroing)."""
+
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
@@ -238,6 +316,20 @@ class AttentionModel(nn.Module):
         (``v = x @ W_V + b_V``; output ``concat_heads(sum_j a_ij v_j) @ W_O``), for families with
         :attr:`has_value_output`."""
         raise AttnAuditError(f"{type(self).__name__} attention has no per-head value/output projections")
+
+    def residual_norms(self, layer: int) -> ResidualNorms:
+        """The residual connections, norms, output bias and feed-forward map around attention layer
+        ``layer``, for families with :attr:`has_residual_norms`."""
+        raise AttnAuditError(f"{type(self).__name__} exposes no residual connections and layer norms around attention")
+
+    def head_layers(self) -> HeadLayers | None:
+        """The classification head as pooling + dense layers, or None where it is not one (or absent)."""
+        return None
+
+    def residual_stream(self, record: AttentionLayer) -> Tensor:
+        """The states ``x`` the residual connection of a traced layer carries ``(B,T,d)``: the layer's
+        ``inputs`` (post-LN); pre-LN families override it (their ``inputs`` are normalised)."""
+        return record.inputs
 
     @property
     def cross_layers(self) -> list[int]:

@@ -54,6 +54,8 @@ from attnaudit.models.base import (
     Intervention,
     ModelConfig,
     ModelOutput,
+    NormParams,
+    ResidualNorms,
     interventions_for,
     layer_range,
 )
@@ -204,6 +206,30 @@ class HFDecoderModel(HFAttentionModel):
             b_v = b_v.reshape(self.kv_heads, dh).repeat_interleave(groups, 0).reshape(-1)
         return w_v, b_v, w_o, heads
 
+    has_residual_norms = True
+    value_interventions = True
+
+    def residual_norms(self, layer: int) -> ResidualNorms:
+        """Pre-norm: ``h = x + attn(norm₁(x)) + b_O``, ``out = h + mlp(norm₂(h))`` (Llama/Qwen2: RMSNorm
+        ``input_layernorm``/``post_attention_layernorm``; GPT-2: LayerNorm ``ln_1``/``ln_2``)."""
+        block = self.layers[layer]
+        _, output = self.attention_projections(layer)
+        first, second = (block.input_layernorm, block.post_attention_layernorm) if hasattr(block, "input_layernorm") else (block.ln_1, block.ln_2)
+        return ResidualNorms(
+            placement="pre",
+            attention_norm=norm_params(first),
+            ffn_norm=norm_params(second),
+            output_bias=output.bias,
+            ffn=block.mlp,
+        )
+
+    def residual_stream(self, record: AttentionLayer) -> Tensor:
+        """The residual stream that entered the layer (``inputs`` are its normalised states)."""
+        residual = getattr(record, "residual", None)
+        if residual is None:
+            raise AttnAuditError("residual_stream needs a trace from HFDecoderModel.decode")
+        return residual
+
     def wordpieces(self, batch: Batch) -> list[list[str]]:
         """The token strings of each example's real positions."""
         mask = batch.mask.bool()
@@ -264,8 +290,9 @@ class HFDecoderModel(HFAttentionModel):
                 # The mask argument is unused: every attention module here calls our function.
                 out = layers[index](x, attention_mask=None, **extra)
                 record = state.records.pop(index)
-                trace.layers.append(DecoderAttentionLayer(**{f.name: getattr(record, f.name) for f in fields(record)}, residual=x))
-                x = out[0] if isinstance(out, tuple) else out
+                x_in, x = x, out[0] if isinstance(out, tuple) else out
+                kept = {f.name: getattr(record, f.name) for f in fields(record) if f.name != "outputs"}
+                trace.layers.append(DecoderAttentionLayer(**kept, outputs=x, residual=x_in))
         finally:
             _ACTIVE.reset(token)
             for hook in hooks:
@@ -294,6 +321,13 @@ class HFDecoderModel(HFAttentionModel):
         if residual is None:
             raise AttnAuditError("cache_at needs a trace from HFDecoderModel.decode")
         return Cache(states=residual, mask=entry.mask, layer=layer, extra=dict(base.extra))
+
+
+def norm_params(module: nn.Module) -> NormParams:
+    """An RMSNorm (``variance_epsilon``, no bias, not centred) or LayerNorm module as :class:`NormParams`."""
+    if hasattr(module, "variance_epsilon"):
+        return NormParams(weight=module.weight, bias=None, eps=float(module.variance_epsilon), centred=False)
+    return NormParams(weight=module.weight, bias=module.bias, eps=float(module.eps))
 
 
 # -- loading -----------------------------------------------------------------------------------

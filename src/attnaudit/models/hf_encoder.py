@@ -39,7 +39,7 @@ from transformers.models.bert.modeling_bert import eager_attention_forward
 
 from attnaudit.data.types import Batch, Example
 from attnaudit.errors import AttnAuditError, InputError, warn
-from attnaudit.models.attention import apply_key_interventions, attention_weights
+from attnaudit.models.attention import apply_key_interventions, apply_value_interventions, attention_weights
 from attnaudit.models.base import (
     AttentionLayer,
     AttentionModel,
@@ -47,7 +47,11 @@ from attnaudit.models.base import (
     Cache,
     Intervention,
     ModelConfig,
+    HeadLayers,
     ModelOutput,
+    NormParams,
+    ResidualNorms,
+    dense,
     interventions_for,
     layer_range,
 )
@@ -100,6 +104,7 @@ def _attention(
     allowed = None if state.allowed is None else state.allowed[:, None]
     scale = query.shape[-1] ** -0.5 if scaling is None else scaling
     keys = apply_key_interventions(key, ivs)
+    value = apply_value_interventions(value, ivs)
     scores = (query @ keys.transpose(-1, -2)) * scale
     scores = scores.masked_fill(~(mask[:, None, None, :] if allowed is None else allowed), float("-inf"))
     weights = attention_weights(scores, mask, "softmax", ivs, allowed)
@@ -246,6 +251,50 @@ class HFAttentionModel(AttentionModel):
         value, output = self.attention_projections(layer)
         return value.weight.t(), value.bias, output.weight.t(), self.config.heads
 
+    has_residual_norms = True
+    value_interventions = True
+
+    def residual_norms(self, layer: int) -> ResidualNorms:
+        """Post-LN, as BERT computes it: ``h = LN(x + dense(attn))``, ``out = LN(h + ffn(h))``
+        (BERT/RoBERTa: ``attention.output``, ``intermediate``, ``output``; DistilBERT: ``sa_layer_norm``,
+        ``ffn``, ``output_layer_norm``)."""
+        block = self.layers[layer]
+        _, output = self.attention_projections(layer)
+        if hasattr(block, "intermediate"):
+            first, second = block.attention.output.LayerNorm, block.output.LayerNorm
+            layers = (dense(block.intermediate.dense, block.intermediate.intermediate_act_fn), dense(block.output.dense))
+        else:
+            first, second, lin = block.sa_layer_norm, block.output_layer_norm, block.ffn
+            layers = (dense(lin.lin1, lin.activation), dense(lin.lin2))
+
+        def ffn(h: Tensor) -> Tensor:
+            up, act, down = layers[0][0], layers[0][2], layers[1]
+            return act(h @ up + layers[0][1]) @ down[0] + down[1]
+
+        return ResidualNorms(
+            placement="post",
+            attention_norm=NormParams(first.weight, first.bias, first.eps),
+            ffn_norm=NormParams(second.weight, second.bias, second.eps),
+            output_bias=output.bias,
+            ffn=ffn,
+            ffn_layers=layers,
+        )
+
+    def head_layers(self) -> HeadLayers | None:
+        """[CLS], then BERT's tanh pooler and classifier, DistilBERT's ReLU pre-classifier and classifier, or
+        RoBERTa's tanh dense and out_proj; None without a head."""
+        hf = self.hf
+        if not self.has_head:
+            return None
+        if hasattr(hf, "pre_classifier"):
+            return HeadLayers("first", (dense(hf.pre_classifier, nn.ReLU()), dense(hf.classifier)))
+        pooler = getattr(hf.base_model, "pooler", None)
+        if pooler is not None and isinstance(hf.classifier, nn.Linear):
+            return HeadLayers("first", (dense(pooler.dense, nn.Tanh()), dense(hf.classifier)))
+        if hasattr(hf.classifier, "out_proj"):
+            return HeadLayers("first", (dense(hf.classifier.dense, nn.Tanh()), dense(hf.classifier.out_proj)))
+        return None
+
     def wordpieces(self, batch: Batch) -> list[list[str]]:
         """The wordpiece strings on the key axis of each example (real positions only)."""
         lengths = batch.mask.sum(1).tolist()
@@ -307,7 +356,9 @@ class HFAttentionModel(AttentionModel):
                 state.inputs = x
                 out = layers[index](x, additive)
                 x = out[0] if isinstance(out, tuple) else out
-                trace.layers.append(state.records.pop(index))
+                record = state.records.pop(index)
+                record.outputs = x
+                trace.layers.append(record)
         finally:
             _ACTIVE.reset(token)
         return ModelOutput(logits=self.head(x), trace=trace)

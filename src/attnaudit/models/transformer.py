@@ -26,6 +26,7 @@ from attnaudit.data.types import Batch
 from attnaudit.errors import AttnAuditError
 from attnaudit.models.attention import (
     apply_key_interventions,
+    apply_value_interventions,
     attention_weights,
     check_normaliser,
 )
@@ -36,7 +37,11 @@ from attnaudit.models.base import (
     Cache,
     Intervention,
     ModelConfig,
+    HeadLayers,
     ModelOutput,
+    NormParams,
+    ResidualNorms,
+    dense,
     interventions_for,
     layer_range,
 )
@@ -99,7 +104,7 @@ def multi_head_attention(
         raise AttnAuditError("cross-attention needs memory_mask with memory")
     q = split_heads(block.q_proj(x), block.heads)
     k = apply_key_interventions(split_heads(block.k_proj(source), block.heads), interventions)
-    v = split_heads(block.v_proj(source), block.heads)
+    v = apply_value_interventions(split_heads(block.v_proj(source), block.heads), interventions)
     scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
     if causal:
         future = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).triu(1)
@@ -274,6 +279,7 @@ class TransformerEncoderModel(AttentionModel):
         trace = AttentionTrace()
         for index in indices:
             x, record = self.layers[index](x, mask, interventions_for(interventions, index, len(self.layers)), f"layer{index}")
+            record.outputs = x
             trace.layers.append(record)
         return ModelOutput(logits=self.head(x, mask), trace=trace)
 
@@ -295,6 +301,26 @@ class TransformerEncoderModel(AttentionModel):
         block = self.layers[layer]
         return block.v_proj.weight.t(), block.v_proj.bias, block.out_proj.weight.t(), self.config.heads
 
+    has_residual_norms = True
+    value_interventions = True
+
+    def residual_norms(self, layer: int) -> ResidualNorms:
+        """Post-LN: ``h = attention_norm(x + attn(x) + b_O)``, ``out = ffn_norm(h + ffn(h))``."""
+        block = self.layers[layer]
+        return ResidualNorms(
+            placement="post",
+            attention_norm=layer_norm(block.attention_norm),
+            ffn_norm=layer_norm(block.ffn_norm),
+            output_bias=block.out_proj.bias,
+            ffn=block.ffn,
+            ffn_layers=(dense(block.ffn[0], block.ffn[1]), dense(block.ffn[2])),
+        )
+
+
+def layer_norm(module: nn.LayerNorm) -> NormParams:
+    """A LayerNorm module's parameters as :class:`NormParams`."""
+    return NormParams(weight=module.weight, bias=module.bias, eps=module.eps)
+
 
 class TransformerClassifier(TransformerEncoderModel):
     """Sequence (or pair) classifier: mean of the final states over real tokens -> Linear."""
@@ -306,6 +332,10 @@ class TransformerClassifier(TransformerEncoderModel):
             )
         super().__init__(config)
         self.classifier = nn.Linear(config.d_model, config.num_labels)
+
+    def head_layers(self) -> HeadLayers:
+        """Mean over real tokens, then the classifier."""
+        return HeadLayers("mean", (dense(self.classifier),))
 
     def head(self, states: Tensor, mask: Tensor) -> Tensor:
         m = mask[..., None].to(states.dtype)

@@ -1,0 +1,102 @@
+"""``norms_res_ln``: Kobayashi et al. (2021)'s norm of each input token's share of the output of the
+attention block, residual connection and (the linear part of) layer norm included, read at the
+explanation query of the explained layer. The decomposition itself (:func:`attention_block_parts`)
+is shared with ``globenc`` and ``alti``.
+
+Post-LN (BERT, our Transformer): ``h_i = LN(Σ_j Σ_h α^h_ij f_h(x_j) + x_i + b_O)`` splits into
+``h_i = Σ_j g_i(Σ_h α^h_ij f_h(x_j) + δ_ij x_i) + g_i(b_O) + β`` with
+``g_i(z) = γ ⊙ (z − mean z) / s_i`` and ``s_i`` the standard deviation of the whole LN input of token
+``i``; the share of token ``j`` is ``g_i(…)``. Pre-LN (Llama, GPT-2): ``h_i = x_i + Σ_j α_ij f(LN(x_j)) + b_O``;
+the norm acts on each token before it is mixed, so the share of ``j`` is ``α_ij f(LN(x_j)) + δ_ij x_i``.
+The bias terms belong to no token and are left out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import fields, replace
+
+import torch
+from torch import Tensor
+
+from attnaudit.data.types import Batch
+from attnaudit.explain.base import explanation, on_items, query_row
+from attnaudit.explain.norms import transformed_inputs
+from attnaudit.explain.rollout import explained_record
+from attnaudit.flow import rollout
+from attnaudit.models.base import AttentionLayer, AttentionModel, AttentionTrace
+
+
+def residual_parts(model: AttentionModel, record: AttentionLayer, layer: int) -> tuple[Tensor, Tensor]:
+    """``(parts, whole)``: ``Σ_h α^h_ij f_h(x_j) + δ_ij x_i`` ``(B,Q,K,d)``, 0 at padding, and the sum the
+    attention block adds up before its norm, ``Σ_j parts_ij + b_O`` ``(B,Q,d)``."""
+    norms = model.residual_norms(layer)
+    f = transformed_inputs(model, record, layer)  # (B,H,K,d)
+    x = model.residual_stream(record)
+    eye = torch.eye(x.shape[1], dtype=x.dtype, device=x.device)
+    parts = torch.einsum("bhqk,bhkd->bqkd", record.weights, f) + eye[None, :, :, None] * x[:, :, None, :]
+    parts = parts * pair_mask(record)[..., None]
+    whole = parts.sum(2) if norms.output_bias is None else parts.sum(2) + norms.output_bias
+    return parts, whole
+
+
+def attention_block_parts(model: AttentionModel, record: AttentionLayer, layer: int) -> Tensor:
+    """``T_i(x_j)`` ``(B,Q,K,d)``: the share of input token ``j`` in token ``i``'s output of the attention
+    block, residual and (post-LN) the first layer norm's linear part included; 0 at padding."""
+    parts, whole = residual_parts(model, record, layer)
+    norms = model.residual_norms(layer)
+    if norms.placement == "pre":
+        return parts
+    return norms.attention_norm.linear(parts, norms.attention_norm.scale(whole)[:, :, None])
+
+
+def pair_mask(record: AttentionLayer) -> Tensor:
+    """``(B,Q,K)`` as the layer's dtype: 1 where both the query and the key are real tokens."""
+    query_mask = record.mask if record.query_mask is None else record.query_mask
+    return (query_mask[:, :, None] & record.mask[:, None, :]).to(record.inputs.dtype)
+
+
+def rolled_contributions(model: AttentionModel, batch: Batch, per_layer: list[Tensor], record: AttentionLayer) -> Tensor:
+    """Rows of per-layer ``(B,T,T)`` contribution maps normalised to sum 1 over real tokens, multiplied
+    up through the layers (``R_l = C_l R_{l−1}``: the residual is inside ``C``, so no ``½I``), then read
+    at the explanation query: ``(B,K)``."""
+    rolled = rollout([c[:, None] for c in per_layer], residual=0.0, mask=record.mask)[:, -1]
+    return on_items(model, batch, query_row(model, rolled, record.query_mask))
+
+
+ELEMENTS = 2**25
+"""Entries of the ``(B,Q,K,d)`` shares computed at once, at most (examples are taken in chunks)."""
+
+
+def token_map(
+    fn: Callable[[AttentionModel, AttentionLayer, int], Tensor], model: AttentionModel, record: AttentionLayer, layer: int
+) -> Tensor:
+    """``fn(model, record, layer) -> (B,Q,K)`` run a few examples at a time, so that the ``(B,Q,K,d)``
+    shares it builds stay under :data:`ELEMENTS` entries."""
+    b, t, d = record.inputs.shape
+    step = max(1, ELEMENTS // (t * t * d))
+    return torch.cat([fn(model, rows(record, slice(i, i + step)), layer) for i in range(0, b, step)])
+
+
+def rows(record: AttentionLayer, part: slice) -> AttentionLayer:
+    """The record of examples ``part`` of the batch (every tensor field sliced on its first axis)."""
+    values = {f.name: getattr(record, f.name) for f in fields(record)}
+    return replace(record, **{k: v[part] for k, v in values.items() if isinstance(v, Tensor)})
+
+
+def layers_up_to(trace: AttentionTrace, index: int) -> list[tuple[int, AttentionLayer]]:
+    """``(layer, record)`` of layers ``0 … index``."""
+    return list(enumerate(list(trace.layers)[: index + 1]))
+
+
+@explanation(
+    "norms_res_ln", "‖share of token j in the attention block's output‖, residual and layer norm included (Kobayashi et al. 2021)",
+    ("residual_ln",), default=False, order=56,
+)
+def norms_res_ln(model: AttentionModel, batch: Batch) -> Tensor:
+    """Kobayashi et al.'s (2021) attention + residual + layer-norm contribution norm ``‖T_i(x_j)‖`` of the
+    explained layer, read at the explanation query, ``(B,K)``."""
+    _, index, record = explained_record(model, batch)
+    with torch.no_grad():
+        norms = token_map(lambda m, r, layer: attention_block_parts(m, r, layer).norm(dim=-1), model, record, index)
+    return on_items(model, batch, query_row(model, norms, record.query_mask))
