@@ -236,7 +236,10 @@ def memory_pass(args: argparse.Namespace, plan: dict[int, list[str]]) -> dict[in
     """Peak memory of each planned operation and length: here on CUDA, in a fresh child process on CPU."""
     if args.device.startswith("cuda"):
         return measure_memory(args, plan)
-    command = [sys.executable, str(Path(__file__).resolve()), *sys.argv[1:], "--memory-plan", json.dumps(plan)]
+    options = ["--device", args.device, "--weights", args.weights, "--dtype", args.dtype]
+    if args.threads:
+        options += ["--threads", str(args.threads)]
+    command = [sys.executable, str(Path(__file__).resolve()), *options, "--memory-plan", json.dumps(plan)]
     env = {**os.environ, **MEMORY_CHILD_ENV, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run(command, check=True, capture_output=True, text=True, env=env)
     measured = json.loads(done.stdout.strip().splitlines()[-1])
@@ -244,16 +247,20 @@ def memory_pass(args: argparse.Namespace, plan: dict[int, list[str]]) -> dict[in
 
 
 def measure_memory(args: argparse.Namespace, plan: dict[int, list[str]]) -> dict[int, dict[str, int]]:
-    """Load the model and measure ``plan`` (length -> operations) one run at a time, after one warm-up run each."""
+    """Load the model and measure ``plan`` (length -> operations) one run at a time; every operation
+    first runs once, untimed, at the shortest length (library and kernel setup are not its memory)."""
     device, dtype = resolve_device(args.device), DTYPES[args.dtype]
     model, peer = load_model(args.weights, dtype, device)
     out: dict[int, dict[str, int]] = {}
-    for length, names in plan.items():
+    warm: set[str] = set()
+    for length, names in sorted(plan.items(), key=lambda item: int(item[0])):
         fns = operations(model, peer, token_batch(int(length), model.config.vocab_size, device))
         out[int(length)] = {}
         for name in names:
             call = synchronised(fns[name], device)
-            call()  # warm-up: allocator and kernel setup are not the operation's
+            if name not in warm:
+                call()
+                warm.add(name)
             out[int(length)][name] = peak_bytes(call, device)
     return out
 
