@@ -270,23 +270,23 @@ def measure_memory(args: argparse.Namespace, plan: dict[int, list[str]]) -> dict
 
 def measure_length(model: HFDecoderModel, peer: torch.nn.Module, length: int, args: argparse.Namespace,
                    device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
-    """Agreement and interleaved timing of the operations that fit in memory at ``length``."""
+    """Agreement (when the peer fits) and interleaved timing of the operations that fit in memory at ``length``."""
     batch = token_batch(length, model.config.vocab_size, device)
-    budget = args.memory_fraction * free_bytes(device)
+    free = free_bytes(device)
     skipped = {name: f"estimated {estimated_bytes(name, length, model, dtype) / 2**30:.1f} GiB > "
-                     f"{args.memory_fraction:g} × {free_bytes(device) / 2**30:.1f} GiB free"
-               for name in OPERATIONS if estimated_bytes(name, length, model, dtype) > budget}
+                     f"{args.memory_fraction:g} × {free / 2**30:.1f} GiB free"
+               for name in OPERATIONS if estimated_bytes(name, length, model, dtype) > args.memory_fraction * free}
     fns = {name: synchronised(fn, device) for name, fn in operations(model, peer, batch).items() if name not in skipped}
-    if "peer" not in fns or "capture" not in fns:
+    if not fns:
         return {"length": length, "skipped": skipped}
-    agree = agreement(model, peer, batch)
-    ratios = {f"{name}_cost": (name, "peer") for name in fns if name != "peer"}
+    agree = agreement(model, peer, batch) if "peer" in fns else {}
+    ratios = {f"{name}_cost": (name, "peer") for name in fns if name != "peer" and "peer" in fns}
     timing, outputs = time_interleaved(fns, args.repeats, ratios=ratios)
-    if "rollout" in outputs:
+    if "rollout" in outputs and "rollout_streaming" in outputs:
         agree["max_streaming_rollout_difference"] = float((outputs["rollout"] - outputs["rollout_streaming"]).abs().max())
     record = {"length": length, "timing": timing, "agreement": agree, "skipped": skipped}
-    print(f"T={length}: capture costs {ratio_span(timing['capture_cost'])} HF's eager forward; "
-          f"skipped {sorted(skipped) or 'none'}", flush=True)
+    cost = ratio_span(timing["capture_cost"]) if "capture_cost" in timing else "(not both run)"
+    print(f"T={length}: capture costs {cost} HF's eager forward; skipped {sorted(skipped) or 'none'}", flush=True)
     return record
 
 
@@ -330,7 +330,8 @@ def plot(result: dict[str, Any], stem: str) -> list[Path]:
         axis.set_xlabel("sequence length T")
         axis.set_ylabel(label)
         axis.grid(True, which="both", alpha=0.3)
-    left.legend(fontsize=8)
+    if left.get_legend_handles_labels()[0]:
+        left.legend(fontsize=8)
     fig.suptitle(f"SmolLM2-135M ({result['weights']} weights, {result['dtype']}) on {result['device_name']}")
     fig.tight_layout()
     paths = [atomic_write(RESULTS / f"{stem}.{ext}", lambda tmp, ext=ext: fig.savefig(tmp, format=ext, dpi=120))
@@ -382,7 +383,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for record in records:
         record["memory_bytes"] = memory.get(record["length"], {})
     limits = tolerances(dtype)
-    checks = [r["agreement"] for r in records if "agreement" in r]
+    checks = [r["agreement"] for r in records if r.get("agreement")]
     worst = {key: max((c[key] for c in checks if key in c), default=None) for key in limits}
     result = {
         "model": "SmolLM2-135M (Llama architecture: 30 layers, 9 query heads, 3 key/value heads, d=576)",
