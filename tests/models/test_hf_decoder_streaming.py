@@ -8,6 +8,7 @@ out here with numpy.
 
 from __future__ import annotations
 
+import copy
 import gc
 import json
 import sys
@@ -192,3 +193,19 @@ def test_cpu_peak_memory_sees_a_known_allocation(bench: object) -> None:
 
     measured = bench.peak_bytes(allocate, torch.device("cpu"))  # type: ignore[attr-defined]
     assert 0.95 * size <= measured <= 1.3 * size
+
+
+def test_bfloat16_weights_equal_hf_eager_in_bfloat16(decoder: tuple[HFDecoderModel, Batch]) -> None:
+    """In bfloat16 our trace is HF's bit for bit (torch's bfloat16 softmax accumulates in float32, as HF's upcast does)."""
+    model, batch = decoder
+    model.to(torch.bfloat16)
+    reference = copy.deepcopy(model.hf)
+    reference.set_attn_implementation("eager")
+    with torch.no_grad():
+        ours = model(batch)
+        theirs = reference(input_ids=batch.tokens, attention_mask=batch.mask.long(), output_attentions=True,
+                           position_ids=(batch.mask.long().cumsum(1) - 1).clamp_min(0))
+    rows = batch.mask.bool()
+    for mine, ref in zip(ours.trace.weights, theirs.attentions):
+        assert mine.dtype == ref.dtype == torch.bfloat16
+        torch.testing.assert_close(mine.transpose(1, 2)[rows], ref.transpose(1, 2)[rows], rtol=0, atol=0)
