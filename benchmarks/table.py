@@ -188,15 +188,29 @@ def llm_scale_table(data: dict[str, Any]) -> list[str]:
     for r in data["lengths"]:
         seconds = r.get("timing", {}).get("seconds", {})
         cells = [_seconds(seconds[name]) if name in seconds else "skipped" for name, _ in LLM_TIMES]
-        cost = ratio_span(r["timing"]["capture_cost"]) if "timing" in r else "–"
+        cost = ratio_span(r["timing"]["capture_cost"]) if "capture_cost" in r.get("timing", {}) else "–"
         memory = " / ".join(_mib(r.get("memory_bytes", {}).get(name)) for name, _ in LLM_MEMORY)
         lines.append(f"| {r['length']} | " + " | ".join(cells) + f" | {cost} | {memory} |")
     skipped = sorted({f"{name} at T={r['length']} ({reason})" for r in data["lengths"] for name, reason in r["skipped"].items()})
     diffs = ", ".join(f"{key.removeprefix('max_').replace('_', ' ')} {data[key]:.1g}" for key in data["tolerances"] if key in data)
+    lines += ["", *streaming_line(data)]
     lines += ["", f"Agree with HF's eager forward and the all-layers rollout: {'yes' if data['agree'] else '**no**'} "
               f"(max abs {diffs})." + (f" Skipped for memory: {'; '.join(skipped)}." if skipped else ""),
               "", f"![time and peak memory against T](benchmarks/results/{data['name']}.png)"]
     return lines
+
+
+def streaming_line(data: dict[str, Any]) -> list[str]:
+    """Peak memory of the streaming rollout against the all-layers one (or the capture) at the longest T measured."""
+    for r in sorted(data["lengths"], key=lambda r: -r["length"]):
+        memory = r.get("memory_bytes", {})
+        other = next((name for name in ("rollout", "capture", "peer") if memory.get(name)), None)
+        if memory.get("rollout_streaming") and other:
+            label = {"rollout": "the all-layers rollout", "capture": "capturing all layers", "peer": "HF's eager forward"}[other]
+            return [f"Streaming rollout at T = {r['length']}: peak {_mib(memory['rollout_streaming'])} MiB against "
+                    f"{_mib(memory[other])} MiB for {label} "
+                    f"({memory[other] / memory['rollout_streaming']:.0f}× less)."]
+    return []
 
 
 def render_llm(folder: Path = RESULTS) -> str:
