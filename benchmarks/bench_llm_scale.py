@@ -298,6 +298,12 @@ def tolerances(dtype: torch.dtype) -> dict[str, float]:
     return {"max_weight_difference": 0.05, "max_logit_difference": 1.0, "max_streaming_rollout_difference": 0.05}
 
 
+def transformers_version() -> str:
+    import transformers
+
+    return str(transformers.__version__)
+
+
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
@@ -307,8 +313,10 @@ def device_name(device: torch.device) -> str:
     return "cpu"
 
 
-def plot(result: dict[str, Any], stem: str) -> list[Path]:
-    """Time and peak memory against T per operation, log–log: ``<stem>.png`` and ``.svg``."""
+def plot(result: dict[str, Any], base: Path) -> list[Path]:
+    """Time and peak memory against T per operation, log–log: ``<base>.png`` and ``<base>.svg``."""
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
+
     from attnaudit.io import atomic_write
     from attnaudit.plotting import pyplot
 
@@ -321,12 +329,18 @@ def plot(result: dict[str, Any], stem: str) -> list[Path]:
             lengths = [r["length"] for r in rows]
             left.errorbar(lengths, [s["median"] for s in seconds], marker="o", label=name,
                           yerr=[[s["median"] - s["min"] for s in seconds], [s["max"] - s["median"] for s in seconds]])
-        points = [(r["length"], r["memory_bytes"][name] / 2**20) for r in result["lengths"] if name in r.get("memory_bytes", {})]
+        points = [(r["length"], r["memory_bytes"][name] / 2**20) for r in result["lengths"]
+                  if r.get("memory_bytes", {}).get(name, 0) > 0]  # a log axis has no 0 (too small to see in RSS pages)
         if points:
             right.plot(*zip(*points), marker="o", label=name)
+    plain = FuncFormatter(lambda value, _position: f"{value:g}")  # the figures draw no mathtext (attnaudit.plotting)
     for axis, label in ((left, "seconds (median, min–max)"), (right, "peak memory added (MiB)")):
         axis.set_xscale("log", base=2)
         axis.set_yscale("log")
+        axis.xaxis.set_major_locator(FixedLocator([r["length"] for r in result["lengths"]]))
+        for ticks in (axis.xaxis, axis.yaxis):
+            ticks.set_major_formatter(plain)
+            ticks.set_minor_formatter(NullFormatter())
         axis.set_xlabel("sequence length T")
         axis.set_ylabel(label)
         axis.grid(True, which="both", alpha=0.3)
@@ -334,7 +348,7 @@ def plot(result: dict[str, Any], stem: str) -> list[Path]:
         left.legend(fontsize=8)
     fig.suptitle(f"SmolLM2-135M ({result['weights']} weights, {result['dtype']}) on {result['device_name']}")
     fig.tight_layout()
-    paths = [atomic_write(RESULTS / f"{stem}.{ext}", lambda tmp, ext=ext: fig.savefig(tmp, format=ext, dpi=120))
+    paths = [atomic_write(base.with_name(f"{base.name}.{ext}"), lambda tmp, ext=ext: fig.savefig(tmp, format=ext, dpi=120))
              for ext in ("png", "svg")]
     plt.close(fig)
     return paths
@@ -352,6 +366,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--memory-fraction", type=float, default=0.75,
                         help="skip an operation whose estimated footprint exceeds this share of the free memory")
     parser.add_argument("--out", default=None, help="result name (default llm_scale_<device type>)")
+    parser.add_argument("--replot", default=None, metavar="JSON",
+                        help="only redraw the figure of an existing result file (e.g. benchmarks/results/llm_scale_cpu.json)")
     parser.add_argument("--memory-plan", default=None, help=argparse.SUPPRESS)  # the CPU memory child's work
     args = parser.parse_args(argv)
     try:
@@ -372,6 +388,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.memory_plan is not None:  # the CPU memory child: measure, print one JSON line, exit
         print(json.dumps(measure_memory(args, json.loads(args.memory_plan))))
         return {}
+    if args.replot:
+        path = Path(args.replot)
+        result = json.loads(path.read_text(encoding="utf-8"))
+        print(", ".join(str(p) for p in plot(result, path.with_suffix(""))))
+        return result
     device, dtype = resolve_device(args.device), DTYPES[args.dtype]
     load_before = list(os.getloadavg())
     model, peer = load_model(args.weights, dtype, device)
@@ -394,6 +415,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "device": device.type,
         "device_name": device_name(device),
         "threads": torch.get_num_threads(),
+        "cuda_version": torch.version.cuda if device.type == "cuda" else None,
+        "transformers_version": transformers_version(),
         "load_average_at_start": [round(x, 2) for x in load_before],
         "inputs": "one sequence of T random token ids (seed 0), no padding",
         "operations": OPERATIONS,
@@ -408,7 +431,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }
     stem = args.out or f"llm_scale_{device.type}"
     write_result(stem, result)
-    figures = plot(result, stem)
+    figures = plot(result, RESULTS / stem)
     print(f"{stem}: agree={result['agree']} -> {RESULTS / (stem + '.json')}, {', '.join(p.name for p in figures)}")
     return result
 
