@@ -73,9 +73,12 @@ OPERATIONS = {
     "rollout": "capture + attention rollout over all layers (flow.rollout)",
     "rollout_streaming": "rollout folded in layer by layer, one layer's weights kept at a time",
 }
-# Resident T×T tensors of L·H each (per element size) an operation holds at its peak, roughly:
-# the trace keeps weights and scores; rollout stacks the weights once more; streaming: one layer.
-FOOTPRINT_LAYERS = {"peer": 1.0, "capture": 2.0, "norms": 2.2, "rollout": 3.5, "rollout_streaming": None}
+# Peak memory of an operation in units of all layers' weights (L·H·T² elements), for the skip rule:
+# the trace keeps weights and scores (2) plus temporaries, rollout stacks the weights once more;
+# streaming holds a few (H,T,T) tensors of one layer. Set from the CPU measurements at T = 512
+# (benchmarks/results/llm_scale_cpu.json), rounded up.
+FOOTPRINT_LAYERS = {"peer": 1.1, "capture": 2.7, "norms": 2.9, "rollout": 4.1, "rollout_streaming": None}
+STREAMING_LAYERS = 6  # (H,T,T) tensors the streaming rollout holds at its peak, also from T = 512
 MEMORY_CHILD_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536"}
 SEED = 0
 
@@ -197,7 +200,7 @@ def estimated_bytes(operation: str, length: int, model: HFDecoderModel, dtype: t
     """A rough peak footprint of ``operation`` at ``length`` (T×T tensors only), for the skip rule."""
     per_layer = model.config.heads * length * length * element_size(dtype)
     layers = FOOTPRINT_LAYERS[operation]
-    return int(4 * per_layer if layers is None else layers * model.num_attention_layers * per_layer)
+    return int(STREAMING_LAYERS * per_layer if layers is None else layers * model.num_attention_layers * per_layer)
 
 
 def free_bytes(device: torch.device) -> int:

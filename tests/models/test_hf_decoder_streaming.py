@@ -87,21 +87,28 @@ def test_keep_layers_keeps_only_those_and_on_layer_sees_every_layer(decoder: tup
     torch.testing.assert_close(none.logits, full.logits, rtol=0, atol=0)
 
 
-def test_dropped_layers_are_freed_before_the_next_layer_finishes(decoder: tuple[HFDecoderModel, Batch]) -> None:
-    """Streaming holds one layer's weights (and scores) at a time: when layer l is handed over,
-    every earlier layer's tensors that were not kept are already gone."""
+def test_dropped_layers_are_freed_before_the_next_layer_runs(decoder: tuple[HFDecoderModel, Batch]) -> None:
+    """Streaming holds one layer's weights (and scores) at a time: when layer l starts computing,
+    every earlier layer's tensors that the trace does not keep are already gone."""
     model, batch = decoder
     refs: list[weakref.ref] = []
-    alive_at: list[int] = []
+    alive_at_start: list[int] = []
 
-    def watch(layer: int, record: object) -> None:
-        gc.collect()
-        alive_at.append(sum(ref() is not None for ref in refs))
+    def watch(_layer: int, record: object) -> None:
         refs.extend([weakref.ref(record.weights), weakref.ref(record.scores)])  # type: ignore[attr-defined]
 
-    with torch.no_grad():
-        out = model.decode(model.encode(batch), keep_layers=[0], on_layer=watch)
-    assert alive_at == [0, 2, 2, 2]  # only layer 0's pair, which the trace keeps
+    def count(*_args: object) -> None:
+        gc.collect()
+        alive_at_start.append(sum(ref() is not None for ref in refs))
+
+    hooks = [layer.register_forward_pre_hook(count) for layer in model.layers]
+    try:
+        with torch.no_grad():
+            out = model.decode(model.encode(batch), keep_layers=[0], on_layer=watch)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert alive_at_start == [0, 2, 2, 2]  # only layer 0's pair, which the trace keeps
     assert len(out.trace) == 1
 
 
@@ -178,9 +185,10 @@ def test_arguments_and_estimates(bench: object) -> None:
     with pytest.raises(SystemExit):
         bench.parse_args(["--lengths", "32,x"])  # type: ignore[attr-defined]
     model = SimpleNamespace(config=SimpleNamespace(heads=9), num_attention_layers=30)
-    # all-layers rollout at T=2048 in float32: 3.5 × 30 layers × 9 heads × 2048² × 4 bytes
-    assert bench.estimated_bytes("rollout", 2048, model, torch.float32) == int(3.5 * 30 * 9 * 2048**2 * 4)  # type: ignore[attr-defined]
-    assert bench.estimated_bytes("rollout_streaming", 2048, model, torch.bfloat16) == 4 * 9 * 2048**2 * 2  # type: ignore[attr-defined]
+    # all-layers rollout at T=2048 in float32: 4.1 × 30 layers × 9 heads × 2048² × 4 bytes ≈ 17 GiB
+    assert bench.estimated_bytes("rollout", 2048, model, torch.float32) == int(4.1 * 30 * 9 * 2048**2 * 4)  # type: ignore[attr-defined]
+    # streaming: 6 one-layer (9,2048,2048) tensors of 2 bytes, independent of the 30 layers
+    assert bench.estimated_bytes("rollout_streaming", 2048, model, torch.bfloat16) == 6 * 9 * 2048**2 * 2  # type: ignore[attr-defined]
 
 
 @pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="peak RSS reset needs Linux /proc")
