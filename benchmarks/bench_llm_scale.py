@@ -33,12 +33,17 @@ figure ``llm_scale_<device>.png``/``.svg`` (time and peak memory against T per o
 Needs torch, transformers, numpy, matplotlib, networkx and scipy (``attnaudit.flow``), and
 this checkout on the path; not captum, entmax, seqeval or (with ``--weights random``) gguf.
 
-GPU (from the repository root)::
+GPU (from the repository root; then copy ``benchmarks/results/llm_scale_cuda*`` back, e.g. to ``$OUT``)::
 
     PYTHONPATH=src python benchmarks/bench_llm_scale.py --device cuda --weights random --dtype bfloat16 --lengths 32,128,512,2048 --repeats 5
     PYTHONPATH=src python benchmarks/bench_llm_scale.py --device cuda --weights random --dtype float32 --lengths 32,128,512,2048 --repeats 5 --out llm_scale_cuda_float32
 
-CPU (here; real weights, 2 cores): ``PYTHONPATH=src nice -n 5 python benchmarks/bench_llm_scale.py --device cpu --lengths 32,128,512,2048 --repeats 5``.
+The first writes ``llm_scale_cuda.json`` (the README table shows it, after ``python -m benchmarks.table``);
+the second a float32 companion. CPU, as run here (real weights, 1 thread of 2 shared cores)::
+
+    PYTHONPATH=src nice -n 5 python benchmarks/bench_llm_scale.py --device cpu --lengths 32,128,512,2048 --repeats 5 --threads 1
+
+``--replot FILE.json`` redraws a result's figure without measuring.
 """
 
 from __future__ import annotations
