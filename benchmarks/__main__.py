@@ -28,7 +28,7 @@ from rich.table import Table
 from benchmarks.common import COMMAND_ENV, RESULTS, ROOT, ratio_span, write_result
 
 RUNNER_RESULT = "bench_runs"
-PRODUCER = {"loo": "bench_importance", "gradient": "bench_importance"}  # result files named after no benchmark
+PRODUCER = {"loo": "bench_importance", "gradient": "bench_importance", "llm": "bench_llm_scale"}  # result files named after no benchmark
 
 
 def discover() -> list[str]:

@@ -1,7 +1,8 @@
 """``python -m benchmarks.table``: write the README's benchmark table from ``benchmarks/results/*.json``.
 
 Everything between ``<!-- bench-table:start -->`` and ``<!-- bench-table:end -->`` in README.md
-is generated here: one row per speed benchmark (ratio peer / ours and both times as median
+is generated here (and, between ``<!-- llm-scale-table:start -->`` and ``<!-- llm-scale-table:end -->``,
+the decoder-LLM scale tables of ``benchmarks/results/llm_scale_<device>.json``): one row per speed benchmark (ratio peer / ours and both times as median
 (min–max) over the interleaved rounds of :func:`benchmarks.common.time_interleaved`), the
 training throughput, the cost in forward-pass equivalents, and the machine, load and command
 the numbers were taken under. ``--check`` writes nothing and exits 1 when README.md is stale
@@ -22,6 +23,12 @@ from benchmarks.common import RESULTS, ROOT, ratio_span, span
 README = ROOT / "README.md"
 START = "<!-- bench-table:start -->"
 END = "<!-- bench-table:end -->"
+LLM_START = "<!-- llm-scale-table:start -->"
+LLM_END = "<!-- llm-scale-table:end -->"
+LLM_RESULTS = ("llm_scale_cpu", "llm_scale_cuda")  # benchmarks/bench_llm_scale.py, one file per device
+LLM_TIMES = (("peer", "HF eager"), ("capture", "capture"), ("norms", "norms"), ("rollout", "rollout, all layers"),
+             ("rollout_streaming", "rollout, streaming"))
+LLM_MEMORY = (("peer", "HF eager"), ("capture", "capture"), ("rollout", "rollout all"), ("rollout_streaming", "streaming"))
 CAPTUM_ABLATION = "Captum `FeatureAblation`"
 LOOP = "per-instance loop over the full model"
 ENCODER_NAMES = {"bilstm": "BiLSTM", "average": "average encoder", "cnn": "CNN", "transformer": "Transformer"}
@@ -159,12 +166,74 @@ def render(results: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def replace_block(readme: str, block: str) -> str:
-    """``readme`` with the text from START to END (inclusive) replaced by ``block``."""
-    start, end = readme.find(START), readme.find(END)
+def _mib(value: int | None) -> str:
+    return "–" if value is None else f"{value / 2**20:,.0f}" if value >= 2**20 else f"{value / 2**20:.2f}"
+
+
+def llm_scale_table(data: dict[str, Any]) -> list[str]:
+    """One ``bench_llm_scale`` result as a heading line, a table (one row per length) and its figure."""
+    rows = [r for r in data["lengths"] if "timing" in r]
+    repeats = sorted({r["timing"]["repeats"] for r in rows})
+    loads = [r["timing"][key][0] for r in rows for key in ("load_average_before", "load_average_after")]
+    lines = [
+        f"**{data['device_name']}** ({data['device']}, {data['threads']} thread{'s' * (data['threads'] != 1)}), "
+        f"{data['weights']} weights, {data['dtype']}; {'/'.join(map(str, repeats))} interleaved rounds; "
+        f"1-minute load average {min(loads):.2f}–{max(loads):.2f}; `{data['command']}` "
+        f"(commit {data['commit'][:10]}, {data['machine']['date'][:10]}, torch {data['machine']['torch_version']}).",
+        "",
+        "| T | " + " | ".join(f"{label} (s)" for _, label in LLM_TIMES) + " | capture / HF eager | peak MiB: "
+        + " / ".join(label for _, label in LLM_MEMORY) + " |",
+        "|---|" + "---|" * (len(LLM_TIMES) + 2),
+    ]
+    for r in data["lengths"]:
+        seconds = r.get("timing", {}).get("seconds", {})
+        cells = [_seconds(seconds[name]) if name in seconds else "skipped" for name, _ in LLM_TIMES]
+        cost = ratio_span(r["timing"]["capture_cost"]) if "capture_cost" in r.get("timing", {}) else "–"
+        memory = " / ".join(_mib(r.get("memory_bytes", {}).get(name)) for name, _ in LLM_MEMORY)
+        lines.append(f"| {r['length']} | " + " | ".join(cells) + f" | {cost} | {memory} |")
+    skipped = sorted({f"{name} at T={r['length']} ({reason})" for r in data["lengths"] for name, reason in r["skipped"].items()})
+    diffs = ", ".join(f"{key.removeprefix('max_').replace('_', ' ')} {data[key]:.1g}" for key in data["tolerances"] if key in data)
+    lines += ["", *streaming_line(data)]
+    lines += ["", f"Agree with HF's eager forward and the all-layers rollout: {'yes' if data['agree'] else '**no**'} "
+              f"(max abs {diffs})." + (f" Skipped for memory: {'; '.join(skipped)}." if skipped else ""),
+              "", f"![time and peak memory against T](benchmarks/results/{data['name']}.png)"]
+    return lines
+
+
+def streaming_line(data: dict[str, Any]) -> list[str]:
+    """Peak memory of the streaming rollout against the all-layers one (or the capture) at the longest T measured."""
+    for r in sorted(data["lengths"], key=lambda r: -r["length"]):
+        memory = r.get("memory_bytes", {})
+        other = next((name for name in ("rollout", "capture", "peer") if memory.get(name)), None)
+        if memory.get("rollout_streaming") and other:
+            label = {"rollout": "the all-layers rollout", "capture": "capturing all layers", "peer": "HF's eager forward"}[other]
+            return [f"Streaming rollout at T = {r['length']}: peak {_mib(memory['rollout_streaming'])} MiB against "
+                    f"{_mib(memory[other])} MiB for {label} "
+                    f"({memory[other] / memory['rollout_streaming']:.0f}× less)."]
+    return []
+
+
+def render_llm(folder: Path = RESULTS) -> str:
+    """The README's decoder-LLM block (markers included) from the ``llm_scale_*.json`` files that exist."""
+    lines = [LLM_START, ""]
+    for stem in LLM_RESULTS:
+        if (folder / f"{stem}.json").exists():
+            lines += [*llm_scale_table(json.loads((folder / f"{stem}.json").read_text(encoding="utf-8"))), ""]
+    return "\n".join([*lines, LLM_END])
+
+
+def replace_block(readme: str, block: str, start_marker: str = START, end_marker: str = END) -> str:
+    """``readme`` with the text from ``start_marker`` to ``end_marker`` (inclusive) replaced by ``block``."""
+    start, end = readme.find(start_marker), readme.find(end_marker)
     if start < 0 or end < start:
-        raise SystemExit(f"{README}: no {START} ... {END} block")
-    return readme[:start] + block + readme[end + len(END):]
+        raise SystemExit(f"{README}: no {start_marker} ... {end_marker} block")
+    return readme[:start] + block + readme[end + len(end_marker):]
+
+
+def updated_readme(readme: str) -> str:
+    """``readme`` with both generated blocks rewritten (the decoder-LLM block where README has its markers)."""
+    text = replace_block(readme, render(load()))
+    return replace_block(text, render_llm(), LLM_START, LLM_END) if LLM_START in text else text
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -172,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 when README.md is stale")
     args = parser.parse_args(argv)
     readme = README.read_text(encoding="utf-8")
-    updated = replace_block(readme, render(load()))
+    updated = updated_readme(readme)
     if args.check:
         if updated != readme:
             print(f"{README}: benchmark table differs from benchmarks/results; run python -m benchmarks.table")

@@ -115,3 +115,49 @@ def test_spans_read_as_median_and_range() -> None:
     assert common.ratio_span({"min": 0.72, "median": 0.861, "max": 0.87}) == "0.86× (0.72–0.87×)"
     assert common.ratio_span({"min": 150.2, "median": 196.4, "max": 210.0}) == "196× (150–210×)"
     assert common.span({"min": 0.1234, "median": 0.25, "max": 1.0}, ".3g", " s") == "0.25 s (0.123–1 s)"
+
+
+def test_readme_llm_scale_block_equals_the_tables_generated_from_the_results() -> None:
+    readme = table.README.read_text(encoding="utf-8")
+    block = readme[readme.index(table.LLM_START): readme.index(table.LLM_END) + len(table.LLM_END)]
+    assert block == table.render_llm()
+
+
+def _llm_result() -> dict:
+    """A hand-made ``bench_llm_scale`` result: T=32 fully measured, T=2048 with the all-layers ops skipped."""
+    def timing(seconds: dict[str, list[float]]) -> dict:
+        out = {"repeats": len(next(iter(seconds.values()))), "seconds": {k: common.stats(v) for k, v in seconds.items()},
+               "load_average_before": [1.0, 1, 1], "load_average_after": [3.0, 1, 1]}
+        if "capture" in seconds:
+            out["capture_cost"] = common.stats(common.pair_ratios(seconds["capture"], seconds["peer"]))
+        return out
+
+    every = {"peer": [1.0, 2.0], "capture": [1.2, 2.0], "norms": [1.5, 1.5], "rollout": [2.0, 2.0], "rollout_streaming": [2.0, 3.0]}
+    return {
+        "name": "llm_scale_cpu", "device": "cpu", "device_name": "Some CPU", "threads": 1, "weights": "random",
+        "dtype": "float32", "command": "python bench", "commit": "0123456789abcdef",
+        "machine": {"date": "2026-11-26T06:00:00", "torch_version": "2.13.0"},
+        "tolerances": {"max_weight_difference": 1e-5}, "max_weight_difference": 0.0, "agree": True,
+        "lengths": [
+            {"length": 32, "timing": timing(every), "skipped": {},
+             "memory_bytes": {"peer": 2**20, "capture": 3 * 2**20, "norms": 2**20, "rollout": 8 * 2**20, "rollout_streaming": 2**19}},
+            {"length": 2048, "timing": timing({"rollout_streaming": [40.0, 50.0, 45.0]}), "skipped": {"capture": "too big", "rollout": "too big"},
+             "memory_bytes": {"peer": 4096 * 2**20, "rollout_streaming": 600 * 2**20}},
+        ],
+    }
+
+
+def test_llm_scale_table_of_a_hand_made_result(tmp_path: Path) -> None:
+    (tmp_path / "llm_scale_cpu.json").write_text(__import__("json").dumps(_llm_result()), encoding="utf-8")
+    text = table.render_llm(tmp_path)
+    lines = text.splitlines()
+    assert lines[0] == table.LLM_START and lines[-1] == table.LLM_END
+    assert "**Some CPU** (cpu, 1 thread), random weights, float32; 2/3 interleaved rounds" in text
+    assert "load average 1.00–3.00" in text
+    # T=32: capture / peer per round = 1.2, 1.0 -> median 1.1; memory in MiB
+    assert "| 32 | 1.50 s (1.00–2.00 s) | 1.60 s (1.20–2.00 s) | 1.50 s (1.50–1.50 s) | 2.00 s (2.00–2.00 s) | 2.50 s (2.00–3.00 s) " \
+           "| 1.1× (1.0–1.2×) | 1 / 3 / 8 / 0.50 |" in lines
+    assert "| 2048 | skipped | skipped | skipped | skipped | 45.0 s (40.0–50.0 s) | – | 4,096 / – / – / 600 |" in lines
+    assert "Streaming rollout at T = 2048: peak 600 MiB against 4,096 MiB for HF's eager forward (7× less)." in lines
+    assert "capture at T=2048 (too big); rollout at T=2048 (too big)" in text
+    assert "![time and peak memory against T](benchmarks/results/llm_scale_cpu.png)" in lines

@@ -117,6 +117,38 @@ def rollout(
     return torch.stack(out, 1)
 
 
+class StreamingRollout:
+    """Attention rollout folded in one layer at a time: the last layer of :func:`rollout`, ``(B, T, T)``.
+
+    Holds only the running product ``R_l``, so a model that hands over each layer's weights as
+    it computes them and then drops them (``HFDecoderModel.decode(on_layer=...)``) needs memory
+    for one layer's ``(B, H, T, T)`` weights instead of all L layers'. Same arithmetic as
+    :func:`rollout` (:func:`adjusted_attention` per layer, then ``Â_l @ R_{l-1}``).
+    """
+
+    def __init__(self, head_fusion: HeadFusion = "mean", residual: float = 0.5) -> None:
+        self.head_fusion: HeadFusion = head_fusion
+        self.residual = residual
+        self.layers = 0
+        self._product: Tensor | None = None
+
+    def add(self, weights: Tensor, mask: Tensor | None = None) -> None:
+        """Fold in the next layer's weights ``(B, H, T, T)`` (``mask`` ``(B, T)`` as in :func:`rollout`)."""
+        adj = adjusted_attention([weights], self.head_fusion, self.residual, mask)[:, 0]
+        if self._product is not None and adj.shape != self._product.shape:
+            raise AttnAuditError(f"attention rollout: layer {self.layers} gives a {tuple(adj.shape)} rollout step, "
+                                 f"the layers before it {tuple(self._product.shape)}")
+        self._product = adj if self._product is None else adj @ self._product
+        self.layers += 1
+
+    @property
+    def result(self) -> Tensor:
+        """``R_L`` of the layers added so far, ``(B, T, T)``."""
+        if self._product is None:
+            raise AttnAuditError("attention rollout: no attention layers given")
+        return self._product
+
+
 def flow(
     attentions: Sequence[Tensor],
     head_fusion: HeadFusion = "mean",

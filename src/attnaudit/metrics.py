@@ -20,7 +20,6 @@ import sacrebleu
 import torch
 from numpy.typing import ArrayLike
 from scipy import stats
-from seqeval import metrics as seqeval_metrics
 from sklearn import metrics as sk_metrics
 from torch import Tensor
 
@@ -167,6 +166,8 @@ def chunk_f1(gold: list[list[str]], pred: list[list[str]]) -> dict[str, float]:
     A chunk counts only if its type and both boundaries match. Undefined ratios
     (no predicted or no gold chunks) are 0, as in conlleval.
     """
+    from seqeval import metrics as seqeval_metrics  # here: only tagging tasks need seqeval
+
     _check_tag_shapes(gold, pred)
     kw: dict[str, Any] = {"zero_division": 0}
     return {
@@ -208,6 +209,8 @@ def score_classification(
 
 def score_tagging(gold: list[list[str]], pred: list[list[str]]) -> dict[str, float]:
     """Chunk precision/recall/F1, token accuracy, ``n`` sequences and ``n_tokens``."""
+    from seqeval import metrics as seqeval_metrics
+
     out = chunk_f1(gold, pred)
     n_tokens = sum(len(g) for g in gold)
     out["token_accuracy"] = (

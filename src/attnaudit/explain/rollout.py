@@ -10,7 +10,7 @@ from torch import Tensor
 
 from attnaudit.data.types import Batch
 from attnaudit.explain.base import explanation, on_items, query_row
-from attnaudit.flow import rollout
+from attnaudit.flow import StreamingRollout, rollout
 from attnaudit.models.base import AttentionLayer, AttentionModel, AttentionTrace
 
 
@@ -20,6 +20,20 @@ def explained_record(model: AttentionModel, batch: Batch) -> tuple[AttentionTrac
         trace = model(batch).trace
     index = model.explained_layer % len(trace)
     return trace, index, trace[index]
+
+
+def streamed_rollout(model: AttentionModel, batch: Batch, index: int) -> tuple[Tensor, AttentionLayer]:
+    """Rollout through layers ``0 … index`` folded in as the model runs (models that :attr:`~AttentionModel.streams_layers`),
+    ``(B,T,T)``, and layer ``index``'s record: one layer's weights in memory at a time, not all of them."""
+    rolled = StreamingRollout()
+
+    def fold(layer: int, record: AttentionLayer) -> None:
+        if layer <= index:
+            rolled.add(record.weights, record.mask)
+
+    with torch.no_grad():
+        trace = model.decode(model.encode(batch), keep_layers=[index], on_layer=fold).trace  # type: ignore[call-arg]
+    return rolled.result, trace[0]
 
 
 def layer_weights(trace: AttentionTrace, index: int) -> list[Any]:
@@ -35,9 +49,13 @@ def rollout_importance(model: AttentionModel, batch: Batch) -> Tensor:
     """Attention rollout through every layer (Abnar & Zuidema 2020) read at the explanation query, ``(B,K)``.
 
     Heads are averaged and the residual connection counted with weight 0.5, as in the
-    paper; the row is ``[CLS]``'s for Hugging Face encoders and the mean over real
-    queries for our mean-pooled Transformer.
+    paper; the row is ``[CLS]``'s for Hugging Face encoders, the mean over real queries for
+    our mean-pooled Transformer and the last real token's for decoders (whose layers are
+    folded in one at a time, :func:`streamed_rollout`).
     """
-    trace, index, record = explained_record(model, batch)
-    rolled = rollout(layer_weights(trace, index), mask=record.mask)[:, -1]
+    if model.streams_layers:
+        rolled, record = streamed_rollout(model, batch, model.explained_layer % model.num_attention_layers)
+    else:
+        trace, index, record = explained_record(model, batch)
+        rolled = rollout(layer_weights(trace, index), mask=record.mask)[:, -1]
     return on_items(model, batch, query_row(model, rolled, record.query_mask))

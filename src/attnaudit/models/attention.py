@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from entmax import entmax15, entmax_bisect, sparsemax
 from torch import Tensor
 
 from attnaudit.errors import AttnAuditError
@@ -46,13 +45,18 @@ def normalise(scores: Tensor, mask: Tensor, name: str = "softmax") -> Tensor:
     filled = scores.masked_fill(~mask, torch.finfo(scores.dtype).min / 4)
     if name == "softmax":
         out = torch.softmax(filled, dim=-1)
-    elif name == "entmax15":
-        out = entmax15(filled, dim=-1)
-    elif name == "sparsemax":
-        out = sparsemax(filled, dim=-1)
+    elif name.startswith("entmax:") and float(name.split(":", 1)[1]) == 1.0:
+        out = torch.softmax(filled, dim=-1)
     else:
-        alpha = float(name.split(":", 1)[1])
-        out = torch.softmax(filled, dim=-1) if alpha == 1.0 else entmax_bisect(filled, alpha=alpha, dim=-1)
+        # imported here: softmax models (every Hugging Face model) run without the entmax package
+        from entmax import entmax15, entmax_bisect, sparsemax
+
+        if name == "entmax15":
+            out = entmax15(filled, dim=-1)
+        elif name == "sparsemax":
+            out = sparsemax(filled, dim=-1)
+        else:
+            out = entmax_bisect(filled, alpha=float(name.split(":", 1)[1]), dim=-1)
     return out * mask.to(out.dtype)
 
 

@@ -267,6 +267,9 @@ class AttentionModel(nn.Module):
     trained_head: bool = True
     """Whether the output head was trained; an untrained head (a bare Hugging Face encoder) makes
     no prediction to explain, so gradient, leave-one-out and prediction tests do not apply."""
+    streams_layers: bool = False
+    """Whether ``decode`` takes ``keep_layers`` and ``on_layer`` (see :meth:`HFDecoderModel.decode`): each
+    layer's record is handed over as it finishes and only the named layers stay in the trace."""
     has_value_output: bool = False
     """Whether :meth:`value_output_maps` exists: multi-head attention with per-head value and output
     projections (the norm analysis and identifiability need them)."""

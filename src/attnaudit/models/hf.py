@@ -38,11 +38,18 @@ from attnaudit.run import Run, TaskSpec, absolute_dir, read_config, write_config
 __all__ = ["HFAttentionModel", "HFCollator", "build_hf_model", "load_hf", "load_hf_run", "resolve_source", "save_hf_run"]
 
 
-def build_hf_model(source: str, task_type: str, num_labels: int | None = None, trained_head: bool | None = None) -> HFAttentionModel:
+def build_hf_model(
+    source: str,
+    task_type: str,
+    num_labels: int | None = None,
+    trained_head: bool | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> HFAttentionModel:
     """Load ``source`` (eager attention, safetensors only, float32 like our own models) and wrap it.
 
     A checkpoint saved with a sequence-classification head is loaded with it; otherwise
     ``num_labels`` adds a fresh head (for fine-tuning) and None loads the bare encoder.
+    ``dtype`` (decoders only; encoders stay float32): the parameters' dtype.
     """
     from transformers import (
         AutoModel,
@@ -51,10 +58,12 @@ def build_hf_model(source: str, task_type: str, num_labels: int | None = None, t
     )
 
     if source.lower().endswith(".gguf"):
-        return build_decoder_model(source, task_type, num_labels, trained_head)
+        return build_decoder_model(source, task_type, num_labels, trained_head, dtype=dtype)
     config, has_head = _architectures(source)
     if is_decoder_config(config):
-        return build_decoder_model(source, task_type, num_labels, trained_head, has_head)
+        return build_decoder_model(source, task_type, num_labels, trained_head, has_head, dtype)
+    if dtype != torch.float32:
+        raise AttnAuditError(f"--dtype {str(dtype).removeprefix('torch.')} applies to decoder LLMs; {source} is an encoder (float32 only)")
     common = {"attn_implementation": "eager", "use_safetensors": True, "dtype": torch.float32}
     if has_head:
         if num_labels is not None and num_labels != config.num_labels:
@@ -94,6 +103,7 @@ def load_hf(
     num_labels: int | None = None,
     prompt: str | None = None,
     verbalizer: str | dict[str, str] | None = None,
+    dtype: torch.dtype = torch.float32,
 ) -> Run:
     """A :class:`~attnaudit.run.Run` around a Hugging Face encoder or decoder.
 
@@ -104,6 +114,7 @@ def load_hf(
     A causal LM without a head classifies zero-shot with ``prompt`` (containing ``{text}``) and
     ``verbalizer`` (label -> word, or ``'positive=" positive",negative=" negative"'``), or the
     named task's defaults (:mod:`attnaudit.models.zeroshot`); then it has a prediction.
+    ``dtype``: a decoder's parameter dtype (:data:`attnaudit.models.hf_decoder.DTYPES`).
     """
     source = resolve_source(name_or_path)
     data: TaskData | None
@@ -125,7 +136,7 @@ def load_hf(
         )
     if spec.task_type not in ("classification", "pair"):
         raise AttnAuditError(f"Hugging Face encoders here handle classification and pair tasks, not {spec.task_type}")
-    model = build_hf_model(source, spec.task_type, num_labels)
+    model = build_hf_model(source, spec.task_type, num_labels, dtype=dtype)
     if isinstance(model, HFDecoderModel) and num_labels is None:
         chosen = zeroshot.resolve(spec.spec if isinstance(task, str) else None, prompt, verbalizer)
         if chosen is not None and model.config.extra.get("output") == "next_token":

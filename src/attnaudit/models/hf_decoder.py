@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -72,6 +72,10 @@ from attnaudit.models.hf_encoder import (
 DECODER_TYPES = ("llama", "qwen2", "gpt2")
 """``config.model_type`` values handled here (tested on tiny random configs of each)."""
 GGUF_INSTALL = "pip install gguf==0.19.0 accelerate==1.15.0"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+"""Parameter dtypes a decoder can be loaded in (``--dtype``); float32 is the default and the reference."""
+LayerCallback = Callable[[int, "DecoderAttentionLayer"], None]
+"""``fn(layer index, that layer's record)``, called as each layer finishes (:meth:`HFDecoderModel.decode`)."""
 
 
 def is_decoder_config(config: Any) -> bool:
@@ -114,6 +118,7 @@ class HFDecoderModel(HFAttentionModel):
     """Per example, not fixed: see :meth:`explanation_rows` (the last real token)."""
     causal = True
     has_value_output = True
+    streams_layers = True
     verbalizer_ids: Tensor | None = None
     """Zero-shot classification (:mod:`attnaudit.models.zeroshot`): the next-token logits read at these ids."""
 
@@ -263,10 +268,18 @@ class HFDecoderModel(HFAttentionModel):
         cache: Cache,
         interventions: Sequence[Intervention] = (),
         start_layer: int | None = None,
+        keep_layers: Collection[int] | None = None,
+        on_layer: LayerCallback | None = None,
     ) -> ModelOutput:
-        """Run decoder layers ``start_layer``..L-1 (default ``cache.layer``) with the model's own modules, then the head."""
+        """Run decoder layers ``start_layer``..L-1 (default ``cache.layer``) with the model's own modules, then the head.
+
+        Streaming: ``on_layer(index, record)`` sees every layer's record as the layer finishes,
+        and the trace keeps only the layers in ``keep_layers`` (negative: from the end; None:
+        all), so a caller that folds each layer in (:class:`attnaudit.flow.StreamingRollout`)
+        holds one layer's ``(B,H,T,T)`` weights at a time instead of all L layers'."""
         n = self.num_attention_layers
         indices = layer_range(cache, start_layer, n)
+        kept = None if keep_layers is None else {layer % n for layer in keep_layers}
         x, mask = cache.states, cache.mask.bool()
         positions = real_positions(mask)
         extra: dict[str, Any] = {"position_ids": positions}
@@ -291,8 +304,14 @@ class HFDecoderModel(HFAttentionModel):
                 out = layers[index](x, attention_mask=None, **extra)
                 record = state.records.pop(index)
                 x_in, x = x, out[0] if isinstance(out, tuple) else out
-                kept = {f.name: getattr(record, f.name) for f in fields(record) if f.name != "outputs"}
-                trace.layers.append(DecoderAttentionLayer(**kept, outputs=x, residual=x_in))
+                values = {f.name: getattr(record, f.name) for f in fields(record) if f.name != "outputs"}
+                layer = DecoderAttentionLayer(**values, outputs=x, residual=x_in)
+                del record, values
+                if on_layer is not None:
+                    on_layer(index, layer)
+                if kept is None or index in kept:
+                    trace.layers.append(layer)
+                del layer
         finally:
             _ACTIVE.reset(token)
             for hook in hooks:
@@ -373,13 +392,19 @@ def _load(loader: Any, folder: str, gguf: dict[str, str], **kwargs: Any) -> Any:
 
 
 def build_decoder_model(
-    source: str, task_type: str, num_labels: int | None = None, trained_head: bool | None = None, has_head: bool = False
+    source: str,
+    task_type: str,
+    num_labels: int | None = None,
+    trained_head: bool | None = None,
+    has_head: bool = False,
+    dtype: torch.dtype = torch.float32,
 ) -> HFDecoderModel:
-    """Load a decoder (a HF folder or hub name: safetensors only; or a ``.gguf`` file) in float32 with eager attention.
+    """Load a decoder (a HF folder or hub name: safetensors only; or a ``.gguf`` file) with eager attention.
 
     ``has_head``: the checkpoint has a sequence-classification head (loaded with it);
     otherwise ``num_labels`` adds a fresh one (for fine-tuning) and None loads the causal LM.
-    A GGUF file is dequantised to float32 by transformers (needs ``gguf`` and ``accelerate``).
+    A GGUF file is dequantised by transformers (needs ``gguf`` and ``accelerate``). ``dtype``:
+    the parameters' dtype (float32, the reference; bfloat16 halves memory, e.g. on a GPU).
     """
     from transformers import (
         AutoModelForCausalLM,
@@ -388,7 +413,7 @@ def build_decoder_model(
     )
 
     folder, gguf = _gguf(source)
-    common: dict[str, Any] = {"attn_implementation": "eager", "dtype": torch.float32}
+    common: dict[str, Any] = {"attn_implementation": "eager", "dtype": dtype}
     if not gguf:
         common["use_safetensors"] = True
     if has_head:
