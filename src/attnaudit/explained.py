@@ -31,6 +31,7 @@ from attnaudit.data.types import Batch, Example
 from attnaudit.errors import AttnAuditError
 from attnaudit.explain import EXPLANATIONS, Explanation, choose, item_mask
 from attnaudit.explain.attention import attention_per_head
+from attnaudit.models.base import evaluation
 from attnaudit.io import atomic_write, atomic_write_json, check_output_dir, is_run_dir, locked
 from attnaudit.run import Run
 
@@ -193,7 +194,7 @@ def _explain(run: Run, text: str, kind: str, names: Sequence[str] | None, max_le
     methods, skipped = _methods(run, names)
     batch = _batch(run, text, max_length)
     mask = item_mask(model, batch)[0]
-    with torch.no_grad():
+    with evaluation(model), torch.no_grad():
         probs = model(batch).probs[0]
     scores = {name: method(run, batch, **offered)[0][mask].tolist() for name, method in methods.items()}
     rollout = EXPLANATIONS.get("rollout")
