@@ -198,7 +198,7 @@ def tests(
 
     attnaudit tests
 
-    attnaudit tests --hf smollm2
+    attnaudit tests --hf minilm
 
     attnaudit tests --run runs/sst
     """
@@ -259,7 +259,7 @@ def explain(
 
     Examples:
 
-    attnaudit explain --hf smollm2 --text "The capital of France is" --method attention,gradient,rollout --out explanations/paris
+    attnaudit explain --hf smollm2 --text "a gripping , funny film" --prompt "Review: {text}\\nSentiment:" --verbalizer 'negative=" negative",positive=" positive"' --method attention,gradient --out explanations/zero-shot
 
     attnaudit explain --run runs/sst --text "a gripping , funny film" --out explanations/sst
 
@@ -278,9 +278,11 @@ def explain(
     )
     if not quiet:
         print(decision_line(result))
+        if result.decision["kind"] == "next_token":
+            print("most probable next tokens: " + ", ".join(f"{t['token']!r} {t['probability']:.4f}" for t in result.decision["top"]))
         for name, reason in result.skipped.items():
             print(f"skipped: {name}: {reason}")
-        _print_table("importance per token", result.frame().to_dict("records"))
+        print(result.frame().to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     out_console.print(f"explanation: {out / 'explanation.json'} (+ .csv, .png, .svg)", markup=False, highlight=False)
 
 

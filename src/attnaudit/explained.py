@@ -268,7 +268,7 @@ def decision_line(explained: Explained) -> str:
         return f"explained: next token {d['token']!r} (p = {d['probability']:.4f})"
     if d["kind"] == "class":
         return f"explained: class {d['label']!r} (p = {d['probability']:.4f})"
-    return f"no prediction to explain ({d['reason']}); attention-based methods only"
+    return f"nothing predicted: {d['reason']}; explained by the attention-based methods only"
 
 
 def plot_explanation(explained: Explained, stem: Path) -> list[Path]:
