@@ -95,7 +95,7 @@ def explain_text(
     """Explain ``text``'s decision by ``source``: a :class:`Run`, a run directory, or a Hugging Face
     model (``smollm2``, ``minilm``, a folder, a ``.gguf`` file or a hub name).
 
-    ``methods``: names from the registry (default: its default methods that apply; the others are
+    ``methods``: names from the registry, a list or comma-separated (default: its default methods that apply; the others are
     recorded under ``skipped`` with the reason); a named method that does not apply is a one-line
     error. ``prompt``/``verbalizer`` (a causal LM only) explain the zero-shot decision instead of
     the next token. ``max_length`` truncates the input to that many tokens (the last kept one is
@@ -106,6 +106,8 @@ def explain_text(
 
     if not text.strip():
         raise AttnAuditError("--text is empty; give the text to explain")
+    if isinstance(methods, str):
+        methods = [name.strip() for name in methods.split(",") if name.strip()]
     if methods is not None:
         choose(methods, option="--method")  # unknown names fail before the model is loaded
     if max_length is not None and max_length < 1:
@@ -124,13 +126,12 @@ def explain_text(
 
 def _load(source: Run | str | Path, prompt: str | None, verbalizer: Any, device: str, data_dir: str | Path | None) -> Run:
     """A Run as given; a directory holding an attnaudit run config; else a Hugging Face model."""
+    hf = not isinstance(source, Run) and not is_run_dir(Path(source))
+    if not hf and (prompt is not None or verbalizer is not None):
+        raise AttnAuditError("--prompt/--verbalizer apply with --hf only")
     if isinstance(source, Run):
-        if prompt is not None or verbalizer is not None:
-            raise AttnAuditError("--prompt/--verbalizer apply with --hf only")
         return source
-    if is_run_dir(Path(source)):
-        if prompt is not None or verbalizer is not None:
-            raise AttnAuditError("--prompt/--verbalizer apply with --hf only")
+    if not hf:
         from attnaudit.run import load_run
 
         return load_run(source, device=device, data_dir=data_dir)

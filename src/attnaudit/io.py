@@ -79,8 +79,8 @@ def is_attnaudit_dir(path: Path) -> bool:
     """Whether folder ``path`` holds what an attnaudit command writes: a run (a ``config.json``
     with ``model`` and ``task``), an audit, demo, sweep job or explanation (``audit.json``,
     ``demo.json``, ``job.json``, ``explanation.json``, or a ``results/``, ``run/``,
-    ``checkpoint/``, ``subruns/`` or ``runs/`` of ours), the result JSONs of ``attnaudit run --out``, a leftover temporary file, or nothing
-    but the lock. Names alone are not enough: ``/`` has a ``run/`` folder."""
+    ``checkpoint/``, ``subruns/`` or ``runs/`` of ours), the result JSONs of ``attnaudit run
+    --out``, a leftover temporary file, or nothing but the lock. Names alone are not enough: ``/`` has a ``run/`` folder."""
     if _is_run(path) or _holds_ours(path):
         return True
     names = {p.name for p in path.iterdir()}

@@ -85,9 +85,23 @@ def test_tests_listing_for_a_decoder_is_each_tests_why_not(llama_lm: Path) -> No
         reason = cls().why_not(run)
         assert listed[name] == ("runs" if reason is None else f"does not apply: {reason}"), name
     for name in ("uniform", "seeds", "diagnostic", "global-adversary", "probe"):  # the training-based tests
-        assert "would mean retraining or fine-tuning it" in listed[name] and "M parameters" in listed[name]
+        assert "would mean retraining or fine-tuning it" in listed[name] and " parameters) that would mean" in listed[name]
     assert "--prompt/--verbalizer" in listed["importance"] and listed["norms"] == "runs"
 
 
 def test_tests_listing_needs_one_model(trained: Run, llama_lm: Path) -> None:  # noqa: F811
     assert_clean_failure(cli("tests", "--hf", llama_lm, "--run", trained.path), "give exactly one of --hf MODEL and --run RUN")
+
+
+def test_audit_skips_the_training_tests_of_a_zero_shot_llm(llama_lm: Path) -> None:  # noqa: F811
+    """With a prediction (zero-shot) the prediction tests run on the LM; the training-based ones are
+    skipped because they would retrain it, and the audit gives that reason."""
+    from attnaudit.audit import skip_reason
+
+    run = load_hf(str(llama_lm), task="synthetic", device="cpu", prompt="the {text} was", verbalizer="negative=bad,positive=good")
+    registry = discover()
+    assert skip_reason(registry["importance"](), run) is None
+    size = f"{sum(p.numel() for p in run.model.parameters()):,}"  # a tiny model: the count itself
+    for name in ("uniform", "seeds", "global-adversary", "probe", "diagnostic"):
+        reason = skip_reason(registry[name](), run)
+        assert reason is not None and f"({size} parameters) that would mean retraining or fine-tuning it" in reason, name
