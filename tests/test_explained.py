@@ -100,7 +100,7 @@ def test_next_token_explanation_equals_hf(lm: SimpleNamespace) -> None:
 
 
 def test_files_load_and_agree(lm: SimpleNamespace, tmp_path: Path) -> None:
-    explained = explain_text(lm.run, TEXT, methods=["attention", "loo"], out=tmp_path / "out")
+    explained = explain_text(lm.run, TEXT, methods="attention,loo", out=tmp_path / "out")  # a comma list, as on the CLI
     frame = pd.read_csv(tmp_path / "out" / "explanation.csv")
     assert list(frame.columns) == ["position", "token", "attention", "loo"]
     assert frame["token"].tolist() == explained.tokens
@@ -193,7 +193,7 @@ def test_bad_input_before_any_work(lm: SimpleNamespace, tmp_path: Path) -> None:
 def test_real_smollm2_next_token() -> None:
     """SmolLM2-135M-Instruct: ' Paris' after "The capital of France is", HF's argmax; rows equal HF's weights."""
     run = load_hf("smollm2", device="cpu")
-    explained = explain_text(run, "The capital of France is", methods=["attention", "gradient"])
+    explained = explain_text(run, "The capital of France is", methods=["attention"])  # loading is the cost
     assert explained.decision["token"] == " Paris" and explained.tokens == ["The", " capital", " of", " France", " is"]
     hf = run.model.hf
     hf.set_attn_implementation("eager")
