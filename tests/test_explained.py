@@ -27,6 +27,7 @@ from torch import nn
 from attnaudit import explain_text
 from attnaudit.data.types import Example
 from attnaudit.errors import AttnAuditError, AttnAuditWarning
+from attnaudit.explain import EXPLANATIONS
 from attnaudit.explained import Explained
 from attnaudit.models.hf import HFCollator, build_hf_model, load_hf
 from attnaudit.models.hf_decoder import HFDecoderModel
@@ -153,9 +154,11 @@ def test_headless_encoder_gets_attention_methods_only(tiny_hf: SimpleNamespace) 
     run = as_run(model, HFCollator(model.tokenizer, [], "classification", 64, True))
     explained = explain_text(run, TEXT)
     assert explained.decision["kind"] == "none" and "no trained classification head" in explained.decision["reason"]
-    assert set(explained.scores) == {"attention", "rollout", "norms"}
-    assert set(explained.skipped) == {"gradient", "loo", "ig"}
-    assert all("no trained classification head" in reason for reason in explained.skipped.values())
+    defaults = [m for m in EXPLANATIONS.values() if m.default]
+    assert list(explained.scores) == [m.name for m in defaults if m.applies(model) is None]
+    assert explained.skipped == {m.name: m.applies(model) for m in defaults if m.applies(model) is not None}
+    assert {"attention", "rollout", "norms"} <= set(explained.scores) and {"gradient", "loo", "ig"} <= set(explained.skipped)
+    assert "no trained classification head" in explained.skipped["gradient"]
     with pytest.raises(AttnAuditError, match="--method: gradient does not apply to this model: .*no trained classification head"):
         explain_text(run, TEXT, methods=["gradient"])
     with pytest.raises(AttnAuditError, match="--method: unknown or missing method"):
