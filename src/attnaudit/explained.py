@@ -206,7 +206,7 @@ def _explain(run: Run, text: str, kind: str, names: Sequence[str] | None, max_le
     position = model.explanation_rows(batch.mask)
     ids = batch.tokens[0][mask].tolist() if batch.tokens.dim() == 2 else []
     return Explained(
-        tokens=_token_names(run, batch, int(mask.sum())),
+        tokens=_token_names(run, batch, mask),
         token_ids=ids,
         decision=_decision_record(run, kind, probs),
         scores=scores,
@@ -230,17 +230,23 @@ def _position_note(model: Any) -> str:
     return "mean over the real query rows"
 
 
-def _token_names(run: Run, batch: Batch, n: int) -> list[str]:
-    """Readable names of the explained items: decoded pieces (decoders), wordpieces (encoders), else the words."""
+def _token_names(run: Run, batch: Batch, items: torch.Tensor) -> list[str]:
+    """Readable names of the explained items (``items``: their mask over positions): decoded pieces
+    (decoders), wordpieces (encoders), else the words; ``item i`` where items are not tokens (HAN)."""
     model = run.model
+    real = batch.mask[0].bool()
+    if items.shape != real.shape:
+        return [f"item {i}" for i in range(int(items.sum()))]
     tokenizer = getattr(model, "tokenizer", None)
-    if model.causal and tokenizer is not None:
-        return [tokenizer.decode([i]) for i in batch.tokens[0][batch.mask[0].bool()].tolist()]
     pieces = model.wordpieces(batch)
-    if pieces is not None:
-        return list(pieces[0][:n])
-    words = list(batch.examples[0].tokens)[:n]
-    return words if len(words) == n else [f"item {i}" for i in range(n)]
+    if model.causal and tokenizer is not None:
+        names = [tokenizer.decode([i]) for i in batch.tokens[0][real].tolist()]
+    elif pieces is not None:
+        names = list(pieces[0])
+    else:
+        names = list(batch.examples[0].tokens)[: int(real.sum())]
+    keep = items[real].tolist()
+    return [name for name, kept in zip(names, keep) if kept] if len(names) == len(keep) else [f"item {i}" for i in range(int(items.sum()))]
 
 
 def _decision_record(run: Run, kind: str, probs: torch.Tensor) -> dict[str, Any]:
