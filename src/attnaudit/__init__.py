@@ -1,7 +1,8 @@
 """attnaudit: is this model's attention a faithful explanation of its predictions?
 
 The Python API mirrors the CLI: ``train``, ``evaluate``, ``load_run``, ``run_test``
-(``attnaudit run <test>``), ``list_tests`` (``attnaudit tests``), ``audit``, ``report``.
+(``attnaudit run <test>``), ``list_tests`` (``attnaudit tests``), ``test_applicability``
+(``attnaudit tests --hf/--run``), ``explain_text`` (``attnaudit explain``), ``audit``, ``report``.
 Names are imported lazily so ``import attnaudit`` stays fast.
 """
 
@@ -22,6 +23,9 @@ _API = {
     "list_tests": ("attnaudit.experiments.base", "discover"),
     "Result": ("attnaudit.experiments.base", "Result"),
     "Intervention": ("attnaudit.models.base", "Intervention"),
+    "explain_text": ("attnaudit.explained", "explain_text"),
+    "Explained": ("attnaudit.explained", "Explained"),
+    "test_applicability": ("attnaudit.experiments.base", "applicability"),
 }
 
 

@@ -182,18 +182,117 @@ def models() -> None:
 
 
 @app.command()
-def tests() -> None:
-    """List the faithfulness tests (`attnaudit run <test> --help` for each one's options).
+def tests(
+    hf: Annotated[Optional[str], typer.Option(help="List which tests run on this Hugging Face model (smollm2, minilm, a path or hub name).")] = None,
+    run: Annotated[Optional[Path], typer.Option("--run", help="List which tests run on this run directory.")] = None,
+    task: Annotated[Optional[str], typer.Option(help="With --hf: the task (labels, zero-shot defaults).")] = None,
+    prompt: Prompt = None,
+    verbalizer: Verbalizer = None,
+    data_dir: DataDir = None,
+    device: Device = "auto",
+) -> None:
+    """List the faithfulness tests (`attnaudit run <test> --help` for each one's options); with --hf or --run,
+    whether each runs on that model and, if not, why.
 
-    Example: attnaudit tests
+    Examples:
+
+    attnaudit tests
+
+    attnaudit tests --hf minilm
+
+    attnaudit tests --run runs/sst
     """
     from attnaudit.experiments import discover
 
-    rows = [
-        {"name": n, "paper": c.paper, "description": c.description, "explanations": ", ".join(c.explanation_choices())}
-        for n, c in discover().items()
-    ]
-    _print_table("tests", rows)
+    if hf is None and run is None:
+        if task or prompt or verbalizer:
+            raise AttnAuditError("--task/--prompt/--verbalizer apply with --hf only")
+        rows = [
+            {"name": n, "paper": c.paper, "description": c.description, "explanations": ", ".join(c.explanation_choices())}
+            for n, c in discover().items()
+        ]
+        _print_table("tests", rows)
+        return
+    from attnaudit.experiments.base import applicability
+
+    target = _load_model(hf, run, task, prompt, verbalizer, data_dir, device)
+    for name, reason in applicability(target).items():
+        print(f"{name}: runs" if reason is None else f"{name}: does not apply: {reason}")
+
+
+def _load_model(
+    hf: str | None, run: Path | None, task: str | None, prompt: str | None, verbalizer: str | None,
+    data_dir: Path | None, device: str,
+) -> Any:
+    """The Run named by exactly one of ``--hf`` and ``--run`` (a one-line error otherwise)."""
+    if (hf is None) == (run is None):
+        raise AttnAuditError("give exactly one of --hf MODEL and --run RUN")
+    if run is not None:
+        if task or prompt or verbalizer:
+            raise AttnAuditError("--task/--prompt/--verbalizer apply with --hf only")
+        from attnaudit.run import load_run
+
+        return load_run(run, device=device, data_dir=data_dir)
+    from attnaudit.models.hf import load_hf
+
+    return load_hf(hf, task=task, data_dir=data_dir, device=device, prompt=prompt, verbalizer=verbalizer)
+
+
+@app.command()
+def explain(
+    text: Annotated[str, typer.Option(help="The text whose decision is explained.")],
+    out: Annotated[Path, typer.Option(help="Folder for explanation.json, explanation.csv and explanation.png/.svg.")],
+    hf: Annotated[Optional[str], typer.Option(help="Hugging Face model: smollm2 (next token), minilm, a path or a hub name.")] = None,
+    run: Annotated[Optional[Path], typer.Option("--run", help="Run directory (explains its predicted class).")] = None,
+    method: Annotated[Optional[list[str]], typer.Option("--method", help="Explanation method(s), repeatable or comma-separated (default: the registry's default methods that apply).")] = None,
+    max_length: Annotated[Optional[int], typer.Option(help="Truncate the input to N tokens.")] = None,
+    steps: Annotated[int, typer.Option(min=1, help="Integrated-gradients steps.")] = 50,
+    seed: Annotated[int, typer.Option(**SEED_RANGE, help="Random seed (random baselines).")] = 0,
+    prompt: Prompt = None,
+    verbalizer: Verbalizer = None,
+    data_dir: DataDir = None,
+    device: Device = "auto",
+    quiet: Quiet = False,
+) -> None:
+    """Explain one text's decision: a causal LM's next token, a classifier's class (or, without a head,
+    attention only) with every chosen explanation method, plus per-layer/head attention and rollout.
+
+    Examples:
+
+    attnaudit explain --hf smollm2 --text "a gripping , funny film" --prompt "Review: {text}\\nSentiment:" --verbalizer 'negative=" negative",positive=" positive"' --method attention,gradient --out explanations/zero-shot
+
+    attnaudit explain --run runs/sst --text "a gripping , funny film" --out explanations/sst
+
+    attnaudit explain --hf minilm --text "a gripping , funny film" --out explanations/minilm
+    """
+    from attnaudit.explained import decision_line, explain_text
+
+    set_quiet(quiet)
+    if (hf is None) == (run is None):
+        raise AttnAuditError("give exactly one of --hf MODEL and --run RUN")
+    if run is not None and (prompt or verbalizer):
+        raise AttnAuditError("--prompt/--verbalizer apply with --hf only")
+    result = explain_text(
+        hf if hf is not None else _run_dir(run), text, _names(method), out, prompt=prompt, verbalizer=verbalizer,
+        max_length=max_length, seed=seed, steps=steps, device=device, data_dir=data_dir,
+    )
+    if not quiet:
+        print(decision_line(result))
+        if result.decision["kind"] == "next_token":
+            print("most probable next tokens: " + ", ".join(f"{t['token']!r} {t['probability']:.4f}" for t in result.decision["top"]))
+        for name, reason in result.skipped.items():
+            print(f"skipped: {name}: {reason}")
+        print(result.frame().to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    out_console.print(f"explanation: {out / 'explanation.json'} (+ .csv, .png, .svg)", markup=False, highlight=False)
+
+
+def _run_dir(path: Path | None) -> Path:
+    """``--run``: an attnaudit run directory (one-line error otherwise)."""
+    from attnaudit.io import is_run_dir
+
+    if path is None or not is_run_dir(path):
+        raise AttnAuditError(f"--run {path}: not an attnaudit run directory (no config.json with model and task)")
+    return path
 
 
 @app.command()

@@ -77,14 +77,14 @@ def file_mode() -> int:
 
 def is_attnaudit_dir(path: Path) -> bool:
     """Whether folder ``path`` holds what an attnaudit command writes: a run (a ``config.json``
-    with ``model`` and ``task``), an audit, demo or sweep job (``audit.json``, ``demo.json``,
-    ``job.json``, or a ``results/``, ``run/``, ``checkpoint/``, ``subruns/`` or ``runs/`` of
-    ours), the result JSONs of ``attnaudit run --out``, a leftover temporary file, or nothing
-    but the lock. Names alone are not enough: ``/`` has a ``run/`` folder."""
+    with ``model`` and ``task``), an audit, demo, sweep job or explanation (``audit.json``,
+    ``demo.json``, ``job.json``, ``explanation.json``, or a ``results/``, ``run/``,
+    ``checkpoint/``, ``subruns/`` or ``runs/`` of ours), the result JSONs of ``attnaudit run
+    --out``, a leftover temporary file, or nothing but the lock. Names alone are not enough: ``/`` has a ``run/`` folder."""
     if _is_run(path) or _holds_ours(path):
         return True
     names = {p.name for p in path.iterdir()}
-    if names & {"audit.json", "demo.json", "job.json"}:
+    if names & {"audit.json", "demo.json", "job.json", "explanation.json"}:
         return True
     if "results" in names and (path / "results").is_dir() and _holds_ours(path / "results"):
         return True
@@ -105,6 +105,11 @@ def _holds_ours(path: Path) -> bool:
     if not names or any(name.startswith(".") and name.endswith(".tmp") for name in names) or "heatmaps.json" in names:
         return True
     return any(f"{test}.json" in names for test in RESULT_NAMES)
+
+
+def is_run_dir(path: Path) -> bool:
+    """Whether ``path`` is a folder holding an attnaudit run (a readable config with ``model`` and ``task``)."""
+    return path.is_dir() and _is_run(path)
 
 
 def _is_run(path: Path) -> bool:

@@ -105,6 +105,9 @@ class Experiment:
     needs_prediction: ClassVar[bool] = True
     """Whether the test explains or perturbs the model's predictions; a Hugging Face encoder
     without a trained head has none, so such tests do not apply to it."""
+    retrains: ClassVar[bool] = False
+    """Whether the test trains new models like the audited one (seeds, uniform, adversaries, probes):
+    then why it cannot retrain this model (a pretrained Hugging Face model) comes first."""
     examples: ClassVar[tuple[str, ...]] = ("runs/sst --limit 200 --data-dir ../shared/data",)
     """Arguments after ``attnaudit run NAME`` shown as examples in its ``--help``. The test suite
     runs each (tests/reliability/test_documented_commands.py), so each must name a run the test
@@ -138,7 +141,16 @@ class Experiment:
         return None
 
     def why_not(self, run: Run) -> str | None:
-        """Why this test cannot run on ``run``: no prediction to explain, else :meth:`applies`."""
+        """Why this test cannot run on ``run``: for a test that :attr:`retrains`, :meth:`applies` first;
+        then no prediction to explain (a causal LM: none without a prompt and verbalizer), else :meth:`applies`."""
+        reason = self.applies(run) if self.retrains else None
+        if reason:
+            return reason
+        if self.needs_prediction and run.config.extra.get("output") == "next_token":
+            return (
+                "this causal language model predicts next tokens, not classes, so it makes no prediction for this "
+                "test to explain; classify zero-shot with --prompt/--verbalizer (tasks sst, sst2 and synthetic have default ones)"
+            )
         if self.needs_prediction and not run.model.trained_head:
             return (
                 "this model has no trained classification head, so it makes no prediction to explain; "
@@ -201,6 +213,11 @@ def discover() -> dict[str, type[Experiment]]:
         if not info.name.startswith("_") and info.name != "base":
             importlib.import_module(f"attnaudit.experiments.{info.name}")
     return dict(sorted(EXPERIMENTS.items()))
+
+
+def applicability(run: Run) -> dict[str, str | None]:
+    """Every registered test -> None when it runs on ``run``, else why not (its own :meth:`Experiment.why_not`)."""
+    return {name: cls().why_not(run) for name, cls in discover().items()}
 
 
 def get_experiment(name: str) -> Experiment:

@@ -49,6 +49,7 @@ class Diagnostic(Experiment):
     """Train a context-free MLP with learned, uniform, base-model and adversary attention."""
 
     name = "diagnostic"
+    retrains = True
     audit_rank = 62
     audit_options = {"epochs": 3}
     demo_options = {"full": {"epochs": 2}, "quick": {"epochs": 1}}

@@ -360,6 +360,7 @@ class GlobalAdversary(Experiment):
     """Train adversarial models over a λ sweep; how far can attention move while outputs stay?"""
 
     name = NAME
+    retrains = True
     audit_rank = 64
     audit_options = {"epochs": 3}
     demo_options = {"full": {"lambdas": [1.0], "epochs": 2}, "quick": {"lambdas": [0.2], "epochs": 1}}

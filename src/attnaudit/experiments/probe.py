@@ -105,6 +105,7 @@ class AttentionProbe(Experiment):
     """Train fresh models on top of saved attention (original / adversarial) and score them."""
 
     name = "probe"
+    retrains = True
     audit_rank = 61
     audit_options = {"epochs": 3}
     demo_options = {"full": {"lambdas": [1.0], "variants": ["frozen"], "epochs": 2}, "quick": {"lambdas": [0.2], "variants": ["frozen"], "epochs": 1}}

@@ -177,6 +177,8 @@ class Rationale(Experiment):
     def applies(self, run: Run) -> str | None:
         if run.task.task_type not in ("classification", "pair"):
             return f"a {run.task.task_type} model makes one decision per token; the explanations score one per instance"
+        if not run.task.spec and run._data is None:
+            return "no task given: the test needs examples with known rationale tokens (e.g. --task synthetic)"
         data = run.data()
         if not any(ex.rationale for ex in data.test + data.dev):
             return f"the examples of task {run.task.spec or data.name!r} carry no rationale"

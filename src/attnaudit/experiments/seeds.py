@@ -99,6 +99,7 @@ class SeedVariance(Experiment):
     """W&P's variance calibration: retrain with other seeds, compare attention and predictions."""
 
     name = "seeds"
+    retrains = True
     audit_rank = 63
     audit_options = {"seeds": [1, 2], "epochs": 3}
     demo_options = {"full": {"seeds": [1], "epochs": 2}, "quick": {"seeds": [1], "epochs": 1}}

@@ -58,6 +58,7 @@ class UniformBaseline(Experiment):
     """Train with attention frozen to uniform; compare its test score with the base model's."""
 
     name = "uniform"
+    retrains = True
     audit_rank = 60
     audit_options = {"epochs": 3}
     demo_options = {"full": {"epochs": 2}, "quick": {"epochs": 1}}

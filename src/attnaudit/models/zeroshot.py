@@ -8,12 +8,16 @@ The explanation query is the last prompt position (:meth:`HFDecoderModel.explana
 
 The ranked items are all the prompt's tokens, template tokens included (recorded in the model's
 ``config.extra["zero_shot"]``): restricting them to the input text's tokens is not done yet.
+
+:func:`next_token_decision` is the same mechanism without a verbalizer: the classes are the whole
+vocabulary, so the decision is the predicted next token (``attnaudit explain`` on a causal LM).
 """
 
 from __future__ import annotations
 
+import contextlib
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -128,3 +132,22 @@ def make_zero_shot(model: HFDecoderModel, prompt: str, verbalizer: dict[str, str
         trained_head=True, output="verbalizer",
         zero_shot={"prompt": prompt, "verbalizer": {label: verbalizer[label] for label in labels}, "token_ids": ids, "items": ITEMS_NOTE},
     )
+
+
+@contextlib.contextmanager
+def next_token_decision(model: HFDecoderModel) -> Iterator[HFDecoderModel]:
+    """Within the block a causal LM's predicted next token is its prediction: the classes are the whole vocabulary.
+
+    The model's output already is the next-token logits ``(B, vocab)`` at each example's last real
+    token (:meth:`HFDecoderModel.head`); this only marks that output as a decision to explain
+    (``trained_head``), so ``probs`` is the real next-token distribution (nothing renormalised over
+    a top-k) and every explanation method that needs a prediction applies unchanged. Restored on exit.
+    """
+    if model.config.extra.get("output") != "next_token":
+        raise AttnAuditError("the next-token decision needs a causal language model without a classification head or verbalizer")
+    saved = (model.trained_head, model.config.num_labels)
+    model.trained_head, model.config.num_labels = True, int(model.config.vocab_size)
+    try:
+        yield model
+    finally:
+        model.trained_head, model.config.num_labels = saved

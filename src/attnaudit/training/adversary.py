@@ -117,6 +117,14 @@ class SubRun:
 def trainable_reason(run: Run) -> str | None:
     """Why new models cannot be trained beside ``run`` (None when they can)."""
     kind = run.info.get("kind")
+    if kind == "hf":
+        count = sum(p.numel() for p in run.model.parameters())
+        size = f"{count / 1e6:.0f}M" if count >= 1e6 else f"{count:,}"
+        return (
+            "this test trains new models of the audited kind from its attnaudit training config; for this pretrained "
+            f"Hugging Face model ({size} parameters) that would mean retraining or fine-tuning it, which the test "
+            "does not do: skipped"
+        )
     if kind != "attnaudit" or "train" not in run.info:
         return (
             f"these tests retrain the model from its attnaudit training config, which this run ({kind or 'unknown kind'}) "

@@ -1,0 +1,312 @@
+"""Explain one text's decision (``attnaudit explain``): the registry's methods, the explained
+position's attention per layer and head, and attention rollout, as JSON, CSV and a figure.
+
+The decision explained, through the one model interface (:class:`~attnaudit.models.base.AttentionModel`):
+
+* a classifier (a trained run, a fine-tuned Hugging Face model, a causal LM classifying zero-shot
+  with a prompt and verbalizer): its predicted class;
+* a causal LM without a head or verbalizer: the predicted **next token** at the last position.
+  Its output already is the next-token logits over the whole vocabulary, so the whole vocabulary
+  is taken as the classes (:func:`attnaudit.models.zeroshot.next_token_decision`, the zero-shot
+  mechanism without restricting the ids; not a top-k, which would renormalise ŷ): ŷ is the real
+  next-token probability, and gradient, input × gradient, IG, leave-one-out (TVD over the
+  vocabulary), ... apply unchanged, interventions included;
+* a headless encoder (``--hf minilm``): no decision; only the attention-based methods apply, and
+  the defaults that do not are listed under ``skipped`` with the reason.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+
+from attnaudit.data.types import Batch, Example
+from attnaudit.errors import AttnAuditError
+from attnaudit.explain import EXPLANATIONS, Explanation, choose, item_mask
+from attnaudit.explain.attention import attention_per_head
+from attnaudit.models.base import evaluation
+from attnaudit.io import atomic_write, atomic_write_json, check_output_dir, is_run_dir, locked
+from attnaudit.run import Run
+
+TOP_TOKENS = 5
+"""How many most probable next tokens the explanation lists."""
+FILES = ("explanation.json", "explanation.csv", "explanation.png", "explanation.svg")
+
+
+@dataclass
+class Explained:
+    """One text's explanation: ``tokens`` (the explained items), the ``decision``, per-method
+    ``scores`` (one per token), ``skipped`` default methods with the reason, ``attention``
+    (layers × heads × tokens: the explained position's row), ``rollout`` (None when it does
+    not apply) and ``meta`` (model, text, explained position, options)."""
+
+    tokens: list[str]
+    token_ids: list[int]
+    decision: dict[str, Any]
+    scores: dict[str, list[float]]
+    skipped: dict[str, str]
+    attention: list[list[list[float]]]
+    rollout: list[float] | None
+    meta: dict[str, Any] = field(default_factory=dict)
+    files: list[str] = field(default_factory=list)
+
+    def frame(self) -> pd.DataFrame:
+        """Tokens × methods: one row per token (``position``, ``token``), one column per method."""
+        columns = {"position": list(range(len(self.tokens))), "token": self.tokens, **self.scores}
+        return pd.DataFrame(columns)
+
+    def to_json(self) -> dict[str, Any]:
+        """Everything, as a JSON-able dict (what ``explanation.json`` holds)."""
+        return asdict(self)
+
+    def save(self, out: str | Path) -> list[Path]:
+        """Write ``explanation.{json,csv,png,svg}`` into ``out`` (each file atomically)."""
+        out = Path(out)
+        frame = self.frame()
+        paths = [out / name for name in FILES]
+        self.files = [str(p) for p in paths]
+        atomic_write_json(paths[0], self.to_json())
+        atomic_write(paths[1], lambda tmp: frame.to_csv(tmp, index=False))
+        plot_explanation(self, out / "explanation")
+        return paths
+
+
+def explain_text(
+    source: Run | str | Path,
+    text: str,
+    methods: Sequence[str] | None = None,
+    out: str | Path | None = None,
+    *,
+    prompt: str | None = None,
+    verbalizer: str | dict[str, str] | None = None,
+    max_length: int | None = None,
+    seed: int = 0,
+    steps: int = 50,
+    device: str = "auto",
+    data_dir: str | Path | None = None,
+) -> Explained:
+    """Explain ``text``'s decision by ``source``: a :class:`Run`, a run directory, or a Hugging Face
+    model (``smollm2``, ``minilm``, a folder, a ``.gguf`` file or a hub name).
+
+    ``methods``: names from the registry, a list or comma-separated (default: its default methods that apply; the others are
+    recorded under ``skipped`` with the reason); a named method that does not apply is a one-line
+    error. ``prompt``/``verbalizer`` (a causal LM only) explain the zero-shot decision instead of
+    the next token. ``max_length`` truncates the input to that many tokens (the last kept one is
+    then the explained position of a decoder). ``seed`` seeds every random method; ``steps`` is
+    IG's. With ``out`` the JSON, CSV and figure are written there (checked before any work).
+    """
+    from attnaudit.seed import set_seed
+
+    if not text.strip():
+        raise AttnAuditError("--text is empty; give the text to explain")
+    if isinstance(methods, str):
+        methods = [name.strip() for name in methods.split(",") if name.strip()]
+    if methods is not None:
+        choose(methods, option="--method")  # unknown names fail before the model is loaded
+    if max_length is not None and max_length < 1:
+        raise AttnAuditError(f"--max-length must be at least 1, got {max_length}")
+    folder = check_output_dir(out) if out is not None else None
+    run = _load(source, prompt, verbalizer, device, data_dir)
+    set_seed(seed)
+    with _decision(run) as kind:
+        explained = _explain(run, text, kind, methods, max_length, {"seed": seed, "steps": steps})
+    explained.meta.update(seed=seed, max_length=max_length, steps=steps, source=_describe(source, run))
+    if folder is not None:  # everything computed first: a failure above writes nothing
+        with locked(folder):
+            explained.save(folder)
+    return explained
+
+
+def _load(source: Run | str | Path, prompt: str | None, verbalizer: Any, device: str, data_dir: str | Path | None) -> Run:
+    """A Run as given; a directory holding an attnaudit run config; else a Hugging Face model."""
+    hf = not isinstance(source, Run) and not is_run_dir(Path(source))
+    if not hf and (prompt is not None or verbalizer is not None):
+        raise AttnAuditError("--prompt/--verbalizer apply with --hf only")
+    if isinstance(source, Run):
+        return source
+    if not hf:
+        from attnaudit.run import load_run
+
+        return load_run(source, device=device, data_dir=data_dir)
+    from attnaudit.models.hf import load_hf
+
+    return load_hf(str(source), device=device, prompt=prompt, verbalizer=verbalizer)
+
+
+def _describe(source: Run | str | Path, run: Run) -> str:
+    return str(run.path) if isinstance(source, Run) and run.path else str(run.info.get("source") or source)
+
+
+@contextlib.contextmanager
+def _decision(run: Run) -> Iterator[str]:
+    """``next_token`` (a causal LM, for the block), ``class`` (a trained head) or ``none``."""
+    model = run.model
+    if model.config.extra.get("output") == "next_token":
+        from attnaudit.models.zeroshot import next_token_decision
+
+        with next_token_decision(model):  # type: ignore[arg-type]
+            yield "next_token"
+    else:
+        yield "class" if model.trained_head else "none"
+
+
+def _methods(run: Run, names: Sequence[str] | None) -> tuple[dict[str, Explanation], dict[str, str]]:
+    """The methods to compute and the default ones skipped (name -> why not)."""
+    if names is not None:
+        return choose(names, option="--method", model=run.model), {}
+    chosen, skipped = {}, {}
+    for method in EXPLANATIONS.values():
+        if method.default:
+            reason = method.applies(run.model)
+            if reason:
+                skipped[method.name] = reason
+            else:
+                chosen[method.name] = method
+    if not chosen:
+        raise AttnAuditError(f"no explanation method applies to this model: {'; '.join(f'{k}: {v}' for k, v in skipped.items())}")
+    return chosen, skipped
+
+
+def _batch(run: Run, text: str, max_length: int | None) -> Batch:
+    """The one-example batch of ``text`` on the run's device (truncated to ``max_length`` tokens)."""
+    if run.task.task_type not in ("classification", "pair"):
+        raise AttnAuditError(f"explain explains one decision per text; a {run.task.task_type} model makes one per token")
+    if run.task.task_type == "pair":
+        raise AttnAuditError("explain takes one text; this pair/QA model needs a second text (not supported yet)")
+    collate = run.collate
+    if max_length is not None:
+        if not hasattr(collate, "max_len"):
+            raise AttnAuditError(f"--max-length: the {run.family} model's input cannot be truncated here")
+        collate = copy.copy(collate)
+        collate.max_len = min(max_length, collate.max_len or max_length)  # type: ignore[attr-defined]
+    return collate([Example(tokens=text.split())]).to(run.device)
+
+
+def _explain(run: Run, text: str, kind: str, names: Sequence[str] | None, max_length: int | None, offered: dict[str, Any]) -> Explained:
+    """Everything for one text, computed before anything is written."""
+    model = run.model
+    methods, skipped = _methods(run, names)
+    batch = _batch(run, text, max_length)
+    mask = item_mask(model, batch)[0]
+    with evaluation(model), torch.no_grad():
+        probs = model(batch).probs[0]
+    scores = {name: method(run, batch, **offered)[0][mask].tolist() for name, method in methods.items()}
+    rollout = EXPLANATIONS.get("rollout")
+    rolled = None
+    if rollout is not None and rollout.applies(model) is None:
+        rolled = scores["rollout"] if "rollout" in scores else rollout(run, batch)[0][mask].tolist()
+    heads = attention_per_head(model, batch)[0][..., mask]
+    position = model.explanation_rows(batch.mask)
+    ids = batch.tokens[0][mask].tolist() if batch.tokens.dim() == 2 else []
+    return Explained(
+        tokens=_token_names(run, batch, mask),
+        token_ids=ids,
+        decision=_decision_record(run, kind, probs),
+        scores=scores,
+        skipped=skipped,
+        attention=heads.tolist(),
+        rollout=rolled,
+        meta={
+            "text": text,
+            "model": run.family,
+            "explained_position": int(position[0]) if isinstance(position, torch.Tensor) else position,
+            "explained_position_note": _position_note(model),
+        },
+    )
+
+
+def _position_note(model: Any) -> str:
+    if model.causal:
+        return "the last (real) token: the position whose state makes the prediction"
+    if model.explanation_query is not None:
+        return f"query row {model.explanation_query} ([CLS])"
+    return "mean over the real query rows"
+
+
+def _token_names(run: Run, batch: Batch, items: torch.Tensor) -> list[str]:
+    """Readable names of the explained items (``items``: their mask over positions): decoded pieces
+    (decoders), wordpieces (encoders), else the words; ``item i`` where items are not tokens (HAN)."""
+    model = run.model
+    real = batch.mask[0].bool()
+    if items.shape != real.shape:
+        return [f"item {i}" for i in range(int(items.sum()))]
+    tokenizer = getattr(model, "tokenizer", None)
+    pieces = model.wordpieces(batch)
+    if model.causal and tokenizer is not None:
+        names = [tokenizer.decode([i]) for i in batch.tokens[0][real].tolist()]
+    elif pieces is not None:
+        names = list(pieces[0])
+    else:
+        names = list(batch.examples[0].tokens)[: int(real.sum())]
+    keep = items[real].tolist()
+    return [name for name, kept in zip(names, keep) if kept] if len(names) == len(keep) else [f"item {i}" for i in range(int(items.sum()))]
+
+
+def _decision_record(run: Run, kind: str, probs: torch.Tensor) -> dict[str, Any]:
+    """What was predicted, with its probability (next token: also the most probable tokens)."""
+    if kind == "none":
+        from attnaudit.explain.base import NEEDS
+
+        return {"kind": "none", "reason": NEEDS["prediction"][1](run.model)}
+    top = probs.topk(min(TOP_TOKENS, probs.numel()))
+    index = int(top.indices[0])
+    if kind == "next_token":
+        decode = run.model.tokenizer.decode  # type: ignore[attr-defined]
+        ranked = [{"token": decode([int(i)]), "id": int(i), "probability": float(p)} for p, i in zip(top.values, top.indices)]
+        return {"kind": "next_token", "token": ranked[0]["token"], "id": index, "probability": float(top.values[0]), "top": ranked}
+    labels = run.labels or [str(i) for i in range(probs.numel())]
+    return {
+        "kind": "class", "label": labels[index], "id": index, "probability": float(top.values[0]),
+        "probabilities": {labels[i]: float(p) for i, p in enumerate(probs.tolist())},
+    }
+
+
+def decision_line(explained: Explained) -> str:
+    """One line saying what was explained."""
+    d = explained.decision
+    if d["kind"] == "next_token":
+        return f"explained: next token {d['token']!r} (p = {d['probability']:.4f})"
+    if d["kind"] == "class":
+        return f"explained: class {d['label']!r} (p = {d['probability']:.4f})"
+    return f"nothing predicted: {d['reason']}; explained by the attention-based methods only"
+
+
+def plot_explanation(explained: Explained, stem: Path) -> list[Path]:
+    """``stem.png`` + ``stem.svg``: tokens × methods heat rows (each row scaled to its largest
+    magnitude) above a layers × heads panel of the explained position's attention to the first token."""
+    import numpy as np
+
+    from attnaudit.experiments.base import save_figure
+    from attnaudit.plotting import pyplot
+
+    plt = pyplot()
+    names = list(explained.scores) + (["rollout (row)"] if explained.rollout is not None and "rollout" not in explained.scores else [])
+    rows = [explained.scores[n] for n in explained.scores] + ([explained.rollout] if len(names) > len(explained.scores) else [])
+    matrix = np.abs(np.array(rows, dtype=float).reshape(len(rows), len(explained.tokens)))
+    scale = np.nanmax(np.where(np.isfinite(matrix), matrix, np.nan), axis=1, keepdims=True) if matrix.size else matrix
+    matrix = matrix / np.where(np.isfinite(scale) & (scale > 0), scale, 1.0)
+    sink = np.array(explained.attention, dtype=float)[..., 0]
+    k = len(explained.tokens)
+    fig, (top, bottom) = plt.subplots(
+        2, 1, figsize=(max(6.0, 0.55 * k + 2.5), 1.6 + 0.4 * len(rows) + 0.22 * sink.shape[0] + 1.5),
+        gridspec_kw={"height_ratios": [max(len(rows), 1) + 1.5, max(sink.shape[0], 2)]},
+    )
+    image = top.imshow(matrix, cmap="Reds", vmin=0, vmax=1, aspect="auto")
+    top.set_xticks(range(k), [repr(t)[1:-1] for t in explained.tokens], rotation=45, ha="right", fontsize=8)
+    top.set_yticks(range(len(names)), names, fontsize=8)
+    top.set_title(f"{decision_line(explained).removeprefix('explained: ')}; |score| / row max", fontsize=9)
+    fig.colorbar(image, ax=top, fraction=0.03)
+    panel = bottom.imshow(sink, cmap="viridis", vmin=0, vmax=1, aspect="auto")
+    bottom.set_xlabel("head", fontsize=8)
+    bottom.set_ylabel("layer", fontsize=8)
+    bottom.set_title(f"attention of the explained position to the first token {explained.tokens[0]!r}", fontsize=9)
+    fig.colorbar(panel, ax=bottom, fraction=0.03)
+    fig.tight_layout()
+    return save_figure(fig, stem.parent, stem.name)
