@@ -20,13 +20,14 @@ operations, but in a different batching and order). Timing: ``--repeats`` interl
 all four (:func:`benchmarks.common.time_interleaved`; only the two gradients get an untimed
 warm-up call), one torch thread.
 Writes ``benchmarks/results/llm_captum.json``.
-Run: ``nice -n 5 .venv/bin/python -m benchmarks.bench_llm_captum --data-dir ../shared/data``.
+Run: ``nice -n 5 .venv/bin/python -m benchmarks bench_llm_captum --data-dir ../shared/data``.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -51,7 +52,7 @@ def peer_model(hf: nn.Module) -> tuple[nn.Module, int]:
     peer = copy.deepcopy(hf).eval()
     peer.set_attn_implementation("eager")
     zero_id = peer.get_input_embeddings().weight.shape[0]
-    peer.resize_token_embeddings(zero_id + 1)
+    peer.resize_token_embeddings(zero_id + 1, mean_resizing=False)
     with torch.no_grad():
         peer.get_input_embeddings().weight[zero_id].zero_()
     return peer, zero_id
@@ -123,7 +124,7 @@ def main(argv: list[str] | None = None) -> dict:
     from attnaudit.models.hf import load_hf
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--data-dir", default="../shared/data")
+    parser.add_argument("--data-dir", default=os.environ.get("ATTNAUDIT_DATA"), help="default $ATTNAUDIT_DATA")
     parser.add_argument("--n", type=int, default=3, help="GLUE SST-2 dev sentences (the first of at most --max-words words)")
     parser.add_argument("--max-words", type=int, default=10)
     parser.add_argument("--steps", type=int, default=16, help="integration steps (both sides)")
