@@ -142,7 +142,8 @@ def test_train_layers_freezes_everything_before_the_last_layers(tiny_hf: SimpleN
 
 
 def test_frozen_patterns_of_each_family(tiny_hf: SimpleNamespace, tmp_path: Path) -> None:
-    """Head-only training (``train_layers=0``) freezes the embeddings (GPT-2: token and position) and every layer."""
+    """Head-only training (``train_layers=0``) freezes the embeddings (GPT-2: token and position) and every layer;
+    a BERT with one trained layer keeps its embeddings and first layer."""
     expected = {
         "llama": {"hf.model.embed_tokens.weight", "hf.model.layers.0.*", "hf.model.layers.1.*"},
         "qwen2": {"hf.model.embed_tokens.weight", "hf.model.layers.0.*", "hf.model.layers.1.*"},
@@ -152,6 +153,9 @@ def test_frozen_patterns_of_each_family(tiny_hf: SimpleNamespace, tmp_path: Path
         model = hf_module.load_hf(causal_lm_folder(family, tiny_hf.vocab, tmp_path), num_labels=2, device="cpu").model
         assert set(frozen_patterns(model, 0)) == patterns
         assert frozen_patterns(model, None) == ()
+    bert = hf_module.load_hf(tiny_hf.dir, device="cpu").model  # encoders too: the pooler trains with the head
+    embeddings = {f"hf.bert.embeddings.{n}" for n, _ in bert.hf.bert.embeddings.named_parameters()}
+    assert set(frozen_patterns(bert, 1)) == embeddings | {"hf.bert.encoder.layer.0.*"}
 
 
 def test_same_seed_same_weights(tiny_hf: SimpleNamespace, tmp_path: Path) -> None:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import random
 from fnmatch import fnmatchcase
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
@@ -38,18 +38,20 @@ from attnaudit.training.checkpoint import METRICS
 from attnaudit.training.loop import Hooks, LoopConfig, Optimiser, Selection, fit, notes, seeded
 from attnaudit.training.trainer import cross_entropy, evaluate_examples
 
-
-def _settings_hash(settings: dict[str, Any]) -> str:
-    return digest(settings)
-
+if TYPE_CHECKING:
+    from attnaudit.models.hf import HFAttentionModel
 
 AFTER_LAYERS = ("norm", "ln_f", "pooler")
 """Base-model modules that run after the layers (decoders' final norm, BERT's pooler): trained with the head."""
 
 
-def frozen_patterns(model: Any, train_layers: int | None) -> tuple[str, ...]:
-    """Parameter-name patterns (of ``model``, an HF AttentionModel) fixed when only the head, the
-    last ``train_layers`` layers and the modules after them train; None trains everything."""
+def _settings_hash(settings: dict[str, Any]) -> str:
+    return digest(settings)
+
+
+def frozen_patterns(model: HFAttentionModel, train_layers: int | None) -> tuple[str, ...]:
+    """Parameter-name patterns of ``model`` fixed when only the head, the last ``train_layers``
+    layers and the modules after them train (the rest: embeddings, earlier layers); None: none."""
     if train_layers is None:
         return ()
     layers, base = model.layers, model.hf.base_model
@@ -58,8 +60,8 @@ def frozen_patterns(model: Any, train_layers: int | None) -> tuple[str, ...]:
     names = {id(module): name for name, module in model.named_modules()}
     cut = len(layers) - train_layers
     patterns = [f"{names[id(layer)]}.*" for layer in layers[:cut]]
-    skip = {id(p) for layer in layers for p in layer.parameters()}
-    skip |= {id(p) for name in AFTER_LAYERS if isinstance(getattr(base, name, None), nn.Module) for p in getattr(base, name).parameters()}
+    after = [module for name in AFTER_LAYERS if isinstance(module := getattr(base, name, None), nn.Module)]
+    skip = {id(p) for module in [*layers, *after] for p in module.parameters()}
     inside = {id(p) for p in base.parameters()}
     patterns += [name for name, p in model.named_parameters() if id(p) in inside and id(p) not in skip]
     return tuple(patterns)
