@@ -251,7 +251,7 @@ def finetune(
 
     attnaudit finetune --task sst2 --out runs/minilm-sst2 --limit 2000 --data-dir ../shared/data
 
-    attnaudit finetune --hf smollm2 --task sst2 --out runs/smollm2-sst2 --limit 200 --train-layers 2 --lr 1e-4 --data-dir ../shared/data
+    attnaudit finetune --hf smollm2 --task sst2 --out runs/smollm2-sst2 --limit 200 --train-layers 2 --lr 3e-4 --max-len 64 --data-dir ../shared/data
     """
     from attnaudit.training.finetune import finetune as finetune_fn
 
