@@ -75,6 +75,16 @@ def freeze(model: nn.Module, patterns: tuple[str, ...]) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
+def _check(epochs: int, batch_size: int, lr: float, warmup: float, limit: int | None, train_layers: int | None) -> None:
+    """Refuse impossible settings before anything is loaded or written."""
+    if epochs < 1 or batch_size < 1 or lr <= 0 or not 0 <= warmup < 1:
+        raise AttnAuditError("finetune needs epochs >= 1, batch_size >= 1, lr > 0 and 0 <= warmup < 1")
+    if limit is not None and limit < 1:
+        raise AttnAuditError(f"--limit must be at least 1, got {limit}")
+    if train_layers is not None and train_layers < 0:
+        raise AttnAuditError(f"--train-layers must be at least 0, got {train_layers}")
+
+
 def _hooks(run: Run, data: TaskData, out: Path, extra: dict[str, Any]) -> Hooks:
     """Cross-entropy on the head's logits, dev scores per epoch; the kept epoch is saved as an
     ``hf`` run directory (``save_pretrained``) with its head marked as trained."""
@@ -120,17 +130,12 @@ def finetune(
     from attnaudit.models.hf import load_hf, load_hf_run
     from attnaudit.pretrained import resolve_source
 
-    if epochs < 1 or batch_size < 1 or lr <= 0 or not 0 <= warmup < 1:
-        raise AttnAuditError("finetune needs epochs >= 1, batch_size >= 1, lr > 0 and 0 <= warmup < 1")
-    if limit is not None and limit < 1:
-        raise AttnAuditError(f"--limit must be at least 1, got {limit}")
+    _check(epochs, batch_size, lr, warmup, limit, train_layers)
     out = Path(out)
     from attnaudit.data.tasks import load_task
 
     data = task if isinstance(task, TaskData) else load_task(task, data_dir=data_dir)
     spec_name = task if isinstance(task, str) else data.name
-    if train_layers is not None and train_layers < 0:
-        raise AttnAuditError(f"--train-layers must be at least 0, got {train_layers}")
     source = str(hf) if str(hf).lower() in ("minilm", "smollm2") else resolve_source(hf)
     settings = {"task": spec_name, "source": source, "epochs": epochs, "lr": lr, "batch_size": batch_size, "limit": limit,
                 "seed": seed, "warmup": warmup, "weight_decay": weight_decay, "max_len": max_len}
