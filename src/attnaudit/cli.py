@@ -332,27 +332,32 @@ def explanations(
 def finetune(
     task: Annotated[str, typer.Option(help="Classification or pair dataset (e.g. sst2, snli, csv:PATH).")],
     out: Annotated[Path, typer.Option(help="Run directory to write.")],
-    hf: Annotated[str, typer.Option(help="Hugging Face encoder: minilm (embedded), a local directory or a hub name.")] = "minilm",
+    hf: Annotated[str, typer.Option(help="Hugging Face encoder or decoder: minilm, smollm2 (embedded), a local directory, .gguf file or hub name.")] = "minilm",
     epochs: Annotated[int, typer.Option(help="Epochs (the best dev-accuracy epoch is kept).")] = 1,
     lr: Annotated[float, typer.Option(help="AdamW peak learning rate (linear warm-up and decay).")] = 2e-5,
     batch_size: Annotated[int, typer.Option(help="Batch size.")] = 16,
     limit: Annotated[Optional[int], typer.Option(help="Train on a seeded random sample of N training examples.")] = None,
     max_len: Annotated[Optional[int], typer.Option(help="Truncate inputs to N wordpieces.")] = None,
+    train_layers: Annotated[Optional[int], typer.Option(help="Train only the head and the last N layers (default: all parameters).")] = None,
     seed: Annotated[int, typer.Option(**SEED_RANGE, help="Random seed (head initialisation, sampling, shuffling, dropout).")] = 0,
     data_dir: DataDir = None,
     device: Device = "auto",
     quiet: Quiet = False,
 ) -> None:
-    """Fine-tune a Hugging Face encoder with a classification head; the run directory works with every test.
+    """Fine-tune a Hugging Face encoder or decoder-only LLM with a classification head (decoders: at the last real token); the run directory works with every test.
 
-    Example: attnaudit finetune --task sst2 --out runs/minilm-sst2 --limit 2000 --data-dir ../shared/data
+    Examples:
+
+    attnaudit finetune --task sst2 --out runs/minilm-sst2 --limit 2000 --data-dir ../shared/data
+
+    attnaudit finetune --hf smollm2 --task sst2 --out runs/smollm2-sst2 --limit 200 --train-layers 2 --lr 3e-4 --max-len 64 --data-dir ../shared/data
     """
     from attnaudit.training.finetune import finetune as finetune_fn
 
     set_quiet(quiet)
     run = finetune_fn(
         task, out, hf=hf, epochs=epochs, lr=lr, batch_size=batch_size, limit=limit, seed=seed,
-        data_dir=data_dir, device=device, max_len=max_len,
+        data_dir=data_dir, device=device, max_len=max_len, train_layers=train_layers,
     )
     out_console.print(f"run written to [bold]{run.path}[/]")
 

@@ -391,6 +391,15 @@ def _load(loader: Any, folder: str, gguf: dict[str, str], **kwargs: Any) -> Any:
         raise InputError(path, f"cannot be loaded as a GGUF model: {message[0] if message else type(exc).__name__}") from None
 
 
+def _detach_gguf_quantizer(hf: nn.Module) -> None:
+    """Forget that a model came from GGUF. Its weights are already de-quantised to float32, but
+    transformers keeps the GGUF quantizer attached, and that refuses ``save_pretrained``; without
+    it a fine-tuned model saves as plain safetensors (and reloads as an ordinary checkpoint)."""
+    hf.hf_quantizer = None
+    if hasattr(hf.config, "quantization_config"):
+        del hf.config.quantization_config
+
+
 def build_decoder_model(
     source: str,
     task_type: str,
@@ -422,6 +431,8 @@ def build_decoder_model(
         hf = _load(AutoModelForSequenceClassification, folder, gguf, num_labels=num_labels, **common)
     else:
         hf = _load(AutoModelForCausalLM, folder, gguf, **common)
+    if gguf:
+        _detach_gguf_quantizer(hf)
     tokenizer = _load(AutoTokenizer, folder, gguf)
     if has_head and num_labels is not None and num_labels != hf.config.num_labels:
         raise AttnAuditError(f"{source} has a classification head with {hf.config.num_labels} labels, the task has {num_labels}")

@@ -1,4 +1,12 @@
-"""Fine-tune a Hugging Face encoder with a classification head (``attnaudit finetune``).
+"""Fine-tune a Hugging Face encoder or decoder with a classification head (``attnaudit finetune``).
+
+Encoders (BERT family) pool ``[CLS]``; decoder-only models (Llama/SmolLM2, Qwen2, GPT-2) get a
+sequence-classification head read at each example's last *real* token
+(:meth:`~attnaudit.models.hf_decoder.HFDecoderModel.head`, from the mask, so any padding side
+works). ``train_layers`` trains only the head, the last ``N`` layers and what follows them
+(final norm, pooler); everything before is frozen, both out of the optimiser (the loop's
+``Optimiser.frozen``) and out of autograd, so the backward pass stops at the first trained
+layer — what makes a 135M decoder trainable on a few CPU cores.
 
 AdamW with linear warm-up/decay (the usual BERT recipe) and clipping at 1, cross-entropy on
 the head's logits computed through :class:`~attnaudit.models.hf.HFAttentionModel` (so training
@@ -15,9 +23,11 @@ retrained (``metrics.json`` is written last, as the commit point).
 from __future__ import annotations
 
 import random
+from fnmatch import fnmatchcase
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from torch import nn
 
 from attnaudit.data.types import TaskData
 from attnaudit.errors import AttnAuditError
@@ -28,9 +38,51 @@ from attnaudit.training.checkpoint import METRICS
 from attnaudit.training.loop import Hooks, LoopConfig, Optimiser, Selection, fit, notes, seeded
 from attnaudit.training.trainer import cross_entropy, evaluate_examples
 
+if TYPE_CHECKING:
+    from attnaudit.models.hf import HFAttentionModel
+
+AFTER_LAYERS = ("norm", "ln_f", "pooler")
+"""Base-model modules that run after the layers (decoders' final norm, BERT's pooler): trained with the head."""
+
 
 def _settings_hash(settings: dict[str, Any]) -> str:
     return digest(settings)
+
+
+def frozen_patterns(model: HFAttentionModel, train_layers: int | None) -> tuple[str, ...]:
+    """Parameter-name patterns of ``model`` fixed when only the head, the last ``train_layers``
+    layers and the modules after them train (the rest: embeddings, earlier layers); None: none."""
+    if train_layers is None:
+        return ()
+    layers, base = model.layers, model.hf.base_model
+    if not 0 <= train_layers <= len(layers):
+        raise AttnAuditError(f"--train-layers must be between 0 and the model's {len(layers)} layers, got {train_layers}")
+    names = {id(module): name for name, module in model.named_modules()}
+    cut = len(layers) - train_layers
+    patterns = [f"{names[id(layer)]}.*" for layer in layers[:cut]]
+    after = [module for name in AFTER_LAYERS if isinstance(module := getattr(base, name, None), nn.Module)]
+    skip = {id(p) for module in [*layers, *after] for p in module.parameters()}
+    inside = {id(p) for p in base.parameters()}
+    patterns += [name for name, p in model.named_parameters() if id(p) in inside and id(p) not in skip]
+    return tuple(patterns)
+
+
+def freeze(model: nn.Module, patterns: tuple[str, ...]) -> int:
+    """Take the parameters matching ``patterns`` out of autograd; the number of parameters still trained."""
+    for name, param in model.named_parameters():
+        if any(fnmatchcase(name, pattern) for pattern in patterns):
+            param.requires_grad_(False)
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def _check(epochs: int, batch_size: int, lr: float, warmup: float, limit: int | None, train_layers: int | None) -> None:
+    """Refuse impossible settings before anything is loaded or written."""
+    if epochs < 1 or batch_size < 1 or lr <= 0 or not 0 <= warmup < 1:
+        raise AttnAuditError("finetune needs epochs >= 1, batch_size >= 1, lr > 0 and 0 <= warmup < 1")
+    if limit is not None and limit < 1:
+        raise AttnAuditError(f"--limit must be at least 1, got {limit}")
+    if train_layers is not None and train_layers < 0:
+        raise AttnAuditError(f"--train-layers must be at least 0, got {train_layers}")
 
 
 def _hooks(run: Run, data: TaskData, out: Path, extra: dict[str, Any]) -> Hooks:
@@ -66,27 +118,29 @@ def finetune(
     warmup: float = 0.1,
     weight_decay: float = 0.01,
     max_len: int | None = None,
+    train_layers: int | None = None,
 ) -> Run:
-    """Fine-tune ``hf`` (``minilm``, a local directory or hub name) on ``task``; return the best-dev run.
+    """Fine-tune ``hf`` (``minilm``, ``smollm2``, a local directory, ``.gguf`` file or hub name) on
+    ``task``; return the best-dev run.
 
     ``limit`` trains on a seeded random sample of that many training examples (dev and
     test stay whole). ``max_len`` caps wordpieces per input (default: the model's limit).
+    ``train_layers`` trains only the head and the last N layers (None: every parameter).
     """
     from attnaudit.models.hf import load_hf, load_hf_run
     from attnaudit.pretrained import resolve_source
 
-    if epochs < 1 or batch_size < 1 or lr <= 0 or not 0 <= warmup < 1:
-        raise AttnAuditError("finetune needs epochs >= 1, batch_size >= 1, lr > 0 and 0 <= warmup < 1")
-    if limit is not None and limit < 1:
-        raise AttnAuditError(f"--limit must be at least 1, got {limit}")
+    _check(epochs, batch_size, lr, warmup, limit, train_layers)
     out = Path(out)
     from attnaudit.data.tasks import load_task
 
     data = task if isinstance(task, TaskData) else load_task(task, data_dir=data_dir)
     spec_name = task if isinstance(task, str) else data.name
-    source = str(hf) if str(hf).lower() == "minilm" else resolve_source(hf)
+    source = str(hf) if str(hf).lower() in ("minilm", "smollm2") else resolve_source(hf)
     settings = {"task": spec_name, "source": source, "epochs": epochs, "lr": lr, "batch_size": batch_size, "limit": limit,
                 "seed": seed, "warmup": warmup, "weight_decay": weight_decay, "max_len": max_len}
+    if train_layers is not None:  # a default left out keeps earlier runs' hashes
+        settings["train_layers"] = train_layers
     digest = _settings_hash(settings)
     config_file = out / "config.json"
     if (out / METRICS).exists() and config_file.exists() and read_json_object(config_file, optional={"finetune": dict}).get("finetune", {}).get("hash") == digest:
@@ -105,9 +159,11 @@ def finetune(
     train_set = list(data.train)
     if limit is not None and limit < len(train_set):
         train_set = random.Random(seed).sample(train_set, limit)
-    extra = {"finetune": {**settings, "hash": digest, "train_examples": len(train_set)}}
+    frozen = frozen_patterns(run.model, train_layers)
+    trained = freeze(run.model, frozen)
+    extra = {"finetune": {**settings, "hash": digest, "train_examples": len(train_set), "trained_parameters": trained}}
     steps = epochs * -(-len(train_set) // batch_size)
-    optimiser = Optimiser("adamw", lr, weight_decay, clip=1.0, schedule="linear-hf", warmup=int(warmup * steps))
+    optimiser = Optimiser("adamw", lr, weight_decay, frozen=frozen, clip=1.0, schedule="linear-hf", warmup=int(warmup * steps))
     loop = LoopConfig(epochs, batch_size, seed, optimiser, Selection("dev.accuracy"))
     state = fit(run.model, run, train_set, loop, _hooks(run, data, out, extra))
     best_run = load_hf_run(out, device=device, data_dir=data_dir)
@@ -119,6 +175,7 @@ def finetune(
         "best_dev": state["best"],
         "train_seconds": state["seconds"],
         "train_examples": len(train_set),
+        "trained_parameters": trained,
         "history": state["history"],
         "selection": "best dev accuracy",
         "training": notes(loop, state),
