@@ -310,7 +310,7 @@ def _loo_method(model: AttentionModel) -> LooMethod:
         encoder = model.encoder
         if isinstance(encoder, AverageEncoder):
             return _loo_context_free
-        if isinstance(encoder, RecurrentEncoder) and isinstance(encoder.rnn, nn.LSTM):
+        if isinstance(encoder, RecurrentEncoder) and isinstance(encoder.rnn, nn.LSTM) and not model.wraps:
             rnn = encoder.rnn
             if rnn.num_layers == 1 and rnn.bidirectional and rnn.bias and not rnn.proj_size:
                 return _loo_bilstm
