@@ -144,8 +144,8 @@ class TrainConfig:
             (self.max_vocab is not None and self.max_vocab < 1, f"--max-vocab must be at least 1, got {self.max_vocab}"),
             (self.warmup < 0, f"--warmup must be >= 0, got {self.warmup}"),
             (not 0 <= self.word_dropout < 1, f"--word-dropout must be in [0, 1), got {self.word_dropout}"),
-            (self.loss not in ("mean", "sum"), f"loss must be mean or sum, got {self.loss!r}"),
-            (self.min_epoch < 1 or self.min_epoch > self.epochs, f"min_epoch must be in 1..epochs, got {self.min_epoch}"),
+            (self.loss not in ("mean", "sum"), f"--loss must be mean or sum, got {self.loss!r}"),
+            (self.min_epoch < 1 or self.min_epoch > self.epochs, f"--min-epoch must be in 1..{self.epochs} (the epochs), got {self.min_epoch}"),
             (self.select not in SELECTABLE, f"--select must be one of {', '.join(s for s in SELECTABLE if s)}, got {self.select!r}"),
             (self.preset not in ("", *PRESETS), f"unknown preset {self.preset!r}; choose {', '.join(PRESETS)}"),
         ]
