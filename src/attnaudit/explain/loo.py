@@ -303,7 +303,8 @@ def _loo_han(
 
 
 def _loo_method(model: AttentionModel) -> LooMethod:
-    """The fastest exact leave-one-out for this model family."""
+    """The fastest exact leave-one-out for this model family (a wrapping biLSTM starts from its
+    ``<s>``/``</s>`` states, which the suffix/prefix shortcut does not know: full recomputation)."""
     if hierarchical(model):
         return _loo_han
     if isinstance(model, (AttentionClassifier, PairAttentionClassifier)):

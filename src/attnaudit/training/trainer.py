@@ -1,7 +1,8 @@
 """Training classifiers and taggers (``attnaudit train``) through the one loop
 (:mod:`attnaudit.training.loop`): Adam + early stopping on dev by default, every knob of the
 loop (optimiser, weight-decay exemptions, clipping, summed loss, selection metric, minimum
-epoch, fixed epochs) a :class:`TrainConfig` option; resumable per epoch, safetensors + JSON.
+epoch, fixed epochs) a :class:`TrainConfig` option, named option sets in :data:`PRESETS`
+(``jain-wallace``); resumable per epoch, safetensors + JSON.
 
 ``train`` is idempotent: a finished run directory (``metrics.json`` present, same
 config) is loaded rather than retrained, and a killed run resumes from its last
