@@ -157,7 +157,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--bootstrap", type=int, default=2000, help="bootstrap resamples for the 95%% CIs")
     parser.add_argument("--run", type=Path, action="append", help="evaluate this trained run instead of training (repeatable)")
     parser.add_argument("--result", type=Path, default=RESULT, help="JSON to write")
+    parser.add_argument("--table", action="store_true", help="print the README table of --result and stop")
     args = parser.parse_args(argv)
+    if args.table:
+        print(markdown(read_json(args.result)))
+        return read_json(args.result)
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     jobs: list[tuple[int, Path | None]] = [(0, r) for r in args.run] if args.run else [(s, None) for s in seeds]
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
@@ -184,6 +188,42 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               f" (sig {summary[pair]['significant']['mean']:.2f})   J&W {PUBLISHED.get(pair)}")
     print(f"-> {args.result}")
     return out
+
+
+def markdown(result: dict[str, Any]) -> str:
+    """The README table of a result JSON: per seed, the mean over seeds, and J&W's figures."""
+    def cell(row: dict[str, Any], significant: bool = True) -> str:
+        text = f"{row['mean']:.3f} ± {row['std']:.3f} [{row['mean_ci95'][0]:.3f}, {row['mean_ci95'][1]:.3f}]"
+        return text + (f", {row['significant']:.0%} sig. [{row['significant_ci95'][0]:.0%}, {row['significant_ci95'][1]:.0%}]"
+                       if significant else "")
+
+    lines = ["| seed (kept epoch) | test acc. | τ(att, grad) mean ± sd [95% CI], significant | τ(att, LOO) | τ(grad, LOO) |",
+             "|---|---|---|---|---|"]
+    for r in result["per_seed"]:
+        p = r["selected"]["pairs"]
+        lines.append(f"| {r['seed']} ({r['selected_epoch']}) | {r['test_accuracy']:.4f} | {cell(p[PAIRS[0]])} | "
+                     f"{cell(p[PAIRS[1]], False)} | {cell(p[PAIRS[2]], False)} |")
+    m = result["mean_over_seeds"]
+
+    def over(pair: str) -> str:
+        return f"{m[pair]['tau_mean']['mean']:.3f} (sd over seeds {m[pair]['tau_mean']['std']:.3f}; within {m[pair]['tau_sd_within']['mean']:.3f})"
+
+    lines.append(f"| mean over {len(m['seeds'])} seeds | {m['test_accuracy']['mean']:.4f} | {over(PAIRS[0])}, "
+                 f"{m[PAIRS[0]]['significant']['mean']:.0%} sig. | {over(PAIRS[1])} | {over(PAIRS[2])} |")
+    lines.append("| Jain & Wallace (2019) | — | 0.351 ± 0.211, 49% sig. | 0.291 ± 0.191 | 0.656 |")
+    seeds = [r for r in result["per_seed"] if r.get("per_epoch")]
+    if seeds:
+        lines += ["", f"Per epoch, first {result['per_epoch_sentences']} test sentences: test accuracy / τ(att, grad) / "
+                  "τ(att, LOO) / τ(grad, LOO) (* = kept epoch)", "",
+                  "| epoch | " + " | ".join(f"seed {r['seed']}" for r in seeds) + " |", "|---|" + "---|" * len(seeds)]
+        for i in range(max(len(r["per_epoch"]) for r in seeds)):
+            cells = []
+            for r in seeds:
+                e = r["per_epoch"][i] if i < len(r["per_epoch"]) else None
+                cells.append("" if e is None else f"{e['test_accuracy']:.3f} / " + " / ".join(
+                    f"{e['pairs'][p]['mean']:.3f}" for p in PAIRS) + (" *" if e["epoch"] == r["selected_epoch"] else ""))
+            lines.append(f"| {i + 1} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def _print(record: dict[str, Any]) -> None:
