@@ -206,7 +206,9 @@ def markdown(result: dict[str, Any]) -> str:
     m = result["mean_over_seeds"]
 
     def over(pair: str) -> str:
-        return f"{m[pair]['tau_mean']['mean']:.3f} (sd over seeds {m[pair]['tau_mean']['std']:.3f}; within {m[pair]['tau_sd_within']['mean']:.3f})"
+        spread = m[pair]["tau_mean"]["std"]
+        spread = "—" if spread is None or spread != spread else f"{spread:.3f}"  # one seed: no sd
+        return f"{m[pair]['tau_mean']['mean']:.3f} (sd over seeds {spread}; within {m[pair]['tau_sd_within']['mean']:.3f})"
 
     lines.append(f"| mean over {len(m['seeds'])} seeds | {m['test_accuracy']['mean']:.4f} | {over(PAIRS[0])}, "
                  f"{m[PAIRS[0]]['significant']['mean']:.0%} sig. | {over(PAIRS[1])} | {over(PAIRS[2])} |")
