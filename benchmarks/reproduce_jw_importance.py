@@ -110,7 +110,20 @@ def one_seed(seed: int, args: argparse.Namespace, methods: list[str], given: Pat
         "notes": metrics.get("notes", []),
     }
     record["per_epoch"] = per_epoch(run, out, args, methods, seed) if args.epoch_limit else None
+    record["full_epochs"] = {e: epoch_full(run, out, e, args, methods, seed) for e in args.full_epochs}
     return record
+
+
+def epoch_full(run: Run, out: Path, epoch: int, args: argparse.Namespace, methods: list[str], seed: int) -> dict[str, Any]:
+    """Test accuracy and τ on the whole test split with epoch ``epoch``'s kept weights."""
+    from attnaudit.training.trainer import evaluate_examples
+
+    load_state_into(run.model, out / EPOCHS / f"epoch{epoch}.safetensors")
+    run.model.eval()
+    scores = evaluate_examples(run, run.examples("test", data_dir=args.data_dir))
+    row = {"test_accuracy": scores["accuracy"], **importance(run, args.data_dir, methods, None, seed, args.bootstrap)}
+    load_state_into(run.model, out / "model.safetensors")
+    return row
 
 
 def per_epoch(run: Run, out: Path, args: argparse.Namespace, methods: list[str], seed: int) -> list[dict[str, Any]] | None:
@@ -157,12 +170,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--bootstrap", type=int, default=2000, help="bootstrap resamples for the 95%% CIs")
     parser.add_argument("--run", type=Path, action="append", help="evaluate this trained run instead of training (repeatable)")
     parser.add_argument("--result", type=Path, default=RESULT, help="JSON to write")
+    parser.add_argument("--full-epochs", default="", help="also τ on the whole test set with these epochs' weights (e.g. 8)")
     parser.add_argument("--table", action="store_true", help="print the README table of --result and stop")
     args = parser.parse_args(argv)
     if args.table:
         print(markdown(read_json(args.result)))
         return read_json(args.result)
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    args.full_epochs = [int(e) for e in args.full_epochs.split(",") if e.strip()]
     jobs: list[tuple[int, Path | None]] = [(0, r) for r in args.run] if args.run else [(s, None) for s in seeds]
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
 
