@@ -157,8 +157,12 @@ def test_explicit_options_switch_preset_settings_off(tmp_path: Path) -> None:
     assert "wrap" not in config["model"]["extra"] and "min_length" not in config["task"]
     assert config["train"]["select"] == "accuracy" and config["train"]["clip"] == 5.0
     assert "early_stop" not in config["train"]  # back at its default: left out of the config
+    tagging = synthetic_task("tagging", seed=0, n_train=20, n_dev=5, n_test=5)
     with pytest.raises(AttnAuditError, match="--wrap applies to classification tasks"):
-        train(synthetic_task("tagging", seed=0, n_train=20, n_dev=5, n_test=5), "bilstm", tmp_path / "t", wrap=True)
+        train(tagging, "bilstm", tmp_path / "t", wrap=True)
+    with pytest.raises(AttnAuditError, match="--select dev-roc-auc needs a binary classification task"):
+        train(tagging, "bilstm", tmp_path / "t", select="dev-roc-auc")
+    assert not (tmp_path / "t" / "config.json").exists()
 
 
 def test_same_seed_same_weights_and_every_epoch_kept(tmp_path: Path) -> None:

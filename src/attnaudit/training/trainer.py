@@ -452,6 +452,8 @@ def train(
     for folder in (out, out / "checkpoint"):  # what a killed earlier training left half-written
         remove_stray_tmp(folder)
     data, spec = _task_data(task, data_dir, split_seed, dev, test, merged.get("min_length", 0))
+    if cfg.select == "roc_auc" and (data.task_type == "tagging" or len(data.labels) != 2):
+        raise AttnAuditError(f"--select dev-roc-auc needs a binary classification task; {data.name} has {len(data.labels)} labels")
     vocab, feature_vocab = _build_vocabs(data, cfg, bool(merged.get("wrap")))
     vectors = load_vectors(cfg.vectors, vocab, seed=cfg.seed) if cfg.vectors else None
     config = _model_config(model, merged, data, vocab, feature_vocab, vectors)
