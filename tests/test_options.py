@@ -31,6 +31,7 @@ def test_parse_text_follows_the_hint() -> None:
         ("x", list[float], "--x: expected comma-separated float values, got 'x'"),
         (" , ", list[float], "--x: empty list"),
         ("1.5", int, "--x: expected int, got '1.5'"),
+        ("many", int | None, "--x: expected int or none, got 'many'"),
         ("nan", float, "--x: must be a finite number"),
         ("maybe", bool, "--x: expected bool"),
     ],

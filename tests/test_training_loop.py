@@ -219,7 +219,7 @@ def test_the_new_options_stay_out_of_default_configs(tmp_path: Path) -> None:
     train(data, "bilstm", tmp_path / "plain", epochs=1, embed_dim=8, hidden_dim=8, quiet_eval=True)
     saved = json.loads((tmp_path / "plain" / "config.json").read_text())["train"]
     assert not set(saved) & {"optimizer", "no_decay", "loss", "select", "min_epoch", "early_stop"}
-    with pytest.raises(AttnAuditError, match="min_epoch must be in 1..epochs"):
+    with pytest.raises(AttnAuditError, match="--min-epoch must be in 1..2"):
         train(data, "bilstm", tmp_path / "x", epochs=2, min_epoch=3)
     with pytest.raises(AttnAuditError, match="unknown optimiser"):
         train(data, "bilstm", tmp_path / "x", epochs=2, optimizer="lion")

@@ -67,13 +67,23 @@ def train(
     d_model: Annotated[Optional[int], typer.Option(help="Transformer width.")] = None,
     hidden_dim: Annotated[Optional[int], typer.Option(help="RNN/CNN hidden size.")] = None,
     embed_dim: Annotated[Optional[int], typer.Option(help="Word embedding size.")] = None,
+    preset: Annotated[Optional[str], typer.Option(help="Named option set: jain-wallace (Jain & Wallace 2019's protocol); explicit options override it.")] = None,
     epochs: Annotated[Optional[int], typer.Option(help="Maximum epochs (early stopping on dev).")] = None,
     batch_size: Annotated[Optional[int], typer.Option(help="Batch size.")] = None,
-    lr: Annotated[Optional[float], typer.Option(help="Adam learning rate.")] = None,
-    patience: Annotated[Optional[int], typer.Option(help="Epochs without dev improvement before stopping.")] = None,
+    lr: Annotated[Optional[float], typer.Option(help="Learning rate.")] = None,
+    optimizer: Annotated[Optional[str], typer.Option(help="adam, amsgrad, adamw or sgd.")] = None,
+    weight_decay: Annotated[Optional[float], typer.Option(help="Weight decay.")] = None,
+    no_decay: Annotated[Optional[str], typer.Option(help="Parameter-name patterns without weight decay, comma-separated (e.g. 'scorer.*').")] = None,
+    dropout: Annotated[Optional[float], typer.Option(help="Dropout probability (embeddings; Transformer layers).")] = None,
+    loss: Annotated[Optional[str], typer.Option(help="Cross-entropy over a batch: mean or sum.")] = None,
+    select: Annotated[Optional[str], typer.Option(help="Dev score the kept epoch is chosen on: dev-accuracy, dev-roc-auc, dev-macro-f1, dev-f1...")] = None,
+    min_epoch: Annotated[Optional[int], typer.Option(help="Epochs before this one are never kept.")] = None,
+    patience: Annotated[Optional[str], typer.Option(help="Epochs without dev improvement before stopping; none: train every epoch.")] = None,
     warmup: Annotated[Optional[int], typer.Option(help="Linear lr warmup steps, then linear decay (0: constant lr).")] = None,
     word_dropout: Annotated[Optional[float], typer.Option(help="Probability of replacing a training word by <unk>.")] = None,
-    clip: Annotated[Optional[float], typer.Option(help="Gradient-norm clipping threshold.")] = None,
+    clip: Annotated[Optional[str], typer.Option(help="Gradient-norm clipping threshold; none or 0: no clipping.")] = None,
+    wrap: Annotated[Optional[bool], typer.Option("--wrap/--no-wrap", help="Read each sentence between <s> and </s> (never attended to or explained).")] = None,
+    min_length: Annotated[Optional[int], typer.Option(help="Drop examples with fewer tokens from every split.")] = None,
     seed: Annotated[int, typer.Option(**SEED_RANGE, help="Random seed (initialisation, shuffling, dropout).")] = 0,
     vectors: Annotated[Optional[str], typer.Option(help="Pretrained word vectors (word2vec/GloVe text file).")] = None,
     features: Annotated[bool, typer.Option(help="Use the per-token feature column (CoNLL POS tags).")] = False,
@@ -96,10 +106,16 @@ def train(
     attnaudit train --task conll2000 --model transformer --layers 1 --heads 4 --features --out runs/conll --data-dir ../shared/data
 
     attnaudit train --task synthetic --model bilstm --out runs/syn
+
+    attnaudit train --task sst --model bilstm --preset jain-wallace --out runs/sst-jw --data-dir ../shared/data
+
+    attnaudit train --task sst --model bilstm --preset jain-wallace --patience 2 --select dev-accuracy --clip none --out runs/sst-jw-acc --data-dir ../shared/data
     """
     from attnaudit.training.trainer import train as train_fn
 
     set_quiet(quiet)
+    stop = None if patience is None else parse_text(patience, Optional[int], "--patience")
+    clip_value = None if clip is None else parse_text(clip, Optional[float], "--clip") or 0.0
     run = train_fn(
         task,
         model,
@@ -118,10 +134,21 @@ def train(
         epochs=epochs,
         batch_size=batch_size,
         lr=lr,
-        patience=patience,
+        preset=preset,
+        optimizer=optimizer,
+        weight_decay=weight_decay,
+        no_decay=None if no_decay is None else parse_text(no_decay, list[str], "--no-decay"),
+        dropout=dropout,
+        loss=loss,
+        select=select,
+        min_epoch=min_epoch,
+        patience=stop,
+        early_stop=None if patience is None else stop is not None,
         warmup=warmup,
         word_dropout=word_dropout,
-        clip=clip,
+        clip=clip_value,
+        wrap=wrap,
+        min_length=min_length,
         seed=seed,
         vectors=vectors,
         features=features or None,

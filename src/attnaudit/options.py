@@ -98,7 +98,7 @@ def parse_text(text: str, hint: Any, where: str) -> Any:
         return None
     item = sequence_item(inner)
     if item is None:
-        return _scalar(text, inner, where)
+        return _scalar(text, inner, where, type_name(hint) if optional else None)
     values = [_scalar(v.strip(), item, where, type_name(inner)) for v in text.split(",") if v.strip()]
     if not values:
         raise AttnAuditError(f"{where}: empty list {text!r}; give {type_name(inner)}, or leave the option out for the default")

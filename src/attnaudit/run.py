@@ -45,16 +45,20 @@ class TaskSpec:
     seed: int = 0
     dev: str | None = None
     test: str | None = None
+    min_length: int = 0
+    """Examples with fewer tokens are dropped from every split (0: none)."""
 
     def load(self, data_dir: str | Path | None = None) -> TaskData:
         from attnaudit.data.tasks import load_task
 
         return load_task(
-            self.spec, data_dir=data_dir or self.data_dir, seed=self.seed, dev=self.dev, test=self.test
+            self.spec, data_dir=data_dir or self.data_dir, seed=self.seed, dev=self.dev, test=self.test,
+            min_length=self.min_length,
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The spec saved with a run; ``min_length`` only when set (older runs keep their hash)."""
+        return {k: v for k, v in asdict(self).items() if k != "min_length" or v}
 
 
 @dataclass
@@ -115,7 +119,9 @@ def write_config(directory: Path, config: dict[str, Any]) -> Path:
 
 
 # The optional fields of a run config's ``task`` (``TaskSpec``) and their JSON types.
-TASK_OPTIONAL = {"data_dir": (str, type(None)), "seed": int, "dev": (str, type(None)), "test": (str, type(None))}
+TASK_OPTIONAL = {
+    "data_dir": (str, type(None)), "seed": int, "dev": (str, type(None)), "test": (str, type(None)), "min_length": int,
+}
 
 
 def read_config(directory: Path) -> dict[str, Any]:

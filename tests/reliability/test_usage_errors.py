@@ -36,6 +36,18 @@ TRAIN_OPTION_CASES = {
     "word dropout above 1": (["--word-dropout", "1.5"], "--word-dropout must be in [0, 1)"),
     "negative max vocab": (["--max-vocab", "-3"], "--max-vocab must be at least 1"),
     "zero hidden size": (["--hidden-dim", "0"], "--hidden-dim must be a positive integer"),
+    "unknown preset": (["--preset", "nope"], "unknown preset 'nope'; choose jain-wallace"),
+    "unknown optimiser": (["--optimizer", "lion"], "unknown optimiser 'lion'"),
+    "unknown selection score": (["--select", "dev-bleu"], "--select must be one of"),
+    "clip not a number": (["--clip", "tight"], "--clip: expected float or none, got 'tight'"),
+    "patience not a number": (["--patience", "forever"], "--patience: expected int or none, got 'forever'"),
+    "unknown loss": (["--loss", "max"], "--loss must be mean or sum"),
+    "min epoch past the last": (["--min-epoch", "2"], "--min-epoch must be in 1..1"),
+    "dropout 1": (["--dropout", "1"], "--dropout must be in [0, 1)"),
+    "empty no-decay list": (["--no-decay", ","], "--no-decay: empty list"),
+    "negative min length": (["--min-length", "-1"], "--min-length must be a whole number of tokens >= 0"),
+    "min length keeps nothing": (["--min-length", "1000"], "--min-length 1000 leaves no training examples"),
+    "wrap on a transformer": (["--model", "transformer", "--wrap"], "--wrap applies to the bilstm"),
 }
 
 

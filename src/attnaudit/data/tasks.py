@@ -391,12 +391,14 @@ def load_task(
     dev: str | None = None,
     test: str | None = None,
     limit: int | None = None,
+    min_length: int = 0,
 ) -> TaskData:
     """Load a task by name, ``hf:NAME`` or ``FORMAT:PATH``.
 
     ``data_dir`` (else ``$ATTNAUDIT_DATA``) holds the named datasets. ``dev``/``test``
     are FORMAT:PATH specs that replace those splits; missing ones are split off the
-    training data (10% each, ``seed``). ``limit`` keeps the first N examples of each split
+    training data (10% each, ``seed``). ``min_length`` drops examples with fewer tokens from
+    every split (:func:`drop_short`); ``limit`` then keeps the first N examples of each split
     (for quick runs).
     """
     if data_dir is None and os.environ.get(DATA_ENV):
@@ -419,6 +421,8 @@ def load_task(
         found.update(given)
         task = _assemble(name, task_type, train, found.get("dev"), found.get("test"), seed, notes, spec)
     task.notes.extend(read_notes)
+    if min_length:
+        task = drop_short(task, min_length)
     if limit is not None:
         if limit < 1:
             raise AttnAuditError(f"limit must be at least 1, got {limit}")
@@ -433,6 +437,19 @@ def load_task(
             [*task.notes, f"limited to the first {limit} examples of each split"],
         )
     return task
+
+
+def drop_short(task: TaskData, min_length: int) -> TaskData:
+    """``task`` without the examples of fewer than ``min_length`` tokens, in every split
+    (Jain & Wallace drop SST sentences under 6 tokens); the counts go into the notes."""
+    if min_length < 1:
+        raise AttnAuditError(f"--min-length must be at least 1 token, got {min_length}")
+    kept = {s: [ex for ex in task.split(s) if len(ex.tokens) >= min_length] for s in ("train", "dev", "test")}
+    removed = ", ".join(f"{len(task.split(s)) - len(kept[s])} of {len(task.split(s))} {s}" for s in kept)
+    note = f"min_length {min_length}: removed examples with fewer than {min_length} tokens ({removed})"
+    if not kept["train"]:
+        raise AttnAuditError(f"--min-length {min_length} leaves no training examples of task {task.name!r}")
+    return TaskData(task.name, task.task_type, kept["train"], kept["dev"], kept["test"], task.labels, [*task.notes, note])
 
 
 # --- named tasks --------------------------------------------------------------------------

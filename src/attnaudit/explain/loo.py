@@ -303,14 +303,15 @@ def _loo_han(
 
 
 def _loo_method(model: AttentionModel) -> LooMethod:
-    """The fastest exact leave-one-out for this model family."""
+    """The fastest exact leave-one-out for this model family (a wrapping biLSTM starts from its
+    ``<s>``/``</s>`` states, which the suffix/prefix shortcut does not know: full recomputation)."""
     if hierarchical(model):
         return _loo_han
     if isinstance(model, (AttentionClassifier, PairAttentionClassifier)):
         encoder = model.encoder
         if isinstance(encoder, AverageEncoder):
             return _loo_context_free
-        if isinstance(encoder, RecurrentEncoder) and isinstance(encoder.rnn, nn.LSTM):
+        if isinstance(encoder, RecurrentEncoder) and isinstance(encoder.rnn, nn.LSTM) and not model.wraps:
             rnn = encoder.rnn
             if rnn.num_layers == 1 and rnn.bidirectional and rnn.bias and not rnn.proj_size:
                 return _loo_bilstm

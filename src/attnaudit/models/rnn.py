@@ -212,6 +212,19 @@ def attend(
     return context, record
 
 
+def wrap_ends(embeddings: Tensor, mask: Tensor, start: Tensor, end: Tensor) -> tuple[Tensor, Tensor]:
+    """``(B,T+2,E)`` embeddings and mask of each (left-aligned) row between ``start`` and ``end``:
+    ``start`` at position 0, the row's tokens at 1..n, ``end`` at n+1, padding after."""
+    b, t, _ = embeddings.shape
+    lengths = mask.sum(-1)
+    positions = torch.arange(t + 2, device=mask.device)[None, :]
+    body = torch.cat([embeddings.new_zeros(b, 1, embeddings.shape[-1]), embeddings * mask[..., None].to(embeddings.dtype),
+                      embeddings.new_zeros(b, 1, embeddings.shape[-1])], dim=1)
+    body = torch.where((positions == 0)[..., None], start, body)
+    body = torch.where((positions == lengths[:, None] + 1)[..., None], end, body)
+    return body, positions < lengths[:, None] + 2
+
+
 def check_ids(ids: Tensor, vocab_size: int, what: str) -> None:
     """Token ids must index the embedding table; say so in one line rather than an IndexError."""
     if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
@@ -241,9 +254,23 @@ class _SingleAttentionModel(AttentionModel):
         check_ids(batch.tokens, self.config.vocab_size, "token")
         return self.embedding(batch.tokens)
 
+    @property
+    def wraps(self) -> bool:
+        """Whether the encoder reads every sentence between ``<s>`` and ``</s>`` (``extra["wrap"]``)."""
+        return bool(self.config.extra.get("wrap"))
+
     def encoder_states(self, embeddings: Tensor, mask: Tensor) -> Tensor:
-        """Encoder states ``(B,T,d)`` from embeddings: the only part leave-one-out must rerun."""
-        return self.encoder(embeddings, mask)
+        """Encoder states ``(B,T,d)`` from embeddings: the only part leave-one-out must rerun.
+
+        A wrapping model (Jain & Wallace's protocol) encodes ``<s> tokens </s>`` and returns the
+        states of the tokens only: the ends shape the recurrent states but are never attended
+        to, explained, removed or permuted — to every test they are not items.
+        """
+        if not self.wraps:
+            return self.encoder(embeddings, mask)
+        start, end = self.embedding.weight[torch.tensor(self.config.extra["wrap"], device=embeddings.device)]
+        wrapped, wrapped_mask = wrap_ends(embeddings, mask, start, end)
+        return self.encoder(wrapped, wrapped_mask)[:, 1:-1] * mask[..., None].to(embeddings.dtype)
 
 
 class AttentionClassifier(_SingleAttentionModel):

@@ -1,7 +1,8 @@
 """Training classifiers and taggers (``attnaudit train``) through the one loop
 (:mod:`attnaudit.training.loop`): Adam + early stopping on dev by default, every knob of the
 loop (optimiser, weight-decay exemptions, clipping, summed loss, selection metric, minimum
-epoch, fixed epochs) a :class:`TrainConfig` option; resumable per epoch, safetensors + JSON.
+epoch, fixed epochs) a :class:`TrainConfig` option, named option sets in :data:`PRESETS`
+(``jain-wallace``); resumable per epoch, safetensors + JSON.
 
 ``train`` is idempotent: a finished run directory (``metrics.json`` present, same
 config) is loaded rather than retrained, and a killed run resumes from its last
@@ -20,7 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from attnaudit import __version__
-from attnaudit.data.tasks import absolute_spec, load_task
+from attnaudit.data.tasks import absolute_spec, drop_short, load_task
 from attnaudit.data.types import Batch, Example, TaskData
 from attnaudit.errors import AttnAuditError
 from attnaudit.io import (
@@ -73,6 +74,23 @@ FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
     },
 }
 _MODEL_FIELDS = {f.name for f in fields(ModelConfig)}
+PRESETS: dict[str, dict[str, Any]] = {
+    # Jain & Wallace (2019)'s classifier protocol (their Trainer / Binary_Classification.py):
+    # 8 fixed epochs, the best dev ROC-AUC epoch kept (never the first), no dropout, AMSGrad,
+    # weight decay 1e-5 on all but the attention scorer, no clipping, summed loss, <s> … </s>
+    # around every sentence, sentences under 6 tokens removed.
+    "jain-wallace": {
+        "epochs": 8, "early_stop": False, "select": "roc_auc", "min_epoch": 2, "dropout": 0.0,
+        "optimizer": "amsgrad", "weight_decay": 1e-5, "no_decay": ["scorer.*"], "clip": 0.0, "loss": "sum",
+        "wrap": True, "min_length": 6,
+    },
+}
+"""Named option sets of ``train`` (``--preset``); explicit options override them."""
+DATA_OPTIONS = ("wrap", "min_length")
+"""Options of ``train`` that shape the data and model inputs rather than the model or the loop."""
+WRAP = ("<s>", "</s>")
+"""The sentence ends a wrapping model reads (vocabulary specials, never attention items)."""
+WRAPPING_MODELS = ("bilstm", "cnn", "average", "flat")
 InterventionsFn = Callable[[Batch], Sequence[Intervention]]
 """``fn(batch) -> interventions`` applied in every forward of a frozen-attention model."""
 
@@ -111,6 +129,8 @@ class TrainConfig:
     """Epochs before this one are never kept (nor count towards ``patience``)."""
     early_stop: bool = True
     """False trains all ``epochs`` whatever the dev score does (``patience`` is then unused)."""
+    preset: str = ""
+    """The named option set (:data:`PRESETS`) these settings started from; "" = none."""
 
     def check(self) -> None:
         """Reject values that would crash or silently train nothing, before anything is written."""
@@ -125,8 +145,10 @@ class TrainConfig:
             (self.max_vocab is not None and self.max_vocab < 1, f"--max-vocab must be at least 1, got {self.max_vocab}"),
             (self.warmup < 0, f"--warmup must be >= 0, got {self.warmup}"),
             (not 0 <= self.word_dropout < 1, f"--word-dropout must be in [0, 1), got {self.word_dropout}"),
-            (self.loss not in ("mean", "sum"), f"loss must be mean or sum, got {self.loss!r}"),
-            (self.min_epoch < 1 or self.min_epoch > self.epochs, f"min_epoch must be in 1..epochs, got {self.min_epoch}"),
+            (self.loss not in ("mean", "sum"), f"--loss must be mean or sum, got {self.loss!r}"),
+            (self.min_epoch < 1 or self.min_epoch > self.epochs, f"--min-epoch must be in 1..{self.epochs} (the epochs), got {self.min_epoch}"),
+            (self.select not in SELECTABLE, f"--select must be one of {', '.join(s for s in SELECTABLE if s)}, got {self.select!r}"),
+            (self.preset not in ("", *PRESETS), f"unknown preset {self.preset!r}; choose {', '.join(PRESETS)}"),
         ]
         for failed, message in bad:
             if failed:
@@ -156,8 +178,15 @@ class TrainConfig:
 # directories trained before they existed are still recognised as finished.
 # Those of the one training loop are also left out of config.json while unset.
 _LOOP_OPTIONS: dict[str, Any] = {
-    "optimizer": "adam", "no_decay": [], "loss": "mean", "select": "", "min_epoch": 1, "early_stop": True,
+    "optimizer": "adam", "no_decay": [], "loss": "mean", "select": "", "min_epoch": 1, "early_stop": True, "preset": "",
 }
+SELECTABLE = ("", "accuracy", "macro_f1", "roc_auc", "f1", "precision", "recall", "token_accuracy")
+"""Dev scores the kept epoch may be chosen on ("" = the task's headline score)."""
+
+
+def select_name(text: str) -> str:
+    """A ``--select`` value as the dev record names it: ``dev-roc-auc`` -> ``roc_auc``."""
+    return text.strip().removeprefix("dev-").removeprefix("dev.").replace("-", "_")
 _HASH_IF_SET: dict[str, Any] = {"word_dropout": 0.0, **_LOOP_OPTIONS}
 
 
@@ -261,11 +290,11 @@ def _config_hash(config: dict[str, Any]) -> str:
     return digest(config)
 
 
-def _build_vocabs(data: TaskData, cfg: TrainConfig) -> tuple[Any, Any]:
+def _build_vocabs(data: TaskData, cfg: TrainConfig, wrap: bool = False) -> tuple[Any, Any]:
     from attnaudit.data.vocab import Vocab
 
     token_lists = [ex.tokens for ex in data.train] + [ex.query for ex in data.train if ex.query]
-    vocab = Vocab.build(token_lists, min_freq=cfg.min_freq, max_size=cfg.max_vocab)
+    vocab = Vocab.build(token_lists, min_freq=cfg.min_freq, max_size=cfg.max_vocab, specials=WRAP if wrap else ())
     features = None
     if cfg.features:
         feats = [ex.meta["features"] for ex in data.train if "features" in ex.meta]
@@ -283,22 +312,45 @@ def _settings(model: str, options: dict[str, Any]) -> tuple[TrainConfig, dict[st
         raise AttnAuditError(f"unknown model {model!r}; choose one of {', '.join(MODELS)}")
     options = {k: v for k, v in options.items() if v is not None}
     train_fields = {f.name for f in fields(TrainConfig)}
-    unknown = set(options) - _MODEL_FIELDS - train_fields
+    unknown = set(options) - _MODEL_FIELDS - train_fields - set(DATA_OPTIONS)
     if unknown:
         raise AttnAuditError(f"unknown training option(s): {', '.join(sorted(unknown))}")
-    merged = {**FAMILY_DEFAULTS[model], **options}
+    preset = options.get("preset", "")
+    if preset not in ("", *PRESETS):
+        raise AttnAuditError(f"unknown preset {preset!r}; choose {', '.join(PRESETS)}")
+    merged = {**FAMILY_DEFAULTS[model], **PRESETS.get(preset, {}), **options}
+    merged["select"] = select_name(str(merged.get("select", "")))
     cfg = TrainConfig(**{k: v for k, v in merged.items() if k in train_fields})
     cfg.check()
     check_model_options(merged)
     check_normaliser(merged.get("attention", "softmax"))
+    if merged.get("wrap") and model not in WRAPPING_MODELS:
+        raise AttnAuditError(f"--wrap applies to the {', '.join(WRAPPING_MODELS)} models, not {model}")
+    if not isinstance(merged.get("min_length", 0), int) or merged.get("min_length", 0) < 0:
+        raise AttnAuditError(f"--min-length must be a whole number of tokens >= 0, got {merged.get('min_length')!r}")
     return cfg, merged
 
 
+def preset_note(preset: str, options: dict[str, Any]) -> list[str]:
+    """What a preset set, and which of its settings explicit options overrode (for the run's notes)."""
+    if not preset:
+        return []
+    settings = ", ".join(f"{k}={v}" for k, v in PRESETS[preset].items())
+    given = {k: v for k, v in options.items() if v is not None and k != "preset"}
+    changed = ", ".join(f"{k}={given[k]}" for k in PRESETS[preset] if k in given and given[k] != PRESETS[preset][k])
+    return [f"preset {preset}: {settings}" + (f"; overridden: {changed}" if changed else "")]
+
+
 def _task_data(
-    task: str | TaskData, data_dir: str | Path | None, split_seed: int, dev: str | None, test: str | None
+    task: str | TaskData, data_dir: str | Path | None, split_seed: int, dev: str | None, test: str | None,
+    min_length: int = 0,
 ) -> tuple[TaskData, TaskSpec]:
-    """The task's data (at least two labels) and the spec saved with the run."""
-    data = task if isinstance(task, TaskData) else load_task(task, data_dir=data_dir, seed=split_seed, dev=dev, test=test)
+    """The task's data (at least two labels; examples under ``min_length`` tokens dropped) and
+    the spec saved with the run."""
+    if isinstance(task, TaskData):
+        data = drop_short(task, min_length) if min_length else task
+    else:
+        data = load_task(task, data_dir=data_dir, seed=split_seed, dev=dev, test=test, min_length=min_length)
     if len(data.labels) < 2:
         raise AttnAuditError(
             f"task {data.name!r} has {len(data.labels)} label(s) ({', '.join(data.labels) or 'none'}); a model needs at least 2"
@@ -311,6 +363,7 @@ def _task_data(
         seed=split_seed,
         dev=absolute_spec(dev),
         test=absolute_spec(test),
+        min_length=min_length,
     )
     return data, spec
 
@@ -320,6 +373,10 @@ def _model_config(model: str, merged: dict[str, Any], data: TaskData, vocab: Any
     if vectors is not None:
         merged = {**merged, "embed_dim": vectors.shape[1]}  # the vectors decide the embedding size
     extra = dict(merged.get("extra", {}))
+    if merged.get("wrap"):
+        if data.task_type != "classification":
+            raise AttnAuditError(f"--wrap applies to classification tasks, not {data.task_type} ({data.name})")
+        extra["wrap"] = vocab.encode(WRAP)
     if features is not None:
         extra["feature_vocab_size"] = len(features)
     derived = ("model", "task_type", "vocab_size", "num_labels", "extra")
@@ -373,6 +430,7 @@ def train(
     device: str = "auto",
     resume: bool = True,
     quiet_eval: bool = False,
+    keep_epochs: bool = False,
     **options: Any,
 ) -> Run:
     """Train ``model`` on ``task`` into run directory ``out`` and return the loaded run.
@@ -380,7 +438,10 @@ def train(
     ``options`` are ModelConfig fields (``attention``, ``scorer``, ``layers``, ``heads``,
     ``d_model``, ``hidden_dim``, ``embed_dim``, ``dropout``, ``max_len``, ``extra``) and
     TrainConfig fields (``epochs``, ``batch_size``, ``lr``, ``patience``, ``seed``, ...);
-    ``None`` values fall back to the family defaults.
+    ``None`` values fall back to the family defaults; ``preset`` names a :data:`PRESETS` entry
+    that explicit options override; ``wrap`` and ``min_length`` are :data:`DATA_OPTIONS`.
+    ``keep_epochs`` also keeps every epoch's weights as ``epochs/epoch<N>.safetensors`` (to
+    study the unselected epochs); it does not change the run's config.
     """
     from attnaudit.data.batching import Collator
     from attnaudit.data.vocab import load_vectors
@@ -390,8 +451,10 @@ def train(
     out = Path(out)
     for folder in (out, out / "checkpoint"):  # what a killed earlier training left half-written
         remove_stray_tmp(folder)
-    data, spec = _task_data(task, data_dir, split_seed, dev, test)
-    vocab, feature_vocab = _build_vocabs(data, cfg)
+    data, spec = _task_data(task, data_dir, split_seed, dev, test, merged.get("min_length", 0))
+    if cfg.select == "roc_auc" and (data.task_type == "tagging" or len(data.labels) != 2):
+        raise AttnAuditError(f"--select dev-roc-auc needs a binary classification task; {data.name} has {len(data.labels)} labels")
+    vocab, feature_vocab = _build_vocabs(data, cfg, bool(merged.get("wrap")))
     vectors = load_vectors(cfg.vectors, vocab, seed=cfg.seed) if cfg.vectors else None
     config = _model_config(model, merged, data, vocab, feature_vocab, vectors)
     run_config = {"kind": "attnaudit", "version": __version__, "model": config.to_dict(), "train": cfg.to_dict(), "task": spec.to_dict()}
@@ -403,6 +466,8 @@ def train(
         return load_run(out, device=device, data_dir=data_dir)
     refuse_other_run(out, run_config["hash"])
 
+    for line in preset_note(cfg.preset, options):
+        status(line)
     net = seeded(cfg.seed, lambda: build_model(config))
     if vectors is not None:
         net.embedding.weight.data.copy_(vectors)
@@ -418,18 +483,45 @@ def train(
             feature_vocab.save(directory / FEATURE_VOCAB)
 
     loop = cfg.loop(data.task_type)
-    state = fit(net, run, data.train, loop, classifier_hooks(run, cfg, data.dev), Checkpoint(out, run_config, save_vocabs, resume))
+    hooks = classifier_hooks(run, cfg, data.dev)
+    if keep_epochs:
+        hooks = epoch_keeping(hooks, net, out / EPOCHS)
+    state = fit(net, run, data.train, loop, hooks, Checkpoint(out, run_config, save_vocabs, resume))
     metrics = {
         "dev": evaluate_examples(run, data.dev),
         "test": evaluate_examples(run, data.test),
         **run_summary(cfg, loop, state, data.task_type),
-        "notes": data.notes,
+        "notes": [*data.notes, *preset_note(cfg.preset, options)],
     }
     atomic_write_json(out / METRICS, metrics)
     shutil.rmtree(out / "checkpoint", ignore_errors=True)  # the run is complete: no resume needed
     if not quiet_eval:
         status(f"[green]done[/]: dev {metrics['dev']}, test {metrics['test']}")
     return run
+
+
+EPOCHS = "epochs"
+"""Sub-folder of a run with every epoch's weights (``train(..., keep_epochs=True)``)."""
+
+
+def epoch_keeping(hooks: Hooks, model: nn.Module, folder: Path) -> Hooks:
+    """``hooks`` that also save ``model``'s weights after every epoch as ``folder/epoch<N>.safetensors``."""
+    from attnaudit.weights import save_tensors
+
+    current = [0]
+    start = hooks.epoch_start
+
+    def epoch_start(epoch: int) -> None:
+        current[0] = epoch
+        if start is not None:
+            start(epoch)
+
+    def evaluate() -> dict[str, Any]:
+        folder.mkdir(parents=True, exist_ok=True)
+        save_tensors(folder / f"epoch{current[0]}.safetensors", model.state_dict())
+        return hooks.evaluate() if hooks.evaluate is not None else {}
+
+    return replace(hooks, epoch_start=epoch_start, evaluate=evaluate)
 
 
 def run_summary(cfg: TrainConfig, loop: LoopConfig, state: dict[str, Any], task_type: str) -> dict[str, Any]:
