@@ -252,6 +252,8 @@ class Erasure(Experiment):
 
     name = "erasure"
     audit_rank = 9
+    # an LLM: no ranking that needs extra passes per token (loo, ig, attention gradients)
+    audit_decoder_options = {"rankings": ["attention", "random"], "random_orders": 2, "batch_size": 8}
     demo_options = {"full": {"random_orders": 3}, "quick": {"random_orders": 1, "rankings": ["random", "attention", "gradient"]}}
     description = (
         "Erase attention at the explained layer: top vs random single item (JSD, flips), and items "

@@ -156,6 +156,7 @@ class Norms(Experiment):
 
     name = "norms"
     audit_rank = 4
+    audit_decoder_options = {"batch_size": 8}
     demo_options = {"quick": {"max_pairs": 2000}}
     needs_prediction = False  # reads attention and weights only
     description = "attention weight vs norm of the weighted transformed vector, per token category (Kobayashi et al.)"

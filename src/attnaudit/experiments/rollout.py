@@ -147,6 +147,8 @@ class Rollout(Experiment):
     name = "rollout"
     audit_rank = 5
     audit_options = {"flow_limit": 20}  # flow costs ~T^4: a 90-wordpiece sentence takes ~40 CPU-s
+    # an LLM: 30 layers of flow per instance, and each reference costs passes of a 135M model
+    audit_decoder_options = {"flow_limit": 2, "importance": ["gradient"], "batch_size": 8}
     demo_options = {"full": {"flow_limit": 20}, "quick": {"flow_limit": 2, "importance": ["gradient"]}}
     description = (
         "raw attention, rollout and flow maps per layer, vs gradient / leave-one-out importance when the model "
