@@ -77,13 +77,16 @@ def main() -> dict[str, Any]:
     parser.add_argument("--limit", type=int, default=500, help="GLUE SST-2 dev sentences to audit")
     parser.add_argument("--out", type=Path, default=None, help="audit folder (default benchmarks/runs/smollm2-sst2-LIMIT)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest on a shared 2-core box)")
+    parser.add_argument("--only", default=None, help="comma-separated tests (default: every applicable one)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     out = args.out or RUNS / f"smollm2-sst2-{args.limit}"
+    only = args.only.split(",") if args.only else None
     command = f"attnaudit audit --hf smollm2 --task sst2 --limit {args.limit} --out {out} --data-dir {args.data_dir}"
+    command += f" --only {args.only}" if args.only else ""
     load_before = list(os.getloadavg())
     start = time.perf_counter()
-    outcome = audit(out, task="sst2", hf="smollm2", limit=args.limit, data_dir=args.data_dir, device="cpu")
+    outcome = audit(out, task="sst2", hf="smollm2", limit=args.limit, data_dir=args.data_dir, device="cpu", only=only)
     seconds = time.perf_counter() - start
     load_after = list(os.getloadavg())
     record = read_json(out / "audit.json")
