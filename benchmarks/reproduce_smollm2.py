@@ -14,7 +14,9 @@ orders). Then it digests the report's figures:
   head-summed norm ‖Σ_h α f(x)‖, over query rows after the first and at the explaining (last)
   position, with the template's and the text's shares there (``norms``, table ``positions``);
 * per layer, Spearman ρ of raw attention and of rollout with gradient importance (``rollout``);
-* per-test wall times from the audit's own ``audit.json``, the load average before and after.
+* per-test wall times from the audit's own ``audit.json`` (a stored result keeps the seconds it
+  took, so a re-run that reuses finished tests still reports them: ``test_seconds_total``;
+  ``audit_seconds`` and the load averages are this call's), and ``--note`` on how it was run.
 
 Writes ``benchmarks/results/smollm2.json``; the audit folder goes to ``benchmarks/runs/``
 (git-ignored; a re-run reuses its finished tests). Run:
@@ -78,6 +80,7 @@ def main() -> dict[str, Any]:
     parser.add_argument("--out", type=Path, default=None, help="audit folder (default benchmarks/runs/smollm2-sst2-LIMIT)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest on a shared 2-core box)")
     parser.add_argument("--only", default=None, help="comma-separated tests (default: every applicable one)")
+    parser.add_argument("--note", default="", help="how the stored results were computed, when a re-run reuses them")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     out = args.out or RUNS / f"smollm2-sst2-{args.limit}"
@@ -100,6 +103,9 @@ def main() -> dict[str, Any]:
         "load_after": load_after,
         "threads": args.threads,
         "test_seconds": {t["test"]: t.get("seconds") for t in record["tests"] if t.get("status") in ("done", "cached")},
+        "test_seconds_total": sum(t.get("seconds") or 0.0 for t in record["tests"] if t.get("status") in ("done", "cached")),
+        "reused": [t["test"] for t in record["tests"] if t.get("status") == "cached"],
+        "note": args.note,
         "test_options": {t["test"]: t.get("options") for t in record["tests"] if t.get("status") in ("done", "cached")},
         "skipped": outcome.skipped,
         "failed": outcome.failed,
