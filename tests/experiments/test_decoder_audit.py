@@ -19,10 +19,12 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 from attnaudit.audit import _plan
 from attnaudit.data.types import Example
 from attnaudit.experiments import run_test
+from attnaudit.experiments.base import get_experiment
 from attnaudit.experiments.norms import position_shares
 from attnaudit.explain import item_mask, list_explanations
 from attnaudit.explain.norms import layer_norms
 from attnaudit.flow import rollout
+from attnaudit.models.base import AttentionLayer
 from attnaudit.models.hf import load_hf
 from attnaudit.models.zeroshot import ZeroShotCollator, text_items
 from attnaudit.run import Run
@@ -124,16 +126,10 @@ def test_importance_ranks_text_tokens_and_reports_accuracy(llama_lm: Path, tiny_
     gold = [example.label for example in examples]
     assert result.summary["accuracy"] == pytest.approx(sum(p == g for p, g in zip(predicted, gold)) / len(gold))
     assert result.summary["majority_class"] == pytest.approx(max(gold.count("pos"), gold.count("neg")) / len(gold))
-    assert any("accuracy" == row["statistic"] for row in get_verdict(result))
+    assert any(row["statistic"] == "accuracy" for row in get_experiment("importance").verdict(result))
 
 
-def get_verdict(result):  # type: ignore[no-untyped-def]
-    from attnaudit.experiments.base import get_experiment
-
-    return get_experiment("importance").verdict(result)
-
-
-def hand_norms(run: Run, record, layer: int) -> tuple[torch.Tensor, torch.Tensor]:  # type: ignore[no-untyped-def]
+def hand_norms(run: Run, record: AttentionLayer, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``(‖f_h(x_j)‖ (B,H,K), ‖Σ_h α_h f_h(x_j)‖ (B,Q,K))`` from the module's own weights: query head
     ``h`` reads key/value head ``h // (H / KV)`` (grouped-query attention)."""
     attention = run.model._attention_modules[layer]
