@@ -107,9 +107,14 @@ def _load_target(
 
 
 def _plan(
-    only: typing.Sequence[str] | None, skip: typing.Sequence[str] | None, test_options: dict[str, dict[str, Any]]
+    only: typing.Sequence[str] | None,
+    skip: typing.Sequence[str] | None,
+    test_options: dict[str, dict[str, Any]],
+    decoder: bool = False,
 ) -> tuple[list[str], dict[str, Any]]:
-    """Selected tests in order and their Options objects; rejects unknown names and options up front."""
+    """Selected tests in order and their Options objects; rejects unknown names and options up front.
+
+    ``decoder``: the audited model is a decoder-only LLM, whose tests take their ``audit_decoder_options``."""
     registry = discover()
     for label, names in (("--only", only or ()), ("--skip", skip or ()), ("--set", test_options)):
         unknown = [n for n in names if n not in registry]
@@ -120,7 +125,8 @@ def _plan(
     for name in selected:
         experiment = registry[name]()
         known = {f.name for f in fields(experiment.Options)}
-        values = {k: v for k, v in experiment.audit_options.items() if k in known}
+        defaults = {**experiment.audit_options, **(experiment.audit_decoder_options if decoder else {})}
+        values = {k: v for k, v in defaults.items() if k in known}
         values.update(test_options.get(name, {}))
         options[name] = make_options(experiment, values)
     return order_tests(selected), options
@@ -215,6 +221,8 @@ def audit(
     if hf_options and hf is None:
         raise AttnAuditError("--prompt/--verbalizer apply with --hf only")
     target = _load_target(out, task, model, run, hf, data_dir, device, seed, train_options, hf_options)
+    if target.model.causal:
+        order, options = _plan(only, skip, test_options or {}, decoder=True)
     if not target.examples(split, limit, data_dir=data_dir):  # a bad --split fails here, not in every test
         raise AttnAuditError(f"split {split!r} has no examples")
     if strict_options:

@@ -76,16 +76,17 @@ def test_make_options_refuses_non_finite_numbers() -> None:
 
 
 def test_each_tests_own_audit_and_demo_settings_are_options_it_has() -> None:
-    """audit_options and demo_options live on the test: each names only fields of its Options and
+    """audit_options, audit_decoder_options and demo_options live on the test: each names only fields of its Options and
     builds valid Options; the audit runs the cheap tests before the training-based ones."""
     from dataclasses import fields
 
     registry = discover()
     for name, cls in registry.items():
         known = {f.name for f in fields(cls.Options)}
-        for values in (cls.audit_options, *cls.demo_options.values()):
+        for values in (cls.audit_options, cls.audit_decoder_options, *cls.demo_options.values()):
             assert set(values) <= known, (name, set(values) - known)
             make_options(cls(), values)
+        make_options(cls(), {**cls.audit_options, **cls.audit_decoder_options})  # what a decoder audit builds
         assert set(cls.demo_options) <= {"full", "quick"}, name
     assert registry["importance"].audit_rank < 50 < registry["uniform"].audit_rank
     assert registry["importance"].ranks_instances == "tau_attention_vs_gradient"

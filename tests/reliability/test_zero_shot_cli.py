@@ -61,7 +61,7 @@ def test_prompt_and_verbalizer_make_importance_run(llama_lm: Path, tmp_path: Pat
     assert proc.returncode == 0, proc.stderr[-2000:]
     meta = json.loads((tmp_path / "out" / "importance.json").read_text())["meta"]
     assert meta["n"] == 4
-    assert any("zero-shot: prompt 'the {text}\\nwas'" in note and "template tokens included" in note for note in meta["notes"])
+    assert any("zero-shot: prompt 'the {text}\\nwas'" in note and "template tokens are not ranked" in note for note in meta["notes"])
 
 
 def test_audit_takes_prompt_and_verbalizer(llama_lm: Path, tmp_path: Path) -> None:

@@ -58,7 +58,9 @@ class Batch:
     ``tokens`` (B,T) ids — for HAN (B,S,W); ``mask`` same shape, True at real tokens;
     ``labels`` (B,) or (B,T) with -100 at padding; ``features`` (B,T) ids of an optional
     per-token feature (POS tags for CoNLL); ``query``/``query_mask`` (B,Q) for the
-    pair/QA models; ``target``/``target_mask`` for seq2seq; ``examples`` the originals.
+    pair/QA models; ``target``/``target_mask`` for seq2seq; ``examples`` the originals;
+    ``items`` (B,T) bool, True at the tokens an explanation ranks when those are only part of
+    the real tokens (a zero-shot prompt's ``{text}`` span), None when every real token is one.
     """
 
     tokens: Tensor
@@ -70,6 +72,7 @@ class Batch:
     target: Tensor | None = None
     target_mask: Tensor | None = None
     examples: list[Example] = field(default_factory=list)
+    items: Tensor | None = None
 
     def to(self, device: torch.device | str) -> Batch:
         def move(t: Tensor | None) -> Tensor | None:
@@ -85,6 +88,7 @@ class Batch:
             target=move(self.target),
             target_mask=move(self.target_mask),
             examples=self.examples,
+            items=move(self.items),
         )
 
     def __len__(self) -> int:

@@ -256,6 +256,7 @@ class Adversarial(Experiment):
 
     name = "adversarial"
     audit_rank = 10
+    audit_decoder_options = {"adversaries": 2, "steps": 25, "batch_size": 8}  # each step: a decode and backward of an LLM layer
     demo_options = {"full": {"adversaries": 3, "steps": 150}, "quick": {"adversaries": 1, "steps": 5}}
     description = (
         "Search K attention distributions per instance that differ most (JSD) from the model's "

@@ -118,6 +118,9 @@ class Experiment:
     next, the training-based ones last (above 50); ties by name."""
     audit_options: ClassVar[dict[str, Any]] = {}
     """Options an audit sets by default (small sizes for the tests that train models); --set overrides them."""
+    audit_decoder_options: ClassVar[dict[str, Any]] = {}
+    """Options an audit sets by default on a decoder-only LLM (over ``audit_options``; --set overrides them):
+    smaller sizes where a test's cost grows with the 30-layer, 49k-vocabulary models (the SmolLM2 audit)."""
     audit_transformers_only: ClassVar[bool] = False
     """Whether an audit runs this test on stacked self-attention models only (it still runs on
     any model it applies to with ``attnaudit run``)."""

@@ -178,10 +178,21 @@ def ranking_orders(
         return [order_by(scores[ranking], explained.mask)]
     width = explained.mask.shape[1]
     lengths = explained.lengths.tolist()
+    places = item_places(explained.mask)
     return [
-        torch.tensor([random_order(seed, i, r, n, width) for i, n in zip(indices, lengths)], device=explained.mask.device)
+        torch.tensor(
+            [[place[j] for j in random_order(seed, i, r, n, width)] for i, n, place in zip(indices, lengths, places)],
+            device=explained.mask.device,
+        )
         for r in range(repeats)
     ]
+
+
+def item_places(mask: Tensor) -> list[list[int]]:
+    """Per instance, the key positions of its items, then the others: item ``j`` of a random order is at
+    ``place[j]`` (the identity when the items are a row's first positions; a zero-shot prompt's text span otherwise)."""
+    order = torch.sort((~mask).to(torch.int8), dim=1, stable=True).indices
+    return order.tolist()
 
 
 def importance_functions(names: list[str], model: AttentionModel | None = None) -> dict[str, Explanation]:
@@ -200,8 +211,10 @@ def _single(
     """S&S §4 for one batch: erase the top-attention item, then a random other one."""
     top = attention.detach().masked_fill(~explained.mask, float("-inf")).argmax(-1)
     lengths = explained.lengths.tolist()
+    places = item_places(explained.mask)
+    rank = [place.index(int(t)) for place, t in zip(places, top.tolist())]  # the top item's number among the items
     rand = torch.tensor(
-        [random_other(seed, i, int(t), n) if n > 1 else int(t) for i, t, n in zip(indices, top.tolist(), lengths)],
+        [place[random_other(seed, i, k, n)] if n > 1 else place[k] for i, k, n, place in zip(indices, rank, lengths, places)],
         device=top.device,
     )
     out: dict[str, Tensor] = {"top": top, "rand": rand}
@@ -239,6 +252,8 @@ class Erasure(Experiment):
 
     name = "erasure"
     audit_rank = 9
+    # an LLM: no ranking that needs extra passes per token (loo, ig, attention gradients)
+    audit_decoder_options = {"rankings": ["attention", "random"], "random_orders": 2, "batch_size": 8}
     demo_options = {"full": {"random_orders": 3}, "quick": {"random_orders": 1, "rankings": ["random", "attention", "gradient"]}}
     description = (
         "Erase attention at the explained layer: top vs random single item (JSD, flips), and items "

@@ -34,6 +34,7 @@ import torch
 from torch import Tensor
 
 from attnaudit.data.types import Example
+from attnaudit.errors import AttnAuditError
 from attnaudit.experiments.base import Experiment, Result, register, save_figure
 from attnaudit.metrics import jsd
 from attnaudit.progress import track
@@ -97,6 +98,7 @@ class Identifiability(Experiment):
 
     name = "identifiability"
     audit_rank = 1
+    audit_decoder_options = {"max_instances": 5}  # SmolLM2: ~10 CPU-s per instance (30 layers × 9 heads of SVDs)
     needs_prediction = False  # reads attention and weights only
     description = "Rank / null space of each head's value-output map and raw vs effective attention"
     paper = "Brunner et al. 2020, On Identifiability in Transformers (ICLR)"
@@ -105,6 +107,9 @@ class Identifiability(Experiment):
     @dataclass
     class Options:
         batch_size: int = field(default=32, metadata={"help": "Instances per forward pass."})
+        max_instances: int | None = field(
+            default=None, metadata={"help": "Analyse only the first N instances (one SVD per instance, layer and head)."}
+        )
 
     def applies(self, run: Run) -> str | None:
         return _reason(run)
@@ -121,6 +126,10 @@ class Identifiability(Experiment):
         instances: list[dict[str, Any]] = []
         max_output_error = 0.0
         offset = 0
+        if options.max_instances is not None:
+            if options.max_instances < 1:
+                raise AttnAuditError(f"--max-instances must be at least 1, got {options.max_instances}")
+            examples = examples[: options.max_instances]
         total = -(-len(examples) // options.batch_size)
         with torch.no_grad():
             for batch in track(run.batches(examples, options.batch_size), "identifiability", total=total):

@@ -57,6 +57,7 @@ class ImportanceCorrelation(Experiment):
 
     name = "importance"
     audit_rank = 3
+    audit_decoder_options = {"batch_size": 8}  # LLM prompts differ in length: small batches pad less
     demo_options = {"full": {"methods": ["gradient", "loo", "ig"], "ig_steps": 20}, "quick": {"methods": ["gradient"]}}
     ranks_instances = "tau_attention_vs_gradient"
     description = "Kendall τ between attention and gradient / leave-one-out / IG importance, per instance"
@@ -103,6 +104,7 @@ class ImportanceCorrelation(Experiment):
         heads: dict[tuple[int, int | str, str], list[float]] = defaultdict(list)
         head_p: dict[tuple[int, int | str, str], list[float]] = defaultdict(list)
         excluded = 0
+        decisions: list[tuple[str | None, str]] = []  # (gold, predicted) of every instance, for the accuracy
         layers_heads = (0, 0)
         offset = 0
         total = -(-len(examples) // options.batch_size)
@@ -114,6 +116,7 @@ class ImportanceCorrelation(Experiment):
                     scores[method] = chosen[method](run.model, batch, steps=options.ig_steps, seed=seed)
                 with torch.no_grad():
                     pred = run.model(batch).logits.argmax(-1).tolist()
+                decisions += [(example.label, run.labels[p]) for example, p in zip(batch.examples, pred)]
                 per_head = attention_per_head(run.model, batch)
                 layers_heads = (int(per_head.shape[1]), int(per_head.shape[2]))
                 many = per_head.shape[1] * per_head.shape[2] > 1
@@ -132,7 +135,9 @@ class ImportanceCorrelation(Experiment):
                     if many:
                         self._per_head(per_head[b][:, :, real].numpy(), vec, methods, heads, head_p)
                 offset += len(batch)
-        return self._result(run, instances, pairs, methods, heads, head_p, layers_heads, excluded, options)
+        result = self._result(run, instances, pairs, methods, heads, head_p, layers_heads, excluded, options)
+        result.summary.update(accuracy(decisions))
+        return result
 
     @staticmethod
     def _instance_row(
@@ -305,6 +310,15 @@ class ImportanceCorrelation(Experiment):
                     "interpretation": text,
                 }
             )
+        acc, majority = s.get("accuracy"), s.get("majority_class")
+        if isinstance(acc, (int, float)) and isinstance(majority, (int, float)):
+            rows.insert(0, {
+                "statistic": "accuracy",
+                "value": acc,
+                "published": "",
+                "interpretation": f"the explained predictions are right for {acc:.1%} of the instances; always predicting "
+                f"the most frequent label would be right for {majority:.1%}",
+            })
         return rows or super().verdict(result)
 
     def plot(self, result: Result, directory: Path) -> list[Path]:
@@ -355,6 +369,20 @@ class ImportanceCorrelation(Experiment):
                 fig.colorbar(image, ax=ax, shrink=0.8)
             paths += save_figure(fig, directory, "importance_heads")
         return paths
+
+
+def accuracy(decisions: list[tuple[str | None, str]]) -> dict[str, float]:
+    """``accuracy`` of the explained predictions and ``majority_class``, the accuracy of always predicting
+    the most frequent gold label of the same instances (the baseline a zero-shot model must beat); {} unlabelled."""
+    labelled = [(gold, pred) for gold, pred in decisions if gold is not None]
+    if not labelled:
+        return {}
+    golds = [gold for gold, _ in labelled]
+    top = max(golds.count(label) for label in set(golds))
+    return {
+        "accuracy": sum(gold == pred for gold, pred in labelled) / len(labelled),
+        "majority_class": top / len(labelled),
+    }
 
 
 def _items(run: Run) -> str:

@@ -29,8 +29,9 @@ from attnaudit.data.types import Batch, Example
 from attnaudit.errors import AttnAuditError
 from attnaudit.experiments.base import Experiment, Result, register, save_figure
 from attnaudit.experiments.common import spearman_rho
+from attnaudit.explain import item_mask
 from attnaudit.explain.norms import LayerNorms, layer_norms
-from attnaudit.models.base import AttentionLayer
+from attnaudit.models.base import AttentionLayer, AttentionModel, take_rows
 from attnaudit.progress import track
 from attnaudit.run import Run
 
@@ -82,6 +83,59 @@ def categorise(tokens: list[str], special: dict[str, str]) -> list[int]:
     return codes
 
 
+POSITION_GROUPS = ("first", "template", "text")
+"""Key groups at a decoder's explaining query: the first token (the attention sink), the other
+prompt-template tokens (real tokens that are not items) and the text tokens (the items)."""
+
+
+def position_shares(model: AttentionModel, norms: LayerNorms, record: AttentionLayer, items: Tensor) -> dict[str, Tensor]:
+    """Per instance ``(B,)``: shares of head-averaged weight and of head-summed norm ``‖Σ_h α f(x)‖``.
+
+    ``sink_*``: on the first token, averaged over real query rows after the first (row 0 can only
+    read itself); ``{group}_*`` (:data:`POSITION_GROUPS`): on each group at the explaining query,
+    the last real token. Items ``(B,K)`` are the ranked tokens (a zero-shot prompt's text span)."""
+    real = record.mask.bool()
+    queries = record.query_mask.bool() if record.query_mask is not None else real
+    weight = norms.weights.mean(1)  # (B,Q,K)
+    norm = norms.summed_norm / norms.summed_norm.sum(-1, keepdim=True).clamp_min(torch.finfo(weight.dtype).tiny)
+    later = queries.clone()
+    later[:, 0] = False
+    count = later.sum(1).clamp_min(1).to(weight.dtype)
+    out = {
+        "sink_weight_share": (weight[:, :, 0] * later).sum(1) / count,
+        "sink_norm_share": (norm[:, :, 0] * later).sum(1) / count,
+    }
+    first = torch.zeros_like(real)
+    first[:, 0] = True
+    groups = {"first": first & real, "template": real & ~items.bool() & ~first, "text": items.bool() & ~first}
+    row = model.explanation_rows(queries)
+    if row is None:
+        raise AttnAuditError(f"{type(model).__name__} has no explaining query row")
+    for measure, values in (("weight", weight), ("norm", norm)):
+        at_query = take_rows(values, row, 1)
+        for group, keys in groups.items():
+            out[f"{group}_{measure}_share"] = (at_query * keys).sum(-1)
+    return {name: value.double().cpu() for name, value in out.items()}
+
+
+def add_positions(result: Result, positions: dict[tuple[int, str], list[float]], n_layers: int) -> None:
+    """Table ``positions`` (per layer: mean shares of :func:`position_shares`), its layer means in the
+    summary and ``sink_finding_holds``: the first token gets a smaller share of the norm than of the weight."""
+    names = sorted({name for _, name in positions})
+    table = [{"layer": layer, **{name: float(np.mean(positions[(layer, name)])) for name in names}} for layer in range(n_layers)]
+    result.tables["positions"] = table
+    for name in names:
+        result.summary[name] = float(np.mean([row[name] for row in table]))
+    result.summary["sink_finding_holds"] = bool(result.summary["sink_norm_share"] < result.summary["sink_weight_share"])
+    result.meta["notes"].append(
+        "decoder positions (table positions, per layer): sink_* = share of the head-averaged weight and of the head-summed "
+        "norm ‖Σ_h α f(x)‖ on the first token, mean over real query rows after the first; first/template/text_* = the "
+        "same shares at the explaining query (the last real token) on the first token, the other prompt-template tokens "
+        "and the input text's tokens (the ranked items); sink_finding_holds: the first token's norm share is below its "
+        "weight share (layer means), Kobayashi et al.'s finding for an attention sink"
+    )
+
+
 @dataclass
 class _Totals:
     """Running sums per (layer, category)."""
@@ -102,6 +156,7 @@ class Norms(Experiment):
 
     name = "norms"
     audit_rank = 4
+    audit_decoder_options = {"batch_size": 8}
     demo_options = {"quick": {"max_pairs": 2000}}
     needs_prediction = False  # reads attention and weights only
     description = "attention weight vs norm of the weighted transformed vector, per token category (Kobayashi et al.)"
@@ -141,6 +196,7 @@ class Norms(Experiment):
         instances: list[dict[str, Any]] = []
         heatmap: list[dict[str, Any]] = []
         heat_layer = options.heatmap_layer % n_layers
+        positions: dict[tuple[int, str], list[float]] = {}
         model.eval()
         done = 0
         batches = run.batches(examples, options.batch_size)
@@ -151,16 +207,23 @@ class Norms(Experiment):
                 category = torch.tensor([categorise(row, special) for row in tokens], device=batch.mask.device)
                 quota = math.ceil(options.max_pairs * len(batch) / len(examples))
                 rows = [{"index": done + i, "n_tokens": int(trace[0].mask[i].sum())} for i in range(len(batch))]
+                items = item_mask(model, batch) if model.causal else None
                 for layer in range(n_layers):
                     record = trace[layer]
                     norms = layer_norms(model, record, layer)
                     self._accumulate(totals, layer, norms, record, category, rows)
+                    if items is not None:
+                        for name, values in position_shares(model, norms, record, items).items():
+                            positions.setdefault((layer, name), []).extend(values.tolist())
                     self._sample_pairs(pairs[layer], norms, record, category, quota, generator)
                     if done <= options.heatmap_index < done + len(batch) and layer == heat_layer:
                         heatmap = self._heatmap(norms, record, tokens, options.heatmap_index - done)
                 instances.extend(rows)
                 done += len(batch)
-        return self._result(totals, pairs, instances, heatmap, heat_layer, options.heatmap_index, special)
+        result = self._result(totals, pairs, instances, heatmap, heat_layer, options.heatmap_index, special)
+        if positions:
+            add_positions(result, positions, n_layers)
+        return result
 
     @staticmethod
     def _accumulate(
@@ -366,6 +429,18 @@ class Norms(Experiment):
             else:
                 meaning = f"{category} gets {weight:.0%} of the weight and {norm:.0%} of ‖αf(x)‖"
             rows.append({"statistic": f"{category}_weight_share", "value": weight, "published": "", "interpretation": meaning})
+        weight, norm = s.get("sink_weight_share"), s.get("sink_norm_share")
+        if isinstance(weight, (int, float)) and isinstance(norm, (int, float)):
+            rows.append(
+                {
+                    "statistic": "sink_weight_share",
+                    "value": weight,
+                    "published": "the sink gets much weight, little norm (Kobayashi et al. 2020, for BERT's [SEP]/[CLS])",
+                    "interpretation": f"the first token (attention sink) gets {weight:.0%} of the attention weight and "
+                    f"{norm:.0%} of ‖Σ_h αf(x)‖ (layer means, query rows after the first): "
+                    + ("its weight overstates its contribution" if norm < weight else "its weight does not overstate its contribution"),
+                }
+            )
         return rows or super().verdict(result)
 
     def plot(self, result: Result, directory: Path) -> list[Path]:

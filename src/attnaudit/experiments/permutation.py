@@ -194,6 +194,7 @@ class Permutation(Experiment):
 
     name = "permutation"
     audit_rank = 6
+    audit_decoder_options = {"permutations": 10, "batch_size": 8}  # each permutation decodes the last of 30 layers
     demo_options = {"full": {"permutations": 30}, "quick": {"permutations": 3}}
     description = (
         "Shuffle the explained attention over the real items (encoder states fixed) many times per "

@@ -40,6 +40,7 @@ from attnaudit.experiments.base import Experiment, Result, register, save_figure
 from attnaudit.experiments.common import spearman_rho
 from attnaudit.explain import EXPLANATIONS, Explanation, item_mask
 from attnaudit.flow import flow, rollout
+from attnaudit.models.base import take_rows
 from attnaudit.progress import track
 from attnaudit.run import Run
 
@@ -75,13 +76,16 @@ PUBLISHED = {
 }
 
 
-def explanation_rows(matrices: Tensor, mask: Tensor, query: str, cls_index: int | None) -> Tensor:
+def explanation_rows(matrices: Tensor, mask: Tensor, query: str, cls_index: int | Tensor | None) -> Tensor:
     """``(B, L, T, T)`` -> ``(B, L, T)``: the row(s) of each layer's matrix that explain the prediction.
 
-    ``query``: ``cls`` (row ``cls_index``; without one, the mean over real queries), ``mean`` or
-    ``max`` over real query rows. Padded keys come out 0.
+    ``query``: ``cls`` (row ``cls_index``: one for all, or one per example ``(B,)`` — a decoder's
+    last real token; without one, the mean over real queries), ``mean`` or ``max`` over real
+    query rows. Padded keys come out 0.
     """
     keys = mask[:, None, :].to(matrices.dtype)
+    if query == "cls" and isinstance(cls_index, Tensor):
+        return take_rows(matrices, cls_index, 2) * keys
     if query == "cls" and cls_index is not None:
         return matrices[:, :, cls_index, :] * keys
     rows = mask[:, None, :, None]
@@ -143,6 +147,8 @@ class Rollout(Experiment):
     name = "rollout"
     audit_rank = 5
     audit_options = {"flow_limit": 20}  # flow costs ~T^4: a 90-wordpiece sentence takes ~40 CPU-s
+    # an LLM: 30 layers of flow per instance, and each reference costs passes of a 135M model
+    audit_decoder_options = {"flow_limit": 2, "importance": ["gradient"], "batch_size": 8}
     demo_options = {"full": {"flow_limit": 20}, "quick": {"flow_limit": 2, "importance": ["gradient"]}}
     description = (
         "raw attention, rollout and flow maps per layer, vs gradient / leave-one-out importance when the model "
@@ -203,7 +209,7 @@ class Rollout(Experiment):
             raise AttnAuditError(f"--flow-limit must be >= 0, got {options.flow_limit}")
         return {name: EXPLANATIONS[name] for name in options.importance}
 
-    def _scores(self, trace: Any, options: Any, cls_index: int | None, flow_left: int) -> dict[str, np.ndarray]:
+    def _scores(self, trace: Any, options: Any, cls_index: int | Tensor | None, flow_left: int) -> dict[str, np.ndarray]:
         """Token scores ``(B, L, T)`` per method for one batch; flow for the first ``flow_left`` instances only."""
         weights = trace.weights
         mask = trace[0].mask
@@ -218,7 +224,8 @@ class Rollout(Experiment):
             values = flow([w[:with_flow] for w in weights], options.head_fusion, options.residual, mask[:with_flow])
             # A&Z normalise each flow row to sum 1; of the statistics, it matters for --query max only.
             values = values / values.sum(-1, keepdim=True).clamp_min(torch.finfo(values.dtype).tiny)
-            scores["flow"] = explanation_rows(values, mask[:with_flow], options.query, cls_index)
+            rows = cls_index[:with_flow] if isinstance(cls_index, Tensor) else cls_index
+            scores["flow"] = explanation_rows(values, mask[:with_flow], options.query, rows)
         return {method: values.float().cpu().numpy() for method, values in scores.items()}
 
     def run(self, run: Run, examples: list[Example], options: Any, seed: int = 0) -> Result:
@@ -237,7 +244,7 @@ class Rollout(Experiment):
         for batch in track(run.batches(examples, options.batch_size), "rollout", math.ceil(len(examples) / options.batch_size)):
             with torch.no_grad():
                 out = model(batch)
-            scores = self._scores(out.trace, options, model.explanation_query, flow_limit - done)
+            scores = self._scores(out.trace, options, model.explanation_rows(out.trace[0].mask), flow_limit - done)
             imp = {name: fn(model, batch, seed=seed).detach().float().cpu().numpy() for name, fn in references.items()}
             items = item_mask(model, batch).cpu().numpy()
             width = items.shape[1]
@@ -271,7 +278,9 @@ class Rollout(Experiment):
             done += len(batch)
         statistics = [s for s in MAP_STATISTICS if s != "special_share" or special]
         return self._result(
-            instances, maps, n_layers, list(references), statistics, flow_limit, excluded, options, model.explanation_query
+            instances, maps, n_layers, list(references), statistics, flow_limit, excluded, options,
+            "the last real token's row (a decoder's explaining query; causal: it reads itself and earlier tokens only)"
+            if model.causal else "the [CLS] row" if model.explanation_query is not None else "",
         )
 
     def _result(
@@ -284,7 +293,7 @@ class Rollout(Experiment):
         flow_limit: int,
         excluded: int,
         options: Any,
-        cls_index: int | None,
+        explained_by: str,
     ) -> Result:
         last = n_layers - 1
         summary: dict[str, Any] = {"instances": len(instances), "flow_instances": flow_limit}
@@ -292,8 +301,10 @@ class Rollout(Experiment):
         summary.update({f"{r['method']}_vs_{r['importance']}": r["mean"] for r in correlations if r["layer"] == last})
         summaries = layer_table(instances, n_layers, statistics, "statistic")
         summary.update({f"{r['method']}_{r['statistic']}": r["mean"] for r in summaries if r["layer"] == last})
-        rows_from = "the [CLS] row" if options.query == "cls" and cls_index is not None else (
-            "the max over query rows" if options.query == "max" else "the mean over real query rows"
+        rows_from = (
+            "the max over query rows" if options.query == "max"
+            else "the mean over real query rows" if options.query == "mean" or not explained_by
+            else explained_by
         )
         notes = [
             f"token scores are read from {rows_from} of each layer's matrix; layers are 0-based (A&Z's L1 = layer 0)",

@@ -211,9 +211,12 @@ def hierarchical(model: AttentionModel) -> bool:
 
 
 def item_mask(target: AttentionModel | Run, batch: Batch) -> Tensor:
-    """``(B, K)`` bool, True at the real items of the explained layer (tokens; HAN: sentences)."""
+    """``(B, K)`` bool, True at the real items of the explained layer (tokens; HAN: sentences;
+    a zero-shot prompt: the tokens of its ``{text}`` span, ``Batch.items``)."""
     mask = batch.mask.bool()
-    return mask.any(-1) if hierarchical(model_of(target)) else mask
+    if hierarchical(model_of(target)):
+        return mask.any(-1)
+    return mask if batch.items is None else mask & batch.items.bool()
 
 
 def layer_index(model: AttentionModel, layer: int | None) -> int:

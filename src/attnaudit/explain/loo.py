@@ -114,7 +114,8 @@ def _loo_recompute(
     out = []
     for part in _chunks(len(rows), per_row, _PASS_ELEMENTS):
         sub = rows[order[part]]
-        out.append(model(_compact(batch, sub[:, 0], _drop_one(mask, sub), model.config.pad_id)).probs)
+        kept = _drop_one(batch.mask.bool(), sub)  # every real token but the removed item (a prompt's template stays)
+        out.append(model(_compact(batch, sub[:, 0], kept, model.config.pad_id)).probs)
     probs = torch.cat(out)
     return probs[torch.argsort(order)]
 
@@ -364,11 +365,12 @@ def loo_importance_reference(model: AttentionModel, batch: Batch) -> Tensor:
     check_task(model)
     mask = item_mask(model, batch)
     everyone = torch.arange(len(batch), device=mask.device)
+    fixed = batch.mask.bool() & ~mask if batch.items is not None else torch.zeros_like(mask)  # a prompt's template stays
     with evaluation(model), torch.no_grad():
         full = model(batch).probs
 
         def forward(keep: Tensor) -> Tensor:
-            sub = _compact(batch, everyone, (keep > 0.5) & mask, model.config.pad_id)
+            sub = _compact(batch, everyone, ((keep > 0.5) & mask) | fixed, model.config.pad_id)
             return output_change(model(sub).probs, full)
 
         attributions = FeatureAblation(forward).attribute(mask.to(full.dtype), baselines=0.0)

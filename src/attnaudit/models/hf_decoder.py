@@ -329,8 +329,12 @@ class HFDecoderModel(HFAttentionModel):
         final = final[rows, last]
         if not hasattr(hf, "lm_head"):
             return final
-        logits = hf.lm_head(final)
-        return logits if self.verbalizer_ids is None else logits[:, self.verbalizer_ids.to(logits.device)]
+        if self.verbalizer_ids is None:
+            return hf.lm_head(final)
+        # only the verbalizer rows of the LM head: the same logits without a (B, vocab) product
+        ids = self.verbalizer_ids.to(final.device)
+        bias = hf.lm_head.bias[ids] if hf.lm_head.bias is not None else None
+        return nn.functional.linear(final, hf.lm_head.weight[ids], bias)
 
     def cache_at(self, trace: AttentionTrace, layer: int, base: Cache) -> Cache:
         """Restart at trace layer ``layer`` from the residual stream that entered it."""

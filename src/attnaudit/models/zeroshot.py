@@ -6,8 +6,12 @@ verbalizer string (``" positive"``), in the task's label order. Those ``(B, labe
 the model's output, so the prediction is their softmax and the tests that need a prediction run.
 The explanation query is the last prompt position (:meth:`HFDecoderModel.explanation_rows`).
 
-The ranked items are all the prompt's tokens, template tokens included (recorded in the model's
-``config.extra["zero_shot"]``): restricting them to the input text's tokens is not done yet.
+The ranked items are the input text's tokens only, the ``{text}`` span of the filled prompt:
+:class:`ZeroShotCollator` sets ``Batch.items`` to the tokens whose characters overlap that span
+(tokenizer offsets; a token straddling the border, such as ``" The"`` after ``"Review:"``,
+counts as text), so every explanation and test ranks text tokens only, with 0 on the template.
+The template tokens still take part in the forward pass and receive attention; the norm
+analysis reports their share (and the first token's, the attention sink) apart.
 
 :func:`next_token_decision` is the same mechanism without a verbalizer: the classes are the whole
 vocabulary, so the decision is the predicted next token (``attnaudit explain`` on a causal LM).
@@ -21,8 +25,9 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
+from torch import Tensor
 
-from attnaudit.data.types import Example
+from attnaudit.data.types import Batch, Example
 from attnaudit.errors import AttnAuditError
 from attnaudit.models.hf_decoder import HFDecoderModel
 from attnaudit.models.hf_encoder import HFCollator
@@ -35,7 +40,7 @@ DEFAULTS: dict[str, tuple[str, dict[str, str]]] = {
     "synthetic": (SENTIMENT_PROMPT, SENTIMENT_VERBALIZER),
 }
 """Prompt and verbalizer used when ``--hf`` names a causal LM and the task is one of these."""
-ITEMS_NOTE = "ranked items are all prompt tokens, template tokens included"
+ITEMS_NOTE = "ranked items are the input text's tokens only (the {text} span of the prompt); template tokens are not ranked"
 
 _PAIR = re.compile(r'\s*([^=,]+?)\s*=(?:\s*"([^"]*)"\s*|([^,]*))(?:,|$)')
 
@@ -74,6 +79,36 @@ class ZeroShotCollator(HFCollator):
 
     def texts(self, examples: Sequence[Example]) -> list[str]:
         return [fill(self.prompt, text) for text in super().texts(examples)]
+
+    def __call__(self, examples: Sequence[Example]) -> Batch:
+        batch = super().__call__(examples)
+        spans = [text_span(self.prompt, text) for text in super().texts(examples)]
+        batch.items = text_items(self.tokenizer, self.texts(examples), spans, batch.mask.shape[1], self.max_len) & batch.mask
+        return batch
+
+
+def text_span(prompt: str, text: str) -> tuple[int, int]:
+    """Character span ``[start, end)`` of ``text`` in ``fill(prompt, text)``."""
+    start = prompt.index("{text}")
+    return start, start + len(text)
+
+
+def text_items(tokenizer: Any, filled: Sequence[str], spans: Sequence[tuple[int, int]], width: int, max_len: int) -> Tensor:
+    """``(B, width)`` bool: the tokens of each filled prompt whose characters overlap its text span.
+
+    A fast tokenizer gives each token's character offsets; a slow one is handled by counting the
+    tokens of the prompt up to the span's start and end (exact when no token crosses a border)."""
+    items = torch.zeros(len(filled), width, dtype=torch.bool)
+    if getattr(tokenizer, "is_fast", False):
+        offsets = tokenizer(list(filled), return_offsets_mapping=True, truncation=True, max_length=max_len)["offset_mapping"]
+        for row, (pairs, (start, end)) in enumerate(zip(offsets, spans)):
+            for column, (a, b) in enumerate(pairs[:width]):
+                items[row, column] = b > a and a < end and b > start
+        return items
+    for row, (text, (start, end)) in enumerate(zip(filled, spans)):
+        count = [len(tokenizer(part)["input_ids"]) for part in (text[:start], text[:end])]
+        items[row, min(count[0], width) : min(count[1], width)] = True
+    return items
 
 
 def verbalizer_ids(tokenizer: Any, verbalizer: dict[str, str], labels: Sequence[str]) -> list[int]:
