@@ -132,7 +132,34 @@ def perturbed(model: AttentionModel, batch: Batch, rows: Tensor, keep: Tensor, m
     items = item_mask(model, batch)
     if mode == "delete":
         return compact_items(batch, rows, keep & items[rows], model.config.pad_id)
-    return masked_batch(batch, rows, keep, items, fill_id)
+    return trimmed(masked_batch(batch, rows, keep, items, fill_id))
+
+
+def trimmed(batch: Batch) -> Batch:
+    """``batch`` without the trailing positions that are padding in every row (2-D tokens only)."""
+    if batch.tokens.dim() != 2:
+        return batch
+    used = batch.mask.any(0).nonzero()
+    width = int(used.max()) + 1 if len(used) else 1
+    if width == batch.tokens.shape[1]:
+        return batch
+    features = None if batch.features is None else batch.features[:, :width]
+    return Batch(tokens=batch.tokens[:, :width], mask=batch.mask[:, :width], features=features,
+                 query=batch.query, query_mask=batch.query_mask)
+
+
+def passes(lengths: Tensor, per_position: int, budget: int | None = None) -> list[Tensor]:
+    """Row indices in passes: by decreasing length, each pass holding about ``budget`` activation
+    elements (rows × its longest row × ``per_position``), so short rows share big passes."""
+    budget = _PASS_ELEMENTS if budget is None else budget
+    order = torch.argsort(lengths, descending=True, stable=True)
+    out, start = [], 0
+    while start < len(order):
+        longest = max(int(lengths[order[start]]), 1)
+        size = max(1, budget // (longest * max(per_position, 1)))
+        out.append(order[start : start + size])
+        start += size
+    return out
 
 
 def perturbed_probs(
@@ -141,25 +168,25 @@ def perturbed_probs(
     """``p(target[r] | instance rows[r] keeping only keep[r])`` for every row, ``(R,)``.
 
     Identical (instance, keep) rows run once; the distinct ones go through ``model`` in passes
-    sorted by kept length, each pass sized to about :data:`_PASS_ELEMENTS` activations.
+    of similar length (:func:`passes`): the kept length when deleting, the instance's length
+    when masking.
     """
     if rows.numel() == 0:
         return torch.zeros(0, dtype=torch.float64)
-    key = torch.cat([rows[:, None], keep.long()], 1)
+    device = batch.tokens.device
+    key = torch.cat([rows.cpu()[:, None], keep.cpu().long()], 1)
     unique, inverse = torch.unique(key, dim=0, return_inverse=True)
     u_rows, u_keep = unique[:, 0], unique[:, 1:].bool()
     fill_id = filler(model)[0]
-    order = torch.argsort(u_keep.sum(1), descending=True, stable=True)
+    per_item = batch.tokens[0, 0].numel()  # HAN: the words of a sentence
+    length = u_keep.sum(1) if mode == "delete" else batch.mask.reshape(len(batch), -1).sum(1).cpu()[u_rows] // per_item
     width = max(model.config.d_model, model.config.hidden_dim, model.config.embed_dim)
-    per_row = batch.tokens[0].numel() * width
-    size = max(1, _PASS_ELEMENTS // max(per_row, 1))
     out = torch.empty(len(unique), dtype=torch.float64)
     with evaluation(model), torch.no_grad():
-        for start in range(0, len(order), size):
-            part = order[start : start + size]
-            sub = perturbed(model, batch, u_rows[part], u_keep[part], mode, fill_id)
+        for part in passes(length, per_item * width):
+            sub = perturbed(model, batch, u_rows[part].to(device), u_keep[part].to(device), mode, fill_id)
             probs = model(sub).probs.double().cpu()
-            out[part] = probs.gather(1, target[u_rows[part]].cpu()[:, None]).squeeze(1)
+            out[part] = probs.gather(1, target.cpu()[u_rows[part]][:, None]).squeeze(1)
     return out[inverse]
 
 
@@ -192,7 +219,7 @@ def perturbation_probs(
             top = top_items(ranks, removable, top_count(n, percent))
             keeps += [items & ~top, items & ~(removable & ~top)]  # without the top items; only them (+ specials)
             rows += [torch.arange(size)] * 2
-    probs = perturbed_probs(model, batch, torch.cat(rows), torch.cat(keeps).to(batch.mask.device), pred, mode)
+    probs = perturbed_probs(model, batch, torch.cat(rows), torch.cat(keeps), pred, mode)
     probs = probs.view(len(scores), len(percents), 2, size)
     probs = probs.masked_fill((n < 2)[None, None, None, :], float("nan"))
     return probs[:, :, 0], probs[:, :, 1]
