@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from attnaudit.data.types import Batch
 from attnaudit.explain import item_mask
-from attnaudit.explain.loo import _compact, loo_importance, loo_importance_reference
+from attnaudit.explain.loo import compact_items, loo_importance, loo_importance_reference
 from attnaudit.models import ModelConfig, build_model
 from attnaudit.run import Run, TaskSpec
 
@@ -62,7 +62,7 @@ def test_compact_removes_exactly_the_dropped_items(rows: list[list[bool]]) -> No
     mask = torch.tensor([[i < len(r) for i in range(width)] for r in rows])
     tokens = (torch.arange(width)[None, :] + 10 * torch.arange(len(rows))[:, None] + 1) * mask
     keep = torch.tensor([r + [False] * (width - len(r)) for r in rows]) & mask
-    out = _compact(Batch(tokens=tokens, mask=mask), torch.arange(len(rows)), keep, pad_id=0)
+    out = compact_items(Batch(tokens=tokens, mask=mask), torch.arange(len(rows)), keep, pad_id=0)
     for b in range(len(rows)):
         expected = tokens[b][keep[b]].tolist()
         assert out.tokens[b][out.mask[b]].tolist() == expected

@@ -56,11 +56,15 @@ class Result:
         return asdict(self)
 
     def save(self, directory: str | Path) -> Path:
-        """Write ``<test>.json`` and ``<test>.csv`` atomically into ``directory``."""
+        """Write ``<test>.json`` and ``<test>.csv`` atomically into ``directory``, and
+        ``<test>_<table>.csv`` for each table named in ``meta["csv_tables"]``."""
         directory = Path(directory)
-        if self.instances:
-            frame = pd.DataFrame(self.instances)
-            atomic_write(directory / f"{self.test}.csv", lambda tmp: frame.to_csv(tmp, index=False))
+        frames = {self.test: self.instances}
+        frames.update({f"{self.test}_{name}": self.tables.get(name, []) for name in self.meta.get("csv_tables", [])})
+        for stem, rows in frames.items():
+            if rows:
+                frame = pd.DataFrame(rows)
+                atomic_write(directory / f"{stem}.csv", lambda tmp, frame=frame: frame.to_csv(tmp, index=False))
         return atomic_write_json(directory / f"{self.test}.json", self.to_dict())
 
     @classmethod

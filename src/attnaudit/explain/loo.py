@@ -53,7 +53,7 @@ def _select_extra(extra: dict[str, Any], index: Tensor, batch_size: int) -> dict
     }
 
 
-def _compact(batch: Batch, index: Tensor, keep: Tensor, pad_id: int) -> Batch:
+def compact_items(batch: Batch, index: Tensor, keep: Tensor, pad_id: int) -> Batch:
     """Instances ``index`` of ``batch`` with only the items in ``keep`` ``(R, K)``, shifted left.
 
     This is what "removing" an item means: later tokens move up one position (the
@@ -115,7 +115,7 @@ def _loo_recompute(
     for part in _chunks(len(rows), per_row, _PASS_ELEMENTS):
         sub = rows[order[part]]
         kept = _drop_one(batch.mask.bool(), sub)  # every real token but the removed item (a prompt's template stays)
-        out.append(model(_compact(batch, sub[:, 0], kept, model.config.pad_id)).probs)
+        out.append(model(compact_items(batch, sub[:, 0], kept, model.config.pad_id)).probs)
     probs = torch.cat(out)
     return probs[torch.argsort(order)]
 
@@ -356,7 +356,7 @@ def loo_importance_reference(model: AttentionModel, batch: Batch) -> Tensor:
     """Leave-one-out with Captum ``FeatureAblation``: the check for :func:`loo_importance`.
 
     The ablated input is a ``keep`` indicator per item; the forward function removes the
-    items whose indicator is 0 (:func:`_compact`) and returns the output change against the
+    items whose indicator is 0 (:func:`compact_items`) and returns the output change against the
     unperturbed prediction, so Captum's attribution ``f(x) − f(x without i)`` is ``−LOO``.
     One full forward pass per item position, as Captum does it.
     """
@@ -370,7 +370,7 @@ def loo_importance_reference(model: AttentionModel, batch: Batch) -> Tensor:
         full = model(batch).probs
 
         def forward(keep: Tensor) -> Tensor:
-            sub = _compact(batch, everyone, ((keep > 0.5) & mask) | fixed, model.config.pad_id)
+            sub = compact_items(batch, everyone, ((keep > 0.5) & mask) | fixed, model.config.pad_id)
             return output_change(model(sub).probs, full)
 
         attributions = FeatureAblation(forward).attribute(mask.to(full.dtype), baselines=0.0)

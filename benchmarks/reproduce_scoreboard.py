@@ -1,0 +1,126 @@
+"""The faithfulness scoreboard (ERASER metrics for every registered explanation) on fine-tuned MiniLM, SST-2.
+
+1. Fine-tune the embedded all-MiniLM-L6-v2 on ``--finetune-limit`` SST-2 training phrases with
+   the settings of ``benchmarks/reproduce_minilm.py`` (a finished run is reused), or take
+   ``--run``, a run made by ``attnaudit finetune``.
+2. Cost model: on the first ``--profile`` GLUE-dev sentences, the CPU seconds of every
+   explanation method and of the batched perturbations per removal mode (process CPU time, so
+   other jobs on the machine inflate it less than wall time), extrapolated to ``--limit``.
+3. ``attnaudit run faithfulness`` on the first ``--limit`` GLUE-dev sentences (our ``sst2``
+   test split) with ``--methods`` (default: every registered method that applies) and ``--mode``.
+4. Optionally the same on an SST BiLSTM run (``--bilstm``, e.g. the one
+   ``python -m benchmarks.reproduce_base_models`` trains); skipped when absent.
+
+Writes ``benchmarks/results/scoreboard.json`` (command, commit, cores, load average before and
+after, wall and CPU seconds, the scoreboards). Run:
+``nice -n 5 .venv/bin/python benchmarks/reproduce_scoreboard.py --data-dir ../shared/data``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `benchmarks.common` when run as a script
+
+from attnaudit.experiments import run_test  # noqa: E402
+from attnaudit.experiments.faithfulness import grid  # noqa: E402
+from attnaudit.explain import list_explanations  # noqa: E402
+from attnaudit.faithfulness import BINS, MODES, perturbation_probs  # noqa: E402
+from attnaudit.io import read_json  # noqa: E402
+from attnaudit.run import Run, load_run  # noqa: E402
+from benchmarks.common import RUNS, write_result  # noqa: E402
+
+KEEP = ("mode", "method", "aopc_comp", "aopc_comp_low", "aopc_comp_high", "aopc_suff", "aopc_suff_low",
+        "aopc_suff_high", "deletion", "insertion", "rank_aopc_comp", "n")
+
+
+def tuned_run(args: argparse.Namespace) -> Run:
+    """The fine-tuned MiniLM: ``--run``, else fine-tuned here (reused when finished)."""
+    if args.run:
+        return load_run(args.run, device="cpu", data_dir=args.data_dir)
+    from attnaudit.training.finetune import finetune
+
+    out = RUNS / f"minilm-sst2-{args.finetune_limit}"
+    return finetune("sst2", out, hf="minilm", epochs=1, lr=5e-5, batch_size=16, limit=args.finetune_limit, seed=0,
+                    data_dir=args.data_dir, device="cpu", max_len=128)
+
+
+def cost_model(run: Run, sentences: int, methods: list[str], modes: list[str], data_dir: str) -> dict[str, Any]:
+    """CPU seconds per sentence of each explanation and of the perturbations per mode, on ``sentences`` sentences."""
+    batch = run.collate(run.examples("test", sentences, data_dir=data_dir))
+    chosen = {m.name: m for m in list_explanations(run) if m.name in methods}
+    explain, scores = {}, {}
+    for name, method in chosen.items():
+        tic = time.process_time()
+        scores[name] = method(run.model, batch, steps=20, seed=0).detach().double()
+        explain[name] = (time.process_time() - tic) / sentences
+    perturb = {}
+    for mode in modes:
+        tic = time.process_time()
+        perturbation_probs(run.model, batch, scores, grid(list(BINS), 10), mode)  # type: ignore[arg-type]
+        perturb[mode] = (time.process_time() - tic) / sentences
+    return {"sentences": sentences, "explain_cpu_s_per_sentence": explain, "perturb_cpu_s_per_sentence": perturb,
+            "total_cpu_s_per_sentence": sum(explain.values()) + sum(perturb.values())}
+
+
+def scoreboard(run: Run, args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    """``attnaudit run faithfulness`` on ``run``; the ranked table, wall and CPU seconds."""
+    options = {"methods": args.methods.split(",")} if args.methods else {}
+    load = os.getloadavg()
+    wall, cpu = time.perf_counter(), time.process_time()
+    result = run_test("faithfulness", run, split="test", limit=args.limit, out=out, seed=0, mode=args.mode, **options)
+    return {
+        "n": result.summary["n"], "excluded_short": result.summary["excluded_short"],
+        "methods": result.meta["methods"], "filler": result.meta["filler"],
+        "scoreboard": [{k: row.get(k) for k in KEEP} for row in result.tables["scoreboard"]],
+        "agreement": result.tables["agreement"],
+        "wall_seconds": time.perf_counter() - wall, "cpu_seconds": time.process_time() - cpu,
+        "load_before": list(load), "load_after": list(os.getloadavg()), "results": str(out),
+    }
+
+
+def main() -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data-dir", default="../shared/data")
+    parser.add_argument("--run", help="a fine-tuned MiniLM run to reuse (attnaudit finetune --task sst2 ...)")
+    parser.add_argument("--finetune-limit", type=int, default=4000, help="SST-2 phrases to fine-tune on")
+    parser.add_argument("--limit", type=int, default=500, help="GLUE-dev sentences to score")
+    parser.add_argument("--methods", default="", help="comma-separated; default every registered method that applies")
+    parser.add_argument("--mode", default="both", choices=[*MODES, "both"])
+    parser.add_argument("--profile", type=int, default=32, help="sentences for the per-method cost model (0: none)")
+    parser.add_argument("--bilstm", default=str(RUNS / "sst-bilstm"), help="an SST BiLSTM run (skipped when absent)")
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    start = time.perf_counter()
+    run = tuned_run(args)
+    metrics = read_json(Path(run.path) / "metrics.json")
+    methods = args.methods.split(",") if args.methods else [m.name for m in list_explanations(run)]
+    modes = list(MODES) if args.mode == "both" else [args.mode]
+    result: dict[str, Any] = {
+        "minilm": {"run": str(run.path), "glue_dev_accuracy": metrics["test"].get("accuracy"),
+                   "train_examples": metrics.get("train_examples")},
+        "threads": args.threads,
+    }
+    if args.profile:
+        result["minilm"]["cost_model"] = cost_model(run, args.profile, methods, modes, args.data_dir)
+    result["minilm"]["scoreboard"] = scoreboard(run, args, RUNS / "scoreboard-minilm")
+    if Path(args.bilstm, "config.json").is_file():
+        bilstm = load_run(args.bilstm, device="cpu", data_dir=args.data_dir)
+        result["sst_bilstm"] = {"run": args.bilstm, "scoreboard": scoreboard(bilstm, args, RUNS / "scoreboard-sst-bilstm")}
+    result["seconds"] = time.perf_counter() - start
+    write_result("scoreboard", result)
+    board = result["minilm"]["scoreboard"]
+    print({"n": board["n"], "wall_seconds": round(board["wall_seconds"], 1), "cpu_seconds": round(board["cpu_seconds"], 1)})
+    return result
+
+
+if __name__ == "__main__":
+    main()
