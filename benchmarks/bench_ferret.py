@@ -251,10 +251,12 @@ def identical_scores(rows: list[dict[str, Any]], answer: dict[str, Any], tol: fl
             }
             fd_ours = np.array([r[f"{m}_{key}_ferret_default"] for r in rows])
             fd_theirs = np.array([g["default"][key] for g in given])
+            retok = np.array([g["default_retokenised"] for g in given], dtype=bool)
             entry[f"{key}_ferret_default_aopc"] = {
                 **agreement(fd_ours, fd_theirs, tol),
                 "ferret_mean": float(np.mean(fd_theirs)), "ours_same_definition_mean": float(np.mean(fd_ours)),
-                "sentences_with_a_retokenised_bin": int(changed.any(1).sum()),
+                "sentences_ferret_input_unchanged": agreement(fd_ours[~retok], fd_theirs[~retok], tol),
+                "sentences_with_a_retokenised_input": int(retok.sum()),
             }
         entry["retokenised_examples"] = [g["bins"]["example"] for g in given if "example" in g["bins"]][:3]
         out[m] = entry
@@ -302,7 +304,8 @@ def checks(rows: list[dict[str, Any]], answer: dict[str, Any]) -> dict[str, Any]
             "ferret_versions": answer["versions"]}
 
 
-def timing(run: Run, python: Path, rows: list[dict[str, Any]], examples: list[Example], args: argparse.Namespace) -> dict[str, Any]:
+def timing(run: Run, python: Path, rows: list[dict[str, Any]], examples: list[Example], own: dict[str, Any],
+           args: argparse.Namespace) -> dict[str, Any]:
     """3c: ours vs ferret's explanations + both metrics on the first ``--time-sentences`` sentences, interleaved."""
     count = min(args.time_sentences, len(rows))
     with tempfile.TemporaryDirectory() as tmp:
@@ -315,6 +318,10 @@ def timing(run: Run, python: Path, rows: list[dict[str, Any]], examples: list[Ex
         finally:
             server.close()
     record["sentences"] = count
+    record["perturbed_inputs_per_round"] = {
+        "ours": 2 * len(BINS) * len(METHODS) * count,
+        "ferret": sum(2 * len(ferret_sets(np.array(f["scores"][1:-1]))) for m in METHODS for f in own[m][:count]),
+    }
     record["peer_seconds_inside_worker"] = server.inner
     record["work"] = (f"ours: gradient + ig ({args.ig_steps} steps) and comprehensiveness + sufficiency at bins "
                       f"{list(BINS)} % (delete), chunks of {args.chunk}; ferret: GradientExplainer + "
@@ -355,7 +362,7 @@ def main() -> dict[str, Any]:
         "ferret_measure_seconds": answer["seconds"],
     }
     if args.repeats:
-        result["timing"] = timing(run, python, rows, examples, args)
+        result["timing"] = timing(run, python, rows, examples, answer["own"], args)
         result.update(headline(result["timing"]))
     result["load_average"] = list(os.getloadavg())
     write_result("ferret", result)

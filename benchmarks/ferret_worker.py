@@ -98,6 +98,28 @@ def at_k(t: dict[str, Any], tokenizer: Any, sentence: dict[str, Any], scores: li
     return out
 
 
+def default_retokenised(tokenizer: Any, text: str, scores: list[float]) -> bool:
+    """Whether any input of ferret's default AOPC (its own rationale selection, repeated sets
+    skipped) is changed by decode → re-tokenise."""
+    from ferret.evaluators.utils_from_soft_to_discrete import (
+        _check_and_define_get_id_discrete_rationale_function,
+        parse_evaluator_args,
+    )
+
+    _, only_pos, removal, _ = parse_evaluator_args({})
+    select = _check_and_define_get_id_discrete_rationale_function(removal["based_on"])
+    inner = np.asarray(tokenizer(text)["input_ids"][1:-1])
+    last = None
+    for v in removal["thresholds"]:
+        top = select(np.asarray(scores[1:-1]), v, only_pos)
+        if top is None or (last is not None and set(top) == last):
+            continue
+        last = set(top)
+        if retokenised(tokenizer, np.delete(inner, top)) or retokenised(tokenizer, inner[np.sort(top)]):
+            return True
+    return False
+
+
 def defaults(t: dict[str, Any], expl: Any, target: int) -> dict[str, float]:
     """ferret's AOPC comprehensiveness and sufficiency with its default arguments."""
     return {key: float(t[key].compute_evaluation(expl, target=target).score) for key in ("comp", "suff")}
@@ -138,7 +160,8 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
         for s in sentences:
             scores = s["scores"][method]
             rows.append({"bins": at_k(t, tokenizer, s, scores),
-                         "default": defaults(t, explanation(s["text"], tokenizer, scores, s["target"], method), s["target"])})
+                         "default": defaults(t, explanation(s["text"], tokenizer, scores, s["target"], method), s["target"]),
+                         "default_retokenised": default_retokenised(tokenizer, s["text"], scores)})
         out["given"][method] = rows
         out["seconds"][f"given_{method}"] = time.perf_counter() - tic
         tic = time.perf_counter()

@@ -84,7 +84,8 @@ def test_comparisons_of_a_hand_made_worker_answer() -> None:
             {"comp": [0.4] * 5, "suff": [0.0] * 4 + [0.00005], **unchanged}]
     answer = {
         "ids": [[101, 7, 8, 102], [101, 7, 9, 102]], "logits": [[0.0, 1.5], [0.5, 0.25]], "attn_implementation": "sdpa",
-        "versions": {}, "given": {m: [{"bins": b, "default": {"comp": 0.3, "suff": 0.2}} for b in bins] for m in bf.METHODS},
+        "versions": {}, "given": {m: [{"bins": b, "default": {"comp": 0.3, "suff": 0.2}, "default_retokenised": r}
+                         for b, r in zip(bins, (True, False))] for m in bf.METHODS},
         "own": {m: [{"scores": [9.0, 5.0, -1.0, 9.0], "default": {"comp": 0.5, "suff": 0.0}},
                     {"scores": [9.0, -3.0, 2.0, 9.0], "default": {"comp": 0.1, "suff": 0.2}}] for m in bf.METHODS},
     }
@@ -99,6 +100,8 @@ def test_comparisons_of_a_hand_made_worker_answer() -> None:
     assert comp["by_bin"]["50%"]["mean_abs_diff"] == pytest.approx(0.125)
     assert same["suff_per_bin"]["all"]["fraction_within_tolerance"] == 1.0  # 5e-5 is within 1e-4
     assert same["suff_ferret_default_aopc"]["max_abs_diff"] == pytest.approx(0.1)
+    assert same["comp_ferret_default_aopc"]["sentences_with_a_retokenised_input"] == 1
+    assert same["comp_ferret_default_aopc"]["sentences_ferret_input_unchanged"]["fraction_within_tolerance"] == 1.0
     e2e = bf.end_to_end(rows, answer)["ig"]
     assert e2e["aopc_comp"] == {"ours": pytest.approx(0.25), "ferret": pytest.approx(0.3), "ours_n": 2}
     # ours (2, 1) and (1, 3); ferret (5, −1): τ = 1 signed and absolute; (−3, 2): τ = 1 signed, −1 absolute
