@@ -5,8 +5,9 @@ Integrated Gradients on Hugging Face models. It needs transformers < 5 and numpy
 from its own virtual environment (``benchmarks/ferret_venv.sh DIR``, or ``--make-venv``) as a
 subprocess, ``benchmarks/ferret_worker.py``, exchanging JSON files with this script.
 
-1. The fine-tuned MiniLM: ``--run`` (an ``attnaudit finetune --task sst2`` run), else fine-tuned
-   here on ``--finetune-limit`` SST-2 phrases (reused when finished). ferret loads the run's
+1. The fine-tuned MiniLM: ``--run`` (an ``attnaudit finetune --task sst2`` run), else
+   ``benchmarks/runs/minilm-sst2-N``, fine-tuned here like ``attnaudit finetune --task sst2
+   --limit N`` with its defaults, N = ``--finetune-limit`` (reused when finished). ferret loads the run's
    ``hf/`` folder with transformers 4.x; the logits of both sides are compared first.
 2. The first ``--limit`` GLUE-dev sentences (our ``sst2`` test split).
 3. a. IDENTICAL scores: our ``gradient`` and ``ig`` scores go to ferret's evaluators. Per bin
@@ -62,8 +63,9 @@ def tuned_run(args: argparse.Namespace) -> Run:
         return load_run(args.run, device="cpu", data_dir=args.data_dir)
     from attnaudit.training.finetune import finetune
 
-    return finetune("sst2", RUNS / f"minilm-sst2-{args.finetune_limit}", hf="minilm", epochs=1, lr=5e-5, batch_size=16,
-                    limit=args.finetune_limit, seed=0, data_dir=args.data_dir, device="cpu", max_len=128)
+    # `attnaudit finetune --task sst2 --limit N` with its defaults (lr 2e-5, batch 16, seed 0)
+    return finetune("sst2", RUNS / f"minilm-sst2-{args.finetune_limit}", hf="minilm", epochs=1,
+                    limit=args.finetune_limit, seed=0, data_dir=args.data_dir, device="cpu")
 
 
 def ferret_sets(scores: np.ndarray) -> list[np.ndarray]:
@@ -334,7 +336,7 @@ def main() -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data-dir", default="../shared/data")
     parser.add_argument("--run", help="a fine-tuned MiniLM run (attnaudit finetune --task sst2 ...)")
-    parser.add_argument("--finetune-limit", type=int, default=1000, help="SST-2 phrases to fine-tune on without --run")
+    parser.add_argument("--finetune-limit", type=int, default=4000, help="SST-2 phrases to fine-tune on without --run")
     parser.add_argument("--limit", type=int, default=100, help="GLUE-dev sentences to compare")
     parser.add_argument("--tolerance", type=float, default=1e-4, help="absolute tolerance on probability differences")
     parser.add_argument("--ig-steps", type=int, default=20)
