@@ -334,7 +334,7 @@ def timing(run: Run, python: Path, rows: list[dict[str, Any]], examples: list[Ex
 
 def main() -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data-dir", default="../shared/data")
+    parser.add_argument("--data-dir", default=os.environ.get("ATTNAUDIT_DATA", "../shared/data"), help="default $ATTNAUDIT_DATA")
     parser.add_argument("--run", help="a fine-tuned MiniLM run (attnaudit finetune --task sst2 ...)")
     parser.add_argument("--finetune-limit", type=int, default=4000, help="SST-2 phrases to fine-tune on without --run")
     parser.add_argument("--limit", type=int, default=100, help="GLUE-dev sentences to compare")
@@ -344,7 +344,8 @@ def main() -> dict[str, Any]:
     parser.add_argument("--time-sentences", type=int, default=20, help="sentences per timed round")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--venv", default=str(RUNS / "ferret-venv"), help="ferret's virtual environment")
+    parser.add_argument("--venv", default=os.environ.get("ATTNAUDIT_FERRET_VENV", str(RUNS / "ferret-venv")),
+                        help="ferret's virtual environment (default $ATTNAUDIT_FERRET_VENV, else benchmarks/runs/ferret-venv)")
     parser.add_argument("--make-venv", action="store_true", help="build --venv with benchmarks/ferret_venv.sh if missing")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
