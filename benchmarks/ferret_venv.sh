@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build the virtual environment that runs ferret-xai 0.4.2 for benchmarks/bench_ferret.py.
+# Build the virtual environment that runs ferret-xai 0.4.2 for benchmarks/reproduce_ferret.py.
 # ferret needs transformers < 5 and numpy < 2 (attnaudit's venv has transformers 5), so it gets
 # its own environment (~2.4 GB). Never run from `make test`.
 # Usage: benchmarks/ferret_venv.sh DIR   (python3.11 on PATH, or PYTHON=/path/to/python3.11)

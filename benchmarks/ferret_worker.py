@@ -1,4 +1,4 @@
-"""ferret-xai's side of ``benchmarks/bench_ferret.py``: run by the ferret venv's python, never imported by attnaudit.
+"""ferret-xai's side of ``benchmarks/reproduce_ferret.py``: run by the ferret venv's python, never imported by attnaudit.
 
 ferret 0.4.2 needs transformers < 5 and numpy < 2, so it runs in its own virtual environment
 (``benchmarks/ferret_venv.sh``) and talks to the benchmark through JSON files:

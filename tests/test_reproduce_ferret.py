@@ -1,4 +1,4 @@
-"""benchmarks/bench_ferret.py without ferret's venv: ferret's default removal sets by hand and as
+"""benchmarks/reproduce_ferret.py without ferret's venv: ferret's default removal sets by hand and as
 properties, ferret's default AOPC computed by our batched perturbations against a slow loop of
 single forwards on a tiny BERT, and the comparisons read from a hand-made worker answer (the
 JSON contract with benchmarks/ferret_worker.py)."""
@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `benchmarks` is a folder of the checkout
 
-from benchmarks import bench_ferret as bf  # noqa: E402
+from benchmarks import reproduce_ferret as bf  # noqa: E402
 
 
 def test_ferret_sets_by_hand() -> None:

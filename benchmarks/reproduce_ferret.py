@@ -23,7 +23,7 @@ subprocess, ``benchmarks/ferret_worker.py``, exchanging JSON files with this scr
       interleaved over ``--repeats`` rounds (:func:`benchmarks.common.time_interleaved`).
 
 Writes ``benchmarks/results/ferret.json``. Run:
-``nice -n 5 .venv/bin/python benchmarks/bench_ferret.py --venv /tmp/ferret-venv --data-dir ../shared/data``.
+``nice -n 5 .venv/bin/python benchmarks/reproduce_ferret.py --venv /tmp/ferret-venv --data-dir ../shared/data``.
 """
 
 from __future__ import annotations
