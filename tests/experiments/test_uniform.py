@@ -102,7 +102,7 @@ def test_training_with_frozen_attention_is_deterministic(clf: Run, tmp_path: Pat
 def test_not_applicable_without_run_config_or_directory(clf: Run) -> None:
     experiment = get_experiment("uniform")
     assert experiment.applies(clf) is None
-    assert "(hf) does not have" in experiment.applies(dataclasses.replace(clf, info={"kind": "hf"}))
+    assert "would mean retraining or fine-tuning it" in experiment.applies(dataclasses.replace(clf, info={"kind": "hf"}))
     assert "no directory" in experiment.applies(dataclasses.replace(clf, path=None))
 
 
