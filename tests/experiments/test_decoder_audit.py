@@ -13,8 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import LlamaConfig, LlamaForCausalLM
 
 from attnaudit.audit import _plan
 from attnaudit.data.types import Example
@@ -28,15 +27,10 @@ from attnaudit.models.base import AttentionLayer
 from attnaudit.models.hf import load_hf
 from attnaudit.models.zeroshot import ZeroShotCollator, text_items
 from attnaudit.run import Run
+from tests.models.test_hf_decoder import tokenizer  # the word-level tokenizer of the tiny vocabulary
 
 PROMPTS = ["the {text} was", "a dog runs , {text} !", "{text} was"]
 VERBALIZER = {"neg": "bad", "pos": "good"}
-
-
-def word_tokenizer(vocab: list[str]) -> PreTrainedTokenizerFast:
-    core = Tokenizer(models.WordLevel({w: i for i, w in enumerate(vocab)}, unk_token="[UNK]"))
-    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    return PreTrainedTokenizerFast(tokenizer_object=core, unk_token="[UNK]", pad_token="[PAD]", eos_token="[SEP]")
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +42,7 @@ def llama_lm(tiny_hf: SimpleNamespace, tmp_path_factory: pytest.TempPathFactory)
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
     )
     LlamaForCausalLM(config).eval().save_pretrained(folder, safe_serialization=True)
-    word_tokenizer(tiny_hf.vocab).save_pretrained(folder)
+    tokenizer(tiny_hf.vocab).save_pretrained(folder)
     return folder
 
 

