@@ -13,7 +13,6 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from attnaudit.audit import _plan
 from attnaudit.data.types import Example
@@ -27,7 +26,7 @@ from attnaudit.models.base import AttentionLayer
 from attnaudit.models.hf import load_hf
 from attnaudit.models.zeroshot import ZeroShotCollator, text_items
 from attnaudit.run import Run
-from tests.models.test_hf_decoder import tokenizer  # the word-level tokenizer of the tiny vocabulary
+from tests.models.test_hf_decoder import save_llama_lm
 
 PROMPTS = ["the {text} was", "a dog runs , {text} !", "{text} was"]
 VERBALIZER = {"neg": "bad", "pos": "good"}
@@ -35,15 +34,7 @@ VERBALIZER = {"neg": "bad", "pos": "good"}
 
 @pytest.fixture(scope="module")
 def llama_lm(tiny_hf: SimpleNamespace, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("llama-lm")
-    torch.manual_seed(1)
-    config = LlamaConfig(
-        vocab_size=len(tiny_hf.vocab), pad_token_id=0, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-    )
-    LlamaForCausalLM(config).eval().save_pretrained(folder, safe_serialization=True)
-    tokenizer(tiny_hf.vocab).save_pretrained(folder)
-    return folder
+    return save_llama_lm(tmp_path_factory.mktemp("llama-lm"), tiny_hf.vocab, seed=1)
 
 
 def zero_shot(llama_lm: Path, tiny_hf: SimpleNamespace, prompt: str = PROMPTS[0]) -> Run:

@@ -61,9 +61,9 @@ def tokenizer(vocab: list[str]) -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(tokenizer_object=core, unk_token="[UNK]", pad_token="[PAD]", eos_token="[SEP]")
 
 
-def build(family: str, vocab: int, lm: bool = False) -> torch.nn.Module:
+def build(family: str, vocab: int, lm: bool = False, seed: int = 0) -> torch.nn.Module:
     """A tiny random model of ``family``: a 2-label sequence classifier, or the causal LM."""
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     common = {"vocab_size": vocab, "pad_token_id": 0, "num_labels": 2}
     if family == "gpt2":
         config = GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=64, **common)
@@ -74,6 +74,13 @@ def build(family: str, vocab: int, lm: bool = False) -> torch.nn.Module:
     window = {"use_sliding_window": True, "sliding_window": 3, "max_window_layers": 1} if family == "qwen2-window" else {}
     config = Qwen2Config(num_key_value_heads=1, **sizes, **window, **common)
     return (Qwen2ForCausalLM if lm else Qwen2ForSequenceClassification)(config).eval()
+
+
+def save_llama_lm(folder: Path, vocab: list[str], seed: int = 0) -> Path:
+    """A tiny random Llama causal LM and its word-level tokenizer saved as a Hugging Face folder."""
+    build("llama", len(vocab), lm=True, seed=seed).save_pretrained(folder, safe_serialization=True)
+    tokenizer(vocab).save_pretrained(folder)
+    return folder
 
 
 def wrap(family: str, tiny_hf: SimpleNamespace, lm: bool = False) -> tuple[HFDecoderModel, torch.nn.Module, Batch]:

@@ -14,11 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from transformers import (
-    AutoModelForCausalLM,
-    LlamaConfig,
-    LlamaForCausalLM,
-)
+from transformers import AutoModelForCausalLM
 
 from attnaudit.data.types import Example, TaskData
 from attnaudit.errors import AttnAuditError
@@ -35,7 +31,7 @@ from attnaudit.models.zeroshot import (
 )
 from attnaudit.pretrained import SMOLLM2_INSTALL
 from attnaudit.run import load_run
-from tests.models.test_hf_decoder import tokenizer  # the word-level tokenizer of the tiny vocabulary
+from tests.models.test_hf_decoder import save_llama_lm, tokenizer
 
 PROMPT = "the {text} was"
 VERBALIZER = {"neg": "bad plot", "pos": "good"}  # "bad plot": only its first token, "bad", is read
@@ -43,15 +39,7 @@ VERBALIZER = {"neg": "bad plot", "pos": "good"}  # "bad plot": only its first to
 
 @pytest.fixture(scope="module")
 def llama_lm(tiny_hf: SimpleNamespace, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("llama-lm")
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=len(tiny_hf.vocab), pad_token_id=0, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-    )
-    LlamaForCausalLM(config).eval().save_pretrained(folder, safe_serialization=True)
-    tokenizer(tiny_hf.vocab).save_pretrained(folder)
-    return folder
+    return save_llama_lm(tmp_path_factory.mktemp("llama-lm"), tiny_hf.vocab, seed=0)
 
 
 def test_prediction_is_softmax_over_verbalizer_first_token_logits(llama_lm: Path, tiny_hf: SimpleNamespace) -> None:
