@@ -3,12 +3,26 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 import torch
 
 torch.set_num_threads(1)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """One converted-model cache (:mod:`attnaudit.models.gguf_cache`) for the whole run, never the
+    user's: made by the main process before xdist starts its workers, which inherit it."""
+    if not hasattr(config, "workerinput"):
+        os.environ["ATTNAUDIT_CACHE"] = tempfile.mkdtemp(prefix="attnaudit-test-cache-")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput"):
+        shutil.rmtree(os.environ.pop("ATTNAUDIT_CACHE", ""), ignore_errors=True)
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -44,6 +44,7 @@ from attnaudit.explain.attention import attention_importance
 from attnaudit.explain.gradient import gradient_importance
 from attnaudit.models.attention import normalise
 from attnaudit.models.base import Intervention, freeze_uniform
+from attnaudit.models.gguf_cache import cache_folder
 from attnaudit.models.hf import HFCollator, load_hf, resolve_source, save_hf_run
 from attnaudit.models.hf_decoder import HFDecoderModel, causal_allowed, real_positions
 from attnaudit.pretrained import SMOLLM2_INSTALL, smollm2_path
@@ -338,3 +339,21 @@ def test_real_smollm2(smollm2: SimpleNamespace) -> None:
     torch.testing.assert_close(ours.logits[0], theirs.logits[0, -1], rtol=0, atol=1e-4)
     for mine, ref in zip(ours.trace.weights, theirs.attentions):
         torch.testing.assert_close(mine, ref, rtol=0, atol=1e-5)
+
+
+def test_real_smollm2_from_the_conversion_cache_equals_the_gguf_file(smollm2: SimpleNamespace) -> None:
+    """The model was read from attnaudit's converted copy (models/gguf_cache.py); transformers'
+    own load of the GGUF file gives the same token ids and the same logits, bit for bit."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = Path(smollm2_path())
+    assert (cache_folder(gguf) / "model.safetensors").is_file()
+    direct = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, attn_implementation="eager")
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    text = "Review: a gripping , funny film ü 東京\nSentiment:"
+    ids = tokenizer(text)["input_ids"]
+    assert smollm2.run.model.tokenizer(text)["input_ids"] == ids
+    with torch.no_grad():
+        theirs = direct(torch.tensor([ids])).logits
+        ours = smollm2.run.model.hf(torch.tensor([ids])).logits
+    assert torch.equal(ours, theirs)

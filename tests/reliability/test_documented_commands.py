@@ -4,6 +4,8 @@ commands are found and where they run."""
 
 from __future__ import annotations
 
+import pytest
+
 from attnaudit.experiments import discover
 
 from .documented import PLACEHOLDERS, PRODUCERS, Documented, Workspace, documented_commands
@@ -21,6 +23,40 @@ def _resolve(command: Documented) -> list[str]:
     return args
 
 
+def _outputs(args: list[str]) -> list[str]:
+    return [value for flag, value in zip(args, args[1:]) if flag == "--out"]
+
+
+def chains(commands: list[Documented]) -> list[list[Documented]]:
+    """The non-producing commands grouped so that one which reads what another wrote (its ``--out``
+    folder or a path inside it: ``report audits/sst`` after ``audit ... --out audits/sst``) runs
+    after it in the same group, in the order shown; unrelated groups can run on different workers."""
+    shown = [c for c in commands if c.verb not in PRODUCERS]
+    parent = list(range(len(shown)))
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            i = parent[i]
+        return i
+
+    writer: dict[str, int] = {}
+    for i, command in enumerate(shown):
+        args = _resolve(command)
+        for arg in args:
+            for path, j in writer.items():
+                if arg == path or arg.startswith(path.rstrip("/") + "/"):
+                    parent[root(i)] = root(j)
+        for path in _outputs(args):
+            writer[path] = i
+    groups: dict[int, list[Documented]] = {}
+    for i, command in enumerate(shown):
+        groups.setdefault(root(i), []).append(command)
+    return list(groups.values())
+
+
+CHAINS = chains(COMMANDS)
+
+
 def test_documentation_shows_commands() -> None:
     verbs = {c.verb for c in COMMANDS}
     assert {"train", "run", "audit", "report", "finetune", "sweep", "demo", "train-nmt", "evaluate"} <= verbs
@@ -28,17 +64,30 @@ def test_documentation_shows_commands() -> None:
     assert set(discover()) <= tested, f"tests without a documented example: {set(discover()) - tested}"
 
 
+def test_chains_keep_every_command_once_and_readers_after_writers() -> None:
+    flat = [c for chain in CHAINS for c in chain]
+    assert sorted(map(str, flat)) == sorted(str(c) for c in COMMANDS if c.verb not in PRODUCERS)
+    assert len(CHAINS) > 1
+    for chain in CHAINS:
+        order = [COMMANDS.index(c) for c in chain]
+        assert order == sorted(order)
+    grouped = {str(c): i for i, chain in enumerate(CHAINS) for c in chain}
+    for command in flat:
+        if command.verb == "report":  # `report audits/sst` reads the audit that wrote audits/sst
+            writers = [c for c in flat if _outputs(_resolve(c)) == [command.args[1]]]
+            assert writers and all(grouped[str(w)] == grouped[str(command)] for w in writers), command
+
+
 def test_every_producing_command_runs(docs_workspace: Workspace) -> None:
     assert docs_workspace.producer_failures == []
 
 
-def test_every_documented_command_runs(docs_workspace: Workspace) -> None:
-    """All of them in the order shown, in one test: later commands read what earlier ones wrote
-    (`report audits/sst` after `audit --run runs/sst --out audits/sst`). Every failure is listed."""
+@pytest.mark.parametrize("chain", CHAINS, ids=[str(chain[0])[:80] for chain in CHAINS])
+def test_every_documented_command_runs(docs_workspace: Workspace, chain: list[Documented]) -> None:
+    """The commands of one chain in the order shown: later ones read what earlier ones wrote.
+    Every failure is listed."""
     failures = []
-    for command in COMMANDS:
-        if command.verb in PRODUCERS:
-            continue
+    for command in chain:
         code, out, err = docs_workspace.run(docs_workspace.rewrite(tuple(_resolve(command))))
         if code != 0 or "Traceback" in err:
             failures.append(f"{command}\nexit {code}\n{err[-1500:]}\n{out[-300:]}")

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import struct
+from functools import partial
 from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -46,6 +47,7 @@ from torch import Tensor, nn
 
 from attnaudit.data.types import Batch
 from attnaudit.errors import AttnAuditError, InputError
+from attnaudit.models import gguf_cache
 from attnaudit.models.base import (
     AttentionLayer,
     AttentionModel,
@@ -367,8 +369,6 @@ def _gguf(source: str) -> tuple[str, dict[str, str]]:
 @contextlib.contextmanager
 def _quiet_gguf() -> Iterator[None]:
     """Hide transformers' GGUF de-quantisation progress bar (a bare tqdm that its logging settings do not reach)."""
-    from functools import partial
-
     from transformers import modeling_gguf_pytorch_utils as gguf_utils
 
     bar = gguf_utils.tqdm
@@ -404,6 +404,18 @@ def _detach_gguf_quantizer(hf: nn.Module) -> None:
         del hf.config.quantization_config
 
 
+def _convert_gguf(folder: str, gguf: dict[str, str], out: Path) -> None:
+    """De-quantise a GGUF causal LM and its tokenizer into ``out`` as a float32 safetensors folder."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    hf = _load(AutoModelForCausalLM, folder, gguf, attn_implementation="eager", dtype=torch.float32)
+    _detach_gguf_quantizer(hf)
+    tokenizer = _load(AutoTokenizer, folder, gguf)
+    with _quiet_transformers():
+        hf.save_pretrained(out)
+        tokenizer.save_pretrained(out)
+
+
 def build_decoder_model(
     source: str,
     task_type: str,
@@ -416,7 +428,8 @@ def build_decoder_model(
 
     ``has_head``: the checkpoint has a sequence-classification head (loaded with it);
     otherwise ``num_labels`` adds a fresh one (for fine-tuning) and None loads the causal LM.
-    A GGUF file is dequantised by transformers (needs ``gguf`` and ``accelerate``). ``dtype``:
+    A GGUF file is dequantised by transformers (needs ``gguf`` and ``accelerate``) once, then read
+    from :mod:`attnaudit.models.gguf_cache`. ``dtype``:
     the parameters' dtype (float32, the reference; bfloat16 halves memory, e.g. on a GPU).
     """
     from transformers import (
@@ -426,6 +439,9 @@ def build_decoder_model(
     )
 
     folder, gguf = _gguf(source)
+    cached = gguf_cache.converted(Path(folder) / gguf["gguf_file"], partial(_convert_gguf, folder, gguf)) if gguf else None
+    if cached is not None:
+        folder, gguf = str(cached), {}
     common: dict[str, Any] = {"attn_implementation": "eager", "dtype": dtype}
     if not gguf:
         common["use_safetensors"] = True
@@ -440,7 +456,7 @@ def build_decoder_model(
     tokenizer = _load(AutoTokenizer, folder, gguf)
     if has_head and num_labels is not None and num_labels != hf.config.num_labels:
         raise AttnAuditError(f"{source} has a classification head with {hf.config.num_labels} labels, the task has {num_labels}")
-    if not gguf:
+    if not gguf and cached is None:  # the cache holds our own conversion
         _check_weights(source, hf)
     model = HFDecoderModel(hf, tokenizer, task_type, source, has_head if trained_head is None else trained_head)
     hf.config.pad_token_id = tokenizer.pad_token_id  # HF's own sequence-classification pooling needs it
