@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,7 +14,7 @@ from attnaudit.run import Run
 from attnaudit.training.trainer import train
 
 from .documented import PRODUCERS, Workspace, documented_commands, tiny_environment
-from .helpers import synthetic_rows, write_table
+from .helpers import built_once, synthetic_rows, write_table
 
 
 @pytest.fixture(scope="session")
@@ -41,10 +42,23 @@ def run_copy(trained: Run, tmp_path: Path) -> Path:
     return Path(shutil.copytree(trained.path, tmp_path / "run"))
 
 
+def _produce(folder: Path) -> None:
+    """A workspace in ``folder/ws`` after the documentation's producing commands; failures in ``failures.json``."""
+    workspace = Workspace(folder / "ws")
+    for command in documented_commands():
+        if command.verb in PRODUCERS:
+            code, _, err = workspace.run(workspace.rewrite(command.args))
+            if code != 0:
+                workspace.producer_failures.append(f"{command}: exit {code}: {err.strip()[-500:]}")
+    workspace.add_script_runs()
+    (folder / "failures.json").write_text(json.dumps(workspace.producer_failures))
+
+
 @pytest.fixture(scope="session")
 def docs_workspace(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Workspace]:
     """The scratch checkout of tests/reliability/documented.py with every run the documentation's
-    producing commands (train, finetune, train-nmt, in the order shown) write, on tiny data.
+    producing commands (train, finetune, train-nmt, in the order shown) write, on tiny data: built
+    once per test run (:func:`built_once`), a private copy per worker.
 
     Failures of those commands are kept in ``workspace.producer_failures`` (tested apart), so one
     broken training example does not hide the rest.
@@ -55,12 +69,10 @@ def docs_workspace(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Workspa
     from attnaudit.data import synthetic
 
     monkeypatch.setattr(synthetic.synthetic_task, "__defaults__", (160, 40, 40))
-    workspace = Workspace(tmp_path_factory.mktemp("docs"))
-    for command in documented_commands():
-        if command.verb in PRODUCERS:
-            code, _, err = workspace.run(workspace.rewrite(command.args))
-            if code != 0:
-                workspace.producer_failures.append(f"{command}: exit {code}: {err.strip()[-500:]}")
-    workspace.add_script_runs()
+    template = built_once(tmp_path_factory, "docs-template", _produce)
+    root = tmp_path_factory.mktemp("docs")
+    shutil.copytree(template / "ws", root, dirs_exist_ok=True)
+    workspace = Workspace.existing(root)
+    workspace.producer_failures = json.loads((template / "failures.json").read_text())
     yield workspace
     monkeypatch.undo()

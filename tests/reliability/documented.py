@@ -115,6 +115,13 @@ class Workspace:
         make_fake_data(root / "shared" / "data")
         self.producer_failures: list[str] = []
 
+    @classmethod
+    def existing(cls, root: Path) -> Workspace:
+        """A workspace already laid out in ``root`` (a copy of a built one)."""
+        workspace = cls.__new__(cls)
+        workspace.root, workspace.main, workspace.producer_failures = root, root / "main", []
+        return workspace
+
     def add_script_runs(self) -> None:
         """Copy the stand-ins of :data:`SCRIPT_RUNS` into place."""
         for target, source in SCRIPT_RUNS.items():

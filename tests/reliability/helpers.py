@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
+import pytest
+from filelock import FileLock
 
 from attnaudit.data.synthetic import synthetic_task
 
@@ -88,3 +92,21 @@ def comparable(obj: object, *roots: Path) -> object:
         for root in roots:
             obj = obj.replace(str(root), "<root>")
     return obj
+
+
+def built_once(factory: pytest.TempPathFactory, name: str, build: Callable[[Path], None]) -> Path:
+    """A folder that ``build(folder)`` fills once per test run. Under xdist the first worker to ask
+    builds it (the others wait on a lock) in the run's common temporary folder and every worker
+    copies from it; alone, it is built here."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        folder = factory.mktemp(name)
+        build(folder)
+        return folder
+    shared = factory.getbasetemp().parent / name
+    with FileLock(str(shared) + ".lock"):
+        if not (shared / ".built").is_file():
+            shutil.rmtree(shared, ignore_errors=True)
+            shared.mkdir()
+            build(shared)
+            (shared / ".built").touch()
+    return shared

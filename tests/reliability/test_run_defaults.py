@@ -4,6 +4,7 @@ model family: it runs where the test applies and is refused in one line where it
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from attnaudit.experiments import discover, get_experiment
 
 from .documented import Workspace
+from .helpers import built_once
 
 # Family -> the run directory (in the docs workspace) that represents it; "hf" is the headless
 # embedded MiniLM given with --hf. Runs made by documented commands are reused; the other
@@ -37,10 +39,20 @@ SMALL = ["--embed-dim", "16", "--hidden-dim", "16", "--epochs", "2", "--data-dir
 
 
 @pytest.fixture(scope="module")
-def family_runs(docs_workspace: Workspace) -> Workspace:
-    for family, args in EXTRA.items():
-        code, _, err = docs_workspace.run(["train", *args, "--out", FAMILY_RUNS[family], *SMALL])
-        assert code == 0, err
+def family_runs(docs_workspace: Workspace, tmp_path_factory: pytest.TempPathFactory) -> Workspace:
+    """The documentation's runs plus the :data:`EXTRA` families, trained once per test run."""
+
+    def build(folder: Path) -> None:
+        (folder / "main").mkdir()
+        (folder / "shared").symlink_to(docs_workspace.root / "shared")
+        trainer = Workspace.existing(folder)
+        for family, args in EXTRA.items():
+            code, _, err = trainer.run(["train", *args, "--out", FAMILY_RUNS[family], *SMALL])
+            assert code == 0, err
+
+    trained = built_once(tmp_path_factory, "family-runs", build)
+    for family in EXTRA:
+        shutil.copytree(trained / "main" / FAMILY_RUNS[family], docs_workspace.main / FAMILY_RUNS[family], dirs_exist_ok=True)
     return docs_workspace
 
 
