@@ -258,6 +258,10 @@ class Adversarial(Experiment):
     audit_rank = 10
     audit_decoder_options = {"adversaries": 2, "steps": 25, "batch_size": 8}  # each step: a decode and backward of an LLM layer
     demo_options = {"full": {"adversaries": 3, "steps": 150}, "quick": {"adversaries": 1, "steps": 5}}
+    instance_effects = {
+        "max_jsd": ("JSD of the most different adversarial attention that keeps the output", "desc"),
+        "best_output_change": ("output change (TVD) under that adversarial attention", "desc"),
+    }
     description = (
         "Search K attention distributions per instance that differ most (JSD) from the model's "
         "while keeping the output within epsilon; report the largest JSD found."

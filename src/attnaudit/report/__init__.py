@@ -7,7 +7,8 @@ verdict code.
 ``results/`` were written by ``attnaudit run``, or the folder given to ``attnaudit run --out``
 (result JSON files directly in it). The heatmaps come from ``heatmaps.json`` beside the
 results; when it is missing they are computed from the run (the audit's run, the run recorded
-in the results, ``DIR/run``, or ``DIR`` itself) and saved there.
+in the results, ``DIR/run``, or ``DIR`` itself) and saved there. The explorer's model data
+(:mod:`attnaudit.report.explorer`) comes from ``explorer.json`` beside the results the same way.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 from attnaudit.errors import AttnAuditError, InputError, warn
 from attnaudit.experiments.base import Result, discover
 from attnaudit.io import atomic_write_json, atomic_write_text, check_fields, read_json_object, writes_folder
+from attnaudit.report.explorer import EXPLORE, EXPLORER, explorer_payload, explorer_section, load_model_data, model_data
 from attnaudit.report.html import Section, render
 from attnaudit.report.summary import AUDIT, SUMMARY, order_tests, summary_rows, write_summary
 from attnaudit.run import Run
@@ -26,7 +28,7 @@ from attnaudit.run import Run
 RESULTS = "results"
 HEATMAPS = "heatmaps.json"
 REPORT = "report.html"
-NOT_RESULTS = (HEATMAPS, AUDIT)  # JSON files that sit beside results but are none
+NOT_RESULTS = (HEATMAPS, AUDIT, EXPLORER)  # JSON files that sit beside results but are none
 
 
 def _load_results(results_dir: Path) -> tuple[dict[str, Result], list[str]]:
@@ -131,6 +133,40 @@ def _heatmaps(
     return data, ""
 
 
+def _explorer_data(
+    directory: Path,
+    results_dir: Path,
+    run: Run | None,
+    info: dict[str, Any],
+    split: str,
+    limit: int | None,
+    data_dir: str | Path | None,
+    explore: int,
+    device: str,
+) -> tuple[dict[str, Any] | None, str]:
+    """The explorer's model data: computed from ``run`` when given, else loaded from ``explorer.json``
+    when it holds ``explore`` instances, else computed from the found run (and saved); and a note."""
+    if explore == 0:
+        return None, ""
+    path = results_dir / EXPLORER
+    if run is None and path.exists():
+        stored = load_model_data(path)
+        if stored["requested"] == explore:
+            return stored, ""
+    try:
+        run = run or _find_run(directory, info, data_dir, device)
+        if run is None:
+            return None, "no explorer: no run found next to the results to read attention from"
+        examples = run.examples(info.get("split", split), info.get("limit", limit), data_dir=data_dir)
+        data = model_data(run, examples, explore)
+    except AttnAuditError as exc:
+        return None, f"no explorer: {exc}"
+    except Exception as exc:  # the report must still be written when the explorer cannot be computed
+        return None, f"no explorer: computing its data failed ({type(exc).__name__}: {exc})"
+    atomic_write_json(path, data)
+    return data, ""
+
+
 @writes_folder("directory", existing=True)
 def build_report(
     directory: str | Path,
@@ -140,14 +176,18 @@ def build_report(
     data_dir: str | Path | None = None,
     instances: int = 3,
     device: str = "auto",
+    explore: int = EXPLORE,
 ) -> Path:
     """Write ``directory/report.html`` from its results (:func:`results_folder`; and ``audit.json`` when present).
 
     ``run`` (the audited run) computes fresh heatmaps; without it they are read from
     ``results/heatmaps.json`` or computed from the run found next to the results.
-    ``instances``: most/least faithful instances shown (each).
+    ``instances``: most/least faithful instances shown (each). ``explore``: instances in the
+    explorer (the first ones tested; 0: no explorer).
     """
     directory = Path(directory)
+    if explore < 0:
+        raise AttnAuditError(f"--explore must be >= 0, got {explore}")
     if not directory.is_dir():
         raise AttnAuditError(f"{directory}: {'not a directory' if directory.exists() else 'not found'}")
     for written in (REPORT, "summary.csv"):
@@ -187,6 +227,8 @@ def build_report(
     # without an audit.json, the results' own record says which run (split, instances) they came from
     source = info or {k: meta[k] for k in ("run", "split", "limit") if meta.get(k) is not None}
     heatmaps, heatmap_note = _heatmaps(directory, results_dir, run, source, split, limit, data_dir, instances, device)
+    explored, explorer_note = _explorer_data(directory, results_dir, run, source, split, limit, data_dir, explore, device)
+    explorer = explorer_section(explorer_payload(explored, results) if explored else None, explorer_note) if explore else ""
     model = info.get("model") or meta.get("model")
     if info.get("hf"):
         model = f"Hugging Face encoder {'/'.join(Path(info['hf']).parts[-2:])}"
@@ -204,5 +246,5 @@ def build_report(
     if failed:
         notes.append(f"{len(failed)} test(s) failed: {', '.join(failed)} (see their sections)")
     title = f"Attention faithfulness audit: {model or 'model'} on {task or 'task'}"
-    page = render(title, facts, sections, heatmaps, heatmap_note, notes, results_dir)
+    page = render(title, facts, sections, heatmaps, heatmap_note, notes, results_dir, explorer)
     return atomic_write_text(directory / REPORT, page)
