@@ -20,7 +20,15 @@ from typing import Any
 from attnaudit.errors import AttnAuditError, InputError, warn
 from attnaudit.experiments.base import Result, discover
 from attnaudit.io import atomic_write_json, atomic_write_text, check_fields, read_json_object, writes_folder
-from attnaudit.report.explorer import EXPLORE, EXPLORER, explorer_payload, explorer_section, load_model_data, model_data
+from attnaudit.report.explorer import (
+    EXPLORE,
+    EXPLORER,
+    Explorer,
+    explorer_payload,
+    explorer_section,
+    load_model_data,
+    model_data,
+)
 from attnaudit.report.html import Section, render
 from attnaudit.report.summary import AUDIT, SUMMARY, order_tests, summary_rows, write_summary
 from attnaudit.run import Run
@@ -143,9 +151,11 @@ def _explorer_data(
     data_dir: str | Path | None,
     explore: int,
     device: str,
+    store: bool = True,
 ) -> tuple[dict[str, Any] | None, str]:
     """The explorer's model data: computed from ``run`` when given, else loaded from ``explorer.json``
-    when it holds ``explore`` instances, else computed from the found run (and saved); and a note."""
+    when it holds ``explore`` instances, else computed from the found run (and saved there when
+    ``store``); and a note."""
     if explore == 0:
         return None, ""
     path = results_dir / EXPLORER
@@ -163,7 +173,8 @@ def _explorer_data(
         return None, f"no explorer: {exc}"
     except Exception as exc:  # the report must still be written when the explorer cannot be computed
         return None, f"no explorer: computing its data failed ({type(exc).__name__}: {exc})"
-    atomic_write_json(path, data)
+    if store:
+        atomic_write_json(path, data)
     return data, ""
 
 
@@ -248,3 +259,46 @@ def build_report(
     title = f"Attention faithfulness audit: {model or 'model'} on {task or 'task'}"
     page = render(title, facts, sections, heatmaps, heatmap_note, notes, results_dir, explorer)
     return atomic_write_text(directory / REPORT, page)
+
+
+def show(
+    source: str | Path | Run,
+    instance: int | None = None,
+    explore: int = EXPLORE,
+    split: str = "test",
+    limit: int | None = None,
+    data_dir: str | Path | None = None,
+    device: str = "auto",
+) -> Explorer:
+    """The report's explorer for an audit folder, a run directory or a :class:`Run`; in Jupyter it
+    shows inline (``_repr_html_``), elsewhere ``.save(path)`` writes it as a page.
+
+    ``instance``: the index (in the tested split) to open first; it must be among the first
+    ``explore``. An audit's stored ``results/explorer.json`` is reused when it holds ``explore``
+    instances; otherwise the data is computed from the run (the first ``explore`` instances of
+    ``split``, ``limit``), and what the tests did comes from the results beside it.
+    """
+    if explore < 1:
+        raise AttnAuditError(f"explore must be at least 1, got {explore}")
+    results: dict[str, Result] = {}
+    if isinstance(source, Run):
+        data = model_data(source, source.examples(split, limit, data_dir=data_dir), explore)
+        title = f"attnaudit explorer: {source.family}"
+    else:
+        directory = Path(source)
+        if not directory.is_dir():
+            raise AttnAuditError(f"{directory}: {'not a directory' if directory.exists() else 'not found'}")
+        results_dir = results_folder(directory)
+        info = _read_audit(directory / AUDIT) if (directory / AUDIT).exists() else {}
+        results = _load_results(results_dir)[0] if results_dir.is_dir() else {}
+        first = next(iter(results.values()), None)
+        record = info or {k: first.meta[k] for k in ("run", "split", "limit") if first and first.meta.get(k) is not None}
+        data, note = _explorer_data(directory, results_dir, None, record, split, limit, data_dir, explore, device, store=False)
+        if data is None:
+            raise AttnAuditError(f"{directory}: {note.removeprefix('no explorer: ')}")
+        title = f"attnaudit explorer: {directory.name}"
+    indices = [int(i["index"]) for i in data["instances"]]
+    if instance is not None and instance not in indices:
+        shown = f"{min(indices)}..{max(indices)}" if indices else "none"
+        raise AttnAuditError(f"instance {instance} is not among the {len(indices)} explored instances ({shown}); raise explore")
+    return Explorer(explorer_payload(data, results, instance), title)
