@@ -243,7 +243,7 @@ def _scalar(value: Any) -> Any:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def test_effects(results: dict[str, Result], shown: set[int]) -> tuple[list[dict[str, Any]], dict[int, dict[str, dict[str, Any]]]]:
+def instance_rows(results: dict[str, Result], shown: set[int]) -> tuple[list[dict[str, Any]], dict[int, dict[str, dict[str, Any]]]]:
     """Each test with per-instance rows (one row per instance index): its headline columns
     (``instance_effects``), and its row for every shown instance."""
     registry = discover()
@@ -286,7 +286,7 @@ def faithfulness_scores(row: dict[str, Any], methods: list[str]) -> dict[str, di
 def explorer_payload(model: dict[str, Any], results: dict[str, Result], initial: int | None = None) -> dict[str, Any]:
     """The embedded JSON: the model data joined with what the tests did to each shown instance."""
     shown = {int(i["index"]) for i in model["instances"]}
-    tests, rows = test_effects(results, shown)
+    tests, rows = instance_rows(results, shown)
     names = [m["name"] for m in model.get("methods", [])]
     instances = []
     for instance in model["instances"]:
