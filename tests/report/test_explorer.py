@@ -146,6 +146,7 @@ def test_the_page_states_its_own_size_and_forbids_the_network(audited: tuple[Run
     assert len(scripts) == 1
     digest = base64.b64encode(hashlib.sha256(scripts[0].encode()).digest()).decode()
     assert f"script-src 'sha256-{digest}'" in csp
+    assert "</" not in scripts[0] and "<script" not in scripts[0].lower()  # cannot end its own element
     assert "innerHTML" not in scripts[0] and "insertAdjacentHTML" not in scripts[0] and "eval(" not in scripts[0]
     assert not re.search(r"(src|href)=\"(https?:)?//", page)
     for token in HOSTILE:  # never raw in the page: escaped in the heatmaps, \u003c-escaped in the data

@@ -1,5 +1,5 @@
 /* attnaudit report explorer: plain DOM, no library, no network.
-   Data comes from <script type="application/json" id="explorer-data">; every string from it is
+   Data comes from the JSON data block #explorer-data; every string from it is
    put into the page with textContent / createTextNode, never parsed as HTML. */
 (function () {
   "use strict";
