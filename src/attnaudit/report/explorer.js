@@ -310,22 +310,30 @@
   }
 
   /* ---------------------------------------------------------------- tests */
+  function columns(row) {
+    return el("table", {}, Object.keys(row).map(function (k) {
+      return el("tr", {}, [el("th", { text: k }), el("td", { text: fmt(row[k]) })]);
+    }));
+  }
   function renderTests(inst) {
     clear(main.tests);
-    var body = el("tbody", {});
+    var body = el("tbody", {}), others = [];
     DATA.tests.forEach(function (test) {
       var row = inst.tests[test.name];
       if (!row) return;
-      var effects = el("ul", { cls: "xp-effects" }, test.effects.filter(function (e) { return e.column in row; }).map(function (e) {
+      var shown = test.effects.filter(function (e) { return e.column in row; });
+      if (!shown.length) {
+        others.push(el("details", { "data-test": test.name, title: test.description }, [el("summary", { text: test.name }), columns(row)]));
+        return;
+      }
+      var effects = el("ul", { cls: "xp-effects" }, shown.map(function (e) {
         return el("li", {}, [el("b", { text: fmt(row[e.column]) }), " " + e.about]);
       }));
-      var all = el("table", {}, Object.keys(row).map(function (k) {
-        return el("tr", {}, [el("th", { text: k }), el("td", { text: fmt(row[k]) })]);
-      }));
-      var details = el("details", {}, [el("summary", { text: "all columns" }), all]);
+      var details = el("details", {}, [el("summary", { text: "all columns" }), columns(row)]);
       body.appendChild(el("tr", { "data-test": test.name }, [el("th", { title: test.description, text: test.name }),
         el("td", {}, [effects, details])]));
     });
+    if (others.length) body.appendChild(el("tr", {}, [el("th", { text: "other tests" }), el("td", { cls: "xp-others" }, others)]));
     if (!body.childNodes.length) body.appendChild(el("tr", {}, [el("td", { cls: "muted", text: "no test recorded per-instance results" })]));
     main.tests.appendChild(body);
   }

@@ -181,13 +181,14 @@ def _text(example: Example) -> str:
     return f"{words} ‖ {' '.join(map(str, question))}" if isinstance(question, list) else words
 
 
-def model_data(run: Run, examples: list[Example], explore: int, budget: int = BUDGET) -> dict[str, Any]:
+def model_data(run: Run, examples: list[Example], explore: int, budget: int = BUDGET, explain: int | None = None) -> dict[str, Any]:
     """What ``explorer.json`` holds: the first ``explore`` instances with tokens, prediction, packed
-    attention and explanation scores, within ``budget`` bytes of attention."""
+    attention and explanation scores, within ``budget`` bytes of attention. ``explain``: explain only
+    the first this many (None: all; the size benchmark measures attention alone with 0)."""
     from attnaudit.explain import list_explanations
 
     indices = list(range(min(explore, len(examples))))
-    explained = _explanations(run, examples, indices)
+    explained = _explanations(run, examples, indices[:explain])
     instances, used, notes = [], 0, []
     for start in range(0, len(indices), CHUNK):
         chunk = indices[start : start + CHUNK]
