@@ -34,9 +34,9 @@ import numpy as np
 import torch
 
 from attnaudit.data.types import Batch, Example
-from attnaudit.errors import AttnAuditError, InputError
+from attnaudit.errors import InputError
 from attnaudit.experiments.base import Result, discover
-from attnaudit.io import atomic_write_json, read_json_object
+from attnaudit.io import read_json_object
 from attnaudit.models.base import evaluation
 from attnaudit.run import Run
 
@@ -176,9 +176,11 @@ def _explanations(run: Run, examples: list[Example], indices: list[int]) -> dict
 
 
 def _text(example: Example) -> str:
+    """The instance as searchable text: its tokens, then the second sentence or question (pair/QA),
+    or the target (seq2seq), after ``‖``."""
+    second = example.query or example.target
     words = " ".join(map(str, example.tokens))
-    question = example.meta.get("question") if isinstance(example.meta, dict) else None
-    return f"{words} ‖ {' '.join(map(str, question))}" if isinstance(question, list) else words
+    return f"{words} ‖ {' '.join(map(str, second))}" if second else words
 
 
 def model_data(run: Run, examples: list[Example], explore: int, budget: int = BUDGET, explain: int | None = None) -> dict[str, Any]:
@@ -215,10 +217,6 @@ def model_data(run: Run, examples: list[Example], explore: int, budget: int = BU
     methods = [{"name": m.name, "about": m.about} for m in list_explanations(run, default=True)] if explained else []
     return {"version": VERSION, "requested": explore, "encoding": ENCODING, "labels": list(map(str, run.labels or [])),
             "causal": bool(run.model.causal), "methods": methods, "instances": instances, "notes": notes}
-
-
-def save_model_data(results_dir: Path, data: dict[str, Any]) -> Path:
-    return atomic_write_json(results_dir / EXPLORER, data)
 
 
 def load_model_data(path: Path) -> dict[str, Any]:
