@@ -32,8 +32,9 @@ def audited(tmp_path_factory: pytest.TempPathFactory) -> tuple[Run, Path]:
     data = TaskData(data.name, data.task_type, data.train, data.dev, [inject(e) for e in data.test], data.labels)
     root = tmp_path_factory.mktemp("explorer")
     run = train(data, "transformer", root / "run", epochs=1, embed_dim=8, d_model=8, heads=2, layers=2, d_ff=16, quiet_eval=True)
-    result = audit(root / "audit", run=run, only=["importance", "permutation", "erasure"], limit=6, explore=4, figures=False,
+    result = audit(root / "audit", run=run, only=["importance", "permutation", "erasure", "adversarial"], limit=6, explore=4, figures=False,
                    test_options={"importance": {"methods": ["gradient"]}, "permutation": {"permutations": 3},
-                                 "erasure": {"rankings": ["attention"], "random_orders": 1}})
+                                 "erasure": {"rankings": ["attention"], "random_orders": 1},
+                                 "adversarial": {"adversaries": 1, "steps": 5, "report_epsilon": 0.5}})
     assert result.ok
     return run, root / "audit"

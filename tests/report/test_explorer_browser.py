@@ -118,6 +118,13 @@ def test_picking_instance_layer_head_and_method_changes_the_views(browser: Any, 
     changes = [data["instances"][p]["tests"]["permutation"]["median_change"] for p in order]
     assert changes == sorted(changes, reverse=True)
 
+    # the adversarial attention beside the original, over the same tokens
+    page.click(f"#xp-list button[data-pos='{order[0]}']")
+    adversary = data["instances"][order[0]]["distributions"].get("adversarial")
+    if adversary:
+        drawn = page.eval_on_selector_all("#xp-tests tr[data-test='adversarial'] tr[data-distribution] .tok", "ts => ts.map(t => t.textContent)")
+        assert drawn == data["instances"][order[0]]["tokens"] * 2
+
     # hostile tokens are text, in the heat rows and the head view
     cells = page.eval_on_selector_all("#xp-heat .tok", "ts => ts.map(t => t.textContent)")
     labels = page.eval_on_selector_all("#xp-headview text", "ts => ts.map(t => t.textContent)")

@@ -137,6 +137,10 @@ class Experiment:
     """Per-instance result columns that say what the test did to one instance, each with a short
     description and the sort order that puts the most striking instances first (``"desc"`` or
     ``"asc"``): the report's explorer shows them and sorts instances by them."""
+    instance_attention: ClassVar[str] = ""
+    """A result table with one row per instance (``index``) whose other columns are attention
+    distributions over the instance's real keys at the explained layer (e.g. the original and the
+    adversarial attention): the explorer draws them as token rows beside the test's numbers."""
 
     @dataclass
     class Options:

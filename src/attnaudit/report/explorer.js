@@ -310,6 +310,25 @@
   }
 
   /* ---------------------------------------------------------------- tests */
+  /* attention distributions a test recorded for this instance (original vs adversarial), as token rows */
+  function distributions(inst, found) {
+    if (!found) return null;
+    var table = el("table", { cls: "heat xp-dist" });
+    Object.keys(found).forEach(function (name) {
+      var values = found[name], peak = 0;
+      var labels = values.length === inst.tokens.length ? inst.tokens : values.length === inst.items.length ? inst.items
+        : values.map(function (_, i) { return "#" + i; });
+      values.forEach(function (v) { peak = Math.max(peak, v); });
+      var cell = el("td", {});
+      values.forEach(function (v, i) {
+        var span = el("span", { cls: "tok", title: fmt(v), text: labels[i] });
+        span.style.background = "rgba(11,87,208," + (peak > 0 ? v / peak : 0).toFixed(3) + ")";
+        cell.appendChild(span);
+      });
+      table.appendChild(el("tr", { "data-distribution": name }, [el("th", { text: name + " attention" }), cell]));
+    });
+    return table;
+  }
   function columns(row) {
     return el("table", {}, Object.keys(row).map(function (k) {
       return el("tr", {}, [el("th", { text: k }), el("td", { text: fmt(row[k]) })]);
@@ -331,7 +350,7 @@
       }));
       var details = el("details", {}, [el("summary", { text: "all columns" }), columns(row)]);
       body.appendChild(el("tr", { "data-test": test.name }, [el("th", { title: test.description, text: test.name }),
-        el("td", {}, [effects, details])]));
+        el("td", {}, [effects, distributions(inst, (inst.distributions || {})[test.name]), details])]));
     });
     if (others.length) body.appendChild(el("tr", {}, [el("th", { text: "other tests" }), el("td", { cls: "xp-others" }, others)]));
     if (!body.childNodes.length) body.appendChild(el("tr", {}, [el("td", { cls: "muted", text: "no test recorded per-instance results" })]));

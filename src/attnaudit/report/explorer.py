@@ -265,6 +265,21 @@ def instance_rows(results: dict[str, Result], shown: set[int]) -> tuple[list[dic
     return tests, rows
 
 
+def instance_distributions(results: dict[str, Result], shown: set[int]) -> dict[int, dict[str, dict[str, list[float]]]]:
+    """Per shown instance, per test with an ``instance_attention`` table, its attention distributions
+    (``{"original": [...], "adversary": [...]}``), rounded to 4 significant digits."""
+    registry = discover()
+    found: dict[int, dict[str, dict[str, list[float]]]] = {}
+    for name, result in results.items():
+        table = registry[name].instance_attention if name in registry else ""
+        for row in result.tables.get(table, []) if table else []:
+            if isinstance(row, dict) and row.get("index") in shown:
+                lists = {k: [round_sig(float(v)) or 0.0 for v in values] for k, values in row.items()
+                         if isinstance(values, list) and all(isinstance(v, (int, float)) for v in values)}
+                found.setdefault(int(row["index"]), {})[name] = lists
+    return found
+
+
 def faithfulness_scores(row: dict[str, Any], methods: list[str]) -> dict[str, dict[str, Any]]:
     """Per method its comprehensiveness and sufficiency (AOPC) in a faithfulness row
     (columns ``<method>_<mode>_aopc_comp`` / ``_aopc_suff``; the longest method name wins)."""
@@ -286,6 +301,7 @@ def explorer_payload(model: dict[str, Any], results: dict[str, Result], initial:
     """The embedded JSON: the model data joined with what the tests did to each shown instance."""
     shown = {int(i["index"]) for i in model["instances"]}
     tests, rows = instance_rows(results, shown)
+    distributions = instance_distributions(results, shown)
     names = [m["name"] for m in model.get("methods", [])]
     instances = []
     for instance in model["instances"]:
@@ -293,7 +309,8 @@ def explorer_payload(model: dict[str, Any], results: dict[str, Result], initial:
         faith = faithfulness_scores(per_test["faithfulness"], names) if "faithfulness" in per_test else {}
         gold, pred = instance.get("gold"), instance.get("pred")
         correct = None if gold is None or pred is None else gold == pred
-        instances.append({**instance, "correct": correct, "tests": per_test, "faithfulness": faith})
+        instances.append({**instance, "correct": correct, "tests": per_test, "faithfulness": faith,
+                          "distributions": distributions.get(int(instance["index"]), {})})
     return {**model, "tests": tests, "instances": instances, "initial": initial}
 
 
