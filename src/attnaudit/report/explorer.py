@@ -47,7 +47,9 @@ BUDGET = 16_000_000
 EXPLORER = "explorer.json"
 VERSION = 1
 CHUNK = 8
-"""Instances explained per batch (bounds the memory of gradient-based methods on large models)."""
+"""Instances per batch; models over :data:`LARGE` parameters explain one at a time (Integrated
+Gradients runs its steps as one batch: 8 SmolLM2 prompts × 50 steps would need tens of GB)."""
+LARGE = 20_000_000
 ENCODING = (
     "attention: 8-bit per layer and instance (q = round(255·w/m), m = the layer's largest weight; "
     "error ≤ m/510), zlib, base64; explanation scores: 4 significant digits"
@@ -168,8 +170,9 @@ def _explanations(run: Run, examples: list[Example], indices: list[int]) -> dict
     if run.task.task_type not in ("classification", "pair"):
         return {}
     found = {}
-    for start in range(0, len(indices), CHUNK):
-        for entry in compute_heatmaps(run, examples, indices[start : start + CHUNK], {}):
+    chunk = 1 if sum(p.numel() for p in run.model.parameters()) > LARGE else CHUNK
+    for start in range(0, len(indices), chunk):
+        for entry in compute_heatmaps(run, examples, indices[start : start + chunk], {}):
             entry["scores"] = {m: [round_sig(v) or 0.0 for v in values] for m, values in entry["scores"].items()}
             found[entry["index"]] = entry
     return found
