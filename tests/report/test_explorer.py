@@ -175,6 +175,12 @@ def test_explore_zero_and_a_smaller_explore_rebuild_without_the_model(audited: t
     done = CliRunner().invoke(app, ["report", str(out), "--explore", "2", "--quiet"])
     assert done.exit_code == 0, done.output
     assert [i["index"] for i in embedded((out / "report.html").read_text())["instances"]] == [0, 1]
+    assert json.loads((out / "results" / "explorer.json").read_text())["requested"] == 4  # cut from the stored 4, not recomputed
+    record = json.loads((out / "audit.json").read_text())
+    (out / "audit.json").write_text(json.dumps({**record, "run": str(tmp_path / "gone")}))
+    build_report(out, explore=10)  # more than stored and no run to compute them: the stored ones, said so
+    data = embedded((out / "report.html").read_text())
+    assert len(data["instances"]) == 4 and "the 4 stored instances shown, not 10" in data["notes"][-1]
     with pytest.raises(AttnAuditError, match="--explore must be >= 0"):
         build_report(out, explore=-1)
 
@@ -195,3 +201,27 @@ def test_show_returns_the_same_views_for_jupyter(audited: tuple[Run, Path]) -> N
     assert sorted(p.name for p in run.path.iterdir()) == before  # show() writes nothing
     with pytest.raises(AttnAuditError, match="instance 5 is not among the 4 explored"):
         attnaudit.show(out, instance=5, explore=4)
+
+
+def test_a_decoder_llm_is_explored_causally_over_its_prompt(tiny_hf, tmp_path: Path) -> None:
+    """Zero-shot tiny Llama: every layer causal (no weight above the diagonal), the prompt's tokens on
+    both axes, the explanations over the text span only."""
+    from attnaudit.models.hf import load_hf
+    from attnaudit.report.explorer import model_data
+    from tests.models.test_hf_decoder import save_llama_lm
+
+    folder = save_llama_lm(tmp_path / "llama", tiny_hf.vocab, seed=1)
+    run = load_hf(folder, task=tiny_hf.task(), device="cpu", prompt="the {text} was", verbalizer={"neg": "bad", "pos": "good"})
+    examples = run.data().test[:3]
+    data = model_data(run, examples, 3)
+    assert data["causal"] and len(data["instances"]) == 3
+    for instance, example in zip(data["instances"], examples):
+        assert instance["tokens"] == ["the", *example.tokens, "was"] and instance["items"] == list(example.tokens)
+        codes, offset = unpack(instance["attention"]), 0
+        for layer in instance["layers"]:
+            assert layer["causal"] and layer["kind"] == "self" and layer["q"] == layer["k"] == len(instance["tokens"])
+            size = layer["heads"] * layer["q"] * layer["k"]
+            weights = codes[offset: offset + size].reshape(layer["heads"], layer["q"], layer["k"])
+            offset += size
+            assert not np.triu(weights, 1).any() and weights[:, 0, 0].min() == 255  # the first token sees only itself
+        assert set(instance["scores"]) == {m["name"] for m in data["methods"]} and "gradient" in instance["scores"]

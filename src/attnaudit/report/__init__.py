@@ -153,26 +153,27 @@ def _explorer_data(
     device: str,
     store: bool = True,
 ) -> tuple[dict[str, Any] | None, str]:
-    """The explorer's model data: computed from ``run`` when given, else loaded from ``explorer.json``
-    when it holds ``explore`` instances, else computed from the found run (and saved there when
-    ``store``); and a note."""
+    """The explorer's model data: computed from ``run`` when given; else the first ``explore``
+    instances of ``explorer.json`` when it was computed for at least that many; else computed from
+    the found run (and saved there when ``store``), falling back to the stored instances; and a note."""
     if explore == 0:
         return None, ""
     path = results_dir / EXPLORER
-    if run is None and path.exists():
-        stored = load_model_data(path)
-        if stored["requested"] == explore:
-            return stored, ""
+    stored = load_model_data(path) if run is None and path.exists() else None
+    if stored is not None and stored["requested"] >= explore:
+        return {**stored, "instances": stored["instances"][:explore]}, ""
     try:
         run = run or _find_run(directory, info, data_dir, device)
         if run is None:
-            return None, "no explorer: no run found next to the results to read attention from"
+            raise AttnAuditError("no run found next to the results to read attention from")
         examples = run.examples(info.get("split", split), info.get("limit", limit), data_dir=data_dir)
         data = model_data(run, examples, explore)
-    except AttnAuditError as exc:
-        return None, f"no explorer: {exc}"
     except Exception as exc:  # the report must still be written when the explorer cannot be computed
-        return None, f"no explorer: computing its data failed ({type(exc).__name__}: {exc})"
+        reason = str(exc) if isinstance(exc, AttnAuditError) else f"computing its data failed ({type(exc).__name__}: {exc})"
+        if stored is not None:
+            shown = f"the {len(stored['instances'])} stored instances shown, not {explore}"
+            return {**stored, "notes": [*stored.get("notes", []), f"{shown}: {reason}"]}, ""
+        return None, f"no explorer: {reason}"
     if store:
         atomic_write_json(path, data)
     return data, ""

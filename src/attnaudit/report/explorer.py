@@ -101,11 +101,19 @@ def round_sig(value: float, digits: int = 4) -> float | None:
 # --------------------------------------------------------------------------- from the model
 
 
+def readable(run: Run, pieces: list[str]) -> list[str]:
+    """Byte-level BPE pieces of a decoder as text (``Ġcharming`` -> `` charming``); others unchanged."""
+    tokenizer = getattr(run.model, "tokenizer", None)
+    if not run.model.causal or not hasattr(tokenizer, "convert_tokens_to_string"):
+        return [str(p) for p in pieces]
+    return [tokenizer.convert_tokens_to_string([str(p)]) for p in pieces]
+
+
 def position_labels(run: Run, batch: Batch) -> list[list[str]]:
     """The text of every real position of each example: wordpieces (HF), else the words."""
     pieces = run.model.wordpieces(batch)
     if pieces is not None:
-        return [list(map(str, p)) for p in pieces]
+        return [readable(run, p) for p in pieces]
     lengths = batch.mask.reshape(batch.mask.shape[0], -1).sum(-1).tolist()
     return [list(map(str, ex.tokens[:n])) + [f"#{i}" for i in range(len(ex.tokens), n)] for ex, n in zip(batch.examples, lengths)]
 
@@ -213,7 +221,7 @@ def model_data(run: Run, examples: list[Example], explore: int, budget: int = BU
             instances.append({
                 "index": index, "text": _text(example), "gold": None if example.label is None else str(example.label),
                 **prediction, "tokens": tokens, "layers": layers, "attention": blob,
-                "items": extra.get("items", []), "rationale": extra.get("rationale", []), "scores": extra.get("scores", {}),
+                "items": readable(run, extra.get("items", [])), "rationale": extra.get("rationale", []), "scores": extra.get("scores", {}),
             })
         if notes:
             break
