@@ -225,3 +225,24 @@ def test_a_decoder_llm_is_explored_causally_over_its_prompt(tiny_hf, tmp_path: P
             offset += size
             assert not np.triu(weights, 1).any() and weights[:, 0, 0].min() == 255  # the first token sees only itself
         assert set(instance["scores"]) == {m["name"] for m in data["methods"]} and "gradient" in instance["scores"]
+
+
+@pytest.mark.parametrize("name", ["bilstm", "han", "pair", "transformer-pair", "tagger"])
+def test_every_family_gives_distributions_over_its_real_keys(tiny_attention_run, name: str) -> None:
+    """Each embedded layer: one decoded row per real query summing to 1 over the real keys (softmax),
+    within the 8-bit bound; explanations only where the model makes one decision per instance."""
+    from attnaudit.report.explorer import model_data
+
+    run = tiny_attention_run(name)
+    data = model_data(run, run.examples("test", 3), 3)
+    assert len(data["instances"]) == 3
+    for instance in data["instances"]:
+        codes, offset = unpack(instance["attention"]), 0
+        assert instance["layers"]
+        for layer in instance["layers"]:
+            size = layer["heads"] * layer["q"] * layer["k"]
+            weights = dequantise(codes[offset: offset + size], layer["scale"]).reshape(layer["heads"], layer["q"], layer["k"])
+            offset += size
+            assert np.allclose(weights.sum(-1), 1.0, atol=layer["k"] * layer["scale"] / 510 + 1e-6)
+        assert offset == codes.size
+        assert bool(instance["scores"]) == (run.task.task_type != "tagging")

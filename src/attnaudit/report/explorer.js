@@ -204,7 +204,8 @@
   }
   function headView(inst, layers) {
     var layer = inst.layers[state.layer], codes = layers[state.layer];
-    var keys = inst.tokens.length === layer.k ? inst.tokens : Array.from({ length: layer.k }, function (_, i) { return "k" + i; });
+    var keys = inst.tokens.length === layer.k ? inst.tokens : inst.items.length === layer.k ? inst.items
+      : Array.from({ length: layer.k }, function (_, i) { return "k" + i; });
     var queries = layer.queries || keys;
     var rows = Math.max(keys.length, queries.length), height = rows * ROW + 10;
     var qTop = (rows - queries.length) * ROW / 2, kTop = (rows - keys.length) * ROW / 2;
