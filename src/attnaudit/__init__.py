@@ -2,7 +2,8 @@
 
 The Python API mirrors the CLI: ``train``, ``evaluate``, ``load_run``, ``run_test``
 (``attnaudit run <test>``), ``list_tests`` (``attnaudit tests``), ``test_applicability``
-(``attnaudit tests --hf/--run``), ``explain_text`` (``attnaudit explain``), ``audit``, ``report``.
+(``attnaudit tests --hf/--run``), ``explain_text`` (``attnaudit explain``), ``audit``, ``report``,
+``show`` (the report's instance explorer, inline in Jupyter).
 Names are imported lazily so ``import attnaudit`` stays fast.
 """
 
@@ -26,6 +27,7 @@ _API = {
     "explain_text": ("attnaudit.explained", "explain_text"),
     "Explained": ("attnaudit.explained", "Explained"),
     "test_applicability": ("attnaudit.experiments.base", "applicability"),
+    "show": ("attnaudit.report", "show"),
 }
 
 

@@ -37,6 +37,7 @@ from attnaudit.io import atomic_write_json, remove_stray_tmp, writes_folder
 from attnaudit.options import check_seed, parse_assignment
 from attnaudit.progress import status
 from attnaudit.report import build_report
+from attnaudit.report.explorer import EXPLORE
 from attnaudit.report.summary import AUDIT, order_tests, summary_rows
 from attnaudit.run import Run
 
@@ -190,6 +191,7 @@ def audit(
     device: str = "auto",
     test_options: dict[str, dict[str, Any]] | None = None,
     heatmap_instances: int = 3,
+    explore: int = EXPLORE,
     figures: bool = True,
     strict_options: bool = False,
     prompt: str | None = None,
@@ -203,7 +205,8 @@ def audit(
     of ``attnaudit train``) into ``out/run``. ``test_options`` overrides options per test,
     e.g. ``{"permutation": {"permutations": 20}}``. ``heatmap_instances``: the report shows
     this many most and this many least faithful instances (by τ(attention, gradient) when
-    the importance test ran; else the first ``2 × heatmap_instances``). ``figures=False``
+    the importance test ran; else the first ``2 × heatmap_instances``). ``explore``: instances in
+    the report's explorer (the first ones tested; 0: none). ``figures=False``
     skips the tests' plots (much faster on a busy CPU; the report then has tables only).
     ``strict_options`` refuses ``test_options`` for tests that will not run (the CLI's ``--set``;
     a preset shared by several audits, such as the demo's, may name more tests).
@@ -215,6 +218,8 @@ def audit(
         raise AttnAuditError(f"--limit must be at least 1, got {limit}")
     if heatmap_instances < 0:
         raise AttnAuditError(f"--heatmaps must be >= 0, got {heatmap_instances}")
+    if explore < 0:
+        raise AttnAuditError(f"--explore must be >= 0, got {explore}")
     train_options = {k: v for k, v in train_options.items() if v is not None}
     order, options = _plan(only, skip, test_options or {})
     hf_options = {k: v for k, v in (("prompt", prompt), ("verbalizer", verbalizer)) if v is not None}
@@ -248,7 +253,7 @@ def audit(
     target.model.load_state_dict(snapshot)
     target.model.eval()
     outcome.rows = summary_rows(log, outcome.results)
-    _write_record(out, target, log, outcome, lost, heatmap_instances, split=split, limit=limit, seed=seed, data_dir=data_dir)
+    _write_record(out, target, log, outcome, lost, (heatmap_instances, explore), split=split, limit=limit, seed=seed, data_dir=data_dir)
     status(f"report: [bold]{outcome.report}[/]" + (f"; [red]{len(outcome.failed)} test(s) failed[/]" if outcome.failed else ""))
     return outcome
 
@@ -317,7 +322,7 @@ def _write_record(
     log: list[dict[str, Any]],
     outcome: AuditResult,
     lost: tuple[str, OSError] | None,
-    heatmap_instances: int,
+    shown: tuple[int, int],
     *,
     split: str,
     limit: int | None,
@@ -325,7 +330,7 @@ def _write_record(
     data_dir: str | Path | None,
 ) -> None:
     """``audit.json`` and the report; after a full disk, as much of them as fits, then one line
-    naming the lost test (the finished results stay)."""
+    naming the lost test (the finished results stay). ``shown``: heatmap and explorer instances."""
     record = {
         "run": str(target.path) if target.path else None,
         "model": target.family,
@@ -339,7 +344,7 @@ def _write_record(
     }
     try:
         atomic_write_json(out / AUDIT, record)
-        outcome.report = build_report(out, run=target, split=split, limit=limit, data_dir=data_dir, instances=heatmap_instances)
+        outcome.report = build_report(out, run=target, split=split, limit=limit, data_dir=data_dir, instances=shown[0], explore=shown[1])
     except OSError:
         if lost is None:
             raise

@@ -402,6 +402,7 @@ def audit(
     split: Annotated[str, typer.Option(help="Split to test on.")] = "test",
     limit: Annotated[Optional[int], typer.Option(help="Use only the first N instances.")] = None,
     heatmaps: Annotated[int, typer.Option(help="Most and least faithful instances shown as heatmaps (each).")] = 3,
+    explore: Annotated[int, typer.Option(help="Instances in the report's interactive explorer (0: none).")] = 50,
     figures: Annotated[bool, typer.Option("--figures/--no-figures", help="Draw each test's figures (slow on a busy CPU).")] = True,
     attention: Annotated[Optional[str], typer.Option(help="Training: softmax, entmax15, sparsemax or entmax:<alpha>.")] = None,
     scorer: Annotated[Optional[str], typer.Option(help="Training: RNN attention scorer, tanh or dot.")] = None,
@@ -435,7 +436,7 @@ def audit(
     result = audit_fn(
         out, task=task, model=model, run=run, hf=hf, only=_names(only), skip=_names(skip), split=split,
         limit=limit, seed=seed, data_dir=data_dir, device=device, test_options=parse_settings(set_ or []), strict_options=True,
-        heatmap_instances=heatmaps, figures=figures, attention=attention, scorer=scorer, layers=layers, heads=heads,
+        heatmap_instances=heatmaps, explore=explore, figures=figures, attention=attention, scorer=scorer, layers=layers, heads=heads,
         d_model=d_model, hidden_dim=hidden_dim, embed_dim=embed_dim, epochs=epochs, batch_size=batch_size,
         lr=lr, patience=patience, vectors=vectors, max_vocab=max_vocab, min_freq=min_freq,
         prompt=prompt, verbalizer=verbalizer,
@@ -449,6 +450,7 @@ def audit(
 def report(
     directory: Annotated[Path, typer.Argument(help="Audit folder, a run directory with results/, or an `attnaudit run --out` folder.")],
     heatmaps: Annotated[int, typer.Option(help="Most and least faithful instances shown as heatmaps (each).")] = 3,
+    explore: Annotated[int, typer.Option(help="Instances in the report's interactive explorer (0: none).")] = 50,
     data_dir: DataDir = None,
     device: Device = "auto",
     quiet: Quiet = False,
@@ -460,7 +462,7 @@ def report(
     from attnaudit.report import build_report
 
     set_quiet(quiet)
-    out_console.print(f"report: [bold]{build_report(directory, data_dir=data_dir, instances=heatmaps, device=device)}[/]")
+    out_console.print(f"report: [bold]{build_report(directory, data_dir=data_dir, instances=heatmaps, device=device, explore=explore)}[/]")
 
 
 @app.command()

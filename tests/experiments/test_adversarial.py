@@ -159,6 +159,26 @@ def test_end_to_end_reports_only_adversaries_within_the_bound(tiny_attention_run
         assert {"adversarial_histogram.png", "adversarial_vs_max_attention.svg"} <= stems
 
 
+def test_best_adversary_is_stored_with_the_original_attention(tiny_attention_run: GetRun, tmp_path: Path) -> None:
+    """Per instance with a valid adversary: the model's own attention (recomputed alone) and the
+    reported adversary, whose JSD to it is the row's max_jsd (one head, one query: no averaging)."""
+    run = tiny_attention_run("bilstm")
+    result = run_test("adversarial", run, limit=5, seed=0, out=tmp_path, plot=False, adversaries=3, steps=25)
+    rows = {r["index"]: r for r in result.instances}
+    stored = Result.load(tmp_path / "adversarial.json").tables["best_adversary"]
+    assert stored and [b["index"] for b in stored] == [i for i, r in rows.items() if r["valid_adversaries"] > 0]
+    examples = run.examples("test", 5)
+    for best in stored:
+        batch = run.collate([examples[best["index"]]]).to(run.device)
+        with torch.no_grad():
+            own = run.model(batch).trace[run.model.explained_layer].weights[0, 0, 0]
+        assert best["original"] == pytest.approx(own.tolist(), abs=1e-5)
+        adversary = torch.tensor(best["adversary"], dtype=torch.float64)
+        assert float(adversary.sum()) == pytest.approx(1.0, abs=1e-4)
+        divergence = float(jsd(adversary[None], own.double()[None])[0])
+        assert divergence == pytest.approx(rows[best["index"]]["max_jsd"], abs=1e-4)
+
+
 def test_tight_report_bound_rejects_and_is_rechecked(tiny_attention_run: GetRun, tmp_path: Path) -> None:
     run = tiny_attention_run("bilstm")
     tight = run_test("adversarial", run, limit=4, out=tmp_path / "a", plot=False, adversaries=2, steps=10, report_epsilon=0.0)

@@ -133,14 +133,16 @@ def test_hand_built_model_flips_after_exactly_one_attention_removal() -> None:
         assert row["erased_max"] == key and row["flip_max"] is True and row["flip_rand"] is False
         assert row["jsd_max"] > row["jsd_rand"] >= 0.0
         assert row["fraction_attention"] == pytest.approx(1 / n)
+        assert row["removed_attention"] == 1  # the key, erased first
         for r in range(3):  # a random order flips exactly when it reaches the key, unless the key comes last
             position = random_order(7, row["index"], r, n, n).index(key)
             flips = position < n - 1
             random_flips += flips
             assert row[f"flipped_random{r}"] is flips
             assert row[f"fraction_random{r}"] == pytest.approx((position + 1) / n if flips else 1.0)
-    assert rows[3]["flipped_attention"] is False and rows[3]["fraction_attention"] == 1.0
-    assert rows[4]["fraction_attention"] is None and rows[4]["flip_max"] is None
+            assert row[f"removed_random{r}"] == (position + 1 if flips else None)
+    assert rows[3]["flipped_attention"] is False and rows[3]["fraction_attention"] == 1.0 and rows[3]["removed_attention"] is None
+    assert rows[4]["fraction_attention"] is None and rows[4]["flip_max"] is None and rows[4]["removed_attention"] is None
     s = result.summary
     assert s["excluded_length1"] == 1 and s["single_n"] == 4
     assert s["single_flip_rate_max"] == 0.75 and s["single_flip_rate_rand"] == 0.0

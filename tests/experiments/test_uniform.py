@@ -13,9 +13,9 @@ from attnaudit.experiments.base import get_experiment, run_test
 from attnaudit.experiments.seeds import compare
 from attnaudit.experiments.uniform import UNIFORM, frozen_uniform
 from attnaudit.metrics import jsd, output_change
-from attnaudit.models.base import uniform_weights
+from attnaudit.models.base import freeze_uniform, uniform_weights
 from attnaudit.progress import set_quiet
-from attnaudit.run import Run
+from attnaudit.run import Run, load_run
 from attnaudit.training.adversary import Variant, train_variant
 from attnaudit.training.trainer import predict, train
 
@@ -77,6 +77,13 @@ def test_uniform_end_to_end_and_resume(clf: Run, tmp_path: Path) -> None:
     assert 0.0 <= s["mean_jsd"] <= 0.7 and 0.0 <= s["mean_tvd"] <= 1.0
     assert (tmp_path / "uniform.json").exists() and (tmp_path / "uniform_scores.png").exists()
     assert len(result.instances) == 30
+    sub_run = load_run(tmp_path / "subruns" / "uniform" / "seed-0")  # agreement: the uniform model predicts the base's class
+    for row, example in zip(result.instances, clf.examples("test", None)):
+        batch = next(iter(clf.batches([example], 1)))
+        with torch.no_grad():
+            base = clf.model(batch).logits.argmax(-1)
+            frozen = sub_run.model(batch, [freeze_uniform()]).logits.argmax(-1)
+        assert row["agreement"] == float(base.item() == frozen.item())
 
     sub = tmp_path / "subruns" / "uniform" / "seed-0"  # --out holds the sub-runs too
     stamps = {name: (sub / name).stat().st_mtime_ns for name in ("metrics.json", "model.safetensors")}

@@ -60,7 +60,8 @@ def test_injected_token_is_text_not_script(report: Path, tmp_path: Path) -> None
     done = _chromium(tmp_path, "--dump-dom", report.as_uri())
     dom = done.stdout
     assert "<title>Attention faithfulness audit: bilstm on synthetic</title>" in dom  # the script never ran
-    assert "pwned'</script>" not in dom and "<script" not in dom.lower()
+    assert "<script>document.title" not in dom
+    assert dom.lower().count("<script") == 2  # only the explorer's data block and its code
     assert "&lt;script&gt;document.title='pwned'&lt;/script&gt;" in dom  # shown as text
     assert dom.count('<div class="instance">') == 4
     console = [line for line in done.stderr.splitlines() if "CONSOLE" in line]

@@ -53,6 +53,13 @@ class ActivationSwap(Experiment):
     """The test of this module (its docstring gives the method, options and outputs)."""
 
     name = "activation-swap"
+    instance_effects = {
+        "jsd_sparsemax": ("attention JSD with sparsemax swapped in for the trained normaliser", "desc"),
+        "correct_sparsemax": ("right with sparsemax swapped in (1) or not (0)", "asc"),
+        "jsd_entmax15": ("attention JSD with 1.5-entmax swapped in", "desc"),
+        "correct_entmax15": ("right with 1.5-entmax swapped in (1) or not (0)", "asc"),
+        "jsd_softmax": ("attention JSD with softmax swapped in", "desc"),
+    }
     audit_rank = 7
     audit_transformers_only = True
     description = "Accuracy of a Transformer classifier evaluated with softmax / entmax15 / sparsemax swapped in"

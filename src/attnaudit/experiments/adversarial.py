@@ -181,6 +181,14 @@ class AdversarialOutcome:
     decode_calls: int
 
 
+def key_distribution(weights: Tensor, query_rows: Tensor, key_mask: Tensor) -> list[float]:
+    """One instance's attention ``(H,Q,K)`` as one distribution over its real keys: the mean over
+    heads and real query rows (what the report's explorer draws beside the original)."""
+    rows = query_rows.to(weights.dtype)
+    mean = (weights.mean(0) * rows[:, None]).sum(0) / rows.sum().clamp_min(1.0)
+    return [round(float(v), 5) for v in mean[key_mask.bool()].tolist()]
+
+
 def _check(theta: Tensor, decode: Decoder, explained: Explained) -> tuple[Tensor, Tensor, Tensor]:
     """Recompute adversaries, their JSD and output change with a fresh decode (no gradient)."""
     with torch.no_grad():
@@ -258,6 +266,11 @@ class Adversarial(Experiment):
     audit_rank = 10
     audit_decoder_options = {"adversaries": 2, "steps": 25, "batch_size": 8}  # each step: a decode and backward of an LLM layer
     demo_options = {"full": {"adversaries": 3, "steps": 150}, "quick": {"adversaries": 1, "steps": 5}}
+    instance_attention = "best_adversary"
+    instance_effects = {
+        "max_jsd": ("JSD of the most different adversarial attention that keeps the output", "desc"),
+        "best_output_change": ("output change (TVD) under that adversarial attention", "desc"),
+    }
     description = (
         "Search K attention distributions per instance that differ most (JSD) from the model's "
         "while keeping the output within epsilon; report the largest JSD found."
@@ -301,6 +314,7 @@ class Adversarial(Experiment):
         (layer,) = resolve_layers(run.model, options.layer, allow_all=False)
         rows: list[dict[str, Any]] = []
         adversaries: list[dict[str, Any]] = []
+        best_adversaries: list[dict[str, Any]] = []
         calls = 0
         offset = 0
         with evaluation(run.model):
@@ -324,6 +338,13 @@ class Adversarial(Experiment):
                         }
                     )
                     rows.append(row)
+                    if top >= 0:
+                        explained = outcome.explained
+                        best_adversaries.append({
+                            "index": row["index"],
+                            "original": key_distribution(explained.reported[i], explained.query_rows[i], explained.key_mask[i]),
+                            "adversary": key_distribution(outcome.weights[i, top], explained.query_rows[i], explained.key_mask[i]),
+                        })
                     adversaries.extend(
                         {
                             "index": row["index"],
@@ -335,7 +356,9 @@ class Adversarial(Experiment):
                         for a in range(search.adversaries)
                     )
                 offset += len(batch)
-        return self._result(rows, adversaries, options, search, layer, calls)
+        result = self._result(rows, adversaries, options, search, layer, calls)
+        result.tables["best_adversary"] = best_adversaries
+        return result
 
     def _result(
         self,

@@ -133,6 +133,14 @@ class Experiment:
     ranks_instances: ClassVar[str] = ""
     """The per-instance result column that orders instances from most to least faithful (the
     report's heatmaps show both ends); empty when the test has none."""
+    instance_effects: ClassVar[dict[str, tuple[str, str]]] = {}
+    """Per-instance result columns that say what the test did to one instance, each with a short
+    description and the sort order that puts the most striking instances first (``"desc"`` or
+    ``"asc"``): the report's explorer shows them and sorts instances by them."""
+    instance_attention: ClassVar[str] = ""
+    """A result table with one row per instance (``index``) whose other columns are attention
+    distributions over the instance's real keys at the explained layer (e.g. the original and the
+    adversarial attention): the explorer draws them as token rows beside the test's numbers."""
 
     @dataclass
     class Options:

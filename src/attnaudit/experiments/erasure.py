@@ -255,6 +255,11 @@ class Erasure(Experiment):
     # an LLM: no ranking that needs extra passes per token (loo, ig, attention gradients)
     audit_decoder_options = {"rankings": ["attention", "random"], "random_orders": 2, "batch_size": 8}
     demo_options = {"full": {"random_orders": 3}, "quick": {"random_orders": 1, "rankings": ["random", "attention", "gradient"]}}
+    instance_effects = {
+        "removed_attention": ("items erased in attention order until the decision flipped (empty: never)", "asc"),
+        "fraction_attention": ("share of items erased in attention order until the flip (1: never)", "asc"),
+        "jsd_max": ("output change (JSD) after erasing the top-attended item", "desc"),
+    }
     description = (
         "Erase attention at the explained layer: top vs random single item (JSD, flips), and items "
         "removed in ranking order until the decision flips"
@@ -364,7 +369,8 @@ class Erasure(Experiment):
         """Add one run of a ranking to the instance rows and the long table.
 
         The fraction is ``removed / n`` at the flip, 1.0 when the decision never flipped
-        (one-item instances: None).
+        (one-item instances: None); ``removed_<ranking>`` the items erased until the flip
+        (None when it never flipped).
         """
         column = ranking if ranking != RANDOM or repeats == 1 else f"{ranking}{repeat}"
         removed, flipped = result.removed.tolist(), result.flipped.tolist()
@@ -373,9 +379,11 @@ class Erasure(Experiment):
             if n < 2:
                 row[f"fraction_{column}"] = None
                 row[f"flipped_{column}"] = None
+                row[f"removed_{column}"] = None
                 continue
             fraction = removed[b] / n if flipped[b] else 1.0
             row[f"fraction_{column}"] = fraction
+            row[f"removed_{column}"] = removed[b] if flipped[b] else None
             row[f"flipped_{column}"] = bool(flipped[b])
             long_rows.append(
                 {

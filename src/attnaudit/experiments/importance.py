@@ -60,6 +60,7 @@ class ImportanceCorrelation(Experiment):
     audit_decoder_options = {"batch_size": 8}  # LLM prompts differ in length: small batches pad less
     demo_options = {"full": {"methods": ["gradient", "loo", "ig"], "ig_steps": 20}, "quick": {"methods": ["gradient"]}}
     ranks_instances = "tau_attention_vs_gradient"
+    instance_effects = {"tau_attention_vs_gradient": ("Kendall τ of attention and gradient (lowest: most disagreement)", "asc")}
     description = "Kendall τ between attention and gradient / leave-one-out / IG importance, per instance"
     paper = "Jain & Wallace 2019"
 

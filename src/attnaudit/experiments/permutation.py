@@ -196,6 +196,11 @@ class Permutation(Experiment):
     audit_rank = 6
     audit_decoder_options = {"permutations": 10, "batch_size": 8}  # each permutation decodes the last of 30 layers
     demo_options = {"full": {"permutations": 30}, "quick": {"permutations": 3}}
+    instance_effects = {
+        "median_change": ("median output change (TVD) when the attention is permuted", "desc"),
+        "max_change": ("largest output change over the permutations", "desc"),
+        "flip_rate": ("share of permutations that change the decision", "desc"),
+    }
     description = (
         "Shuffle the explained attention over the real items (encoder states fixed) many times per "
         "instance; report the median output change."

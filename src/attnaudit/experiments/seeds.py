@@ -103,6 +103,7 @@ class SeedVariance(Experiment):
     audit_rank = 63
     audit_options = {"seeds": [1, 2], "epochs": 3}
     demo_options = {"full": {"seeds": [1], "epochs": 2}, "quick": {"seeds": [1], "epochs": 1}}
+    instance_effects = {"jsd_median": ("attention JSD to models trained with other seeds (median)", "desc")}
     description = "retrain with N other seeds: per-instance attention JSD / prediction TVD from the base (the adversary's baseline)"
     paper = "Wiegreffe & Pinter 2019, §3.2"
 

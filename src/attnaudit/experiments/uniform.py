@@ -62,6 +62,10 @@ class UniformBaseline(Experiment):
     audit_rank = 60
     audit_options = {"epochs": 3}
     demo_options = {"full": {"epochs": 2}, "quick": {"epochs": 1}}
+    instance_effects = {
+        "tvd": ("output change (TVD) of the model trained with uniform attention", "desc"),
+        "agreement": ("share of uniform-attention models predicting the base model's class", "asc"),
+    }
     description = "train the same model with attention frozen to uniform; its test score beside the base's (is attention needed?)"
     paper = "Wiegreffe & Pinter 2019, §3.1"
 
@@ -103,7 +107,8 @@ class UniformBaseline(Experiment):
         tvd_mean = np.mean([c["tvd"] for c in comparisons], 0)
         instances = identity_rows(run, examples, comparisons[0])
         for i, row in enumerate(instances):
-            row.update(jsd=float(jsd_mean[i]), tvd=float(tvd_mean[i]))
+            agreement = float(np.mean([c["agreement"][i] for c in comparisons]))
+            row.update(jsd=float(jsd_mean[i]), tvd=float(tvd_mean[i]), agreement=agreement)
         summary = {
             "metric": key,
             f"base_test_{key}": base["test"][key],

@@ -7,7 +7,8 @@ verdict code.
 ``results/`` were written by ``attnaudit run``, or the folder given to ``attnaudit run --out``
 (result JSON files directly in it). The heatmaps come from ``heatmaps.json`` beside the
 results; when it is missing they are computed from the run (the audit's run, the run recorded
-in the results, ``DIR/run``, or ``DIR`` itself) and saved there.
+in the results, ``DIR/run``, or ``DIR`` itself) and saved there. The explorer's model data
+(:mod:`attnaudit.report.explorer`) comes from ``explorer.json`` beside the results the same way.
 """
 
 from __future__ import annotations
@@ -19,6 +20,15 @@ from typing import Any
 from attnaudit.errors import AttnAuditError, InputError, warn
 from attnaudit.experiments.base import Result, discover
 from attnaudit.io import atomic_write_json, atomic_write_text, check_fields, read_json_object, writes_folder
+from attnaudit.report.explorer import (
+    EXPLORE,
+    EXPLORER,
+    Explorer,
+    explorer_payload,
+    explorer_section,
+    load_model_data,
+    model_data,
+)
 from attnaudit.report.html import Section, render
 from attnaudit.report.summary import AUDIT, SUMMARY, order_tests, summary_rows, write_summary
 from attnaudit.run import Run
@@ -26,7 +36,7 @@ from attnaudit.run import Run
 RESULTS = "results"
 HEATMAPS = "heatmaps.json"
 REPORT = "report.html"
-NOT_RESULTS = (HEATMAPS, AUDIT)  # JSON files that sit beside results but are none
+NOT_RESULTS = (HEATMAPS, AUDIT, EXPLORER)  # JSON files that sit beside results but are none
 
 
 def _load_results(results_dir: Path) -> tuple[dict[str, Result], list[str]]:
@@ -131,6 +141,44 @@ def _heatmaps(
     return data, ""
 
 
+def _explorer_data(
+    directory: Path,
+    results_dir: Path,
+    run: Run | None,
+    info: dict[str, Any],
+    split: str,
+    limit: int | None,
+    data_dir: str | Path | None,
+    explore: int,
+    device: str,
+    store: bool = True,
+) -> tuple[dict[str, Any] | None, str]:
+    """The explorer's model data: computed from ``run`` when given; else the first ``explore``
+    instances of ``explorer.json`` when it was computed for at least that many; else computed from
+    the found run (and saved there when ``store``), falling back to the stored instances; and a note."""
+    if explore == 0:
+        return None, ""
+    path = results_dir / EXPLORER
+    stored = load_model_data(path) if run is None and path.exists() else None
+    if stored is not None and stored["requested"] >= explore:
+        return {**stored, "instances": stored["instances"][:explore]}, ""
+    try:
+        run = run or _find_run(directory, info, data_dir, device)
+        if run is None:
+            raise AttnAuditError("no run found next to the results to read attention from")
+        examples = run.examples(info.get("split", split), info.get("limit", limit), data_dir=data_dir)
+        data = model_data(run, examples, explore)
+    except Exception as exc:  # the report must still be written when the explorer cannot be computed
+        reason = str(exc) if isinstance(exc, AttnAuditError) else f"computing its data failed ({type(exc).__name__}: {exc})"
+        if stored is not None:
+            shown = f"the {len(stored['instances'])} stored instances shown, not {explore}"
+            return {**stored, "notes": [*stored.get("notes", []), f"{shown}: {reason}"]}, ""
+        return None, f"no explorer: {reason}"
+    if store:
+        atomic_write_json(path, data)
+    return data, ""
+
+
 @writes_folder("directory", existing=True)
 def build_report(
     directory: str | Path,
@@ -140,14 +188,18 @@ def build_report(
     data_dir: str | Path | None = None,
     instances: int = 3,
     device: str = "auto",
+    explore: int = EXPLORE,
 ) -> Path:
     """Write ``directory/report.html`` from its results (:func:`results_folder`; and ``audit.json`` when present).
 
     ``run`` (the audited run) computes fresh heatmaps; without it they are read from
     ``results/heatmaps.json`` or computed from the run found next to the results.
-    ``instances``: most/least faithful instances shown (each).
+    ``instances``: most/least faithful instances shown (each). ``explore``: instances in the
+    explorer (the first ones tested; 0: no explorer).
     """
     directory = Path(directory)
+    if explore < 0:
+        raise AttnAuditError(f"--explore must be >= 0, got {explore}")
     if not directory.is_dir():
         raise AttnAuditError(f"{directory}: {'not a directory' if directory.exists() else 'not found'}")
     for written in (REPORT, "summary.csv"):
@@ -187,6 +239,8 @@ def build_report(
     # without an audit.json, the results' own record says which run (split, instances) they came from
     source = info or {k: meta[k] for k in ("run", "split", "limit") if meta.get(k) is not None}
     heatmaps, heatmap_note = _heatmaps(directory, results_dir, run, source, split, limit, data_dir, instances, device)
+    explored, explorer_note = _explorer_data(directory, results_dir, run, source, split, limit, data_dir, explore, device)
+    explorer = explorer_section(explorer_payload(explored, results) if explored else None, explorer_note) if explore else ""
     model = info.get("model") or meta.get("model")
     if info.get("hf"):
         model = f"Hugging Face encoder {'/'.join(Path(info['hf']).parts[-2:])}"
@@ -204,5 +258,48 @@ def build_report(
     if failed:
         notes.append(f"{len(failed)} test(s) failed: {', '.join(failed)} (see their sections)")
     title = f"Attention faithfulness audit: {model or 'model'} on {task or 'task'}"
-    page = render(title, facts, sections, heatmaps, heatmap_note, notes, results_dir)
+    page = render(title, facts, sections, heatmaps, heatmap_note, notes, results_dir, explorer)
     return atomic_write_text(directory / REPORT, page)
+
+
+def show(
+    source: str | Path | Run,
+    instance: int | None = None,
+    explore: int = EXPLORE,
+    split: str = "test",
+    limit: int | None = None,
+    data_dir: str | Path | None = None,
+    device: str = "auto",
+) -> Explorer:
+    """The report's explorer for an audit folder, a run directory or a :class:`Run`; in Jupyter it
+    shows inline (``_repr_html_``), elsewhere ``.save(path)`` writes it as a page.
+
+    ``instance``: the index (in the tested split) to open first; it must be among the first
+    ``explore``. An audit's stored ``results/explorer.json`` is reused when it holds ``explore``
+    instances; otherwise the data is computed from the run (the first ``explore`` instances of
+    ``split``, ``limit``), and what the tests did comes from the results beside it.
+    """
+    if explore < 1:
+        raise AttnAuditError(f"explore must be at least 1, got {explore}")
+    results: dict[str, Result] = {}
+    if isinstance(source, Run):
+        data = model_data(source, source.examples(split, limit, data_dir=data_dir), explore)
+        title = f"attnaudit explorer: {source.family}"
+    else:
+        directory = Path(source)
+        if not directory.is_dir():
+            raise AttnAuditError(f"{directory}: {'not a directory' if directory.exists() else 'not found'}")
+        results_dir = results_folder(directory)
+        info = _read_audit(directory / AUDIT) if (directory / AUDIT).exists() else {}
+        results = _load_results(results_dir)[0] if results_dir.is_dir() else {}
+        first = next(iter(results.values()), None)
+        record = info or {k: first.meta[k] for k in ("run", "split", "limit") if first and first.meta.get(k) is not None}
+        data, note = _explorer_data(directory, results_dir, None, record, split, limit, data_dir, explore, device, store=False)
+        if data is None:
+            raise AttnAuditError(f"{directory}: {note.removeprefix('no explorer: ')}")
+        title = f"attnaudit explorer: {directory.name}"
+    indices = [int(i["index"]) for i in data["instances"]]
+    if instance is not None and instance not in indices:
+        shown = f"{min(indices)}..{max(indices)}" if indices else "none"
+        raise AttnAuditError(f"instance {instance} is not among the {len(indices)} explored instances ({shown}); raise explore")
+    return Explorer(explorer_payload(data, results, instance), title)

@@ -63,11 +63,16 @@ def select_instances(ranking: Result | None, column: str, n_examples: int, count
 
 
 def item_labels(run: Run, batch: Batch) -> list[list[str]]:
-    """The text of every explained item per instance: tokens, wordpieces (HF) or sentences (HAN)."""
-    counts = item_mask(run, batch).sum(-1).tolist()
+    """The text of every explained item per instance: tokens, wordpieces (HF) or sentences (HAN).
+
+    Wordpieces are those of the real positions the item mask keeps: a zero-shot prompt's items are
+    its ``{text}`` span, not its first tokens."""
+    items = item_mask(run, batch)
+    counts = items.sum(-1).tolist()
     wordpieces = run.model.wordpieces(batch)
     if wordpieces is not None:
-        return [pieces[:n] for pieces, n in zip(wordpieces, counts)]
+        real = batch.mask.bool()
+        return [[p for p, keep in zip(pieces, items[b][real[b]].tolist()) if keep] for b, pieces in enumerate(wordpieces)]
     labels = []
     for ex, n in zip(batch.examples, counts):
         if hierarchical(run.model):

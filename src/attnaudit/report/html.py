@@ -1,9 +1,11 @@
-"""The audit report as one self-contained HTML file: inline CSS, base64 PNG figures, no script.
+"""The audit report as one self-contained HTML file: inline CSS, base64 PNG figures, one inline script.
 
 Every piece of text that comes from data or results (tokens, labels, notes, error messages,
 option values) goes through :func:`html.escape`, so a token such as
-``<script>alert(1)</script>`` is shown as text and never parsed as markup. The page has no
-JavaScript at all; collapsible parts use ``<details>``.
+``<script>alert(1)</script>`` is shown as text and never parsed as markup. Everything but the
+explorer (:mod:`attnaudit.report.explorer`) is static HTML, readable with JavaScript off;
+collapsible parts use ``<details>``. A Content-Security-Policy forbids every network access and
+allows only the explorer's own script (by its hash).
 """
 
 from __future__ import annotations
@@ -262,6 +264,42 @@ def heatmaps_section(heatmaps: dict[str, Any] | None, note: str) -> str:
     return "".join(parts)
 
 
+SIZE = "\x00report-size\x00"
+"""Stands in for the page's own size until the page is complete (:func:`page`)."""
+
+
+def megabytes(size: int) -> str:
+    return f"{size / 1e6:.2f} MB"
+
+
+def page(title: str, body: str, bare: bool = False) -> str:
+    """The HTML document around ``body``: inline CSS, the explorer script (only when the body has
+    the explorer's data), the no-network Content-Security-Policy, and the page's own size in place
+    of :data:`SIZE`."""
+    from attnaudit.report.explorer import asset, content_security_policy
+
+    script = asset("explorer.js") if 'id="explorer-data"' in body else ""
+    css = CSS + asset("explorer.css")
+    csp = content_security_policy(script)
+    document = (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f'<meta http-equiv="Content-Security-Policy" content="{esc(csp)}">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>{esc(title)}</title><style>{css}</style></head>"
+        f'<body{" class=bare" if bare else ""}><main>{body}</main>'
+        + (f"<script>{script}</script>" if script else "")
+        + "</body></html>\n"
+    )
+    size = len(document.encode("utf-8"))
+    for _ in range(4):  # the number's own length changes the size; settles in a step or two
+        text = megabytes(size)
+        settled = len(document.replace(SIZE, text).encode("utf-8"))
+        if megabytes(settled) == text:
+            break
+        size = settled
+    return document.replace(SIZE, megabytes(size))
+
+
 def render(
     title: str,
     facts: list[tuple[str, Any]],
@@ -270,28 +308,27 @@ def render(
     heatmap_note: str,
     notes: list[str],
     results_dir: Path,
+    explorer: str = "",
 ) -> str:
-    """The whole page as a string."""
+    """The whole page as a string (``explorer``: the explorer's section, :func:`explorer_section`)."""
     fact_line = " · ".join(f"{esc(k)}: {fmt(v)}" for k, v in facts if v not in (None, ""))
+    fact_line += f" · report size: {SIZE}"
     nav = "".join(f'<a href="#{_anchor(s.name)}">{esc(s.name)}</a>' for s in sections)
+    explorer_link = '<a href="#explorer">explorer</a>' if explorer else ""
     general = ""
     if notes:
         general = '<h3>Notes</h3><ul class="notes">' + "".join(f"<li>{esc(n)}</li>" for n in notes) + "</ul>"
     body = [
         f"<header><h1>{esc(title)}</h1><p class=\"meta\">{fact_line}</p>",
-        f'<nav><a href="#verdict">verdict</a><a href="#heatmaps">heatmaps</a>{nav}</nav></header>',
+        f'<nav><a href="#verdict">verdict</a>{explorer_link}<a href="#heatmaps">heatmaps</a>{nav}</nav></header>',
         '<section id="verdict"><h2>Verdict</h2>',
         "<p>Each test's headline numbers, the published figure where the paper reports one, and what they "
         "say about whether attention explains the predictions.</p>",
         verdict_table(sections),
         general,
         "</section>",
+        explorer,
         heatmaps_section(heatmaps, heatmap_note),
         *(test_section(s, results_dir) for s in sections),
     ]
-    return (
-        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-        '<meta name="viewport" content="width=device-width, initial-scale=1">'
-        f"<title>{esc(title)}</title><style>{CSS}</style></head>"
-        f"<body><main>{''.join(body)}</main></body></html>\n"
-    )
+    return page(title, "".join(body))
