@@ -510,6 +510,7 @@ def sweep(
 def train_nmt_command(
     out: Annotated[Path, typer.Option(help="Run directory to write.")],
     task: Annotated[str, typer.Option(help="Seq2seq task: europarl-deen or synthetic-translation.")] = "europarl-deen",
+    arch: Annotated[str, typer.Option(help="nmt (our Transformer) or a Hugging Face encoder-decoder trained from scratch: marian, bart.")] = "nmt",
     layers: Annotated[Optional[int], typer.Option(help="Encoder and decoder layers (each).")] = None,
     heads: Annotated[Optional[int], typer.Option(help="Attention heads.")] = None,
     d_model: Annotated[Optional[int], typer.Option(help="Model width.")] = None,
@@ -527,15 +528,20 @@ def train_nmt_command(
     device: Device = "auto",
     quiet: Quiet = False,
 ) -> None:
-    """Train the encoder-decoder Transformer (NMT) used by `attnaudit run alignment`.
+    """Train the encoder-decoder Transformer (NMT) used by `attnaudit run alignment`; --arch marian|bart trains a
+    Hugging Face encoder-decoder of the same size instead (saved with save_pretrained, loads like any --hf model).
 
-    Example: attnaudit train-nmt --out runs/nmt-deen --data-dir ../shared/data
+    Examples:
+
+    attnaudit train-nmt --out runs/nmt-deen --data-dir ../shared/data
+
+    attnaudit train-nmt --arch marian --out runs/marian-deen --max-steps 2000 --data-dir ../shared/data
     """
     from attnaudit.training.nmt import train_nmt
 
     set_quiet(quiet)
     run = train_nmt(
-        task, out, data_dir=data_dir, device=device, layers=layers, heads=heads, d_model=d_model, d_ff=d_ff,
+        task, out, data_dir=data_dir, device=device, arch=arch, layers=layers, heads=heads, d_model=d_model, d_ff=d_ff,
         source_vocab=source_vocab, target_vocab=target_vocab, epochs=epochs, max_steps=max_steps,
         batch_size=batch_size, lr=lr, warmup=warmup, max_train_len=max_train_len, seed=seed,
     )
