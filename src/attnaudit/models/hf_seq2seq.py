@@ -532,7 +532,7 @@ ARCHITECTURES = ("marian", "bart")
 """Encoder-decoder configurations ``train-nmt --arch`` builds from scratch (beside our own ``nmt``)."""
 
 
-def fresh_tokenizer(subwords: Any, max_len: int) -> Any:
+def fresh_tokenizer(subwords: Any) -> Any:
     """A transformers tokenizer around a joint :class:`~attnaudit.data.alignment.SubwordTokenizer`
     (``<pad>`` 0, ``<unk>`` 1, ``<s>`` 2, ``</s>`` 3): ``</s>`` appended, ``##`` pieces joined when decoding."""
     import copy
@@ -545,9 +545,9 @@ def fresh_tokenizer(subwords: Any, max_len: int) -> Any:
     core = copy.deepcopy(subwords.tokenizer)
     core.post_processor = processors.TemplateProcessing(single=f"$A {EOS}", special_tokens=[(EOS, EOS_ID)])
     core.decoder = decoders.WordPiece(prefix=CONTINUATION)
-    return PreTrainedTokenizerFast(
-        tokenizer_object=core, pad_token="<pad>", unk_token="<unk>", bos_token="<s>", eos_token=EOS, model_max_length=max_len,
-    )
+    # No model_max_length: sentences are measured before they are cut (fits_length), and the model's
+    # own limit (max_position_embeddings) caps batches.
+    return PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", unk_token="<unk>", bos_token="<s>", eos_token=EOS)
 
 
 def fresh_seq2seq(arch: str, tokenizer: Any, layers: int, heads: int, d_model: int, d_ff: int, dropout: float, max_len: int) -> HFSeq2SeqModel:

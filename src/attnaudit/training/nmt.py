@@ -220,7 +220,7 @@ def train_hf_nmt(
     refuse_other_run(out, config_hash)
     (out / METRICS).unlink(missing_ok=True)  # written last: the commit point
     joint = SubwordTokenizer.train((words for ex in data.train for words in (ex.tokens, ex.target or [])), cfg.source_vocab)
-    tokenizer = fresh_tokenizer(joint, cfg.max_len)
+    tokenizer = fresh_tokenizer(joint)
     net = seeded(cfg.seed, lambda: fresh_seq2seq(arch, tokenizer, cfg.layers, cfg.heads, cfg.d_model, cfg.d_ff, cfg.dropout, cfg.max_len))
     dev_device = resolve_device(device)
     net.config.extra["source"] = f"attnaudit train-nmt --arch {arch}"
