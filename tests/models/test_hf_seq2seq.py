@@ -346,3 +346,34 @@ def test_classification_task_refused(pairs: SimpleNamespace, tmp_path: Path) -> 
     fresh_tokenizer(pairs.subwords).save_pretrained(folder)
     with pytest.raises(AttnAuditError, match="runs on seq2seq tasks"):
         load_hf(str(folder), task="synthetic", device="cpu")
+
+
+def test_teacher_forcing_is_hfs_own(family: str, pairs: SimpleNamespace) -> None:
+    """Our decoder input is HF's ``shift_tokens_right(labels)``: the mean cross-entropy of our logits is
+    the loss HF computes from ``labels`` alone."""
+    model, reference, batch = wrap(family, pairs)
+    with torch.no_grad():
+        ours = torch.nn.functional.cross_entropy(model(batch).logits.flatten(0, 1), batch.labels.flatten())
+        theirs = reference(input_ids=batch.tokens, attention_mask=batch.mask.long(), labels=batch.labels).loss
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-5)
+
+
+def test_applicability_matches_our_nmt(pairs: SimpleNamespace) -> None:
+    """Every test answers an HF encoder-decoder as it answers our own NMT model (both translate):
+    alignment and identifiability run, the one-decision-per-instance tests and rollout say why not."""
+    from attnaudit.data.alignment import Seq2SeqCollator
+    from attnaudit.experiments.base import applicability
+    from attnaudit.models.base import ModelConfig
+    from attnaudit.models.seq2seq import Seq2SeqTransformer
+    from attnaudit.run import Run, TaskSpec
+
+    spec = TaskSpec("synthetic-translation", "seq2seq", [])
+    model, _, _ = wrap("marian", pairs)
+    hf_run = Run(model=model, collate=collator(model), task=spec, info={"kind": "hf", "source": "tiny marian"})
+    size = len(pairs.subwords)
+    config = ModelConfig(model="nmt", task_type="seq2seq", vocab_size=size, num_labels=size, embed_dim=16, layers=2, d_model=16, d_ff=32)
+    nmt_run = Run(model=Seq2SeqTransformer(config), collate=Seq2SeqCollator(pairs.subwords, pairs.subwords), task=spec, info={"kind": "nmt"})
+    ours, theirs = applicability(hf_run), applicability(nmt_run)
+    assert {k: v is None for k, v in ours.items()} == {k: v is None for k, v in theirs.items()}
+    assert ours["alignment"] is None and ours["identifiability"] is None
+    assert "encoder-decoder" in str(ours["rollout"]) and "per target word" in str(ours["permutation"])

@@ -147,6 +147,11 @@ def train_nmt(
     :func:`train_hf_nmt`).
     """
     cfg = _nmt_config(options, bleu_split)
+    if arch != "nmt":
+        from attnaudit.models.hf_seq2seq import ARCHITECTURES
+
+        if arch not in ARCHITECTURES:
+            raise AttnAuditError(f"unknown --arch {arch!r}; choose one of nmt, {', '.join(ARCHITECTURES)}")
     data = task if isinstance(task, TaskData) else load_task(task, data_dir=data_dir, seed=split_seed)
     if data.task_type != "seq2seq":
         raise AttnAuditError(f"train_nmt needs a seq2seq task, {data.name!r} is {data.task_type}")
