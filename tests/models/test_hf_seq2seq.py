@@ -377,3 +377,14 @@ def test_applicability_matches_our_nmt(pairs: SimpleNamespace) -> None:
     assert {k: v is None for k, v in ours.items()} == {k: v is None for k, v in theirs.items()}
     assert ours["alignment"] is None and ours["identifiability"] is None
     assert "encoder-decoder" in str(ours["rollout"]) and "per target word" in str(ours["permutation"])
+
+
+def test_classification_head_refused(pairs: SimpleNamespace, tmp_path: Path) -> None:
+    """``finetune`` adds classification heads; an encoder-decoder is refused in one line saying what trains one."""
+    from attnaudit.models.hf import build_hf_model
+
+    folder = tmp_path / "marian"
+    build("marian", len(pairs.subwords)).save_pretrained(folder, safe_serialization=True)
+    fresh_tokenizer(pairs.subwords).save_pretrained(folder)
+    with pytest.raises(AttnAuditError, match="takes no classification head; train a translation model with attnaudit train-nmt"):
+        build_hf_model(str(folder), "classification", num_labels=2)

@@ -69,7 +69,7 @@ def build_hf_model(
         raise AttnAuditError(f"--dtype {str(dtype).removeprefix('torch.')} applies to decoder LLMs; {source} is not one (float32 only)")
     if is_seq2seq_config(config):
         if num_labels is not None:
-            raise AttnAuditError(f"{source} is an encoder-decoder (translation); fine-tune it with attnaudit train-nmt, not a classification head")
+            raise AttnAuditError(f"{source} is an encoder-decoder (translation), which takes no classification head; train a translation model with attnaudit train-nmt --arch marian")
         return build_seq2seq_model(source, trained_head)
     common = {"attn_implementation": "eager", "use_safetensors": True, "dtype": torch.float32}
     if has_head:
