@@ -449,6 +449,8 @@ def _hub_reachable() -> bool:
 
     from huggingface_hub import constants
 
+    if constants.HF_HUB_OFFLINE:  # HF_HUB_OFFLINE=1: the user says the hub is not to be reached
+        return False
     host = urlparse(constants.ENDPOINT).hostname
     try:
         socket.getaddrinfo(host or "huggingface.co", 443)
