@@ -535,7 +535,7 @@ def train_nmt_command(
 
     attnaudit train-nmt --out runs/nmt-deen --data-dir ../shared/data
 
-    attnaudit train-nmt --arch marian --out runs/marian-deen --max-steps 2000 --data-dir ../shared/data
+    attnaudit train-nmt --arch marian --out runs/marian-deen --epochs 1 --data-dir ../shared/data
     """
     from attnaudit.training.nmt import train_nmt
 
