@@ -515,7 +515,7 @@ def train_nmt_command(
     heads: Annotated[Optional[int], typer.Option(help="Attention heads.")] = None,
     d_model: Annotated[Optional[int], typer.Option(help="Model width.")] = None,
     d_ff: Annotated[Optional[int], typer.Option(help="Feed-forward width.")] = None,
-    source_vocab: Annotated[Optional[int], typer.Option(help="Source BPE vocabulary size.")] = None,
+    source_vocab: Annotated[Optional[int], typer.Option(help="Source BPE vocabulary size (--arch marian|bart: the one joint vocabulary).")] = None,
     target_vocab: Annotated[Optional[int], typer.Option(help="Target BPE vocabulary size.")] = None,
     epochs: Annotated[Optional[int], typer.Option(help="Maximum epochs (best dev loss kept).")] = None,
     max_steps: Annotated[Optional[int], typer.Option(help="Stop after this many optimiser steps.")] = None,
