@@ -512,11 +512,12 @@ def sweep(
 def train_nmt_command(
     out: Annotated[Path, typer.Option(help="Run directory to write.")],
     task: Annotated[str, typer.Option(help="Seq2seq task: europarl-deen or synthetic-translation.")] = "europarl-deen",
+    arch: Annotated[str, typer.Option(help="nmt (our Transformer) or a Hugging Face encoder-decoder trained from scratch: marian, bart.")] = "nmt",
     layers: Annotated[Optional[int], typer.Option(help="Encoder and decoder layers (each).")] = None,
     heads: Annotated[Optional[int], typer.Option(help="Attention heads.")] = None,
     d_model: Annotated[Optional[int], typer.Option(help="Model width.")] = None,
     d_ff: Annotated[Optional[int], typer.Option(help="Feed-forward width.")] = None,
-    source_vocab: Annotated[Optional[int], typer.Option(help="Source BPE vocabulary size.")] = None,
+    source_vocab: Annotated[Optional[int], typer.Option(help="Source BPE vocabulary size (--arch marian|bart: the one joint vocabulary).")] = None,
     target_vocab: Annotated[Optional[int], typer.Option(help="Target BPE vocabulary size.")] = None,
     epochs: Annotated[Optional[int], typer.Option(help="Maximum epochs (best dev loss kept).")] = None,
     max_steps: Annotated[Optional[int], typer.Option(help="Stop after this many optimiser steps.")] = None,
@@ -529,15 +530,20 @@ def train_nmt_command(
     device: Device = "auto",
     quiet: Quiet = False,
 ) -> None:
-    """Train the encoder-decoder Transformer (NMT) used by `attnaudit run alignment`.
+    """Train the encoder-decoder Transformer (NMT) used by `attnaudit run alignment`; --arch marian|bart trains a
+    Hugging Face encoder-decoder of the same size instead (saved with save_pretrained, loads like any --hf model).
 
-    Example: attnaudit train-nmt --out runs/nmt-deen --data-dir ../shared/data
+    Examples:
+
+    attnaudit train-nmt --out runs/nmt-deen --data-dir ../shared/data
+
+    attnaudit train-nmt --arch marian --out runs/marian-deen --epochs 1 --data-dir ../shared/data
     """
     from attnaudit.training.nmt import train_nmt
 
     set_quiet(quiet)
     run = train_nmt(
-        task, out, data_dir=data_dir, device=device, layers=layers, heads=heads, d_model=d_model, d_ff=d_ff,
+        task, out, data_dir=data_dir, device=device, arch=arch, layers=layers, heads=heads, d_model=d_model, d_ff=d_ff,
         source_vocab=source_vocab, target_vocab=target_vocab, epochs=epochs, max_steps=max_steps,
         batch_size=batch_size, lr=lr, warmup=warmup, max_train_len=max_train_len, seed=seed,
     )

@@ -78,10 +78,14 @@ def argmax_links(words: Tensor) -> set[tuple[int, int]]:
 
 def alignment_scores(run: Run, examples: list[Example], batch_size: int = 16) -> list[dict[str, dict[int, Tensor]]]:
     """Per example, per ``"{setting}_{method}"``, per decoder block: the word score matrix
-    ``(target words, source words)`` (teacher-forced on ``example.target``)."""
+    ``(target words, source words)`` (teacher-forced on ``example.target``).
+
+    The collator's ``offsets`` (default ``(0, 0)``) are the positions of the first source and target
+    subword: a tokenizer that puts a special token first (BART's ``<s>``) shifts both."""
     model = run.model
     collate: Any = run.collate
     cross = model.cross_layers
+    a, b = getattr(collate, "offsets", (0, 0))  # specials before the first source / target subword (BART's <s>)
     out: list[dict[str, dict[int, Tensor]]] = []
     model.eval()
     with torch.no_grad():
@@ -95,14 +99,14 @@ def alignment_scores(run: Run, examples: list[Example], batch_size: int = 16) ->
                 _, src_words = collate.source.encode(ex.tokens)
                 _, tgt_words = collate.target.encode(ex.target or [])
                 s, t = len(src_words), len(tgt_words)
-                if batch.tokens.shape[1] <= s or batch.target is None or batch.target.shape[1] <= t:
+                if batch.tokens.shape[1] <= a + s or batch.target is None or batch.target.shape[1] <= b + t:
                     raise AttnAuditError(
                         f"{ex.meta.get('source', 'example')}: longer than the model's max_len; cannot align it"
                     )
                 entry: dict[str, dict[int, Tensor]] = {f"{st}_{m}": {} for st in SETTINGS for m in METHODS}
                 for block, matrices in enumerate(per_layer):
                     for method, matrix in zip(METHODS, matrices):
-                        sub = matrix[i, :, :s].float().cpu()
+                        sub = matrix[i, b:, a : a + s].float().cpu()
                         entry[f"output_{method}"][block] = word_scores(sub[:t], tgt_words, src_words)
                         entry[f"input_{method}"][block] = word_scores(sub[1 : t + 1], tgt_words, src_words)
                 out.append(entry)
@@ -184,7 +188,8 @@ class Alignment(Experiment):
 
     def applies(self, run: Run) -> str | None:
         if run.task.task_type != "seq2seq" or not run.model.cross_layers:
-            return "alignment needs an encoder-decoder (NMT) model with cross-attention; train one with train-nmt"
+            return ("alignment needs an encoder-decoder (NMT) model with cross-attention and a seq2seq task; train one "
+                    "with train-nmt, or give --hf an encoder-decoder (Marian, BART, T5) with --task europarl-deen")
         return None
 
     def run(self, run: Run, examples: list[Example], options: Any, seed: int = 0) -> Result:

@@ -181,6 +181,11 @@ class Rollout(Experiment):
         batch_size: int = field(default=16, metadata={"help": "Instances per batch."})
 
     def applies(self, run: Run) -> str | None:
+        if not run.model.self_attention and run.model.cross_layers:
+            return (
+                "rollout and flow compose one stack of token-to-token self-attention; an encoder-decoder mixes "
+                "encoder self-attention, causal decoder self-attention and cross-attention, which they do not compose"
+            )
         if not run.model.self_attention:
             return (
                 f"rollout and flow compose stacked self-attention layers; a {run.family} model has one attention "

@@ -1,8 +1,8 @@
-"""Hugging Face models as attnaudit runs: build, load and save an encoder or a decoder-only model.
+"""Hugging Face models as attnaudit runs: build, load and save an encoder, a decoder-only model or an encoder-decoder.
 
 The adapters live below this module: :mod:`attnaudit.models.hf_encoder` (BERT family, and the
-registered attention function every family shares) and :mod:`attnaudit.models.hf_decoder`
-(Llama/SmolLM2, Qwen2, GPT-2). This module picks one by the checkpoint's config and wraps it in
+registered attention function every family shares), :mod:`attnaudit.models.hf_decoder`
+(Llama/SmolLM2, Qwen2, GPT-2) and :mod:`attnaudit.models.hf_seq2seq` (Marian, BART, T5). This module picks one by the checkpoint's config and wraps it in
 a :class:`~attnaudit.run.Run`; ``load_run`` reaches :func:`load_hf_run` for runs of kind ``hf``.
 """
 
@@ -31,6 +31,8 @@ from attnaudit.models.hf_encoder import (
     _pretrained,
     _quiet_transformers,
 )
+from attnaudit.models.hf_seq2seq import HFSeq2SeqModel, build_seq2seq_model, is_seq2seq_config
+from attnaudit.models.hf_seq2seq import collator as seq2seq_collator
 from attnaudit.pretrained import resolve_source
 from attnaudit.run import Run, TaskSpec, absolute_dir, read_config, write_config
 
@@ -49,7 +51,8 @@ def build_hf_model(
 
     A checkpoint saved with a sequence-classification head is loaded with it; otherwise
     ``num_labels`` adds a fresh head (for fine-tuning) and None loads the bare encoder.
-    ``dtype`` (decoders only; encoders stay float32): the parameters' dtype.
+    ``dtype`` (decoders only; encoders stay float32): the parameters' dtype. An encoder-decoder
+    (BART, Marian, T5) is loaded with its LM head whatever ``task_type`` says (translation is its task).
     """
     from transformers import (
         AutoModel,
@@ -63,7 +66,11 @@ def build_hf_model(
     if is_decoder_config(config):
         return build_decoder_model(source, task_type, num_labels, trained_head, has_head, dtype)
     if dtype != torch.float32:
-        raise AttnAuditError(f"--dtype {str(dtype).removeprefix('torch.')} applies to decoder LLMs; {source} is an encoder (float32 only)")
+        raise AttnAuditError(f"--dtype {str(dtype).removeprefix('torch.')} applies to decoder LLMs; {source} is not one (float32 only)")
+    if is_seq2seq_config(config):
+        if num_labels is not None:
+            raise AttnAuditError(f"{source} is an encoder-decoder (translation), which takes no classification head; train a translation model with attnaudit train-nmt --arch marian")
+        return build_seq2seq_model(source, trained_head)
     common = {"attn_implementation": "eager", "use_safetensors": True, "dtype": torch.float32}
     if has_head:
         if num_labels is not None and num_labels != config.num_labels:
@@ -88,8 +95,10 @@ def _make_run(
     dev = resolve_device(device)
     model.to(dev).eval()
     zero_shot = model.config.extra.get("zero_shot")
-    if zero_shot:
-        collate: HFCollator = zeroshot.ZeroShotCollator(zero_shot["prompt"], model.tokenizer, spec.labels, model.config.max_len)
+    if isinstance(model, HFSeq2SeqModel):
+        collate: Any = seq2seq_collator(model)
+    elif zero_shot:
+        collate = zeroshot.ZeroShotCollator(zero_shot["prompt"], model.tokenizer, spec.labels, model.config.max_len)
     else:
         collate = HFCollator(model.tokenizer, spec.labels, spec.task_type, model.config.max_len, model.uses_token_types)
     return Run(model=model, collate=collate, task=spec, path=path, device=dev, info=info, _data=data)
@@ -115,6 +124,8 @@ def load_hf(
     ``verbalizer`` (label -> word, or ``'positive=" positive",negative=" negative"'``), or the
     named task's defaults (:mod:`attnaudit.models.zeroshot`); then it has a prediction.
     ``dtype``: a decoder's parameter dtype (:data:`attnaudit.models.hf_decoder.DTYPES`).
+    An encoder-decoder (Marian, BART, T5; e.g. ``Helsinki-NLP/opus-mt-de-en``) runs on seq2seq
+    tasks (``europarl-deen``): teacher-forced, its trace holds encoder, decoder and cross-attention.
     """
     source = resolve_source(name_or_path)
     data: TaskData | None
@@ -134,9 +145,8 @@ def load_hf(
             labels=list(data.labels),
             data_dir=absolute_dir(data_dir),
         )
-    if spec.task_type not in ("classification", "pair"):
-        raise AttnAuditError(f"Hugging Face encoders here handle classification and pair tasks, not {spec.task_type}")
     model = build_hf_model(source, spec.task_type, num_labels, dtype=dtype)
+    _check_task(model, spec, task is None, source)
     if isinstance(model, HFDecoderModel) and num_labels is None:
         chosen = zeroshot.resolve(spec.spec if isinstance(task, str) else None, prompt, verbalizer)
         if chosen is not None and model.config.extra.get("output") == "next_token":
@@ -152,6 +162,18 @@ def load_hf(
         )
     info = {"kind": "hf", "source": source, "trained_head": model.trained_head}
     return _make_run(model, spec, device, None, info, data)
+
+
+def _check_task(model: HFAttentionModel, spec: TaskSpec, no_task: bool, source: str) -> None:
+    """Refuse a task the model cannot do: an encoder-decoder translates (seq2seq tasks), the others
+    classify (classification and pair tasks). Without a task, an encoder-decoder's spec says seq2seq."""
+    if isinstance(model, HFSeq2SeqModel):
+        if no_task:
+            spec.task_type = "seq2seq"
+        elif spec.task_type != "seq2seq":
+            raise AttnAuditError(f"{source} is an encoder-decoder: it runs on seq2seq tasks (e.g. europarl-deen), not {spec.task_type}")
+    elif spec.task_type not in ("classification", "pair"):
+        raise AttnAuditError(f"Hugging Face encoders and decoders here handle classification and pair tasks, not {spec.task_type}")
 
 
 def save_hf_run(run: Run, out: str | Path, extra: dict[str, Any] | None = None) -> Path:

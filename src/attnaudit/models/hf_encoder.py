@@ -73,6 +73,9 @@ class _Active:
     records: dict[int, AttentionLayer] = field(default_factory=dict)
     allowed: Tensor | None = None
     """``(B,Q,K)`` which query may read which key (decoders: causal and padding); None: ``mask`` alone."""
+    layer_masks: dict[int, tuple[Tensor, Tensor | None, Tensor]] = field(default_factory=dict)
+    """Per layer ``(key mask, allowed, query mask)`` where they are not ``(mask, allowed, mask)``:
+    an encoder-decoder's decoder self-attention and cross-attention (:mod:`attnaudit.models.hf_seq2seq`)."""
 
 
 _ACTIVE: ContextVar[_Active | None] = ContextVar("attnaudit_hf_active", default=None)
@@ -91,21 +94,27 @@ def _attention(
     """HF's eager attention with interventions and recording (see the module docstring).
 
     Grouped-query attention (fewer key/value heads than query heads) is expanded first, as
-    HF's ``repeat_kv`` does, so keys, values and weights are per query head."""
+    HF's ``repeat_kv`` does, so keys, values and weights are per query head. T5's relative
+    ``position_bias`` (an additive ``(1|B,H,Q,K)`` term) is added to the scores before masking."""
     groups = query.shape[1] // key.shape[1]
     if groups > 1:
         key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
     state = _ACTIVE.get()
     layer = None if state is None else state.layer_of.get(id(module))
+    bias = kwargs.pop("position_bias", None)
     if state is None or layer is None:
+        if bias is not None:  # BERT's eager code takes no position bias: it is one more additive mask term
+            attention_mask = bias if attention_mask is None else attention_mask + bias
         return eager_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
     ivs = state.interventions.get(layer, [])
-    mask = state.mask
-    allowed = None if state.allowed is None else state.allowed[:, None]
+    mask, allowed, query_mask = state.layer_masks.get(layer, (state.mask, state.allowed, state.mask))
+    allowed = None if allowed is None else allowed[:, None]
     scale = query.shape[-1] ** -0.5 if scaling is None else scaling
     keys = apply_key_interventions(key, ivs)
     value = apply_value_interventions(value, ivs)
     scores = (query @ keys.transpose(-1, -2)) * scale
+    if bias is not None:
+        scores = scores + bias
     scores = scores.masked_fill(~(mask[:, None, None, :] if allowed is None else allowed), float("-inf"))
     weights = attention_weights(scores, mask, "softmax", ivs, allowed)
     # HF applies dropout to the attention probabilities while training; the trace keeps
@@ -119,7 +128,7 @@ def _attention(
         keys=keys,
         values=value,
         scores=scores,
-        query_mask=mask,
+        query_mask=query_mask,
         name=f"layer{layer}",
     )
     return output, weights
@@ -440,6 +449,8 @@ def _hub_reachable() -> bool:
 
     from huggingface_hub import constants
 
+    if constants.HF_HUB_OFFLINE:  # HF_HUB_OFFLINE=1: the user says the hub is not to be reached
+        return False
     host = urlparse(constants.ENDPOINT).hostname
     try:
         socket.getaddrinfo(host or "huggingface.co", 443)
@@ -463,7 +474,8 @@ def _pretrained(loader: Any, source: str, **kwargs: Any) -> Any:
                 if not _hub_reachable():
                     raise AttnAuditError(
                         f"could not load Hugging Face model {source!r}: not in the local cache, and the hub "
-                        "cannot be reached (offline?); give a local model folder, --hf minilm or --hf smollm2"
+                        "cannot be reached (offline?); give a local model folder (a translation model: one from "
+                        "attnaudit train-nmt --arch marian), --hf minilm or --hf smollm2"
                     ) from None
             return loader.from_pretrained(source, **kwargs)
     except (OSError, ValueError, KeyError) as exc:

@@ -67,8 +67,8 @@ class NMTConfig:
 def translate(run: Run, examples: list[Example], batch_size: int = 64, desc: str | None = None) -> list[list[str]]:
     """Greedy translations (target words) of ``examples``, in order."""
     model = run.model
-    if not isinstance(model, Seq2SeqTransformer):
-        raise AttnAuditError(f"translate needs an NMT run, got a {run.family} model")
+    if not hasattr(model, "greedy"):
+        raise AttnAuditError(f"translate needs an encoder-decoder run, got a {run.family} model")
     # Sorted by length so that a batch stops decoding soon after its longest sentence.
     order = sorted(range(len(examples)), key=lambda i: len(examples[i].tokens))
     stripped = [Example(tokens=examples[i].tokens, meta=examples[i].meta) for i in order]
@@ -124,6 +124,7 @@ def train_nmt(
     device: str = "auto",
     resume: bool = True,
     bleu_split: str | None = "dev",
+    arch: str = "nmt",
     **options: Any,
 ) -> Run:
     """Train the NMT model on a seq2seq task into run directory ``out``; return the run.
@@ -140,8 +141,17 @@ def train_nmt(
 
     Like ``train``: a finished run with the same config is loaded, not retrained, and a
     killed run resumes after its last finished epoch.
+
+    ``arch``: ``nmt`` (our :class:`~attnaudit.models.seq2seq.Seq2SeqTransformer`) or a Hugging Face
+    configuration trained from scratch with the same sizes, loop and hooks (``marian``, ``bart``:
+    :func:`train_hf_nmt`).
     """
     cfg = _nmt_config(options, bleu_split)
+    if arch != "nmt":
+        from attnaudit.models.hf_seq2seq import ARCHITECTURES
+
+        if arch not in ARCHITECTURES:
+            raise AttnAuditError(f"unknown --arch {arch!r}; choose one of nmt, {', '.join(ARCHITECTURES)}")
     data = task if isinstance(task, TaskData) else load_task(task, data_dir=data_dir, seed=split_seed)
     if data.task_type != "seq2seq":
         raise AttnAuditError(f"train_nmt needs a seq2seq task, {data.name!r} is {data.task_type}")
@@ -152,6 +162,8 @@ def train_nmt(
         data_dir=absolute_dir(data_dir), seed=split_seed,
     )
     out = Path(out)
+    if arch != "nmt":
+        return train_hf_nmt(data, spec, out, cfg, arch, device, resume, bleu_split)
     source = SubwordTokenizer.train((ex.tokens for ex in data.train), cfg.source_vocab)
     target = SubwordTokenizer.train((ex.target or [] for ex in data.train), cfg.target_vocab)
     config = ModelConfig(
@@ -187,6 +199,49 @@ def train_nmt(
     status(f"[green]done[/]: dev loss {metrics['dev']['loss']:.4f}"
            + (f", {bleu_split} BLEU {metrics[f'{bleu_split}_bleu']:.2f}" if bleu_split else ""))
     return run
+
+
+def train_hf_nmt(
+    data: TaskData, spec: TaskSpec, out: Path, cfg: NMTConfig, arch: str, device: str, resume: bool, bleu_split: str | None
+) -> Run:
+    """``train_nmt`` for a Hugging Face encoder-decoder built from scratch (:func:`~attnaudit.models.hf_seq2seq.fresh_seq2seq`).
+
+    One joint BPE vocabulary of ``source_vocab`` entries is learnt on both sides of the training pairs
+    (Marian and BART share embeddings between encoder, decoder and LM head). The loop, its hooks and
+    ``metrics.json`` are :func:`train_nmt`'s; the selected epoch is saved as an ``hf`` run directory
+    (``save_pretrained``), which ``load_run`` and every test read like any Hugging Face model. No per-epoch
+    checkpoint: a killed run starts again.
+    """
+    from dataclasses import replace
+
+    from attnaudit.models.hf import load_hf_run, save_hf_run
+    from attnaudit.models.hf_seq2seq import collator, fresh_seq2seq, fresh_tokenizer
+
+    settings = {"kind": "hf", "arch": arch, "train": asdict(cfg), "task": spec.to_dict()}
+    config_hash = digest(settings)
+    if resume and (out / METRICS).exists() and (out / CONFIG).exists() and read_json_object(out / CONFIG, optional={"hash": str}).get("hash") == config_hash:
+        status(f"[green]{out}[/]: already trained with this config, loading it")
+        return load_hf_run(out, device=device, data_dir=spec.data_dir)
+    refuse_other_run(out, config_hash)
+    (out / METRICS).unlink(missing_ok=True)  # written last: the commit point
+    joint = SubwordTokenizer.train((words for ex in data.train for words in (ex.tokens, ex.target or [])), cfg.source_vocab)
+    tokenizer = fresh_tokenizer(joint)
+    net = seeded(cfg.seed, lambda: fresh_seq2seq(arch, tokenizer, cfg.layers, cfg.heads, cfg.d_model, cfg.d_ff, cfg.dropout, cfg.max_len))
+    dev_device = resolve_device(device)
+    net.config.extra["source"] = f"attnaudit train-nmt --arch {arch}"
+    run = Run(model=net.to(dev_device), collate=collator(net), task=spec, path=out, device=dev_device, _data=data)
+    train_pairs = [ex for ex in data.train if fits_length(run.collate, ex, cfg.max_train_len)]
+    extra = {"hash": config_hash, "train_nmt": {"arch": arch, **asdict(cfg)}}
+    loop = nmt_loop(cfg)
+    hooks = replace(nmt_hooks(run, data.dev, cfg), save_best=lambda: save_hf_run(run, out, extra))
+    state = fit(net, run, train_pairs, loop, hooks)
+    best = load_hf_run(out, device=device, data_dir=spec.data_dir)
+    best._data = data
+    metrics = {**_final_metrics(best, data, state, cfg, train_pairs, bleu_split), "training": notes(loop, state)}
+    atomic_write_json(out / METRICS, metrics)
+    status(f"[green]done[/]: dev loss {metrics['dev']['loss']:.4f}"
+           + (f", {bleu_split} BLEU {metrics[f'{bleu_split}_bleu']:.2f}" if bleu_split else ""))
+    return best
 
 
 def _nmt_config(options: dict[str, Any], bleu_split: str | None) -> NMTConfig:
