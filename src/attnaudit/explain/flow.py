@@ -31,7 +31,7 @@ def flow_importance(model: AttentionModel, batch: Batch) -> Tensor:
     if rows is None:
         sinks = query_mask.bool()
     else:
-        index = torch.as_tensor(rows, device=query_mask.device).expand(query_mask.shape[0])
-        sinks = torch.nn.functional.one_hot(index, query_mask.shape[1]).bool()
+        query = torch.as_tensor(rows, device=query_mask.device).expand(query_mask.shape[0])
+        sinks = torch.nn.functional.one_hot(query, query_mask.shape[1]).bool()
     flowed = flow(layer_weights(trace, index), mask=record.mask, sinks=sinks)[:, -1]
     return on_items(model, batch, query_row(model, flowed, record.query_mask))
