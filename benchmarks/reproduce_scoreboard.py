@@ -13,7 +13,7 @@
 5. The same on an SST BiLSTM run (``--bilstm``, J&W setup) and our own Transformer on SST
    (``--transformer``), on ``--other-limit`` SST test sentences; each skipped when absent.
 
-Writes ``benchmarks/results/scoreboard.json`` (command, commit, cores, load average before and
+Writes ``benchmarks/results/scoreboard.json`` (``--name``; ``--parts`` runs some of the scoreboards; command, commit, cores, load average before and
 after, wall and CPU seconds, the scoreboards). Run:
 ``nice -n 5 .venv/bin/python benchmarks/reproduce_scoreboard.py --data-dir ../shared/data``.
 """
@@ -106,39 +106,47 @@ def main() -> dict[str, Any]:
     parser.add_argument("--transformer", default=str(RUNS / "sst-transformer"), help="our Transformer on SST (skipped when absent)")
     parser.add_argument("--other-limit", type=int, default=300, help="SST test sentences for the BiLSTM and the Transformer")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--parts", default="minilm,bilstm,transformer",
+                        help="which scoreboards to run (minilm includes the plausibility run); separate invocations can run in parallel")
+    parser.add_argument("--name", default="scoreboard", help="result file stem: benchmarks/results/NAME.json")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
+    parts = args.parts.split(",")
+    result: dict[str, Any] = {"threads": args.threads}
+    if "minilm" in parts:
+        minilm(args, result)
+    for key, path in (("sst_bilstm", args.bilstm), ("sst_transformer", args.transformer)):
+        if key.removeprefix("sst_") in parts and Path(path, "config.json").is_file():
+            other = load_run(path, device="cpu", data_dir=args.data_dir)
+            accuracy = read_json(Path(path) / "metrics.json")["test"].get("accuracy")
+            board = scoreboard(other, args, RUNS / f"scoreboard-{key.replace('_', '-')}", args.other_limit, args.mode)
+            result[key] = {"run": path, "test_accuracy": accuracy, "scoreboard": board}
+            write_result(args.name, result)
+    result["seconds"] = time.perf_counter() - start
+    write_result(args.name, result)
+    print({k: (v["scoreboard"]["n"], round(v["scoreboard"]["cpu_seconds"], 1)) for k, v in result.items() if isinstance(v, dict) and "scoreboard" in v})
+    return result
+
+
+def minilm(args: argparse.Namespace, result: dict[str, Any]) -> None:
+    """The fine-tuned MiniLM's scoreboard (and cost model), then its plausibility on SST treebank sentences."""
     run = tuned_run(args)
     metrics = read_json(Path(run.path) / "metrics.json")
     methods = args.methods.split(",") if args.methods else [m.name for m in list_explanations(run)]
     modes = list(MODES) if args.mode == "both" else [args.mode]
-    result: dict[str, Any] = {
-        "minilm": {"run": str(run.path), "glue_dev_accuracy": metrics["test"].get("accuracy"),
-                   "train_examples": metrics.get("train_examples")},
-        "threads": args.threads,
-    }
+    result["minilm"] = {"run": str(run.path), "glue_dev_accuracy": metrics["test"].get("accuracy"),
+                        "train_examples": metrics.get("train_examples")}
     if args.profile:
         result["minilm"]["cost_model"] = cost_model(run, args.profile, methods, modes, args.data_dir)
     result["minilm"]["scoreboard"] = scoreboard(run, args, RUNS / "scoreboard-minilm", args.limit, args.mode, args.methods)
-    write_result("scoreboard", result)  # the main board is kept even if a later part fails
+    write_result(args.name, result)  # the main board is kept even if a later part fails
     if args.plausibility:
         trees = load_hf(Path(run.path) / HF_DIR, task="sst-trees", data_dir=args.data_dir, device="cpu")
         # only AUPRC / token F1 are wanted here: one bin and no curve keep the perturbations few
         result["minilm_sst_trees"] = scoreboard(trees, args, RUNS / "scoreboard-minilm-sst-trees", args.plausibility, "delete",
                                                 args.methods, bins=[20.0], curve_steps=0)
-    for key, path in (("sst_bilstm", args.bilstm), ("sst_transformer", args.transformer)):
-        if Path(path, "config.json").is_file():
-            other = load_run(path, device="cpu", data_dir=args.data_dir)
-            accuracy = read_json(Path(path) / "metrics.json")["test"].get("accuracy")
-            board = scoreboard(other, args, RUNS / f"scoreboard-{key.replace('_', '-')}", args.other_limit, args.mode)
-            result[key] = {"run": path, "test_accuracy": accuracy, "scoreboard": board}
-            write_result("scoreboard", result)
-    result["seconds"] = time.perf_counter() - start
-    write_result("scoreboard", result)
-    board = result["minilm"]["scoreboard"]
-    print({"n": board["n"], "wall_seconds": round(board["wall_seconds"], 1), "cpu_seconds": round(board["cpu_seconds"], 1)})
-    return result
+        write_result(args.name, result)
 
 
 if __name__ == "__main__":
