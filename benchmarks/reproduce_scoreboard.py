@@ -77,8 +77,8 @@ def cost_model(run: Run, sentences: int, methods: list[str], modes: list[str], d
 
 def scoreboard(run: Run, args: argparse.Namespace, out: Path, limit: int, mode: str, methods: str = "", **extra: Any) -> dict[str, Any]:
     """``attnaudit run faithfulness`` on ``run`` (``extra``: more of its options); the ranked table, wall and CPU seconds."""
-    options = {"methods": methods.split(",")} if methods else {}
-    options.update(extra)
+    options: dict[str, Any] = {"methods": methods.split(",")} if methods else {}
+    options.update(batch_size=args.batch_size, **extra)
     load = os.getloadavg()
     wall, cpu = time.perf_counter(), time.process_time()
     result = run_test("faithfulness", run, split="test", limit=limit, out=out, seed=0, mode=mode, **options)
@@ -106,6 +106,7 @@ def main() -> dict[str, Any]:
     parser.add_argument("--transformer", default=str(RUNS / "sst-transformer"), help="our Transformer on SST (skipped when absent)")
     parser.add_argument("--other-limit", type=int, default=300, help="SST test sentences for the BiLSTM and the Transformer")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--batch-size", type=int, default=32, help="instances per batch (smaller: less memory, e.g. for IG)")
     parser.add_argument("--parts", default="minilm,bilstm,transformer",
                         help="which scoreboards to run (minilm includes the plausibility run); separate invocations can run in parallel")
     parser.add_argument("--name", default="scoreboard", help="result file stem: benchmarks/results/NAME.json")
