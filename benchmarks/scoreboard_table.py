@@ -86,7 +86,7 @@ def small_models_table(data: dict[str, Any]) -> list[str]:
     if not present:
         return []
     boards = {key: data[key]["scoreboard"] for key, _ in present}
-    header = "| method | " + " | ".join(f"{label}: delete comp. / suff. | {label}: [UNK] comp. / suff." for _, label in present) + " |"
+    header = "| method | " + " | ".join(f"{label}: delete comp. / suff. | {label}: `<unk>` comp. / suff." for _, label in present) + " |"
     lines = [header, "|---|" + "---|---|" * len(present)]
     last = boards[present[-1][0]]
     order = sorted(_by_mode(last, "delete").items(), key=lambda kv: -kv[1]["aopc_comp"])
