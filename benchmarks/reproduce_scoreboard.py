@@ -8,10 +8,12 @@
    other jobs on the machine inflate it less than wall time), extrapolated to ``--limit``.
 3. ``attnaudit run faithfulness`` on the first ``--limit`` GLUE-dev sentences (our ``sst2``
    test split) with ``--methods`` (default: every registered method that applies) and ``--mode``.
-4. Optionally the same on an SST BiLSTM run (``--bilstm``, e.g. the one
-   ``python -m benchmarks.reproduce_base_models`` trains); skipped when absent.
+4. Plausibility: the same on the first ``--plausibility`` sentences of the SST treebank's test
+   split (``sst-trees``: phrase-level rationales), for AUPRC and token F1 (deletion at one bin, 20 %, only).
+5. The same on an SST BiLSTM run (``--bilstm``, J&W setup) and our own Transformer on SST
+   (``--transformer``), on ``--other-limit`` SST test sentences; each skipped when absent.
 
-Writes ``benchmarks/results/scoreboard.json`` (command, commit, cores, load average before and
+Writes ``benchmarks/results/scoreboard.json`` (``--name``; ``--parts`` runs some of the scoreboards; command, commit, cores, load average before and
 after, wall and CPU seconds, the scoreboards). Run:
 ``nice -n 5 .venv/bin/python benchmarks/reproduce_scoreboard.py --data-dir ../shared/data``.
 """
@@ -34,11 +36,14 @@ from attnaudit.experiments.faithfulness import grid  # noqa: E402
 from attnaudit.explain import list_explanations  # noqa: E402
 from attnaudit.faithfulness import BINS, MODES, perturbation_probs  # noqa: E402
 from attnaudit.io import read_json  # noqa: E402
+from attnaudit.models.hf import load_hf  # noqa: E402
+from attnaudit.models.hf_encoder import HF_DIR  # noqa: E402
 from attnaudit.run import Run, load_run  # noqa: E402
 from benchmarks.common import RUNS, write_result  # noqa: E402
 
 KEEP = ("mode", "method", "aopc_comp", "aopc_comp_low", "aopc_comp_high", "aopc_suff", "aopc_suff_low",
-        "aopc_suff_high", "deletion", "insertion", "rank_aopc_comp", "n")
+        "aopc_suff_high", "deletion", "insertion", "auprc", "auprc_low", "auprc_high", "token_f1",
+        "token_f1_low", "token_f1_high", "rank_aopc_comp", "n")
 
 
 def tuned_run(args: argparse.Namespace) -> Run:
@@ -70,12 +75,13 @@ def cost_model(run: Run, sentences: int, methods: list[str], modes: list[str], d
             "total_cpu_s_per_sentence": sum(explain.values()) + sum(perturb.values())}
 
 
-def scoreboard(run: Run, args: argparse.Namespace, out: Path) -> dict[str, Any]:
-    """``attnaudit run faithfulness`` on ``run``; the ranked table, wall and CPU seconds."""
-    options = {"methods": args.methods.split(",")} if args.methods else {}
+def scoreboard(run: Run, args: argparse.Namespace, out: Path, limit: int, mode: str, methods: str = "", **extra: Any) -> dict[str, Any]:
+    """``attnaudit run faithfulness`` on ``run`` (``extra``: more of its options); the ranked table, wall and CPU seconds."""
+    options: dict[str, Any] = {"methods": methods.split(",")} if methods else {}
+    options.update(batch_size=args.batch_size, **extra)
     load = os.getloadavg()
     wall, cpu = time.perf_counter(), time.process_time()
-    result = run_test("faithfulness", run, split="test", limit=args.limit, out=out, seed=0, mode=args.mode, **options)
+    result = run_test("faithfulness", run, split="test", limit=limit, out=out, seed=0, mode=mode, **options)
     return {
         "n": result.summary["n"], "excluded_short": result.summary["excluded_short"],
         "methods": result.meta["methods"], "filler": result.meta["filler"],
@@ -95,31 +101,53 @@ def main() -> dict[str, Any]:
     parser.add_argument("--methods", default="", help="comma-separated; default every registered method that applies")
     parser.add_argument("--mode", default="both", choices=[*MODES, "both"])
     parser.add_argument("--profile", type=int, default=32, help="sentences for the per-method cost model (0: none)")
+    parser.add_argument("--plausibility", type=int, default=200, help="SST treebank test sentences for AUPRC / token F1 (0: none)")
     parser.add_argument("--bilstm", default=str(RUNS / "sst-bilstm"), help="an SST BiLSTM run (skipped when absent)")
+    parser.add_argument("--transformer", default=str(RUNS / "sst-transformer"), help="our Transformer on SST (skipped when absent)")
+    parser.add_argument("--other-limit", type=int, default=300, help="SST test sentences for the BiLSTM and the Transformer")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--batch-size", type=int, default=32, help="instances per batch (smaller: less memory, e.g. for IG)")
+    parser.add_argument("--parts", default="minilm,bilstm,transformer",
+                        help="which scoreboards to run (minilm includes the plausibility run); separate invocations can run in parallel")
+    parser.add_argument("--name", default="scoreboard", help="result file stem: benchmarks/results/NAME.json")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
+    parts = args.parts.split(",")
+    result: dict[str, Any] = {"threads": args.threads}
+    if "minilm" in parts:
+        minilm(args, result)
+    for key, path in (("sst_bilstm", args.bilstm), ("sst_transformer", args.transformer)):
+        if key.removeprefix("sst_") in parts and Path(path, "config.json").is_file():
+            other = load_run(path, device="cpu", data_dir=args.data_dir)
+            accuracy = read_json(Path(path) / "metrics.json")["test"].get("accuracy")
+            board = scoreboard(other, args, RUNS / f"scoreboard-{key.replace('_', '-')}", args.other_limit, args.mode)
+            result[key] = {"run": path, "test_accuracy": accuracy, "scoreboard": board}
+            write_result(args.name, result)
+    result["seconds"] = time.perf_counter() - start
+    write_result(args.name, result)
+    print({k: (v["scoreboard"]["n"], round(v["scoreboard"]["cpu_seconds"], 1)) for k, v in result.items() if isinstance(v, dict) and "scoreboard" in v})
+    return result
+
+
+def minilm(args: argparse.Namespace, result: dict[str, Any]) -> None:
+    """The fine-tuned MiniLM's scoreboard (and cost model), then its plausibility on SST treebank sentences."""
     run = tuned_run(args)
     metrics = read_json(Path(run.path) / "metrics.json")
     methods = args.methods.split(",") if args.methods else [m.name for m in list_explanations(run)]
     modes = list(MODES) if args.mode == "both" else [args.mode]
-    result: dict[str, Any] = {
-        "minilm": {"run": str(run.path), "glue_dev_accuracy": metrics["test"].get("accuracy"),
-                   "train_examples": metrics.get("train_examples")},
-        "threads": args.threads,
-    }
+    result["minilm"] = {"run": str(run.path), "glue_dev_accuracy": metrics["test"].get("accuracy"),
+                        "train_examples": metrics.get("train_examples")}
     if args.profile:
         result["minilm"]["cost_model"] = cost_model(run, args.profile, methods, modes, args.data_dir)
-    result["minilm"]["scoreboard"] = scoreboard(run, args, RUNS / "scoreboard-minilm")
-    if Path(args.bilstm, "config.json").is_file():
-        bilstm = load_run(args.bilstm, device="cpu", data_dir=args.data_dir)
-        result["sst_bilstm"] = {"run": args.bilstm, "scoreboard": scoreboard(bilstm, args, RUNS / "scoreboard-sst-bilstm")}
-    result["seconds"] = time.perf_counter() - start
-    write_result("scoreboard", result)
-    board = result["minilm"]["scoreboard"]
-    print({"n": board["n"], "wall_seconds": round(board["wall_seconds"], 1), "cpu_seconds": round(board["cpu_seconds"], 1)})
-    return result
+    result["minilm"]["scoreboard"] = scoreboard(run, args, RUNS / "scoreboard-minilm", args.limit, args.mode, args.methods)
+    write_result(args.name, result)  # the main board is kept even if a later part fails
+    if args.plausibility:
+        trees = load_hf(Path(run.path) / HF_DIR, task="sst-trees", data_dir=args.data_dir, device="cpu")
+        # only AUPRC / token F1 are wanted here: one bin and no curve keep the perturbations few
+        result["minilm_sst_trees"] = scoreboard(trees, args, RUNS / "scoreboard-minilm-sst-trees", args.plausibility, "delete",
+                                                args.methods, bins=[20.0], curve_steps=0)
+        write_result(args.name, result)
 
 
 if __name__ == "__main__":

@@ -159,3 +159,18 @@ def test_bad_arguments_raise_one_line_errors() -> None:
         F.rollout((att,), residual=1.5)
     with pytest.raises(AttnAuditError, match="mask shape"):
         F.rollout((att,), mask=torch.ones(2, 3, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("layers", [1, 2, 3, 5])
+def test_flow_to_chosen_sinks_equals_those_entries_of_the_full_flow(layers: int) -> None:
+    """``sinks`` solves only the last layer's marked rows: they equal the full flow's, the rest is 0."""
+    torch.manual_seed(layers)
+    weights = [torch.softmax(torch.randn(3, 2, 6, 6), -1) for _ in range(layers)]
+    mask = torch.tensor([[1] * 6, [1] * 4 + [0] * 2, [1] * 5 + [0]], dtype=torch.bool)
+    sinks = torch.zeros(3, 6, dtype=torch.bool)
+    sinks[0, 0] = sinks[1, [1, 3]] = sinks[2] = True
+    sinks[2, 5] = False
+    full = F.flow(weights, mask=mask)
+    part = F.flow(weights, mask=mask, sinks=sinks)
+    torch.testing.assert_close(part[:, -1], full[:, -1] * sinks[:, :, None])
+    assert (part[:, :-1] == 0).all() and (part[:, -1][~sinks] == 0).all()

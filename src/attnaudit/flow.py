@@ -154,8 +154,13 @@ def flow(
     head_fusion: HeadFusion = "mean",
     residual: float = 0.5,
     mask: Tensor | None = None,
+    sinks: Tensor | None = None,
 ) -> Tensor:
     """Attention flow: max-flow value from input ``j`` to node ``(l, i)``, ``(B, L, T, T)``.
+
+    ``sinks`` ``(B, T)`` bool: compute only the last layer's rows ``i`` marked True (an explanation
+    reads one query's row, or the real ones, of one layer); every other entry of the result is 0.
+    The deep problems are most of the cost, so this skips the other ``L − 1`` layers and rows.
 
     Values are the raw max-flow values (at most 1, the in-capacity of any node);
     Abnar & Zuidema's released code additionally divides each row by its sum, which
@@ -187,6 +192,8 @@ def flow(
     adj = adjusted_attention(attentions, head_fusion, residual, mask)
     a = adj.detach().to("cpu", torch.float64).numpy()
     B, L, T, _ = a.shape
+    if sinks is not None and tuple(sinks.shape) != (B, T):
+        raise AttnAuditError(f"attention flow: sinks shape {tuple(sinks.shape)} != (batch, T) {(B, T)}")
     out = np.zeros_like(a)
     out[:, 0] = a[:, 0]
     if L > 1:
@@ -196,9 +203,15 @@ def flow(
         np.arange(T) if mask is None else np.flatnonzero(mask[b].detach().cpu().numpy())
         for b in range(B)
     ]
+    rows = None
+    if sinks is not None:
+        chosen = sinks.detach().cpu().numpy().astype(bool)
+        out[:, :-1] = 0.0
+        out[:, -1] *= chosen[:, :, None]
+        rows = [np.flatnonzero(chosen[b][real[b]]) for b in range(B)]  # positions among the real tokens
     pending: list[_Copies] = []
     edges = 0
-    for block in _deep_problems(caps, real):
+    for block in _deep_problems(caps, real, rows):
         # one scipy call per depth: Dinic's phases are global, so pooling shallow copies
         # with deep ones re-scans the finished shallow ones (measured ~1.5x slower)
         if pending and (pending[-1].layer != block.layer or edges + block.edges > _EDGE_BUDGET):
@@ -246,23 +259,26 @@ class _Copies:
         return self.copies * (2 * self.width + len(self.inner) * self.width**2)
 
 
-def _deep_problems(caps: np.ndarray, real: list[np.ndarray]) -> Iterator[_Copies]:
-    """All (sink, source) problems of depth ≥ 3 on the real tokens, in edge-bounded blocks.
+def _deep_problems(caps: np.ndarray, real: list[np.ndarray], rows: list[np.ndarray] | None = None) -> Iterator[_Copies]:
+    """All (sink, source) problems of depth ≥ 3 on the real tokens, in edge-bounded blocks; with
+    ``rows`` (per batch element, sink positions among its real tokens) only the last layer's, to those sinks.
 
     Ordered by depth, then batch element, so that blocks of equal depth are adjacent.
     """
     B, L = caps.shape[:2]
-    for depth in range(3, L + 1):
+    for depth in range(3 if rows is None else max(3, L), L + 1):
         for b in range(B):
             idx = real[b]
             n = idx.size
-            if n == 0:
+            sinks = np.arange(n) if rows is None else rows[b]
+            if n == 0 or sinks.size == 0:
                 continue
             c = caps[b][:, idx][:, :, idx]  # (L, n, n) on real tokens only
             per_copy = 2 * n + (depth - 2) * n * n
             chunk = max(1, _EDGE_BUDGET // per_copy)
-            for start in range(0, n * n, chunk):
-                sink, source = np.divmod(np.arange(start, min(n * n, start + chunk)), n)
+            for start in range(0, sinks.size * n, chunk):
+                pick, source = np.divmod(np.arange(start, min(sinks.size * n, start + chunk)), n)
+                sink = sinks[pick]
                 yield _Copies(
                     src=c[0][:, source].T,
                     inner=[c[m] for m in range(1, depth - 1)],

@@ -145,3 +145,18 @@ def test_seeded_results_repeat(tiny_attention_run, tmp_path: Path) -> None:  # t
     second = run_test("faithfulness", run, out=tmp_path / "b", seed=5, **options)
     assert first.tables["scoreboard"] == second.tables["scoreboard"]
     assert all(math.isfinite(r["aopc_comp"]) for r in first.tables["scoreboard"])
+
+
+def test_instances_come_back_in_input_order_whatever_the_batching(tiny_attention_run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Batches are grouped by length inside the test; the CSV keeps the examples' order and each row's
+    values are those of that example scored alone (batch size 1: no grouping, no padding)."""
+    run = tiny_attention_run("transformer")
+    options = {"limit": 10, "methods": ["attention", "loo"], "mode": "delete", **FAST}
+    grouped = run_test("faithfulness", run, out=tmp_path / "a", batch_size=4, **options)
+    alone = run_test("faithfulness", run, out=tmp_path / "b", batch_size=1, **options)
+    a, b = grouped.frame(), alone.frame()
+    assert list(a["index"]) == sorted(a["index"]) and list(a["index"]) == list(b["index"])
+    lengths = [len(e.tokens) for e in run.examples("test", 10)]
+    assert lengths != sorted(lengths)  # the grouping did reorder
+    numeric = [c for c in a.columns if c.startswith(("attention_", "loo_"))]
+    np.testing.assert_allclose(a[numeric].to_numpy(float), b[numeric].to_numpy(float), atol=1e-5)

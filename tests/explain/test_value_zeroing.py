@@ -72,7 +72,7 @@ def hf_layer_outputs(reference: torch.nn.Module, ids: torch.Tensor, zero: tuple[
 
 
 def test_value_zeroing_on_a_llama_equals_hf_forwards_with_a_zeroed_value(tiny_hf, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Also with the zeroed tokens run two at a time (``ROWS`` 8 for 4 examples), not all at once."""
+    """Also with the (query, zeroed key) pairs taken through the feed-forward map 8 at a time."""
     monkeypatch.setattr(value_zeroing_module, "ROWS", 8)
     model, reference, batch = tiny_llama(tiny_hf, torch.float64)
     ours = value_zeroing(model, batch)

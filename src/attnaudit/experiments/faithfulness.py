@@ -72,6 +72,23 @@ class Collected:
     unaligned: int = 0
 
 
+def in_order(c: Collected) -> Collected:
+    """``c`` with its instances sorted by their index in the examples (they were batched by length)."""
+    perm = np.argsort([row["index"] for row in c.rows], kind="stable")
+    if not len(perm):
+        return c
+    flat = np.concatenate(c.full)[perm]
+
+    def sort(parts: list[np.ndarray]) -> list[np.ndarray]:
+        return [np.concatenate(parts, -1)[..., perm]]
+
+    return Collected(
+        rows=[c.rows[i] for i in perm], removed={m: sort(v) for m, v in c.removed.items()},
+        kept={m: sort(v) for m, v in c.kept.items()}, full=[flat], plausible=[c.plausible[i] for i in perm],
+        pairs=c.pairs, unaligned=c.unaligned,
+    )
+
+
 def grid(bins: list[float], steps: int) -> list[float]:
     """The percents to perturb at: the bins and the curve grid ``100·i/steps`` for ``0 < i < steps``."""
     curve = [100.0 * i / steps for i in range(1, steps)] if steps > 1 else []
@@ -134,12 +151,14 @@ class Faithfulness(Experiment):
     def run(self, run: Run, examples: list[Example], options: Any, seed: int = 0) -> Result:
         methods, modes, percents = self._check(run, options)
         collected = Collected(removed={m: [] for m in modes}, kept={m: [] for m in modes})
-        offset = 0
-        total = -(-len(examples) // options.batch_size)
-        for batch in track(run.batches(examples, options.batch_size), "faithfulness", total=total):
-            self._batch(run, batch, methods, modes, percents, options, seed, offset, collected)
-            offset += len(batch)
-        return self._result(run, collected, methods, modes, percents, options, seed, len(examples))
+        # Batches of similar length (stable sort), so the quadratic methods pad little; put back in order below.
+        order = sorted(range(len(examples)), key=lambda i: len(examples[i].tokens))
+        starts = range(0, len(order), options.batch_size)
+        chunks = [order[start : start + options.batch_size] for start in starts]
+        batches = run.batches([examples[i] for i in order], options.batch_size)
+        for indices, batch in track(zip(chunks, batches), "faithfulness", total=len(chunks)):
+            self._batch(run, batch, methods, modes, percents, options, seed, indices, collected)
+        return self._result(run, in_order(collected), methods, modes, percents, options, seed, len(examples))
 
     def _check(self, run: Run, options: Any) -> tuple[list[str], list[str], list[float]]:
         """The methods, modes and percents to run; one-line errors for impossible options."""
@@ -163,7 +182,7 @@ class Faithfulness(Experiment):
 
     def _batch(
         self, run: Run, batch: Batch, methods: list[str], modes: list[str], percents: list[float],
-        options: Any, seed: int, offset: int, collected: Collected,
+        options: Any, seed: int, indices: list[int], collected: Collected,
     ) -> None:
         """Explain one batch with every method, perturb it in every mode, and collect per-instance values."""
         model = run.model
@@ -180,7 +199,7 @@ class Faithfulness(Experiment):
         for b in np.flatnonzero(keep):
             example = batch.examples[b]
             collected.rows.append(
-                {"index": offset + int(b), "source": example.meta.get("source", ""), "label": example.label,
+                {"index": indices[int(b)], "source": example.meta.get("source", ""), "label": example.label,
                  "pred": run.labels[int(pred[b])], "items": int(n[b]), "p_pred": float(full[b])}
             )
             vectors = {m: s[b][removable[b]].numpy() for m, s in scores.items()}

@@ -54,9 +54,9 @@ NEEDS: dict[str, tuple[str, Check]] = {
         else f"{type(m).__name__} exposes no residual connections and layer norms around stacked self-attention",
     ),
     "value_zeroing": (
-        "zeroing one token's value vector in a self-attention layer, and each layer's output states",
+        "zeroing one token's value vector in a self-attention layer (its per-head value/output maps, residuals, norms)",
         lambda m: None
-        if m.self_attention and m.value_interventions and m.has_residual_norms
+        if m.self_attention and m.has_value_output and m.has_residual_norms
         else f"{type(m).__name__} cannot zero a token's value vector in stacked self-attention",
     ),
 }

@@ -4,6 +4,7 @@ at the explanation query; the max-flow algorithm is :func:`attnaudit.flow.flow`.
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 from attnaudit.data.types import Batch
@@ -21,8 +22,16 @@ def flow_importance(model: AttentionModel, batch: Batch) -> Tensor:
     """Maximum flow from each input token to the explanation query's node of the explained layer, ``(B,K)``.
 
     Heads are averaged and the residual counted with weight 0.5, as for ``rollout``; the raw
-    max-flow values (A&Z divide each row by its sum, which keeps the ranking).
+    max-flow values (A&Z divide each row by its sum, which keeps the ranking). Only the rows read
+    at the explanation query are solved (:func:`~attnaudit.flow.flow`'s ``sinks``).
     """
     trace, index, record = explained_record(model, batch)
-    flowed = flow(layer_weights(trace, index), mask=record.mask)[:, -1]
+    query_mask = record.mask if record.query_mask is None else record.query_mask
+    rows = model.explanation_rows(query_mask)
+    if rows is None:
+        sinks = query_mask.bool()
+    else:
+        query = torch.as_tensor(rows, device=query_mask.device).expand(query_mask.shape[0])
+        sinks = torch.nn.functional.one_hot(query, query_mask.shape[1]).bool()
+    flowed = flow(layer_weights(trace, index), mask=record.mask, sinks=sinks)[:, -1]
     return on_items(model, batch, query_row(model, flowed, record.query_mask))

@@ -1,7 +1,14 @@
 """``value_zeroing``: Value Zeroing (Mohebbi et al. 2023). In layer ``l``, token ``j``'s value vector is
 zeroed in every head and the layer is run again; ``C_ij`` is the cosine distance between token ``i``'s
 output of the layer (after its feed-forward block) and the original. Rows are normalised to 1 and the
-maps rolled out through the layers. One run of the rest of the model per layer and token: costly."""
+maps rolled out through the layers.
+
+Zeroing ``v_j`` leaves the attention weights alone and removes exactly ``Σ_h α^h_ij f_h(x_j)`` from the
+sum the attention block adds up for token ``i`` (Kobayashi et al. 2021's shares,
+:func:`~attnaudit.explain.norms_res_ln.residual_parts`). So the zeroed layer is never rerun as a whole:
+each (query, zeroed key) pair of real tokens takes that sum minus one share through the rest of the
+layer (norms and feed-forward map), all pairs of a layer at once, instead of one rerun of the
+remaining layers per zeroed token."""
 
 from __future__ import annotations
 
@@ -10,34 +17,39 @@ from torch import Tensor
 
 from attnaudit.data.types import Batch
 from attnaudit.explain.base import explanation
-from attnaudit.explain.norms_res_ln import layers_up_to, pair_mask, rolled_contributions
+from attnaudit.explain.norms_res_ln import layers_up_to, pair_mask, residual_parts, rolled_contributions, token_map
 from attnaudit.explain.rollout import explained_record
-from attnaudit.models.base import AttentionModel, Cache, Intervention, evaluation
+from attnaudit.models.base import AttentionLayer, AttentionModel, ResidualNorms, evaluation
+
+ROWS = 8192
+"""Vectors taken through a layer's feed-forward map at once, at most: bounds memory."""
 
 
-ROWS = 256
-"""Copies of the batch run at once (one per zeroed token), at most: bounds memory."""
+def layer_output(norms: ResidualNorms, summed: Tensor) -> Tensor:
+    """A layer's output from the attention block's summed input to its first residual ``(..., d)``:
+    post-LN ``LN₂(h + ffn(h))`` with ``h = LN₁(summed)``; pre-LN ``summed + ffn(LN₂(summed))``."""
+    outputs = []
+    for part in summed.split(ROWS):
+        if norms.placement == "pre":
+            outputs.append(part + norms.ffn(norms.ffn_norm(part)))
+        else:
+            h = norms.attention_norm(part)
+            outputs.append(norms.ffn_norm(h + norms.ffn(h)))
+    return torch.cat(outputs)
 
 
-def zeroing_map(model: AttentionModel, cache: Cache, original: Tensor, layer: int) -> Tensor:
-    """``C_ij = 1 − cos(out_i, out_i without v_j)`` ``(B,Q,K)`` for layer ``layer`` restarted from ``cache``.
-
-    Tokens are zeroed a chunk at a time: each example is repeated once per token of the chunk, and
-    copy ``c`` has token ``c``'s value vector zeroed in every head (``Intervention(values=...)``)."""
-    b, t = cache.states.shape[:2]
-    step = max(1, ROWS // b)
-    columns = []
-    for start in range(0, t, step):
-        tokens = torch.arange(start, min(start + step, t))
-        n = len(tokens)
-        keep = torch.ones(n, t, dtype=cache.states.dtype, device=cache.states.device)
-        keep[torch.arange(n), tokens] = 0.0
-        keep = keep.repeat(b, 1)  # row e*n + c: example e with token tokens[c] zeroed
-        copies = Cache(cache.states.repeat_interleave(n, 0), cache.mask.repeat_interleave(n, 0), layer, dict(cache.extra))
-        zeroed = Intervention(layer=layer, values=lambda v, keep=keep: v * keep[:, None, :, None])
-        changed = model.decode(copies, [zeroed], start_layer=layer).trace[0].outputs.reshape(b, n, t, -1)
-        columns.append(1.0 - torch.nn.functional.cosine_similarity(original[:, None], changed, dim=-1))  # (B,n,Q)
-    return torch.cat(columns, 1).transpose(1, 2).clamp_min(0.0)
+def zeroing_map(model: AttentionModel, record: AttentionLayer, layer: int) -> Tensor:
+    """``C_ij = 1 − cos(out_i, out_i without v_j)`` ``(B,Q,K)`` of one layer, 0 outside real pairs."""
+    norms = model.residual_norms(layer)
+    parts, whole = residual_parts(model, record, layer)  # parts_ij = Σ_h α^h_ij f_h(x_j) + δ_ij x_i
+    x = model.residual_stream(record)
+    b, q, k = pair_mask(record).bool().nonzero(as_tuple=True)
+    removed = parts[b, q, k] - (q == k).to(x.dtype)[:, None] * x[b, q]  # Σ_h α^h_ij f_h(x_j): what zeroing v_j takes away
+    original = layer_output(norms, whole.reshape(-1, whole.shape[-1])).view_as(whole)
+    changed = layer_output(norms, whole[b, q] - removed)
+    out = torch.zeros(parts.shape[:3], dtype=parts.dtype, device=parts.device)
+    out[b, q, k] = 1.0 - torch.nn.functional.cosine_similarity(original[b, q], changed, dim=-1)
+    return out.clamp_min(0.0)
 
 
 @explanation(
@@ -49,9 +61,5 @@ def value_zeroing(model: AttentionModel, batch: Batch) -> Tensor:
     to the explained layer and read at the explanation query."""
     with evaluation(model), torch.no_grad():
         trace, index, record = explained_record(model, batch)
-        base = model.encode(batch)
-        maps = [
-            zeroing_map(model, model.cache_at(trace, layer, base), r.outputs, layer) * pair_mask(r)
-            for layer, r in layers_up_to(trace, index)
-        ]
+        maps = [token_map(zeroing_map, model, r, layer) for layer, r in layers_up_to(trace, index)]
     return rolled_contributions(model, batch, maps, record)
