@@ -19,6 +19,7 @@ import torch
 from attnaudit.data.types import Batch
 from attnaudit.errors import AttnAuditError
 from attnaudit.explain import item_mask
+from attnaudit.explain import loo
 from attnaudit.explain.loo import _loo_decoder, _loo_method, loo_importance
 from attnaudit.metrics import output_change
 from attnaudit.models.base import Cache
@@ -54,7 +55,12 @@ def slow_loo(model: HFDecoderModel, batch: Batch) -> torch.Tensor:
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
 @pytest.mark.parametrize("prompt", PROMPTS)
-def test_prefix_loo_equals_full_recomputation(family: str, prompt: str, tiny_hf: SimpleNamespace) -> None:
+@pytest.mark.parametrize("pass_tokens", [512, 8])
+def test_prefix_loo_equals_full_recomputation(
+    family: str, prompt: str, pass_tokens: int, tiny_hf: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One pass for every deletion, or (8 tokens a pass) many passes of a few rows each."""
+    monkeypatch.setattr(loo, "_PASS_TOKENS", pass_tokens)
     model, collate = zero_shot(family, tiny_hf.vocab, prompt)
     batch = collate(tiny_hf.task().test)
     assert _loo_method(model) is _loo_decoder

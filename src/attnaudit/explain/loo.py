@@ -39,6 +39,9 @@ _CHUNK_ELEMENTS = 1 << 23
 # Activation elements per batched forward pass of the leave-one-out recomputation: passes of
 # a few hundred short sentences run faster on CPU than one pass over every deletion at once.
 _PASS_ELEMENTS = 1 << 21
+# Tokens per pass of a decoder's leave-one-out continuations: a few hundred rows of tokens keep
+# the matrix products at full speed on CPU while rows of similar length share a pass.
+_PASS_TOKENS = 512
 
 
 def _single_items(mask: Tensor) -> Tensor:
@@ -139,11 +142,14 @@ def _loo_decoder(
     start = torch.minimum(rows[:, 1], n - 2).clamp_min(0)  # first rerun position; the prefix is [0, start)
     span = n - start - 1  # tokens rerun: [start, n) without i
     order = torch.argsort(span, descending=True, stable=True)
+    spans = span[order].tolist()
     t = batch.tokens.shape[1]
-    per_row = t * (t + model.config.d_model)
     out = []
-    for part in _chunks(len(rows), per_row, _PASS_ELEMENTS):
-        sub = order[part]
+    first_row = 0
+    while first_row < len(rows):  # passes of about _PASS_TOKENS tokens, rows of similar length together
+        size = max(1, _PASS_TOKENS // max(spans[first_row], 1))
+        sub = order[first_row : first_row + size]
+        first_row += size
         b, i, first = rows[sub, 0], rows[sub, 1], start[sub]
         steps = torch.arange(int(span[sub].max()), device=rows.device)[None, :]
         source = first[:, None] + steps
