@@ -336,6 +336,7 @@ def _write_record(
         "model": target.family,
         "task": target.task.spec,
         "hf": target.info.get("source") if target.family == "hf" else None,
+        **{key: target.info[key] for key in ("max_length", "dtype") if key in target.info},  # --max-length/--dtype
         "split": split,
         "limit": limit,
         "seed": seed,

@@ -8,6 +8,7 @@ special tokens stay; a pair's query stays. Bad values end in one ``error:`` line
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -90,3 +91,17 @@ def test_cli_max_length_and_dtype(llama_lm: Path, tmp_path: Path) -> None:
     assert_clean_failure(bad, "--dtype: expected float32 or bfloat16", out=tmp_path / "bad")
     bad = cli("audit", "--task", "synthetic", "--model", "bilstm", "--max-length", "3", "--out", tmp_path / "bad2", "--quiet")
     assert_clean_failure(bad, "--max-length", out=tmp_path / "bad2")
+
+
+def test_audit_records_max_length_for_its_report(llama_lm: Path, tmp_path: Path) -> None:
+    """`attnaudit audit --max-length` cuts every test's texts and records it; `attnaudit report` reloads the model so."""
+    out = tmp_path / "audit"
+    proc = cli("audit", "--hf", llama_lm, "--task", "synthetic", "--limit", "4", "--only", "importance", "--max-length", "2",
+               "--verbalizer", "negative=bad,positive=good", "--no-figures", "--out", out, "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    record = json.loads((out / "audit.json").read_text())
+    assert record["max_length"] == 2 and "dtype" not in record
+    instances = json.loads((out / "results" / "importance.json").read_text())["instances"]
+    assert instances and all(row["length"] <= 2 for row in instances)
+    again = cli("report", out, "--quiet")
+    assert again.returncode == 0, again.stderr
