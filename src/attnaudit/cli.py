@@ -279,6 +279,7 @@ def explain(
     seed: Annotated[int, typer.Option(**SEED_RANGE, help="Random seed (random baselines).")] = 0,
     prompt: Prompt = None,
     verbalizer: Verbalizer = None,
+    dtype: Dtype = None,
     data_dir: DataDir = None,
     device: Device = "auto",
     quiet: Quiet = False,
@@ -303,7 +304,7 @@ def explain(
         raise AttnAuditError("--prompt/--verbalizer apply with --hf only")
     result = explain_text(
         hf if hf is not None else _run_dir(run), text, _names(method), out, prompt=prompt, verbalizer=verbalizer,
-        max_length=max_length, seed=seed, steps=steps, device=device, data_dir=data_dir,
+        max_length=max_length, seed=seed, steps=steps, device=device, data_dir=data_dir, dtype=dtype,
     )
     if not quiet:
         print(decision_line(result))

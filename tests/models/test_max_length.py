@@ -18,6 +18,7 @@ import torch
 from attnaudit.data.types import Example
 from attnaudit.errors import AttnAuditError
 from attnaudit.explain import item_mask
+from attnaudit.explained import explain_text
 from attnaudit.models.hf import load_hf
 from tests.models.test_hf_decoder import save_llama_lm
 from tests.reliability.helpers import assert_clean_failure, cli
@@ -105,3 +106,11 @@ def test_audit_records_max_length_for_its_report(llama_lm: Path, tmp_path: Path)
     assert instances and all(row["length"] <= 2 for row in instances)
     again = cli("report", out, "--quiet")
     assert again.returncode == 0, again.stderr
+
+
+def test_explain_takes_dtype(llama_lm: Path) -> None:
+    """`explain` loads a decoder in bfloat16 when asked; a bad name is refused before any work."""
+    explained = explain_text(str(llama_lm), "the movie was good", ["attention"], dtype="bfloat16", device="cpu")
+    assert explained.tokens and explained.decision["kind"] == "next_token"
+    with pytest.raises(AttnAuditError, match="--dtype: expected float32 or bfloat16"):
+        explain_text(str(llama_lm), "the movie was good", ["attention"], dtype="half", device="cpu")
