@@ -35,6 +35,7 @@ decoder its final state there.
 from __future__ import annotations
 
 import contextlib
+import copy
 import struct
 from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, fields
@@ -435,12 +436,39 @@ def _quiet_gguf() -> Iterator[None]:
         gguf_utils.tqdm = bar
 
 
+_GGUF_LOADED: dict[tuple[Any, ...], Any] = {}
+"""De-quantised GGUF models and tokenizers already loaded in this process, by file and options."""
+GGUF_KEEP = 2
+"""How many of them are kept (each SmolLM2-135M is ~0.55 GB of float32)."""
+
+
 def _load(loader: Any, folder: str, gguf: dict[str, str], **kwargs: Any) -> Any:
     """``loader.from_pretrained``: a folder or hub name through :func:`attnaudit.models.hf._pretrained`;
-    a GGUF file directly, any failure being one error naming the file."""
+    a GGUF file directly, any failure being one error naming the file.
+
+    De-quantising a GGUF file costs ~13 s of CPU for SmolLM2-135M (its tokenizer ~3 s more), so
+    each is done once per process: later loads of the same file (same size and modification
+    time) with the same options get a deep copy of the first (~0.3 s), free to be changed."""
     if not gguf:
         return _pretrained(loader, folder, **kwargs)
     path = Path(folder) / gguf["gguf_file"]
+    try:
+        stat = path.stat()
+        key: tuple[Any, ...] | None = (loader, str(path.resolve()), stat.st_size, stat.st_mtime_ns, repr(sorted(kwargs.items())))
+    except OSError:
+        key = None  # a missing file fails below with its own message
+    if key not in _GGUF_LOADED:
+        loaded = _load_gguf(loader, folder, path, gguf, **kwargs)
+        if key is None:
+            return loaded
+        while len(_GGUF_LOADED) >= GGUF_KEEP:
+            del _GGUF_LOADED[next(iter(_GGUF_LOADED))]
+        _GGUF_LOADED[key] = loaded
+    return copy.deepcopy(_GGUF_LOADED[key])
+
+
+def _load_gguf(loader: Any, folder: str, path: Path, gguf: dict[str, str], **kwargs: Any) -> Any:
+    """``loader.from_pretrained`` of a GGUF file; a missing package or bad file is one error."""
     try:
         with _quiet_transformers(), _quiet_gguf():
             return loader.from_pretrained(folder, **gguf, **kwargs)
