@@ -21,12 +21,20 @@ orders). Then it digests the report's figures:
 Writes ``benchmarks/results/smollm2.json``; the audit folder goes to ``benchmarks/runs/``
 (git-ignored; a re-run reuses its finished tests). Run:
 ``nice -n 5 .venv/bin/python -m benchmarks.reproduce_smollm2 --data-dir ../shared/data``.
+
+Side by side: the same audit split by ``--only`` over several processes (each its own ``--out``,
+timed by ``/usr/bin/time -v``) is gathered with ``--gather DIR...`` (their finished results are
+copied into the audit folder, whose fingerprints they match, so this call reuses them) and
+``--time-logs FILE...`` (their ``time -v`` reports: wall, user and system seconds, recorded per
+process with the CPU total, from which the time on an unloaded 2-core machine is estimated).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -73,6 +81,39 @@ def rollout_digest(result: Any) -> dict[str, Any]:
     }
 
 
+TIME_FIELDS = {"user": "User time (seconds)", "system": "System time (seconds)", "wall": "Elapsed (wall clock) time (h:mm:ss or m:ss)"}
+
+
+def time_report(path: Path) -> dict[str, Any]:
+    """Wall, user and system seconds (and the timed command) from a ``/usr/bin/time -v`` report."""
+    text = path.read_text()
+    found: dict[str, Any] = {"log": str(path)}
+    command = re.search(r'Command being timed: "(.*)"', text)
+    found["command"] = command.group(1) if command else None
+    for key, label in TIME_FIELDS.items():
+        match = re.search(re.escape(label) + r": ([0-9:.]+)", text)
+        if match is None:
+            raise SystemExit(f"error: {path}: no {label!r} line (not a /usr/bin/time -v report)")
+        seconds = 0.0
+        for part in match.group(1).split(":"):
+            seconds = seconds * 60 + float(part)
+        found[key] = seconds
+    found["cpu"] = found["user"] + found["system"]
+    return found
+
+
+def gather(folders: list[Path], out: Path) -> list[str]:
+    """Copy the finished test results (``results/*``) of side-by-side partial audits into ``out/results``."""
+    copied = []
+    (out / "results").mkdir(parents=True, exist_ok=True)
+    for folder in folders:
+        for file in sorted((folder / "results").glob("*")):
+            if file.is_file():
+                shutil.copy2(file, out / "results" / file.name)
+                copied.append(str(file))
+    return copied
+
+
 def main() -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data-dir", default="../shared/data")
@@ -81,12 +122,16 @@ def main() -> dict[str, Any]:
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest on a shared 2-core box)")
     parser.add_argument("--only", default=None, help="comma-separated tests (default: every applicable one)")
     parser.add_argument("--note", default="", help="how the stored results were computed, when a re-run reuses them")
+    parser.add_argument("--gather", type=Path, nargs="*", default=[], help="partial audit folders (same command, --only) to reuse")
+    parser.add_argument("--time-logs", type=Path, nargs="*", default=[], help="their /usr/bin/time -v reports")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     out = args.out or RUNS / f"smollm2-sst2-{args.limit}"
     only = args.only.split(",") if args.only else None
     command = f"attnaudit audit --hf smollm2 --task sst2 --limit {args.limit} --out {out} --data-dir {args.data_dir}"
     command += f" --only {args.only}" if args.only else ""
+    gathered = gather(args.gather, out)
+    processes = [time_report(path) for path in args.time_logs]
     load_before = list(os.getloadavg())
     start = time.perf_counter()
     outcome = audit(out, task="sst2", hf="smollm2", limit=args.limit, data_dir=args.data_dir, device="cpu", only=only)
@@ -106,6 +151,10 @@ def main() -> dict[str, Any]:
         "test_seconds_total": sum(t.get("seconds") or 0.0 for t in record["tests"] if t.get("status") in ("done", "cached")),
         "reused": [t["test"] for t in record["tests"] if t.get("status") == "cached"],
         "note": args.note,
+        "gathered": gathered,
+        "processes": processes,
+        "processes_cpu_seconds": sum(p["cpu"] for p in processes),
+        "processes_wall_seconds": max((p["wall"] for p in processes), default=None),
         "test_options": {t["test"]: t.get("options") for t in record["tests"] if t.get("status") in ("done", "cached")},
         "skipped": outcome.skipped,
         "failed": outcome.failed,

@@ -34,7 +34,7 @@ from typing import Any
 from attnaudit.errors import AttnAuditError, error_line, os_error_line, storage_full
 from attnaudit.experiments.base import Experiment, Result, discover, fingerprint, make_options, run_test
 from attnaudit.io import atomic_write_json, remove_stray_tmp, writes_folder
-from attnaudit.options import check_seed, parse_assignment
+from attnaudit.options import check_max_length, check_seed, parse_assignment
 from attnaudit.progress import status
 from attnaudit.report import build_report
 from attnaudit.report.explorer import EXPLORE
@@ -196,6 +196,8 @@ def audit(
     strict_options: bool = False,
     prompt: str | None = None,
     verbalizer: str | dict[str, str] | None = None,
+    max_length: int | None = None,
+    dtype: str | None = None,
     **train_options: Any,
 ) -> AuditResult:
     """Audit a model's attention with every applicable test and write ``out/report.html``.
@@ -210,7 +212,9 @@ def audit(
     skips the tests' plots (much faster on a busy CPU; the report then has tables only).
     ``strict_options`` refuses ``test_options`` for tests that will not run (the CLI's ``--set``;
     a preset shared by several audits, such as the demo's, may name more tests).
-    ``prompt``/``verbalizer``: zero-shot classification with an ``hf`` causal LM (see :func:`load_hf`).
+    ``prompt``/``verbalizer``: zero-shot classification with an ``hf`` causal LM (see :func:`load_hf`);
+    ``max_length``: keep at most that many tokens of each text; ``dtype``: a decoder's parameter dtype
+    (``float32`` or ``bfloat16``); both with ``hf`` only.
     """
     out = Path(out)
     check_seed(seed)
@@ -222,9 +226,10 @@ def audit(
         raise AttnAuditError(f"--explore must be >= 0, got {explore}")
     train_options = {k: v for k, v in train_options.items() if v is not None}
     order, options = _plan(only, skip, test_options or {})
-    hf_options = {k: v for k, v in (("prompt", prompt), ("verbalizer", verbalizer)) if v is not None}
+    named = {"prompt": prompt, "verbalizer": verbalizer, "max_length": check_max_length(max_length), "dtype": dtype}
+    hf_options = {k: v for k, v in named.items() if v is not None}
     if hf_options and hf is None:
-        raise AttnAuditError("--prompt/--verbalizer apply with --hf only")
+        raise AttnAuditError("--prompt/--verbalizer/--max-length/--dtype apply with --hf only")
     target = _load_target(out, task, model, run, hf, data_dir, device, seed, train_options, hf_options)
     if target.model.causal:
         order, options = _plan(only, skip, test_options or {}, decoder=True)
@@ -336,6 +341,7 @@ def _write_record(
         "model": target.family,
         "task": target.task.spec,
         "hf": target.info.get("source") if target.family == "hf" else None,
+        **{key: target.info[key] for key in ("max_length", "dtype") if key in target.info},  # --max-length/--dtype
         "split": split,
         "limit": limit,
         "seed": seed,

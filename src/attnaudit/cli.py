@@ -40,6 +40,8 @@ Device = Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars or status lines.")]
 Prompt = Annotated[Optional[str], typer.Option(help="--hf causal LM, zero-shot: prompt with {text}, e.g. 'Review: {text}\\nSentiment:'.")]
 Verbalizer = Annotated[Optional[str], typer.Option(help="--hf causal LM, zero-shot: LABEL=\"WORD\",... e.g. positive=\" positive\",negative=\" negative\".")]
+MaxLength = Annotated[Optional[int], typer.Option(help="--hf: keep at most N tokens of each text (special tokens and a prompt's template stay).")]
+Dtype = Annotated[Optional[str], typer.Option(help="--hf decoder LLM parameter dtype: float32 (default, the reference) or bfloat16.")]
 SEED_RANGE = {"min": 0, "max": SEED_MAX}
 
 
@@ -277,6 +279,7 @@ def explain(
     seed: Annotated[int, typer.Option(**SEED_RANGE, help="Random seed (random baselines).")] = 0,
     prompt: Prompt = None,
     verbalizer: Verbalizer = None,
+    dtype: Dtype = None,
     data_dir: DataDir = None,
     device: Device = "auto",
     quiet: Quiet = False,
@@ -301,7 +304,7 @@ def explain(
         raise AttnAuditError("--prompt/--verbalizer apply with --hf only")
     result = explain_text(
         hf if hf is not None else _run_dir(run), text, _names(method), out, prompt=prompt, verbalizer=verbalizer,
-        max_length=max_length, seed=seed, steps=steps, device=device, data_dir=data_dir,
+        max_length=max_length, seed=seed, steps=steps, device=device, data_dir=data_dir, dtype=dtype,
     )
     if not quiet:
         print(decision_line(result))
@@ -421,6 +424,8 @@ def audit(
     seed: Annotated[int, typer.Option(**SEED_RANGE, help="Random seed (training and tests).")] = 0,
     prompt: Prompt = None,
     verbalizer: Verbalizer = None,
+    max_length: MaxLength = None,
+    dtype: Dtype = None,
     data_dir: DataDir = None,
     device: Device = "auto",
     quiet: Quiet = False,
@@ -439,7 +444,7 @@ def audit(
         heatmap_instances=heatmaps, explore=explore, figures=figures, attention=attention, scorer=scorer, layers=layers, heads=heads,
         d_model=d_model, hidden_dim=hidden_dim, embed_dim=embed_dim, epochs=epochs, batch_size=batch_size,
         lr=lr, patience=patience, vectors=vectors, max_vocab=max_vocab, min_freq=min_freq,
-        prompt=prompt, verbalizer=verbalizer,
+        prompt=prompt, verbalizer=verbalizer, max_length=max_length, dtype=dtype,
     )
     out_console.print(f"summary: {out / 'summary.csv'}\nreport: [bold]{result.report}[/]")
     if result.failed:
@@ -580,10 +585,10 @@ def _make_run_command(name: str, experiment: Any) -> None:
 
         set_quiet(kwargs.pop("quiet"))
         run_dir, hf, task = kwargs.pop("run_dir"), kwargs.pop("hf"), kwargs.pop("task")
-        zero_shot = {k: kwargs.pop(k) for k in ("prompt", "verbalizer")}
+        zero_shot = {k: kwargs.pop(k) for k in ("prompt", "verbalizer", "max_length", "dtype")}
         zero_shot = {k: v for k, v in zero_shot.items() if v is not None}
         if zero_shot and not hf:
-            raise AttnAuditError("--prompt/--verbalizer apply with --hf only")
+            raise AttnAuditError("--prompt/--verbalizer/--max-length/--dtype apply with --hf only")
         common = {k: kwargs.pop(k) for k in ("split", "limit", "seed", "out", "data_dir", "device")}
         for key, annotation in sequences.items():
             if kwargs[key] is None:
@@ -624,6 +629,8 @@ def _make_run_command(name: str, experiment: Any) -> None:
                           annotation=Annotated[Optional[str], typer.Option(help="Data for --hf models.")]),
         inspect.Parameter("prompt", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Prompt),
         inspect.Parameter("verbalizer", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Verbalizer),
+        inspect.Parameter("max_length", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=MaxLength),
+        inspect.Parameter("dtype", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Dtype),
         inspect.Parameter("data_dir", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=DataDir),
         inspect.Parameter("device", inspect.Parameter.KEYWORD_ONLY, default="auto", annotation=Device),
         inspect.Parameter("quiet", inspect.Parameter.KEYWORD_ONLY, default=False, annotation=Quiet),

@@ -91,6 +91,7 @@ def explain_text(
     steps: int = 50,
     device: str = "auto",
     data_dir: str | Path | None = None,
+    dtype: str | None = None,
 ) -> Explained:
     """Explain ``text``'s decision by ``source``: a :class:`Run`, a run directory, or a Hugging Face
     model (``smollm2``, ``minilm``, a folder, a ``.gguf`` file or a hub name).
@@ -100,7 +101,8 @@ def explain_text(
     error. ``prompt``/``verbalizer`` (a causal LM only) explain the zero-shot decision instead of
     the next token. ``max_length`` truncates the input to that many tokens (the last kept one is
     then the explained position of a decoder). ``seed`` seeds every random method; ``steps`` is
-    IG's. With ``out`` the JSON, CSV and figure are written there (checked before any work).
+    IG's. ``dtype`` (a Hugging Face decoder): ``float32`` (default) or ``bfloat16`` parameters.
+    With ``out`` the JSON, CSV and figure are written there (checked before any work).
     """
     from attnaudit.seed import set_seed
 
@@ -113,7 +115,7 @@ def explain_text(
     if max_length is not None and max_length < 1:
         raise AttnAuditError(f"--max-length must be at least 1, got {max_length}")
     folder = check_output_dir(out) if out is not None else None
-    run = _load(source, prompt, verbalizer, device, data_dir)
+    run = _load(source, prompt, verbalizer, device, data_dir, dtype)
     set_seed(seed)
     with _decision(run) as kind:
         explained = _explain(run, text, kind, methods, max_length, {"seed": seed, "steps": steps})
@@ -124,11 +126,13 @@ def explain_text(
     return explained
 
 
-def _load(source: Run | str | Path, prompt: str | None, verbalizer: Any, device: str, data_dir: str | Path | None) -> Run:
+def _load(
+    source: Run | str | Path, prompt: str | None, verbalizer: Any, device: str, data_dir: str | Path | None, dtype: str | None = None
+) -> Run:
     """A Run as given; a directory holding an attnaudit run config; else a Hugging Face model."""
     hf = not isinstance(source, Run) and not is_run_dir(Path(source))
-    if not hf and (prompt is not None or verbalizer is not None):
-        raise AttnAuditError("--prompt/--verbalizer apply with --hf only")
+    if not hf and (prompt is not None or verbalizer is not None or dtype is not None):
+        raise AttnAuditError("--prompt/--verbalizer/--dtype apply with --hf only")
     if isinstance(source, Run):
         return source
     if not hf:
@@ -137,7 +141,7 @@ def _load(source: Run | str | Path, prompt: str | None, verbalizer: Any, device:
         return load_run(source, device=device, data_dir=data_dir)
     from attnaudit.models.hf import load_hf
 
-    return load_hf(str(source), device=device, prompt=prompt, verbalizer=verbalizer)
+    return load_hf(str(source), device=device, prompt=prompt, verbalizer=verbalizer, dtype=dtype or "float32")
 
 
 def _describe(source: Run | str | Path, run: Run) -> str:

@@ -174,3 +174,19 @@ def check_seed(seed: Any, where: str = "--seed") -> int:
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= SEED_MAX:
         raise AttnAuditError(f"{where} must be an integer from 0 to {SEED_MAX}, got {seed!r}")
     return seed
+
+
+DTYPE_NAMES = ("float32", "bfloat16")
+"""``--dtype`` values: a decoder LLM's parameter dtype (float32 is the reference; bfloat16 halves memory)."""
+
+
+def check_dtype(name: str, where: str = "--dtype") -> str:
+    """A ``--dtype`` name, refused in one line unless it is one of :data:`DTYPE_NAMES`."""
+    return _scalar(str(name), typing.Literal[DTYPE_NAMES], where)  # type: ignore[valid-type]
+
+
+def check_max_length(value: int | None, where: str = "--max-length") -> int | None:
+    """A ``--max-length`` (tokens of text kept): None or a positive integer."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise AttnAuditError(f"{where} must be a positive number of tokens, got {value!r}")
+    return value

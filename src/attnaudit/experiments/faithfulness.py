@@ -101,6 +101,12 @@ class Faithfulness(Experiment):
 
     name = "faithfulness"
     audit_rank = 8
+    # An LLM: every method and both modes held ~20 GB and ran >15 min on 20 SST-2 sentences (SmolLM2-135M);
+    # the audit scores attention and gradient against random by deletion at two bins, 4 sentences a batch
+    # (each batch perturbs every method and bin at once, with every layer's trace: 8 held >1 GB).
+    audit_decoder_options = {
+        "methods": ["attention", "gradient", "random"], "mode": "delete", "bins": [20.0, 50.0], "curve_steps": 0, "batch_size": 4,
+    }
     demo_options = {
         "full": {"ig_steps": 10, "mode": "delete"},
         "quick": {"methods": ["attention", "gradient", "random"], "mode": "delete", "curve_steps": 0, "resamples": 100},

@@ -1,7 +1,8 @@
 """``loo``: leave-one-out, the output change when an item is *removed* from the input (Jain & Wallace 2019).
 
 Computed with family-specific shortcuts (renormalised scores for ``average``, suffix/prefix
-reruns for a single-layer ``bilstm``, sentence reassembly for HAN, batched full recomputation
+reruns for a single-layer ``bilstm``, sentence reassembly for HAN, the tokens after the removed
+one continuing from the kept keys and values for a causal decoder, batched full recomputation
 otherwise); :func:`loo_importance_reference` is the plain Captum ``FeatureAblation`` version
 used to check them.
 """
@@ -38,6 +39,9 @@ _CHUNK_ELEMENTS = 1 << 23
 # Activation elements per batched forward pass of the leave-one-out recomputation: passes of
 # a few hundred short sentences run faster on CPU than one pass over every deletion at once.
 _PASS_ELEMENTS = 1 << 21
+# Tokens per pass of a decoder's leave-one-out continuations: a few hundred rows of tokens keep
+# the matrix products at full speed on CPU while rows of similar length share a pass.
+_PASS_TOKENS = 512
 
 
 def _single_items(mask: Tensor) -> Tensor:
@@ -116,6 +120,45 @@ def _loo_recompute(
         sub = rows[order[part]]
         kept = _drop_one(batch.mask.bool(), sub)  # every real token but the removed item (a prompt's template stays)
         out.append(model(compact_items(batch, sub[:, 0], kept, model.config.pad_id)).probs)
+    probs = torch.cat(out)
+    return probs[torch.argsort(order)]
+
+
+def _loo_decoder(
+    model: AttentionModel, batch: Batch, mask: Tensor, rows: Tensor, cache: Cache, output: ModelOutput
+) -> Tensor:
+    """Leave-one-out for a causal decoder, rerunning only the tokens after the removed one.
+
+    Under a causal mask the tokens before item ``i`` never see it, so their keys and values
+    are the full pass's: each deletion continues from them (:class:`~attnaudit.models.hf_decoder.KeyValuePrefix`; a model
+    that :attr:`~attnaudit.models.hf_decoder.HFDecoderModel.continues_prefix`) and runs only
+    the later tokens, at positions moved up by one. When ``i`` is the last token the one before
+    it is rerun, so the continuation still ends at the token that predicts. All deletions of a
+    batch run together, longest first, in passes of :data:`_PASS_ELEMENTS`; the template of a
+    prompt stays, as in :func:`_loo_recompute`.
+    """
+    lengths = batch.mask.sum(1)
+    n = lengths[rows[:, 0]]
+    start = torch.minimum(rows[:, 1], n - 2).clamp_min(0)  # first rerun position; the prefix is [0, start)
+    span = n - start - 1  # tokens rerun: [start, n) without i
+    order = torch.argsort(span, descending=True, stable=True)
+    spans = span[order].tolist()
+    t = batch.tokens.shape[1]
+    out = []
+    first_row = 0
+    while first_row < len(rows):  # passes of about _PASS_TOKENS tokens, rows of similar length together
+        size = max(1, _PASS_TOKENS // max(spans[first_row], 1))
+        sub = order[first_row : first_row + size]
+        first_row += size
+        b, i, first = rows[sub, 0], rows[sub, 1], start[sub]
+        steps = torch.arange(int(span[sub].max()), device=rows.device)[None, :]
+        source = first[:, None] + steps
+        source = (source + (source >= i[:, None]).long()).clamp_max(t - 1)  # skip the removed token
+        valid = steps < span[sub][:, None]
+        tokens = batch.tokens[b].gather(1, source).masked_fill(~valid, model.config.pad_id)
+        rest = model.encode(Batch(tokens=tokens, mask=valid))
+        rest.extra["prefix"] = model.prefix_from(output.trace, b, first)  # type: ignore[attr-defined]
+        out.append(model.decode(rest, keep_layers=()).probs)
     probs = torch.cat(out)
     return probs[torch.argsort(order)]
 
@@ -304,10 +347,13 @@ def _loo_han(
 
 
 def _loo_method(model: AttentionModel) -> LooMethod:
-    """The fastest exact leave-one-out for this model family (a wrapping biLSTM starts from its
+    """The fastest exact leave-one-out for this model family (a causal decoder continues from the
+    prefix before the removed token; a wrapping biLSTM starts from its
     ``<s>``/``</s>`` states, which the suffix/prefix shortcut does not know: full recomputation)."""
     if hierarchical(model):
         return _loo_han
+    if getattr(model, "continues_prefix", False):
+        return _loo_decoder
     if isinstance(model, (AttentionClassifier, PairAttentionClassifier)):
         encoder = model.encoder
         if isinstance(encoder, AverageEncoder):

@@ -18,6 +18,7 @@ from attnaudit.data.types import TaskData
 from attnaudit.errors import AttnAuditError, InputError
 from attnaudit.models import zeroshot
 from attnaudit.models.hf_decoder import (
+    DTYPES,
     HFDecoderModel,
     build_decoder_model,
     is_decoder_config,
@@ -33,6 +34,7 @@ from attnaudit.models.hf_encoder import (
 )
 from attnaudit.models.hf_seq2seq import HFSeq2SeqModel, build_seq2seq_model, is_seq2seq_config
 from attnaudit.models.hf_seq2seq import collator as seq2seq_collator
+from attnaudit.options import check_dtype, check_max_length
 from attnaudit.pretrained import resolve_source
 from attnaudit.run import Run, TaskSpec, absolute_dir, read_config, write_config
 
@@ -112,7 +114,8 @@ def load_hf(
     num_labels: int | None = None,
     prompt: str | None = None,
     verbalizer: str | dict[str, str] | None = None,
-    dtype: torch.dtype = torch.float32,
+    dtype: torch.dtype | str = torch.float32,
+    max_length: int | None = None,
 ) -> Run:
     """A :class:`~attnaudit.run.Run` around a Hugging Face encoder or decoder.
 
@@ -123,10 +126,15 @@ def load_hf(
     A causal LM without a head classifies zero-shot with ``prompt`` (containing ``{text}``) and
     ``verbalizer`` (label -> word, or ``'positive=" positive",negative=" negative"'``), or the
     named task's defaults (:mod:`attnaudit.models.zeroshot`); then it has a prediction.
-    ``dtype``: a decoder's parameter dtype (:data:`attnaudit.models.hf_decoder.DTYPES`).
+    ``dtype``: a decoder's parameter dtype (:data:`attnaudit.models.hf_decoder.DTYPES`, or its
+    name as ``--dtype`` gives it). ``max_length`` (``--max-length``): keep at most that many
+    tokens of each text (the collator's ``max_text``; special tokens and a prompt's template stay).
     An encoder-decoder (Marian, BART, T5; e.g. ``Helsinki-NLP/opus-mt-de-en``) runs on seq2seq
     tasks (``europarl-deen``): teacher-forced, its trace holds encoder, decoder and cross-attention.
     """
+    check_max_length(max_length)
+    if isinstance(dtype, str):
+        dtype = DTYPES[check_dtype(dtype)]
     source = resolve_source(name_or_path)
     data: TaskData | None
     if task is None:
@@ -160,8 +168,14 @@ def load_hf(
         raise AttnAuditError(
             f"{source} predicts {model.config.num_labels} labels but task {spec.spec!r} has {len(spec.labels)}"
         )
-    info = {"kind": "hf", "source": source, "trained_head": model.trained_head}
-    return _make_run(model, spec, device, None, info, data)
+    info: dict[str, Any] = {"kind": "hf", "source": source, "trained_head": model.trained_head}
+    if dtype != torch.float32:  # recorded only when not the default, so stored results keep their fingerprints
+        info["dtype"] = str(dtype).removeprefix("torch.")
+    if max_length is not None:
+        info["max_length"] = max_length
+    run = _make_run(model, spec, device, None, info, data)
+    run.collate.max_text = max_length  # type: ignore[attr-defined]
+    return run
 
 
 def _check_task(model: HFAttentionModel, spec: TaskSpec, no_task: bool, source: str) -> None:

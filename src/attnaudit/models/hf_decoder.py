@@ -93,6 +93,26 @@ class DecoderAttentionLayer(AttentionLayer):
     residual: Tensor | None = None
 
 
+@dataclass
+class KeyValuePrefix:
+    """Keys and values of tokens already run, which a continuation attends to before its own.
+
+    ``keys[l]``/``values[l]`` ``(B, kv_heads, P, dh)``: layer ``l``'s keys (rotary positions
+    applied) and values; row ``b`` holds its first ``mask[b].sum()`` tokens (``mask`` ``(B,P)``,
+    real positions first). Given as ``cache.extra["prefix"]`` to :meth:`HFDecoderModel.decode`,
+    it plays a transformers ``Cache``'s part: each attention module hands it its new keys and
+    values (``update``) and attends over what comes back, the prefix then the new tokens.
+    """
+
+    keys: list[Tensor]
+    values: list[Tensor]
+    mask: Tensor
+
+    def update(self, key: Tensor, value: Tensor, layer_idx: int, *args: Any, **kwargs: Any) -> tuple[Tensor, Tensor]:
+        """Layer ``layer_idx``'s keys and values: the prefix's, then ``key``/``value``."""
+        return torch.cat([self.keys[layer_idx], key], 2), torch.cat([self.values[layer_idx], value], 2)
+
+
 def real_positions(mask: Tensor) -> Tensor:
     """Position ids ``(B,T)`` counting real tokens only (0 for leading pads)."""
     return (mask.long().cumsum(1) - 1).clamp_min(0)
@@ -278,18 +298,33 @@ class HFDecoderModel(HFAttentionModel):
         Streaming: ``on_layer(index, record)`` sees every layer's record as the layer finishes,
         and the trace keeps only the layers in ``keep_layers`` (negative: from the end; None:
         all), so a caller that folds each layer in (:class:`attnaudit.flow.StreamingRollout`)
-        holds one layer's ``(B,H,T,T)`` weights at a time instead of all L layers'."""
+        holds one layer's ``(B,H,T,T)`` weights at a time instead of all L layers'.
+
+        Continuation: with a :class:`KeyValuePrefix` in ``cache.extra["prefix"]`` (models where
+        :attr:`continues_prefix`), ``cache`` holds the tokens that follow each row's prefix; they
+        take the positions after it and read its keys and values, so the output equals that of
+        the whole sequence while only the new tokens run. The trace's keys (and ``mask``) are
+        then the prefix's followed by the new tokens'."""
         n = self.num_attention_layers
         indices = layer_range(cache, start_layer, n)
         kept = None if keep_layers is None else {layer % n for layer in keep_layers}
         x, mask = cache.states, cache.mask.bool()
+        prefix: KeyValuePrefix | None = cache.extra.get("prefix")
         positions = real_positions(mask)
-        extra: dict[str, Any] = {"position_ids": positions}
+        extra: dict[str, Any] = {}
+        causal, keys_mask = causal_allowed(mask), mask
+        if prefix is not None:
+            if not self.continues_prefix:
+                raise AttnAuditError(f"{self.hf_type} decoder cannot continue from a key/value prefix (no rotary positions, or sliding windows)")
+            positions = positions + prefix.mask.sum(1, keepdim=True)
+            causal = torch.cat([prefix.mask[:, None, :].expand(-1, mask.shape[1], -1), causal], 2)
+            keys_mask = torch.cat([prefix.mask, mask], 1)
+            extra["past_key_values"] = prefix
+        extra["position_ids"] = positions
         rotary = getattr(self.hf.base_model, "rotary_emb", None)
         if rotary is not None:
             extra["position_embeddings"] = rotary(x, positions)
-        causal = causal_allowed(mask)
-        state = _Active(layer_of=self._layer_of, mask=mask, interventions={l: interventions_for(interventions, l, n) for l in range(n)})
+        state = _Active(layer_of=self._layer_of, mask=keys_mask, interventions={l: interventions_for(interventions, l, n) for l in range(n)})
 
         def capture(_module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             state.inputs = args[0] if args else kwargs["hidden_states"]
@@ -338,6 +373,27 @@ class HFDecoderModel(HFAttentionModel):
         bias = hf.lm_head.bias[ids] if hf.lm_head.bias is not None else None
         return nn.functional.linear(final, hf.lm_head.weight[ids], bias)
 
+    @property
+    def continues_prefix(self) -> bool:
+        """Whether :meth:`decode` can continue from a :class:`KeyValuePrefix`: rotary positions
+        (computed from position ids, so new tokens can start after the prefix) and no
+        sliding-window layer (Llama, Qwen2 without windows; not GPT-2's learned positions)."""
+        if getattr(self.hf.base_model, "rotary_emb", None) is None:
+            return False
+        return all(getattr(m, "sliding_window", None) is None for m in self._attention_modules)
+
+    def prefix_from(self, trace: AttentionTrace, rows: Tensor, lengths: Tensor) -> KeyValuePrefix:
+        """The first ``lengths[r]`` tokens of example ``rows[r]`` of a full ``trace`` (all layers,
+        no key/value intervention) as a :class:`KeyValuePrefix`, one key/value head per group."""
+        if len(trace) != self.num_attention_layers:
+            raise AttnAuditError("prefix_from needs the trace of every layer")
+        groups = self.config.heads // self.kv_heads
+        width = int(lengths.max()) if len(lengths) else 0
+        keys = [layer.keys[rows, ::groups, :width] for layer in trace]
+        values = [layer.values[rows, ::groups, :width] for layer in trace]
+        mask = torch.arange(width, device=lengths.device)[None, :] < lengths[:, None]
+        return KeyValuePrefix(keys=keys, values=values, mask=mask)
+
     def cache_at(self, trace: AttentionTrace, layer: int, base: Cache) -> Cache:
         """Restart at trace layer ``layer`` from the residual stream that entered it."""
         layer = layer % max(len(trace), 1)
@@ -381,10 +437,15 @@ def _quiet_gguf() -> Iterator[None]:
 
 def _load(loader: Any, folder: str, gguf: dict[str, str], **kwargs: Any) -> Any:
     """``loader.from_pretrained``: a folder or hub name through :func:`attnaudit.models.hf._pretrained`;
-    a GGUF file directly, any failure being one error naming the file."""
+    a GGUF file directly (:func:`_load_gguf`; in practice once per file, see
+    :mod:`attnaudit.models.gguf_cache`)."""
     if not gguf:
         return _pretrained(loader, folder, **kwargs)
-    path = Path(folder) / gguf["gguf_file"]
+    return _load_gguf(loader, folder, Path(folder) / gguf["gguf_file"], gguf, **kwargs)
+
+
+def _load_gguf(loader: Any, folder: str, path: Path, gguf: dict[str, str], **kwargs: Any) -> Any:
+    """``loader.from_pretrained`` of a GGUF file; a missing package or bad file is one error."""
     try:
         with _quiet_transformers(), _quiet_gguf():
             return loader.from_pretrained(folder, **gguf, **kwargs)

@@ -390,7 +390,12 @@ class HFCollator:
 
     ``Example.tokens`` (and ``query``) are joined with spaces and re-tokenised into
     wordpieces; sequences longer than ``max_len`` are truncated with one warning per call.
+    ``max_text`` (``--max-length``) keeps at most that many tokens of the text itself
+    (:meth:`cut_text`); special tokens, a pair's second text and a prompt's template stay.
     """
+
+    max_text: int | None = None
+    warned_cut = False
 
     def __init__(self, tokenizer: Any, labels: Sequence[str], task_type: str, max_len: int, token_types: bool) -> None:
         if task_type not in ("classification", "pair"):
@@ -407,6 +412,11 @@ class HFCollator:
         return [" ".join(ex.tokens) for ex in examples]
 
     def __call__(self, examples: Sequence[Example]) -> Batch:
+        batch = self.tokenise(examples)
+        return batch if self.max_text is None else self.cut_text(batch, self.text_tokens(batch))
+
+    def tokenise(self, examples: Sequence[Example]) -> Batch:
+        """The padded batch of ``examples`` (before any ``--max-length`` cut)."""
         if not examples:
             raise AttnAuditError("cannot build a batch from no examples")
         for ex in examples:
@@ -436,6 +446,39 @@ class HFCollator:
                     raise InputError(where, f"unknown or missing label {ex.label!r}; known: {', '.join(self.labels[:20])}")
                 ids.append(self.label_ids[ex.label])
             batch.labels = torch.tensor(ids, dtype=torch.long)
+        return batch
+
+    def text_tokens(self, batch: Batch) -> Tensor:
+        """``(B,T)`` the tokens of the (first) text: real, not special, and in a pair the first segment."""
+        special = torch.tensor(sorted(self.tokenizer.all_special_ids), dtype=batch.tokens.dtype)
+        text = batch.mask.bool() & ~torch.isin(batch.tokens, special)
+        if self.task_type == "pair":
+            if batch.features is None:
+                raise AttnAuditError("--max-length: this tokenizer marks no segments, so a pair's text cannot be cut apart from its query")
+            text &= batch.features == 0
+        return text
+
+    def cut_text(self, batch: Batch, text: Tensor) -> Batch:
+        """``batch`` with each row's text tokens (``text`` ``(B,T)``) after the first :attr:`max_text` removed
+        (later tokens move up, as when the text had ended there); the first cut warns once."""
+        assert self.max_text is not None
+        drop = text & (text.long().cumsum(1) > self.max_text)
+        if not drop.any():
+            return batch
+        if not self.warned_cut:  # once per collator, not once per batch of a long audit
+            warn(f"texts longer than {self.max_text} tokens are truncated (--max-length; {int(drop.any(1).sum())} of the first batch's {len(batch)})")
+            self.warned_cut = True
+        keep = batch.mask.bool() & ~drop
+        width = int(keep.sum(1).max())
+        order = torch.sort((~keep).to(torch.int8), dim=1, stable=True).indices[:, :width]  # kept positions first, in order
+        mask = keep.gather(1, order)
+
+        def take(values: Tensor | None, fill: int | bool) -> Tensor | None:
+            return None if values is None else values.gather(1, order).masked_fill(~mask, fill)
+
+        batch.tokens = take(batch.tokens, int(self.tokenizer.pad_token_id or 0))  # type: ignore[assignment]
+        batch.features, batch.items = take(batch.features, 0), take(batch.items, False)
+        batch.mask = mask
         return batch
 
 

@@ -80,11 +80,16 @@ class ZeroShotCollator(HFCollator):
     def texts(self, examples: Sequence[Example]) -> list[str]:
         return [fill(self.prompt, text) for text in super().texts(examples)]
 
-    def __call__(self, examples: Sequence[Example]) -> Batch:
-        batch = super().__call__(examples)
+    def tokenise(self, examples: Sequence[Example]) -> Batch:
+        batch = super().tokenise(examples)
         spans = [text_span(self.prompt, text) for text in super().texts(examples)]
         batch.items = text_items(self.tokenizer, self.texts(examples), spans, batch.mask.shape[1], self.max_len) & batch.mask
         return batch
+
+    def text_tokens(self, batch: Batch) -> Tensor:
+        """The text span's tokens: ``--max-length`` cuts the text and keeps the template."""
+        assert batch.items is not None
+        return batch.items
 
 
 def text_span(prompt: str, text: str) -> tuple[int, int]:
