@@ -56,7 +56,9 @@ def write_case(model: HFAttentionModel, inputs: list[list[int]], rule: str, fold
     dtype = str(next(model.hf.parameters()).dtype).removeprefix("torch.")
     state = {k: v.detach().cpu().contiguous().clone() for k, v in model.hf.state_dict().items()}
     save_file(state, str(folder / "weights.safetensors"))
-    case = {"family": family, "config": config, "rule": rule, "inputs": inputs, "dtype": dtype, "threads": threads}
+    verbalizer = getattr(model, "verbalizer_ids", None)
+    case = {"family": family, "config": config, "rule": rule, "inputs": inputs, "dtype": dtype, "threads": threads,
+            "verbalizer": None if verbalizer is None else verbalizer.tolist()}
     (folder / "case.json").write_text(json.dumps(case))
     return folder
 

@@ -3,7 +3,8 @@
 
 Usage: ``python benchmarks/lxt_worker.py CASE_DIR OUT.json [--repeats N]``. ``CASE_DIR`` (written by
 :func:`benchmarks.lxt_case.write_case`) holds ``case.json`` (``family`` ``bert`` or ``llama``, the
-config's keyword arguments, ``rule`` ``attnlrp`` or ``cp_lrp``, and the token ids of each input) and
+config's keyword arguments, ``rule`` ``attnlrp`` or ``cp_lrp``, the token ids of each input and, for a
+zero-shot causal LM, the ``verbalizer`` token ids) and
 ``weights.safetensors`` (the model's state dict). Each input is explained alone, unpadded, as in lxt's
 examples: embeddings with ``requires_grad``, a forward from ``inputs_embeds``, a backward from the
 predicted class's logit (a causal LM: the predicted next token's at the last position), relevance
@@ -69,14 +70,16 @@ def build(case: dict, folder: Path) -> torch.nn.Module:
     return model.to(getattr(torch, case.get("dtype", "float32"))).eval()
 
 
-def explain(model: torch.nn.Module, ids: list[int], family: str) -> tuple[list[float], float, int]:
-    """lxt's recipe on one unpadded input: (relevance per token, explained logit, target id)."""
+def explain(model: torch.nn.Module, ids: list[int], family: str, verbalizer: list[int] | None) -> tuple[list[float], float, int]:
+    """lxt's recipe on one unpadded input: (relevance per token, explained logit, target id). A causal LM
+    with a ``verbalizer`` (zero-shot classification) explains the largest of those next-token logits."""
     tokens = torch.tensor([ids])
     embeddings = model.get_input_embeddings()(tokens).detach().requires_grad_(True)
     if family == "bert":
         logits = model(inputs_embeds=embeddings, token_type_ids=torch.zeros_like(tokens)).logits[0]
     else:
         logits = model(inputs_embeds=embeddings, use_cache=False).logits[0, -1]
+        logits = logits if verbalizer is None else logits[verbalizer]
     target = int(logits.argmax())
     logits[target].backward()
     return (embeddings * embeddings.grad).sum(-1)[0].tolist(), float(logits[target]), target
@@ -94,7 +97,7 @@ def main() -> None:
     seconds, results = [], []
     for _ in range(max(args.repeats, 1)):
         start = time.perf_counter()
-        results = [explain(model, ids, case["family"]) for ids in case["inputs"]]
+        results = [explain(model, ids, case["family"], case.get("verbalizer")) for ids in case["inputs"]]
         seconds.append(time.perf_counter() - start)
     out = {
         "relevance": [r for r, _, _ in results],
