@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import math
 
+import pandas as pd
 import pytest
 import torch
 from torch import Tensor, nn
 
-from attnaudit.data.types import Batch
+from attnaudit.data.types import Batch, Example
 from attnaudit.explain.attnlrp import attnlrp, lrp_relevance
 from attnaudit.explain.cp_lrp import cp_lrp
 from attnaudit.models.base import ModelConfig
@@ -139,3 +140,27 @@ def test_attnlrp_is_not_plain_gradient_times_input_nor_cp_lrp(one_layer: Transfo
     lrp = lrp_relevance(one_layer, batch, "attnlrp")
     assert not torch.allclose(lrp, plain, atol=1e-6)
     assert not torch.allclose(lrp, lrp_relevance(one_layer, batch, "cp_lrp"), atol=1e-6)
+
+
+def test_explain_command_on_a_tiny_llama_and_bert(tiny_hf, tmp_path) -> None:
+    """``attnaudit explain --method attnlrp,cp_lrp`` writes the relevances of the explained decision
+    (a causal LM's next token; a classifier's class) for every token: the methods' own numbers."""
+    from typer.testing import CliRunner
+
+    from attnaudit.cli import app
+    from attnaudit.models.hf import load_hf
+    from tests.models.test_hf_decoder import save_llama_lm
+
+    text = "the movie was not very fun !"
+    llama = save_llama_lm(tmp_path / "llama", tiny_hf.vocab)
+    for folder in (llama, tiny_hf.dir):
+        out = tmp_path / f"out-{folder.name}"
+        result = CliRunner().invoke(app, ["explain", "--hf", str(folder), "--text", text, "--method", "attnlrp,cp_lrp", "--out", str(out), "-q"])
+        assert result.exit_code == 0, result.output
+        frame = pd.read_csv(out / "explanation.csv")
+        assert list(frame.columns) == ["position", "token", "attnlrp", "cp_lrp"]
+        run = load_hf(folder, task=tiny_hf.task() if folder == tiny_hf.dir else None, device="cpu")
+        batch = run.collate([Example(tokens=text.split(), label="neg" if folder == tiny_hf.dir else None)])
+        for rule in ("attnlrp", "cp_lrp"):
+            expected = lrp_relevance(run.model, batch, rule)[0]
+            torch.testing.assert_close(torch.tensor(frame[rule].to_numpy()), expected.double(), rtol=1e-5, atol=1e-6)
