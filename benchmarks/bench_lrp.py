@@ -13,8 +13,8 @@ ours ``cp_lrp``, ours ``ig`` (``--ig-steps``, the faithfulness test's default 20
 CP-LRP on SmolLM2). Agreement on the last round's outputs: max |ours − lxt| over real tokens, the
 largest |relevance|, Spearman's ρ per input of three or more tokens (min, median).
 Writes ``benchmarks/results/lrp.json``; without the lxt venv it says so and exits 0 having written nothing.
-Run: ``nice -n 5 .venv/bin/python -m benchmarks bench_lrp --data-dir ../shared/data``
-(``--run benchmarks/runs/minilm-sst2`` adds MiniLM).
+Run: ``nice -n 5 .venv/bin/python -m benchmarks.bench_lrp --data-dir ../shared/data --n 5 --run
+benchmarks/runs/minilm-sst2`` (``python -m benchmarks bench_lrp`` runs the defaults: SmolLM2 alone, 10 sentences).
 """
 
 from __future__ import annotations
