@@ -9,7 +9,8 @@ python (:mod:`benchmarks.lxt_case`); its time is the worker's own time for one p
 (model built, interpreter started: not counted). Ours explains the padded batch in one call.
 
 Per round (``--repeats``, order reversed every other round, one torch thread each): ours ``attnlrp``,
-ours ``cp_lrp``, ours ``ig`` (``--ig-steps``, the faithfulness test's default 20), lxt's AttnLRP (and
+ours ``cp_lrp`` (the batch), ours ``ig`` (``--ig-steps``, the faithfulness test's default 20; one input at
+a time, as its memory grows with inputs × steps), lxt's AttnLRP (and
 CP-LRP on SmolLM2). Agreement on the last round's outputs: max |ours − lxt| over real tokens, the
 largest |relevance|, Spearman's ρ per input of three or more tokens (min, median).
 Writes ``benchmarks/results/lrp.json``; without the lxt venv it says so and exits 0 having written nothing.
@@ -86,7 +87,8 @@ def bench_model(label: str, run: Any, batch: Any, rules: tuple[str, ...], repeat
     fns: dict[str, Callable[[], tuple[Any, float | None]]] = {}
     for rule in ("attnlrp", "cp_lrp"):
         fns[rule] = lambda rule=rule: (lrp_relevance(model, batch, rule), None)
-    fns["ig"] = lambda: (ig(run, batch, steps=ig_steps), None)
+    singles = [run.collate([example]) for example in batch.examples]  # one at a time, as lxt: IG's memory grows with inputs × steps
+    fns["ig"] = lambda: ([ig(run, single, steps=ig_steps) for single in singles], None)
     fns.update({f"lxt_{rule}": lxt(rule) for rule in rules})
     load_before = _load()
     times, outputs = rounds(fns, repeats)
