@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -91,7 +92,10 @@ def bench_model(label: str, run: Any, batch: Any, rules: tuple[str, ...], repeat
     fns["ig"] = lambda: ([ig(run, single, steps=ig_steps) for single in singles], None)
     fns.update({f"lxt_{rule}": lxt(rule) for rule in rules})
     load_before = _load()
-    times, outputs = rounds(fns, repeats)
+    try:
+        times, outputs = rounds(fns, repeats)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)  # the saved weights (SmolLM2: 0.5 GB per rule)
     timing = {
         "repeats": repeats,
         "order": "interleaved: one run of each per round, order reversed every other round",
