@@ -56,7 +56,7 @@ def test_every_method_that_applies_has_item_shape_and_zero_padding(runs: dict, f
     applying = list_explanations(run)
     expected = {"attention", "gradient", "attention_gradient", "gradient_x_attention", "loo", "ig", "input_gradient", "random"}
     if "transformer" in family:
-        expected |= {"rollout", "flow", "norms", "decompx", *CONTEXT_MIXING}
+        expected |= {"rollout", "flow", "norms", "decompx", "attnlrp", "cp_lrp", *CONTEXT_MIXING}
     assert {m.name for m in applying} == expected
     for method in applying:
         scores = method(run, batch, **OPTIONS)

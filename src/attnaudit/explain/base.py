@@ -59,6 +59,10 @@ NEEDS: dict[str, tuple[str, Check]] = {
         if m.self_attention and m.has_value_output and m.has_residual_norms
         else f"{type(m).__name__} cannot zero a token's value vector in stacked self-attention",
     ),
+    "lrp": (
+        "relevance rules for every norm, activation and attention product (Transformers)",
+        lambda m: None if m.supports_lrp else f"{type(m).__name__} has no layer-wise relevance propagation rules",
+    ),
 }
 """What a method may need: a description for listings and the check, ``model -> None | reason``."""
 

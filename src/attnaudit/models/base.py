@@ -279,6 +279,9 @@ class AttentionModel(nn.Module):
     the attention + residual + layer-norm decompositions (Kobayashi et al. 2021, GlobEnc, ALTI) need."""
     value_interventions: bool = False
     """Whether ``Intervention(values=...)`` reaches every self-attention layer (Value Zeroing)."""
+    supports_lrp: bool = False
+    """Whether :meth:`relevance_sites` exists and the attention calls
+    :func:`attnaudit.models.lrp.attention_operands`: what AttnLRP and CP-LRP need."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -324,6 +327,11 @@ class AttentionModel(nn.Module):
         """The residual connections, norms, output bias and feed-forward map around attention layer
         ``layer``, for families with :attr:`has_residual_norms`."""
         raise AttnAuditError(f"{type(self).__name__} exposes no residual connections and layer norms around attention")
+
+    def relevance_sites(self) -> Any:
+        """The norms, activations and gated products whose backward pass LRP changes
+        (:class:`attnaudit.models.lrp.RelevanceSites`), for families with :attr:`supports_lrp`."""
+        raise AttnAuditError(f"{type(self).__name__} has no layer-wise relevance propagation rules")
 
     def head_layers(self) -> HeadLayers | None:
         """The classification head as pooling + dense layers, or None where it is not one (or absent)."""

@@ -70,6 +70,7 @@ from attnaudit.models.hf_encoder import (
     _pretrained,
     _quiet_transformers,
 )
+from attnaudit.models.lrp import RelevanceSites
 
 DECODER_TYPES = ("llama", "qwen2", "gpt2")
 """``config.model_type`` values handled here (tested on tiny random configs of each)."""
@@ -249,6 +250,14 @@ class HFDecoderModel(HFAttentionModel):
             output_bias=output.bias,
             ffn=block.mlp,
         )
+
+    def relevance_sites(self) -> RelevanceSites:
+        """The encoders' norms and activations, and each gated feed-forward block (Llama, Qwen2:
+        ``down_proj(act_fn(gate_proj(x)) · up_proj(x))``) as ``(act_fn, down_proj)``."""
+        sites = super().relevance_sites()
+        mlps = [layer.mlp for layer in self.layers]
+        sites.gates = [(mlp.act_fn, mlp.down_proj) for mlp in mlps if hasattr(mlp, "gate_proj")]
+        return sites
 
     def residual_stream(self, record: AttentionLayer) -> Tensor:
         """The residual stream that entered the layer (``inputs`` are its normalised states)."""

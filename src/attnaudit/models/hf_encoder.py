@@ -55,6 +55,7 @@ from attnaudit.models.base import (
     interventions_for,
     layer_range,
 )
+from attnaudit.models.lrp import RelevanceSites, attention_operands, scan_sites
 from attnaudit.weights import checked_weight
 
 ATTN_IMPLEMENTATION = "attnaudit"
@@ -107,6 +108,7 @@ def _attention(
             attention_mask = bias if attention_mask is None else attention_mask + bias
         return eager_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
     ivs = state.interventions.get(layer, [])
+    query, key, value = attention_operands(query, key, value)
     mask, allowed, query_mask = state.layer_masks.get(layer, (state.mask, state.allowed, state.mask))
     allowed = None if allowed is None else allowed[:, None]
     scale = query.shape[-1] ** -0.5 if scaling is None else scaling
@@ -262,6 +264,12 @@ class HFAttentionModel(AttentionModel):
 
     has_residual_norms = True
     value_interventions = True
+    supports_lrp = True
+
+    def relevance_sites(self) -> RelevanceSites:
+        """Every norm and activation module of the HF model (embedding and layer norms, feed-forward
+        activations, the pooler's tanh); decoders add their gated feed-forward blocks."""
+        return scan_sites(self.hf)
 
     def residual_norms(self, layer: int) -> ResidualNorms:
         """Post-LN, as BERT computes it: ``h = LN(x + dense(attn))``, ``out = LN(h + ffn(h))``

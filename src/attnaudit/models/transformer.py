@@ -45,6 +45,7 @@ from attnaudit.models.base import (
     interventions_for,
     layer_range,
 )
+from attnaudit.models.lrp import RelevanceSites, attention_operands, scan_sites
 
 CONTENT_GAIN = 0.3
 """Initial RMS of the content embedding, against 0.71 for the sinusoidal positions.
@@ -102,9 +103,13 @@ def multi_head_attention(
     source, key_mask = (x, mask) if memory is None else (memory, memory_mask)
     if key_mask is None:
         raise AttnAuditError("cross-attention needs memory_mask with memory")
-    q = split_heads(block.q_proj(x), block.heads)
-    k = apply_key_interventions(split_heads(block.k_proj(source), block.heads), interventions)
-    v = apply_value_interventions(split_heads(block.v_proj(source), block.heads), interventions)
+    q, k, v = attention_operands(
+        split_heads(block.q_proj(x), block.heads),
+        split_heads(block.k_proj(source), block.heads),
+        split_heads(block.v_proj(source), block.heads),
+    )
+    k = apply_key_interventions(k, interventions)
+    v = apply_value_interventions(v, interventions)
     scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
     if causal:
         future = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).triu(1)
@@ -303,6 +308,11 @@ class TransformerEncoderModel(AttentionModel):
 
     has_residual_norms = True
     value_interventions = True
+    supports_lrp = True
+
+    def relevance_sites(self) -> RelevanceSites:
+        """Every LayerNorm (the embedding's and each layer's two) and each feed-forward GELU."""
+        return scan_sites(self)
 
     def residual_norms(self, layer: int) -> ResidualNorms:
         """Post-LN: ``h = attention_norm(x + attn(x) + b_O)``, ``out = ffn_norm(h + ffn(h))``."""
