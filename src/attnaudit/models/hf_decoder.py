@@ -266,11 +266,6 @@ class HFDecoderModel(HFAttentionModel):
             raise AttnAuditError("residual_stream needs a trace from HFDecoderModel.decode")
         return residual
 
-    def wordpieces(self, batch: Batch) -> list[list[str]]:
-        """The token strings of each example's real positions."""
-        mask = batch.mask.bool()
-        return [self.tokenizer.convert_ids_to_tokens(row[m].tolist()) for row, m in zip(batch.tokens, mask)]
-
     @property
     def special_tokens(self) -> dict[str, str]:
         """The tokenizer's begin/end-of-sequence strings (those it has)."""

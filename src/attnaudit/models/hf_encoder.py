@@ -314,8 +314,8 @@ class HFAttentionModel(AttentionModel):
 
     def wordpieces(self, batch: Batch) -> list[list[str]]:
         """The wordpiece strings on the key axis of each example (real positions only)."""
-        lengths = batch.mask.sum(1).tolist()
-        return [self.tokenizer.convert_ids_to_tokens(row[:n].tolist()) for row, n in zip(batch.tokens, lengths)]
+        mask = batch.mask.bool()
+        return [self.tokenizer.convert_ids_to_tokens(row[m].tolist()) for row, m in zip(batch.tokens, mask)]
 
     @property
     def special_tokens(self) -> dict[str, str]:

@@ -59,6 +59,7 @@ from attnaudit.models.hf_encoder import (
     _check_weights,
     _pretrained,
 )
+from attnaudit.models.seq2seq import EncoderDecoderLayout
 
 SEQ2SEQ_TYPES = ("marian", "bart", "mbart", "t5")
 """``config.model_type`` values handled here (tested on tiny random configs of marian, bart and t5)."""
@@ -121,7 +122,7 @@ def _finish(stack: nn.Module, states: Tensor) -> Tensor:
     return dropout(states) if isinstance(dropout, nn.Dropout) else states
 
 
-class HFSeq2SeqModel(HFAttentionModel):
+class HFSeq2SeqModel(EncoderDecoderLayout, HFAttentionModel):
     """An encoder-decoder HF model with its LM head (``AutoModelForSeq2SeqLM``) as an AttentionModel;
     ``forward(batch)`` is teacher-forced on ``batch.target``. ``explained_layer`` is the last cross-attention."""
 
@@ -187,26 +188,8 @@ class HFSeq2SeqModel(HFAttentionModel):
         """The encoder's layer list."""
         return self.encoder_blocks
 
-    @property
-    def cross_layers(self) -> list[int]:
-        """Trace indices of the cross-attention layers, decoder block 0 first."""
-        n = len(self.encoder_blocks)
-        return [n + 2 * block + 1 for block in range(len(self.decoder_blocks))]
-
-    def layer_name(self, index: int) -> str:
-        """``enc{l}``, ``self{l}`` or ``cross{l}`` for trace index ``index``."""
-        n = len(self.encoder_blocks)
-        index = self._resolve(index)
-        if index < n:
-            return f"enc{index}"
-        block, kind = divmod(index - n, 2)
-        return f"{'cross' if kind else 'self'}{block}"
-
-    def _resolve(self, index: int) -> int:
-        total = self.num_attention_layers
-        if not -total <= index < total:
-            raise AttnAuditError(f"attention layer {index} out of range for a model with {total} attention layers")
-        return index % total
+    def _layout(self) -> tuple[int, int]:
+        return len(self.encoder_blocks), len(self.decoder_blocks)
 
     def value_output_maps(self, layer: int) -> tuple[Tensor, Tensor, Tensor, int]:
         """``(W_V, b_V, W_O, heads)`` of trace layer ``layer`` as right-multiplied maps (T5: no value bias, zeros)."""
@@ -216,11 +199,6 @@ class HFSeq2SeqModel(HFAttentionModel):
         b_v = values.bias if values.bias is not None else w_v.new_zeros(w_v.shape[1])
         heads = int(getattr(module, "num_heads", None) or module.n_heads)
         return w_v, b_v, output.weight.t(), heads
-
-    def wordpieces(self, batch: Batch) -> list[list[str]]:
-        """The source token strings of each example's real positions."""
-        mask = batch.mask.bool()
-        return [self.tokenizer.convert_ids_to_tokens(row[m].tolist()) for row, m in zip(batch.tokens, mask)]
 
     @property
     def special_tokens(self) -> dict[str, str]:

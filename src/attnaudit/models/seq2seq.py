@@ -92,7 +92,39 @@ class DecoderLayer(EncoderLayer):
         return self.ffn_norm(h + self.dropout(self.ffn(h))), self_record, cross_record
 
 
-class Seq2SeqTransformer(AttentionModel):
+class EncoderDecoderLayout:
+    """Trace indices of an encoder-decoder: the ``E`` encoder layers, then per decoder block ``l``
+    its self-attention (``E + 2l``) and cross-attention (``E + 2l + 1``). Shared by our NMT
+    model and the Hugging Face encoder-decoders; ``_layout()`` gives ``(E, decoder blocks)``."""
+
+    num_attention_layers: int
+
+    def _layout(self) -> tuple[int, int]:
+        raise NotImplementedError
+
+    @property
+    def cross_layers(self) -> list[int]:
+        """Trace indices of the cross-attention layers, decoder block 0 first."""
+        n, blocks = self._layout()
+        return [n + 2 * block + 1 for block in range(blocks)]
+
+    def layer_name(self, index: int) -> str:
+        """``enc{l}``, ``self{l}`` or ``cross{l}`` for trace index ``index``."""
+        n = self._layout()[0]
+        index = self._resolve(index)
+        if index < n:
+            return f"enc{index}"
+        block, kind = divmod(index - n, 2)
+        return f"{'cross' if kind else 'self'}{block}"
+
+    def _resolve(self, index: int) -> int:
+        total = self.num_attention_layers
+        if not -total <= index < total:
+            raise AttnAuditError(f"attention layer {index} out of range for a model with {total} attention layers")
+        return index % total
+
+
+class Seq2SeqTransformer(EncoderDecoderLayout, AttentionModel):
     """Encoder-decoder Transformer; ``forward(batch)`` is teacher-forced on ``batch.target``.
 
     Logits are ``(B, T_tgt, V_tgt)``: position ``p`` predicts ``batch.labels[:, p]``.
@@ -128,26 +160,8 @@ class Seq2SeqTransformer(AttentionModel):
     def num_attention_layers(self) -> int:
         return 3 * len(self.encoder)
 
-    @property
-    def cross_layers(self) -> list[int]:
-        """Trace indices of the cross-attention layers, decoder block 0 first."""
-        n = len(self.encoder)
-        return [n + 2 * block + 1 for block in range(n)]
-
-    def layer_name(self, index: int) -> str:
-        """``enc{l}``, ``self{l}`` or ``cross{l}`` for trace index ``index``."""
-        n = len(self.encoder)
-        index = self._resolve(index)
-        if index < n:
-            return f"enc{index}"
-        block, kind = divmod(index - n, 2)
-        return f"{'cross' if kind else 'self'}{block}"
-
-    def _resolve(self, index: int) -> int:
-        total = self.num_attention_layers
-        if not -total <= index < total:
-            raise AttnAuditError(f"attention layer {index} out of range for a model with {total} attention layers")
-        return index % total
+    def _layout(self) -> tuple[int, int]:
+        return len(self.encoder), len(self.decoder)
 
     has_value_output = True
 
