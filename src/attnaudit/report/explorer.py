@@ -21,12 +21,10 @@ Safety: the data travels as JSON in ``<script type="application/json">`` with ``
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 import math
 import zlib
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +36,7 @@ from attnaudit.errors import InputError
 from attnaudit.experiments.base import Result, discover
 from attnaudit.io import read_json_object
 from attnaudit.models.base import evaluation
+from attnaudit.report.html import SIZE, esc, megabytes, page
 from attnaudit.run import Run
 
 EXPLORE = 50
@@ -328,29 +327,8 @@ def explorer_payload(model: dict[str, Any], results: dict[str, Result], initial:
 # --------------------------------------------------------------------------- HTML
 
 
-def asset(name: str) -> str:
-    """A file shipped with the report package (``explorer.js``, ``explorer.css``)."""
-    return resources.files("attnaudit.report").joinpath(name).read_text(encoding="utf-8")
-
-
-def script_hash(script: str) -> str:
-    """The CSP source that allows exactly this inline script."""
-    return "'sha256-" + base64.b64encode(hashlib.sha256(script.encode("utf-8")).digest()).decode("ascii") + "'"
-
-
-def content_security_policy(script: str) -> str:
-    """No network at all: no fetch/XHR, no external script, style, font, frame or image (figures are data: URIs);
-    the one inline script allowed by its hash; inline styles allowed (the static heatmaps use them)."""
-    return (
-        "default-src 'none'; img-src data:; style-src 'unsafe-inline'; "
-        f"script-src {script_hash(script)}; connect-src 'none'; base-uri 'none'; form-action 'none'"
-    )
-
-
 def explorer_section(payload: dict[str, Any] | None, note: str) -> str:
     """The explorer's ``<section>``: the data block and a message for readers without JavaScript."""
-    from attnaudit.report.html import SIZE, esc, megabytes
-
     parts = ['<section id="explorer"><h2>Explorer</h2>']
     if not payload or not payload.get("instances"):
         parts.append(f'<p class="muted">{esc(note or "no instances to explore")}</p></section>')
@@ -379,8 +357,6 @@ class Explorer:
 
     def html(self) -> str:
         """A standalone page holding only the explorer."""
-        from attnaudit.report.html import page
-
         return page(self.title, explorer_section(self.payload, ""), bare=True)
 
     def save(self, path: str | Path) -> Path:
@@ -389,7 +365,5 @@ class Explorer:
         return atomic_write_text(Path(path), self.html())
 
     def _repr_html_(self) -> str:
-        from attnaudit.report.html import esc
-
         return (f'<iframe srcdoc="{esc(self.html())}" sandbox="allow-scripts" '
                 'style="width:100%;height:820px;border:1px solid #ddd"></iframe>')

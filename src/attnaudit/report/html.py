@@ -11,10 +11,12 @@ allows only the explorer's own script (by its hash).
 from __future__ import annotations
 
 import base64
+import hashlib
 import html
 import json
 import math
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -268,6 +270,25 @@ SIZE = "\x00report-size\x00"
 """Stands in for the page's own size until the page is complete (:func:`page`)."""
 
 
+def asset(name: str) -> str:
+    """A file shipped with the report package (``explorer.js``, ``explorer.css``)."""
+    return resources.files("attnaudit.report").joinpath(name).read_text(encoding="utf-8")
+
+
+def script_hash(script: str) -> str:
+    """The CSP source that allows exactly this inline script."""
+    return "'sha256-" + base64.b64encode(hashlib.sha256(script.encode("utf-8")).digest()).decode("ascii") + "'"
+
+
+def content_security_policy(script: str) -> str:
+    """No network at all: no fetch/XHR, no external script, style, font, frame or image (figures are data: URIs);
+    the one inline script allowed by its hash; inline styles allowed (the static heatmaps use them)."""
+    return (
+        "default-src 'none'; img-src data:; style-src 'unsafe-inline'; "
+        f"script-src {script_hash(script)}; connect-src 'none'; base-uri 'none'; form-action 'none'"
+    )
+
+
 def megabytes(size: int) -> str:
     return f"{size / 1e6:.2f} MB"
 
@@ -276,8 +297,6 @@ def page(title: str, body: str, bare: bool = False) -> str:
     """The HTML document around ``body``: inline CSS, the explorer script (only when the body has
     the explorer's data), the no-network Content-Security-Policy, and the page's own size in place
     of :data:`SIZE`."""
-    from attnaudit.report.explorer import asset, content_security_policy
-
     script = asset("explorer.js") if 'id="explorer-data"' in body else ""
     css = CSS + asset("explorer.css")
     csp = content_security_policy(script)
