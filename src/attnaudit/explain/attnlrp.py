@@ -10,12 +10,12 @@ the relevance to the softmax's bias term (by design, as in the authors' library 
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
 from attnaudit.data.types import Batch
 from attnaudit.explain.base import check_task, explanation, token_scores
-from attnaudit.models.base import AttentionModel, evaluation
+from attnaudit.explain.input_gradient import predicted_logit_gradient
+from attnaudit.models.base import AttentionModel
 from attnaudit.models.lrp import relevance_rules
 
 
@@ -23,12 +23,9 @@ def lrp_relevance(model: AttentionModel, batch: Batch, rule: str) -> Tensor:
     """Input × modified gradient of the predicted logit under ``rule`` (``attnlrp``, ``cp_lrp``),
     summed over the embedding dimension: ``(B, T)`` over the model's embedded tokens."""
     check_task(model)
-    with evaluation(model), torch.enable_grad(), relevance_rules(model, rule):
-        embeddings = model.embed(batch).detach().requires_grad_(True)
-        logits = model(batch, embeddings=embeddings).logits
-        chosen = logits.gather(1, logits.argmax(-1, keepdim=True)).sum()
-        (grad,) = torch.autograd.grad(chosen, embeddings)
-    return (embeddings.detach() * grad).sum(-1)
+    with relevance_rules(model, rule):
+        embeddings, grad = predicted_logit_gradient(model, batch)
+    return (embeddings * grad).sum(-1)
 
 
 @explanation(

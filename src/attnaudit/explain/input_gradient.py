@@ -19,9 +19,16 @@ from attnaudit.models.base import AttentionModel, evaluation
 )
 def input_gradient(model: AttentionModel, batch: Batch) -> Tensor:
     """Abnar & Zuidema's input gradient ``|Σ_d ∂z_ŷ/∂e_{t,d}|``, ``(B, K)``; HAN sums a sentence's tokens."""
+    _, grad = predicted_logit_gradient(model, batch)
+    return token_scores(grad.sum(-1), model, batch, absolute=True)
+
+
+def predicted_logit_gradient(model: AttentionModel, batch: Batch) -> tuple[Tensor, Tensor]:
+    """``(embeddings, ∂z_ŷ/∂embeddings)``: the gradient of each example's predicted logit with
+    respect to its input embeddings, attention live (under whatever backward rules are active)."""
     with evaluation(model), torch.enable_grad():
         embeddings = model.embed(batch).detach().requires_grad_(True)
         logits = model(batch, embeddings=embeddings).logits
         chosen = logits.gather(1, logits.argmax(-1, keepdim=True)).sum()
         (grad,) = torch.autograd.grad(chosen, embeddings)
-    return token_scores(grad.sum(-1), model, batch, absolute=True)
+    return embeddings.detach(), grad
