@@ -39,6 +39,7 @@ from attnaudit.models.base import Intervention, freeze_uniform
 from attnaudit.models.hf import load_hf
 from attnaudit.models.hf_decoder import causal_allowed
 from attnaudit.models.hf_seq2seq import HFSeq2SeqModel, HFSubwords, collator, fresh_tokenizer
+from tests.models.test_hf_decoder import real_rows
 
 FAMILIES = ("marian", "bart", "t5")
 MODULES = {"marian": modeling_marian, "bart": modeling_bart, "t5": modeling_t5}
@@ -101,11 +102,6 @@ def hf_trace(out: object) -> list[torch.Tensor]:
     """HF's weights in our trace order: encoder layers, then per decoder block self, cross."""
     decoder = [w for pair in zip(out.decoder_attentions, out.cross_attentions) for w in pair]
     return [*out.encoder_attentions, *decoder]
-
-
-def real_rows(weights: torch.Tensor, query_mask: torch.Tensor) -> torch.Tensor:
-    """The real query rows ``(N,H,K)`` of ``(B,H,Q,K)`` weights (padding queries are nobody's explanation)."""
-    return weights.transpose(1, 2)[query_mask.bool()]
 
 
 @pytest.fixture(params=FAMILIES)
