@@ -14,6 +14,8 @@ in the results, ``DIR/run``, or ``DIR`` itself) and saved there. The explorer's 
 from __future__ import annotations
 
 import datetime
+import functools
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -110,15 +112,14 @@ def _find_run(directory: Path, info: dict[str, Any], data_dir: str | Path | None
 
 
 def _heatmaps(
-    directory: Path,
     results_dir: Path,
     run: Run | None,
+    find: Callable[[], Run | None],
     info: dict[str, Any],
     split: str,
     limit: int | None,
     data_dir: str | Path | None,
     instances: int,
-    device: str,
 ) -> tuple[dict[str, Any] | None, str]:
     """Heatmap data (computed from ``run`` when given, else loaded, else computed from the found run) and a note."""
     from attnaudit.report.heatmaps import heatmaps_for
@@ -127,7 +128,7 @@ def _heatmaps(
     if run is None and path.exists():
         return _read_heatmaps(path), ""
     try:
-        run = run or _find_run(directory, info, data_dir, device)
+        run = run or find()
         if run is None:
             return None, "no heatmaps: no run found next to the results to compute them from"
         if run.task.task_type not in ("classification", "pair"):
@@ -143,15 +144,14 @@ def _heatmaps(
 
 
 def _explorer_data(
-    directory: Path,
     results_dir: Path,
     run: Run | None,
+    find: Callable[[], Run | None],
     info: dict[str, Any],
     split: str,
     limit: int | None,
     data_dir: str | Path | None,
     explore: int,
-    device: str,
     store: bool = True,
 ) -> tuple[dict[str, Any] | None, str]:
     """The explorer's model data: computed from ``run`` when given; else the first ``explore``
@@ -164,7 +164,7 @@ def _explorer_data(
     if stored is not None and stored["requested"] >= explore:
         return {**stored, "instances": stored["instances"][:explore]}, ""
     try:
-        run = run or _find_run(directory, info, data_dir, device)
+        run = run or find()
         if run is None:
             raise AttnAuditError("no run found next to the results to read attention from")
         examples = run.examples(info.get("split", split), info.get("limit", limit), data_dir=data_dir)
@@ -239,8 +239,9 @@ def build_report(
     meta = first.meta if first else {}
     # without an audit.json, the results' own record says which run (split, instances) they came from
     source = info or {k: meta[k] for k in ("run", "split", "limit") if meta.get(k) is not None}
-    heatmaps, heatmap_note = _heatmaps(directory, results_dir, run, source, split, limit, data_dir, instances, device)
-    explored, explorer_note = _explorer_data(directory, results_dir, run, source, split, limit, data_dir, explore, device)
+    find = functools.cache(lambda: _find_run(directory, source, data_dir, device))  # heatmaps and explorer share one load
+    heatmaps, heatmap_note = _heatmaps(results_dir, run, find, source, split, limit, data_dir, instances)
+    explored, explorer_note = _explorer_data(results_dir, run, find, source, split, limit, data_dir, explore)
     explorer = explorer_section(explorer_payload(explored, results) if explored else None, explorer_note) if explore else ""
     model = info.get("model") or meta.get("model")
     if info.get("hf"):
@@ -295,7 +296,8 @@ def show(
         results = _load_results(results_dir)[0] if results_dir.is_dir() else {}
         first = next(iter(results.values()), None)
         record = info or {k: first.meta[k] for k in ("run", "split", "limit") if first and first.meta.get(k) is not None}
-        data, note = _explorer_data(directory, results_dir, None, record, split, limit, data_dir, explore, device, store=False)
+        find = functools.partial(_find_run, directory, record, data_dir, device)
+        data, note = _explorer_data(results_dir, None, find, record, split, limit, data_dir, explore, store=False)
         if data is None:
             raise AttnAuditError(f"{directory}: {note.removeprefix('no explorer: ')}")
         title = f"attnaudit explorer: {directory.name}"
