@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -27,15 +24,10 @@ from attnaudit.models import ModelConfig, build_model
 from attnaudit.progress import set_quiet
 from attnaudit.run import load_run
 from attnaudit.training.trainer import PRESETS, train
+from tests.reliability.helpers import cli
 
 set_quiet(True)
 TINY = {"embed_dim": 6, "hidden_dim": 5, "batch_size": 16}
-
-
-def cli(*args: object) -> subprocess.CompletedProcess[str]:
-    """``attnaudit ARGS`` in a fresh single-threaded interpreter."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "attnaudit.cli", *map(str, args)], capture_output=True, text=True, env=env)
 
 
 def _model(wrap: bool, seed: int = 0) -> torch.nn.Module:

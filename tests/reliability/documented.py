@@ -11,8 +11,6 @@ shrunk (tests/reliability/tiny_site/sitecustomize.py), also in the worker proces
 
 from __future__ import annotations
 
-import contextlib
-import io
 import os
 import re
 import shlex
@@ -20,6 +18,8 @@ import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+from .helpers import in_process
 
 REPO = Path(__file__).resolve().parents[2]
 TINY_SITE = Path(__file__).with_name("tiny_site")
@@ -134,23 +134,7 @@ class Workspace:
 
     def run(self, args: tuple[str, ...] | list[str]) -> tuple[int, str, str]:
         """``attnaudit ARGS`` in this process (as the console script runs it): exit code, stdout, stderr."""
-        from attnaudit import cli
-
-        out, err = io.StringIO(), io.StringIO()
-        code = 0
-        previous = Path.cwd()
-        os.chdir(self.main)
-        argv = sys.argv
-        sys.argv = ["attnaudit", *args]
-        try:
-            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-                cli.main()
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-        finally:
-            sys.argv = argv
-            os.chdir(previous)
-        return code, out.getvalue(), err.getvalue()
+        return in_process(list(args), self.main)
 
 
 def tiny_environment() -> dict[str, str]:

@@ -1,12 +1,16 @@
-"""Shared by the reliability tests: running the CLI as a subprocess and checking how it fails."""
+"""Shared by the reliability tests: running the CLI and checking how it fails."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable
+import traceback
+import warnings
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pandas as pd
@@ -21,12 +25,67 @@ RESULT_SUFFIXES = (".json", ".csv", ".safetensors", ".html")
 
 
 def cli(*args: object, cwd: Path | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``attnaudit ARGS`` as the console script runs it, output captured: in this process, so the
+    imports (10–15 s of torch, scipy and transformers on the 2-core CI machine) are paid once per
+    worker, not once per command; in a fresh single-threaded interpreter when ``env`` is given
+    (Hugging Face reads its settings when first imported)."""
+    words = [str(a) for a in args]
+    if env is not None:
+        return fresh_cli(*words, cwd=cwd, env=env)
+    with _without("ATTNAUDIT_DATA"):
+        code, out, err = in_process(words, cwd or Path.cwd())
+    return subprocess.CompletedProcess([*CLI, *words], code, out, err)
+
+
+def fresh_cli(*args: object, cwd: Path | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """``attnaudit ARGS`` in a fresh interpreter (single-threaded), output captured."""
     environment = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
     environment.pop("ATTNAUDIT_DATA", None)
     return subprocess.run(
         [*CLI, *map(str, args)], capture_output=True, text=True, cwd=cwd, env=environment, timeout=600
     )
+
+
+def in_process(args: list[str], cwd: Path) -> tuple[int, str, str]:
+    """``attnaudit ARGS`` run by :func:`attnaudit.cli.main` in this process from ``cwd``: exit code,
+    stdout, stderr. An exception main lets through is printed as the interpreter would (exit 1);
+    warnings, the quiet switch, argv and the working directory are restored afterwards."""
+    from attnaudit import cli, progress
+
+    out, err = io.StringIO(), io.StringIO()
+    code = 0
+    previous, argv, quiet = Path.cwd(), sys.argv, progress.is_quiet()
+    os.chdir(cwd)
+    sys.argv = ["attnaudit", *args]
+    cli._shown_warnings.clear()
+    try:
+        # catch_warnings restores main's showwarning hook and resets "once per location" memory,
+        # so each command shows its warnings as a fresh process would.
+        with warnings.catch_warnings(), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            warnings.simplefilter("default")
+            try:
+                cli.main()
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+            except Exception:  # noqa: BLE001 - what an uncaught exception prints in a real process
+                traceback.print_exc()
+                code = 1
+    finally:
+        sys.argv = argv
+        os.chdir(previous)
+        progress.set_quiet(quiet)
+    return code, out.getvalue(), err.getvalue()
+
+
+@contextlib.contextmanager
+def _without(name: str) -> Iterator[None]:
+    """The environment without variable ``name`` for the duration."""
+    value = os.environ.pop(name, None)
+    try:
+        yield
+    finally:
+        if value is not None:
+            os.environ[name] = value
 
 
 def written(out: Path) -> list[Path]:
