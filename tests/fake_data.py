@@ -45,7 +45,7 @@ def _sst(root: Path, rng: random.Random) -> None:
 
 def _sst2(root: Path, rng: random.Random) -> None:
     (root / "sst2").mkdir()
-    for split, n in (("train", 80), ("dev", 16)):
+    for split, n in (("train", 80), ("dev", 8)):
         rows = ["sentence\tlabel"] + [f"{' '.join(w)}\t{label}" for w, label in _labelled(rng, n)]
         (root / "sst2" / f"{split}.tsv").write_text("\n".join(rows) + "\n")
 
