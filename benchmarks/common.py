@@ -58,11 +58,13 @@ def machine() -> dict[str, Any]:
 
 
 def provenance() -> dict[str, Any]:
-    """Command line, commit, cores, platform and machine, stored with every result."""
+    """Command line, commit, cores, load average (1, 5, 15 min, when the result is written),
+    platform and machine, stored with every result."""
     return {
         "command": os.environ.get(COMMAND_ENV) or " ".join([Path(sys.executable).name, *sys.argv]),
         "commit": commit(),
         "cores": os.cpu_count(),
+        "load_average": [round(x, 2) for x in os.getloadavg()],
         "platform": platform.platform(),
         "python": platform.python_version(),
         "machine": machine(),

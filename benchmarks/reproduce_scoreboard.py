@@ -12,6 +12,10 @@
    split (``sst-trees``: phrase-level rationales), for AUPRC and token F1 (deletion at one bin, 20 %, only).
 5. The same on an SST BiLSTM run (``--bilstm``, J&W setup) and our own Transformer on SST
    (``--transformer``), on ``--other-limit`` SST test sentences; each skipped when absent.
+6. ``--parts smollm2``: the embedded SmolLM2-135M-Instruct zero-shot (``--hf smollm2 --task sst2``)
+   on the first ``--smollm2-limit`` GLUE-dev sentences with ``--smollm2-methods``, deletion, the AOPC
+   bins and no curve. A finished ``attnaudit run faithfulness`` result in its folder
+   (``benchmarks/runs/scoreboard-smollm2``) with the same options is read instead of run again.
 
 Writes ``benchmarks/results/scoreboard.json`` (``--name``; ``--parts`` runs some of the scoreboards; command, commit, cores, load average before and
 after, wall and CPU seconds, the scoreboards). Run:
@@ -41,6 +45,7 @@ from attnaudit.models.hf_encoder import HF_DIR  # noqa: E402
 from attnaudit.run import Run, load_run  # noqa: E402
 from benchmarks.common import RUNS, write_result  # noqa: E402
 
+SMOLLM2_METHODS = "attnlrp,cp_lrp,attention,rollout,alti,globenc,norms,input_gradient,gradient,loo,random"
 KEEP = ("mode", "method", "aopc_comp", "aopc_comp_low", "aopc_comp_high", "aopc_suff", "aopc_suff_low",
         "aopc_suff_high", "deletion", "insertion", "auprc", "auprc_low", "auprc_high", "token_f1",
         "token_f1_low", "token_f1_high", "rank_aopc_comp", "n")
@@ -82,14 +87,38 @@ def scoreboard(run: Run, args: argparse.Namespace, out: Path, limit: int, mode: 
     load = os.getloadavg()
     wall, cpu = time.perf_counter(), time.process_time()
     result = run_test("faithfulness", run, split="test", limit=limit, out=out, seed=0, mode=mode, **options)
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    return from_result({"summary": result.summary, "meta": result.meta, "tables": result.tables}, out, wall, cpu,
+                       list(load), list(os.getloadavg()))
+
+
+def from_result(result: dict[str, Any], out: Path, wall: float, cpu: float | None, before: list[float], after: list[float]) -> dict[str, Any]:
+    """The parts of a faithfulness result (its JSON layout) that the scoreboard tables use, with the cost."""
     return {
-        "n": result.summary["n"], "excluded_short": result.summary["excluded_short"],
-        "methods": result.meta["methods"], "filler": result.meta["filler"],
-        "scoreboard": [{k: row.get(k) for k in KEEP} for row in result.tables["scoreboard"]],
-        "agreement": result.tables["agreement"],
-        "wall_seconds": time.perf_counter() - wall, "cpu_seconds": time.process_time() - cpu,
-        "load_before": list(load), "load_after": list(os.getloadavg()), "results": str(out),
+        "n": result["summary"]["n"], "excluded_short": result["summary"]["excluded_short"],
+        "methods": result["meta"]["methods"], "filler": result["meta"]["filler"],
+        "scoreboard": [{k: row.get(k) for k in KEEP} for row in result["tables"]["scoreboard"]],
+        "agreement": result["tables"]["agreement"],
+        "wall_seconds": wall, "cpu_seconds": cpu, "load_before": before, "load_after": after, "results": str(out),
     }
+
+
+def smollm2(args: argparse.Namespace) -> dict[str, Any]:
+    """SmolLM2 zero-shot on GLUE dev, deletion, AOPC bins, no curve; a finished result with the same
+    options in its folder is read instead (its wall seconds are the run's own; CPU seconds unknown)."""
+    out = RUNS / "scoreboard-smollm2"
+    methods = args.smollm2_methods.split(",")
+    options = {"methods": methods, "mode": "delete", "curve_steps": 0, "bins": list(BINS), "batch_size": args.batch_size}
+    finished = out / "faithfulness.json"
+    if finished.is_file():
+        result = read_json(finished)
+        meta = result["meta"]
+        if meta["limit"] == args.smollm2_limit and all(meta["options"].get(k) == v for k, v in options.items()):
+            return {"run": "--hf smollm2 --task sst2", "read_from": str(finished),
+                    **from_result(result, out, meta["seconds"], None, [], [])}
+    run = load_hf("smollm2", task="sst2", data_dir=args.data_dir, device="cpu")
+    board = scoreboard(run, args, out, args.smollm2_limit, "delete", args.smollm2_methods, curve_steps=0)
+    return {"run": "--hf smollm2 --task sst2", **board}
 
 
 def main() -> dict[str, Any]:
@@ -110,6 +139,8 @@ def main() -> dict[str, Any]:
     parser.add_argument("--parts", default="minilm,bilstm,transformer",
                         help="which scoreboards to run (minilm includes the plausibility run); separate invocations can run in parallel")
     parser.add_argument("--name", default="scoreboard", help="result file stem: benchmarks/results/NAME.json")
+    parser.add_argument("--smollm2-limit", type=int, default=100, help="GLUE-dev sentences for SmolLM2 zero-shot")
+    parser.add_argument("--smollm2-methods", default=SMOLLM2_METHODS, help="the methods scored on SmolLM2 (IG is left out: cost)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
@@ -117,6 +148,9 @@ def main() -> dict[str, Any]:
     result: dict[str, Any] = {"threads": args.threads}
     if "minilm" in parts:
         minilm(args, result)
+    if "smollm2" in parts:
+        result["smollm2"] = smollm2(args)
+        write_result(args.name, result)
     for key, path in (("sst_bilstm", args.bilstm), ("sst_transformer", args.transformer)):
         if key.removeprefix("sst_") in parts and Path(path, "config.json").is_file():
             other = load_run(path, device="cpu", data_dir=args.data_dir)
@@ -126,7 +160,9 @@ def main() -> dict[str, Any]:
             write_result(args.name, result)
     result["seconds"] = time.perf_counter() - start
     write_result(args.name, result)
-    print({k: (v["scoreboard"]["n"], round(v["scoreboard"]["cpu_seconds"], 1)) for k, v in result.items() if isinstance(v, dict) and "scoreboard" in v})
+    boards = {k: v["scoreboard"] if isinstance(v["scoreboard"], dict) else v
+              for k, v in result.items() if isinstance(v, dict) and "scoreboard" in v}
+    print({k: (board["n"], round(board["wall_seconds"], 1)) for k, board in boards.items()})
     return result
 
 

@@ -4,8 +4,8 @@
 Everything between ``<!-- scoreboard-table:start -->`` and ``<!-- scoreboard-table:end -->`` in
 README.md is generated here, so the numbers cannot drift from the result file: the fine-tuned MiniLM
 scoreboard in both removal modes with the SST phrase plausibility and the two published tables beside
-it, then the SST BiLSTM and Transformer scoreboards, each with the wall and CPU seconds and load
-average it ran under. ``--check`` writes nothing and exits 1 when README.md is stale.
+it, then the SST BiLSTM and Transformer scoreboards, then SmolLM2 zero-shot beside MiniLM, each with
+the wall and CPU seconds and load average it ran under. ``--check`` writes nothing and exits 1 when README.md is stale.
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ README = ROOT / "README.md"
 RESULT = RESULTS / "scoreboard.json"
 SMALL = RESULTS / "scoreboard_sst.json"
 """The BiLSTM and Transformer scoreboards when run apart (``reproduce_scoreboard.py --parts bilstm,transformer --name scoreboard_sst``)."""
+DECODER = RESULTS / "scoreboard_smollm2.json"
+"""SmolLM2 zero-shot (``reproduce_scoreboard.py --parts smollm2 --name scoreboard_smollm2``)."""
 START = "<!-- scoreboard-table:start -->"
 END = "<!-- scoreboard-table:end -->"
 ALTI_REPO = {"alti": (0.269, 0.057), "ig": (0.223, 0.074), "gradient": (0.190, 0.075), "globenc": (0.161, 0.119),
@@ -51,9 +53,13 @@ def _by_mode(board: dict[str, Any], mode: str) -> dict[str, dict[str, Any]]:
 
 
 def _timing(board: dict[str, Any]) -> str:
-    load = "/".join(f"{x:.1f}" for x in board["load_before"][:1] + board["load_after"][:1])
-    return (f"{board['n']} sentences, {len(board['methods'])} methods: {board['wall_seconds']:,.0f} s wall, "
-            f"{board['cpu_seconds']:,.0f} s CPU, load average {load} before/after")
+    text = f"{board['n']} sentences, {len(board['methods'])} methods: {board['wall_seconds']:,.0f} s wall"
+    if board.get("cpu_seconds") is not None:
+        text += f", {board['cpu_seconds']:,.0f} s CPU"
+    if board.get("load_before") and board.get("load_after"):
+        load = "/".join(f"{x:.1f}" for x in board["load_before"][:1] + board["load_after"][:1])
+        text += f", load average {load} before/after"
+    return text
 
 
 def minilm_table(data: dict[str, Any]) -> list[str]:
@@ -104,12 +110,29 @@ def small_models_table(data: dict[str, Any]) -> list[str]:
     return lines
 
 
+def decoder_table(data: dict[str, Any]) -> list[str]:
+    """SmolLM2 zero-shot, deletion, ranked by comprehensiveness, beside MiniLM's deletion numbers."""
+    if "smollm2" not in data:
+        return []
+    board = data["smollm2"]
+    minilm = _by_mode(data["minilm"]["scoreboard"], "delete")
+    lines = ["| rank | method | SmolLM2 zero-shot: delete AOPC comp. ↑ [95% CI] | SmolLM2: delete AOPC suff. ↓ [95% CI] "
+             "| MiniLM (above): delete comp. / suff. |", "|---|---|---|---|---|"]
+    delete = _by_mode(board, "delete")
+    for place, (name, row) in enumerate(sorted(delete.items(), key=lambda kv: -kv[1]["aopc_comp"]), 1):
+        other = minilm.get(name)
+        beside = "–" if other is None else f"{_num(other['aopc_comp'])} / {_num(other['aopc_suff'])}"
+        lines.append(f"| {place} | {name} | {_ci(row, 'aopc_comp')} | {_ci(row, 'aopc_suff')} | {beside} |")
+    lines += ["", f"SmolLM2-135M-Instruct zero-shot, GLUE dev: {_timing(board)}."]
+    return lines
+
+
 def render(data: dict[str, Any]) -> str:
     """The generated README block, markers included."""
     lines = [START, "", *minilm_table(data), ""]
-    others = small_models_table(data)
-    if others:
-        lines += [*others, ""]
+    for part in (small_models_table(data), decoder_table(data)):
+        if part:
+            lines += [*part, ""]
     return "\n".join([*lines, END])
 
 
@@ -119,6 +142,8 @@ def load() -> dict[str, Any]:
     if SMALL.is_file():
         small = json.loads(SMALL.read_text(encoding="utf-8"))
         data.update({k: small[k] for k in ("sst_bilstm", "sst_transformer") if k in small})
+    if DECODER.is_file():
+        data["smollm2"] = json.loads(DECODER.read_text(encoding="utf-8"))["smollm2"]
     return data
 
 

@@ -59,11 +59,42 @@ ROWS = (
 )
 
 
+LRP_PEER = "lxt 2.1 (own venv), one unpadded input at a time"
+LRP_METHODS = {"attnlrp": "AttnLRP", "cp_lrp": "CP-LRP"}
+
+
 def load(folder: Path = RESULTS) -> dict[str, dict[str, Any]]:
-    """Every result file of :data:`ROWS` and ``training.json`` that exists, by stem."""
+    """Every result file of :data:`ROWS` and ``training.json`` that exists, by stem, and the rows of
+    ``lrp.json`` (:func:`lrp_results`)."""
     stems = [row.stem for row in ROWS] + ["training"]
-    return {stem: json.loads((folder / f"{stem}.json").read_text(encoding="utf-8"))
-            for stem in stems if (folder / f"{stem}.json").exists()}
+    results = {stem: json.loads((folder / f"{stem}.json").read_text(encoding="utf-8"))
+               for stem in stems if (folder / f"{stem}.json").exists()}
+    if (folder / "lrp.json").exists():
+        results.update(lrp_results(json.loads((folder / "lrp.json").read_text(encoding="utf-8"))))
+    return results
+
+
+def lrp_results(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """``benchmarks/bench_lrp.py``'s result as one table row per model and method against lxt, in the
+    shape of the other results (stem ``lrp:<model>:<method>``): ratio lxt / ours per round, both
+    times, the agreement with lxt and the machine."""
+    rows = {}
+    for model in data["models"]:
+        timing = model["timing"]
+        for method, label in LRP_METHODS.items():
+            if f"lxt_{method}" not in timing["seconds"]:
+                continue
+            seconds = {"ours": timing["seconds"][method], "peer": timing["seconds"][f"lxt_{method}"]}
+            agreement = model["lxt"][method]
+            rows[f"lrp:{model['model']}:{method}"] = {
+                "label": f"{label}, {model['model']}, {model['n']} SST-2 inputs ({model['tokens']} tokens)",
+                "timing": {"repeats": timing["repeats"], "seconds": seconds, "ratio": timing[f"lxt_over_ours_{method}"],
+                           "load_average_before": timing["load_average_before"],
+                           "load_average_after": timing["load_average_after"]},
+                "agree": agreement["agree"], "max_abs_diff": agreement["max_abs_diff"],
+                **{key: data[key] for key in ("machine", "command", "commit")},
+            }
+    return rows
 
 
 def _seconds(stat: dict[str, Any]) -> str:
@@ -88,7 +119,8 @@ def table_rows(results: dict[str, dict[str, Any]]) -> list[str]:
         "| benchmark | ratio peer / ours | ours | peer | rounds | agree | peer |",
         "|---|---|---|---|---|---|---|",
     ]
-    for row in ROWS:
+    extra = [Row(stem, results[stem]["label"], LRP_PEER) for stem in results if stem.startswith("lrp:")]
+    for row in (*ROWS, *extra):
         data = results.get(row.stem)
         if data is None:
             continue

@@ -44,6 +44,17 @@ def test_rendering_ranks_by_deletion_and_places_the_published_numbers() -> None:
     assert "3 sentences, 2 methods: 12 s wall, 10 s CPU, load average 2.0/3.0 before/after" in "\n".join(lines)
 
 
+def test_decoder_table_ranks_smollm2_beside_minilm_and_says_when_cpu_time_is_unknown() -> None:
+    decoder = {**_board([_row("delete", "attention", 0.2, 0.1), _row("delete", "attnlrp", 0.4, -0.1)]),
+               "cpu_seconds": None, "load_before": [], "load_after": []}
+    data = {"minilm": {"scoreboard": _board([_row("delete", "attnlrp", 0.33, -0.08)])}, "smollm2": decoder}
+    lines = table.decoder_table(data)
+    assert lines[2] == "| 1 | attnlrp | 0.400 [0.390, 0.410] | −0.100 [−0.110, −0.090] | 0.330 / −0.080 |"
+    assert lines[3] == "| 2 | attention | 0.200 [0.190, 0.210] | 0.100 [0.090, 0.110] | – |"
+    assert lines[-1] == "SmolLM2-135M-Instruct zero-shot, GLUE dev: 3 sentences, 2 methods: 12 s wall."
+    assert table.decoder_table({"minilm": data["minilm"]}) == []
+
+
 def test_check_flags_a_stale_readme(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
     stale = tmp_path / "README.md"
     stale.write_text(f"intro\n{table.START}\n| old |\n{table.END}\nrest\n", encoding="utf-8")

@@ -49,30 +49,58 @@ class Documented:
         return f"{self.source}: attnaudit {shlex.join(self.args)}"
 
 
+# What a shown command may start with before `attnaudit`: environment settings, nice, time.
+WRAPPER = re.compile(r"^(?:[A-Z_]+=\S+\s+|nice\s+-n\s*-?\d+\s+|(?:/usr/bin/)?time(?:\s+-v)?\s+)+")
+
+
 def _words(line: str) -> list[str] | None:
     """The words after ``attnaudit`` in a shell line (comment dropped), or None when it is prose."""
-    line = line.split(" # ")[0].split("\t#")[0].strip()
+    line = WRAPPER.sub("", line.split(" # ")[0].split("\t#")[0].strip())
     if not line.startswith("attnaudit "):
         return None
     try:
         words = shlex.split(line)[1:]
     except ValueError:
         return None
-    if not words or any(w in ("...", "<test>", "[NAME", "NAME") or w.startswith("<") for w in words):
+    if not words or any(w in ("...", "<test>", "[NAME", "NAME", "TESTS") or w.startswith("<") for w in words):
         return None  # a pattern such as `attnaudit run <test>`, not a command
     return words
 
 
+def fenced_blocks(text: str) -> tuple[list[tuple[str, str]], str]:
+    """The fenced code blocks of a markdown text as (language, body), and the text outside them.
+
+    Fences are paired line by line (a block in another language must not make its closing fence
+    look like the opening of the next one)."""
+    blocks: list[tuple[str, str]] = []
+    prose: list[str] = []
+    fence: str | None = None
+    body: list[str] = []
+    for line in text.splitlines():
+        marker = line.strip()
+        if fence is None and marker.startswith("```"):
+            fence, body = marker[3:].strip(), []
+        elif fence is not None and marker == "```":
+            blocks.append((fence, "\n".join(body)))
+            fence = None
+        elif fence is not None:
+            body.append(line)
+        else:
+            prose.append(line)
+    return blocks, "\n".join(prose)
+
+
 def markdown_commands(path: Path) -> list[Documented]:
-    """``attnaudit`` commands in fenced bash blocks (continuations joined) and in inline code."""
-    text = path.read_text(encoding="utf-8")
+    """``attnaudit`` commands in fenced shell blocks (continuations joined) and in inline code."""
+    blocks, prose = fenced_blocks(path.read_text(encoding="utf-8"))
     found: list[Documented] = []
-    for block in re.findall(r"```(?:bash|sh|shell)?\n(.*?)```", text, flags=re.S):
-        for line in block.replace("\\\n", " ").splitlines():
+    for language, body in blocks:
+        if language not in ("", "bash", "sh", "shell", "console"):
+            continue
+        for line in body.replace("\\\n", " ").splitlines():
             words = _words(line)
             if words is not None:
                 found.append(Documented(path.name, tuple(words)))
-    prose = re.sub(r"```.*?```", "", text, flags=re.S)
     for span in re.findall(r"`(attnaudit [^`]+)`", prose):
         words = _words(span)
         if words is not None and len(words) > 1:  # `attnaudit train` alone names a command in prose

@@ -4,11 +4,13 @@ commands are found and where they run."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from attnaudit.experiments import discover
 
-from .documented import PLACEHOLDERS, PRODUCERS, Documented, Workspace, documented_commands
+from .documented import PLACEHOLDERS, PRODUCERS, Documented, Workspace, _words, documented_commands, markdown_commands
 
 COMMANDS = documented_commands()
 
@@ -62,6 +64,24 @@ def test_documentation_shows_commands() -> None:
     assert {"train", "run", "audit", "report", "finetune", "sweep", "demo", "train-nmt", "evaluate"} <= verbs
     tested = {c.args[1] for c in COMMANDS if c.verb == "run"}
     assert set(discover()) <= tested, f"tests without a documented example: {set(discover()) - tested}"
+
+
+def test_commands_after_a_block_in_another_language_are_found(tmp_path: Path) -> None:
+    """A python block's closing fence once paired with the next bash block's opening, so the bash
+    commands after it were read as prose and never run (5 README commands)."""
+    page = tmp_path / "page.md"
+    page.write_text("```python\nx = 1\n```\n\ntext `attnaudit tests --hf minilm`\n\n```bash\n"
+                    "attnaudit report audits/sst --explore 100   # comment\nattnaudit train \\\n  --task sst\n```\n"
+                    "```yaml\nattnaudit: not a command\n```\n", encoding="utf-8")
+    found = [c.args for c in markdown_commands(page)]
+    assert found == [("report", "audits/sst", "--explore", "100"), ("train", "--task", "sst"), ("tests", "--hf", "minilm")]
+
+
+def test_wrapped_commands_are_found_and_patterns_are_not() -> None:
+    assert _words("nice -n 5 /usr/bin/time -v attnaudit tests --hf smollm2") == ["tests", "--hf", "smollm2"]
+    assert _words("OMP_NUM_THREADS=1 attnaudit datasets") == ["datasets"]
+    assert _words("nice -n 5 attnaudit audit --hf smollm2 --out DIR --only TESTS") is None
+    assert _words("niceattnaudit tests") is None
 
 
 def test_chains_keep_every_command_once_and_readers_after_writers() -> None:
