@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 test: $(STAMP)
-	OMP_NUM_THREADS=1 $(VENV)/bin/pytest -n 2 -q -p no:cacheprovider
+	OMP_NUM_THREADS=1 $(VENV)/bin/pytest -n 2 --dist worksteal -q -p no:cacheprovider
 
 test-all: $(STAMP)
 	OMP_NUM_THREADS=1 $(VENV)/bin/pytest -q -p no:cacheprovider -m "slow or not slow"

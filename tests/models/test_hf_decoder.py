@@ -341,9 +341,11 @@ def test_real_smollm2(smollm2: SimpleNamespace) -> None:
         torch.testing.assert_close(mine, ref, rtol=0, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_real_smollm2_from_the_conversion_cache_equals_the_gguf_file(smollm2: SimpleNamespace) -> None:
     """The model was read from attnaudit's converted copy (models/gguf_cache.py); transformers'
-    own load of the GGUF file gives the same token ids and the same logits, bit for bit."""
+    own load of the GGUF file gives the same token ids and the same logits, bit for bit. Slow: a
+    second de-quantisation (~20 s); the cache's logic is tested on small files in test_gguf_cache."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gguf = Path(smollm2_path())
