@@ -26,6 +26,8 @@ README = ROOT / "README.md"
 RESULT = RESULTS / "scoreboard.json"
 SMALL = RESULTS / "scoreboard_sst.json"
 """The BiLSTM and Transformer scoreboards when run apart (``reproduce_scoreboard.py --parts bilstm,transformer --name scoreboard_sst``)."""
+DELETE_ONLY = RESULTS / "scoreboard_delete.json"
+"""The MiniLM scoreboard with deletion only, for its cost (``reproduce_scoreboard.py --parts minilm --mode delete --name scoreboard_delete``)."""
 DECODER = RESULTS / "scoreboard_smollm2.json"
 """SmolLM2 zero-shot (``reproduce_scoreboard.py --parts smollm2 --name scoreboard_smollm2``)."""
 START = "<!-- scoreboard-table:start -->"
@@ -81,6 +83,8 @@ def minilm_table(data: dict[str, Any]) -> list[str]:
             f"| {'–' if alti is None else f'{_num(alti[0])} / {_num(alti[1])}'} | {_num(DECOMPX_TABLE.get(name))} |"
         )
     lines += ["", f"MiniLM, GLUE dev: {_timing(board)}."]
+    if "minilm_delete" in data:
+        lines.append(f"MiniLM, deletion only (with the curves): {_timing(data['minilm_delete'])}.")
     if plausible:
         lines.append(f"Plausibility (AUPRC, token F1 against the SST treebank's polar phrases): {_timing(data['minilm_sst_trees'])}.")
     return lines
@@ -142,6 +146,8 @@ def load() -> dict[str, Any]:
     if SMALL.is_file():
         small = json.loads(SMALL.read_text(encoding="utf-8"))
         data.update({k: small[k] for k in ("sst_bilstm", "sst_transformer") if k in small})
+    if DELETE_ONLY.is_file():
+        data["minilm_delete"] = json.loads(DELETE_ONLY.read_text(encoding="utf-8"))["minilm"]["scoreboard"]
     if DECODER.is_file():
         data["smollm2"] = json.loads(DECODER.read_text(encoding="utf-8"))["smollm2"]
     return data
