@@ -14,6 +14,8 @@ orders). Then it digests the report's figures:
   head-summed norm ‖Σ_h α f(x)‖, over query rows after the first and at the explaining (last)
   position, with the template's and the text's shares there (``norms``, table ``positions``);
 * per layer, Spearman ρ of raw attention and of rollout with gradient importance (``rollout``);
+* accuracy with entmax15 / sparsemax swapped in for softmax (``activation-swap``) and with every
+  layer's attention rows shuffled over the keys each query reads (``shuffle``);
 * per-test wall times from the audit's own ``audit.json`` (a stored result keeps the seconds it
   took, so a re-run that reuses finished tests still reports them: ``test_seconds_total``;
   ``audit_seconds`` and the load averages are this call's), and ``--note`` on how it was run.
@@ -161,6 +163,8 @@ def main() -> dict[str, Any]:
         "importance": importance_digest(results["importance"]) if "importance" in results else None,
         "norms": norms_digest(results["norms"]) if "norms" in results else None,
         "rollout": rollout_digest(results["rollout"]) if "rollout" in results else None,
+        "activation_swap": dict(results["activation-swap"].summary) if "activation-swap" in results else None,
+        "shuffle": dict(results["shuffle"].summary) if "shuffle" in results else None,
         "summary_rows": outcome.rows,
     }
     write_result("smollm2", payload)

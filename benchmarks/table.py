@@ -54,6 +54,8 @@ ROWS = (
     Row("erasure", "erase until flip, {n} instances", "one instance at a time"),
     Row("flow", "attention flow, {shape[tokens]} tokens × {shape[layers]} layers", "networkx max-flow per token pair"),
     Row("norms", "norm analysis on MiniLM", "HF forward, `output_attentions=True`"),
+    Row("llm_loo", "leave-one-out, SmolLM2 zero-shot, {sentences} SST-2 prompts ({deletions} deletions)",
+        "the same deletions, each prompt rerun in full (batched)"),
     Row("llm_captum", "Integrated Gradients, SmolLM2 zero-shot, {n} SST-2 prompts × {steps} steps",
         "Captum `LayerIntegratedGradients` on HF's model"),
 )

@@ -9,11 +9,15 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 
 from attnaudit.audit import audit, parse_settings
 from attnaudit.data.synthetic import synthetic_task
 from attnaudit.errors import AttnAuditError
 from attnaudit.experiments.base import EXPERIMENTS, Experiment, Result, register
+from attnaudit.explain import EXPLANATIONS
+from attnaudit.explain.base import _MEMOS
+from attnaudit.explain.gradient import gradient_importance as explain_gradient
 from attnaudit.progress import set_quiet
 from attnaudit.report.summary import SUMMARY_COLUMNS, order_tests, verdict_rows
 from attnaudit.training.trainer import train
@@ -177,3 +181,43 @@ def test_default_verdict_lists_summary_beside_published_and_survives_broken_verd
         EXPERIMENTS.pop("zz-faulty")
     assert [r["statistic"] for r in rows] == ["tau", "n", "verdict"]
     assert "verdict failed: KeyError" in rows[-1]["interpretation"] and all(r["test"] == "zz-faulty" for r in rows)
+
+
+def test_tests_share_scores_until_one_changes_the_weights(run, tmp_path: Path) -> None:
+    """The gradient one test computed is handed to the next test of the audit; a test that leaves the
+    weights changed has them restored, and the scores of the changed weights are dropped."""
+    seen: list[tuple[str, int, bool]] = []  # (test, memo entries before its call, scores equal a fresh computation)
+
+    def reader(name: str, rank: int, spoil: bool) -> type[Experiment]:
+        class Reader(Experiment):
+            description = "reads the gradient of the first batch" + (", then changes the weights" if spoil else "")
+
+            @dataclass
+            class Options:
+                pass
+
+            def run(self, run, examples, options, seed=0):  # type: ignore[no-untyped-def]
+                batch = next(run.batches(examples, 4))
+                before = len(next(iter(_MEMOS.values())))
+                scores = EXPLANATIONS["gradient"](run.model, batch)
+                seen.append((self.name, before, torch.equal(scores, explain_gradient(run.model, batch))))
+                if spoil:
+                    with torch.no_grad():
+                        next(run.model.parameters()).add_(1.0)
+                return Result(test=self.name, summary={"n": len(examples)})
+
+        Reader.name, Reader.audit_rank = name, rank
+        return register(Reader)
+
+    tests = [("zz-first", 1, False), ("zz-spoiler", 2, True), ("zz-after", 3, False)]
+    for test in tests:
+        reader(*test)
+    before = {k: v.clone() for k, v in run.model.state_dict().items()}
+    try:
+        result = audit(tmp_path / "a", run=run, only=[t[0] for t in tests], limit=6, figures=False, explore=0, heatmap_instances=0)
+        # zz-spoiler finds zz-first's scores; zz-after finds none (they were of the changed weights)
+        assert result.ok and seen == [("zz-first", 0, True), ("zz-spoiler", 1, True), ("zz-after", 0, True)]
+        assert all(torch.equal(before[k], v) for k, v in run.model.state_dict().items())  # restored
+    finally:
+        for test in tests:
+            EXPERIMENTS.pop(test[0])

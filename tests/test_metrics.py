@@ -172,6 +172,49 @@ def test_correlations_match_scipy(ab: tuple[list[int], list[float]]) -> None:
     np.testing.assert_allclose(M.spearman(a, b), (ref_s.statistic, ref_s.pvalue), equal_nan=True)
 
 
+@settings(max_examples=150, deadline=None)
+@given(
+    st.integers(2, 40).flatmap(
+        lambda n: st.tuples(
+            st.lists(st.lists(st.integers(0, 4) | st.floats(-1, 1), min_size=n, max_size=n), min_size=1, max_size=5),
+            st.lists(st.integers(0, 3) | st.floats(-1, 1), min_size=n, max_size=n),
+        )
+    )
+)
+def test_rowwise_correlations_equal_scipy_row_by_row(rows_b: tuple[list[list[float]], list[float]]) -> None:
+    """Batched τ-b (with the exact and the tie-corrected normal p-values) and Spearman ρ, row by row."""
+    rows, b = rows_b
+    taus, pvalues = M.kendall_tau_rows(rows, b)
+    rhos = M.spearman_rows(rows, b)
+    for row, tau, p, rho in zip(rows, taus, pvalues, rhos):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ref = kendalltau(row, b)
+            ref_rho = spearmanr(row, b).statistic if len(b) >= 3 and len(set(row)) > 1 and len(set(b)) > 1 else math.nan
+        np.testing.assert_allclose((tau, p), (ref.statistic, ref.pvalue), rtol=1e-9, atol=1e-12, equal_nan=True)
+        np.testing.assert_allclose(rho, ref_rho, rtol=1e-9, atol=1e-12, equal_nan=True)
+
+
+def test_rowwise_exact_p_values_for_long_near_perfect_orders() -> None:
+    """n > 33 with at most one discordant pair: scipy's exact 2/n! and 2/(n−1)!."""
+    b = np.arange(40.0)
+    swapped = b.copy()
+    swapped[[5, 6]] = swapped[[6, 5]]
+    taus, pvalues = M.kendall_tau_rows(np.stack([b, swapped, -b, np.full(40, 3.0)]), b)
+    for row, tau, p in zip([b, swapped, -b], taus, pvalues):
+        ref = kendalltau(row, b)
+        assert (tau, p) == pytest.approx((ref.statistic, ref.pvalue), rel=1e-12)
+    assert math.isnan(taus[3]) and math.isnan(pvalues[3])
+    assert all(math.isnan(v) for v in M.kendall_tau_rows([[1.0, 2.0]], [1.0, math.nan])[0])
+
+
+def test_entropy_rows_is_normalised_scipy_entropy() -> None:
+    scores = np.array([[1.0, 1.0, 1.0, 1.0], [4.0, 0.0, 0.0, 0.0], [1.0, 2.0, 3.0, 4.0], [0.0, 0.0, 0.0, 0.0]])
+    out = M.entropy_rows(scores)
+    assert out[:3] == pytest.approx([1.0, 0.0, entropy([1, 2, 3, 4]) / math.log(4)])
+    assert math.isnan(out[3]) and math.isnan(M.entropy_rows([[5.0]])[0])
+
+
 def test_constant_vectors_give_nan_without_warning() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")

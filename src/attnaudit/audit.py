@@ -31,8 +31,11 @@ from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from attnaudit.errors import AttnAuditError, error_line, os_error_line, storage_full
 from attnaudit.experiments.base import Experiment, Result, discover, fingerprint, make_options, run_test
+from attnaudit.explain.base import memoised
 from attnaudit.io import atomic_write_json, remove_stray_tmp, writes_folder
 from attnaudit.options import check_max_length, check_seed, parse_assignment
 from attnaudit.progress import status
@@ -146,6 +149,33 @@ def _refuse_unused_settings(target: Run, order: list[str], test_options: dict[st
             raise AttnAuditError(f"--set {name}.*: test {name!r} does not run on this {target.family} model ({reason})")
 
 
+def _run_tests(
+    order: list[str], options: dict[str, Any], target: Run, results_dir: Path, outcome: AuditResult,
+    settings: dict[str, Any],
+) -> tuple[list[dict[str, Any]], tuple[str, OSError] | None]:
+    """Run the tests in ``order``, each from the trained weights, sharing explanation scores
+    (:func:`~attnaudit.explain.base.memoised`); the log, and the test whose result a full disk lost
+    (the audit stops there)."""
+    snapshot = {k: v.detach().clone() for k, v in target.model.state_dict().items()}
+    log: list[dict[str, Any]] = []
+    lost: tuple[str, OSError] | None = None
+    with memoised(target.model) as memo:
+        for number, name in enumerate(order, 1):
+            target.model.eval()
+            prefix = f"[{number}/{len(order)}] {name}"
+            entry, full = _run_one(name, prefix, options[name], target, results_dir, outcome, **settings)
+            log.append(entry)
+            current = target.model.state_dict()
+            if any(not torch.equal(current[k], v) for k, v in snapshot.items()):
+                target.model.load_state_dict(snapshot)  # every test starts from the trained weights
+                memo.clear()  # scores of the changed weights
+            if full is not None:  # a full disk: no later result could be stored either
+                lost = (name, full)
+                break
+    target.model.eval()
+    return log, lost
+
+
 def skip_reason(experiment: Experiment, target: Run) -> str | None:
     """Why the audit skips ``experiment`` on ``target`` (None when it runs)."""
     if experiment.audit_transformers_only and not target.model.self_attention:
@@ -241,22 +271,10 @@ def audit(
     for folder, below in ((out, False), (results_dir, False), (out / "subruns", True)):
         remove_stray_tmp(folder, recursive=below)  # left by a killed audit
     target = replace(target, subruns=out / "subruns")  # the audited run directory is only read
-    snapshot = {k: v.detach().clone() for k, v in target.model.state_dict().items()}
     outcome = AuditResult(out=out)
-    log: list[dict[str, Any]] = []
-    lost: tuple[str, OSError] | None = None  # the test whose result a full disk lost; the audit stops there
     settings = {"split": split, "limit": limit, "seed": seed, "figures": figures, "data_dir": data_dir}
     status(f"auditing {target.family} on {target.task.spec or 'its data'}: {len(order)} test(s) -> {out}")
-    for number, name in enumerate(order, 1):
-        target.model.load_state_dict(snapshot)  # every test starts from the trained weights
-        target.model.eval()
-        entry, full = _run_one(name, f"[{number}/{len(order)}] {name}", options[name], target, results_dir, outcome, **settings)
-        log.append(entry)
-        if full is not None:  # a full disk: no later result could be stored either
-            lost = (name, full)
-            break
-    target.model.load_state_dict(snapshot)
-    target.model.eval()
+    log, lost = _run_tests(order, options, target, results_dir, outcome, settings)
     outcome.rows = summary_rows(log, outcome.results)
     _write_record(out, target, log, outcome, lost, (heatmap_instances, explore), split=split, limit=limit, seed=seed, data_dir=data_dir)
     status(f"report: [bold]{outcome.report}[/]" + (f"; [red]{len(outcome.failed)} test(s) failed[/]" if outcome.failed else ""))

@@ -199,18 +199,21 @@ def predictions(model: AttentionModel, batch: Batch) -> tuple[Tensor, Tensor]:
 
 
 def perturbation_probs(
-    model: AttentionModel, batch: Batch, scores: dict[str, Tensor], percents: Sequence[float], mode: Mode
+    model: AttentionModel, batch: Batch, scores: dict[str, Tensor], percents: Sequence[float], mode: Mode,
+    pred: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """``p(ŷ)`` with each method's top-k items removed and with only them kept, ``(M, F, B)`` each.
 
     ``scores``: method -> ``(B,K)``; ``percents``: the ``F`` fractions (percent of the removable
     items). All ``2·M·F·B`` perturbed inputs are built here and run together
-    (:func:`perturbed_probs`); instances with fewer than two removable items get NaN.
+    (:func:`perturbed_probs`); instances with fewer than two removable items get NaN. ``pred``: the
+    predicted classes when the caller has them (:func:`predictions`), else computed.
     """
     items = item_mask(model, batch).cpu()
     removable = removable_items(model, batch).cpu()
     n = removable.sum(1)
-    pred, _ = predictions(model, batch)
+    if pred is None:
+        pred, _ = predictions(model, batch)
     size = len(n)
     rows, keeps = [], []
     for values in scores.values():

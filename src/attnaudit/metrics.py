@@ -104,6 +104,96 @@ def kendall_tau(a: ArrayLike | Tensor, b: ArrayLike | Tensor) -> tuple[float, fl
     return float(res.statistic), float(res.pvalue)
 
 
+# Pairs (rows × n²) one block of :func:`kendall_tau_rows` may hold: 2**22 keeps it near 32 MB.
+_PAIR_BLOCK = 1 << 22
+
+
+def kendall_tau_rows(rows: ArrayLike | Tensor, b: ArrayLike | Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """Kendall's τ-b and two-sided p-value of every row of ``rows`` ``(R, n)`` against ``b`` ``(n,)``.
+
+    The numbers :func:`kendall_tau` gives row by row (scipy's ``method='auto'``: the exact null
+    distribution without ties when ``n ≤ 33`` or at most one pair is discordant (or concordant),
+    else the normal approximation with scipy's tie-corrected variance), computed for all rows at
+    once from pair signs. Written here because scipy has no batched τ and the importance test
+    compares hundreds of heads per instance: one scipy call each cost it more than its forward
+    passes. NaN rows (NaN or constant input, fewer than two items) as in :func:`kendall_tau`.
+    """
+    x = np.atleast_2d(np.asarray(rows.detach().cpu() if isinstance(rows, Tensor) else rows, dtype=np.float64))
+    y = np.asarray(b.detach().cpu() if isinstance(b, Tensor) else b, dtype=np.float64).ravel()
+    if x.shape[1] != y.size:
+        raise ValueError(f"rank correlation: lengths differ: {x.shape[1]} vs {y.size}")
+    n = y.size
+    tau = np.full(len(x), np.nan)
+    pvalue = np.full(len(x), np.nan)
+    if n < 2 or np.isnan(y).any():
+        return tau, pvalue
+    upper = np.triu(np.ones((n, n), dtype=bool), 1)
+    sy = np.sign(y[:, None] - y[None, :])[upper]
+    ytie, y0, y1 = _tie_terms(y[None, :])
+    step = max(1, _PAIR_BLOCK // (n * n))
+    for start in range(0, len(x), step):
+        part = slice(start, start + step)
+        tau[part], pvalue[part] = _tau_block(x[part], sy, upper, (ytie[0], y0[0], y1[0]))
+    return tau, pvalue
+
+
+def _tie_terms(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per row: tied pairs and scipy's two variance terms ``Σ t(t−1)(t−2)``, ``Σ t(t−1)(2t+5)`` over tie
+    groups of size t, summed per element as ``f(t)/t`` (each element knows its group's size)."""
+    group = (x[:, :, None] == x[:, None, :]).sum(-1).astype(np.float64)
+    return (group - 1).sum(-1) / 2, ((group - 1) * (group - 2)).sum(-1), ((group - 1) * (2 * group + 5)).sum(-1)
+
+
+def _tau_block(
+    x: np.ndarray, sy: np.ndarray, upper: np.ndarray, y_ties: tuple[float, float, float]
+) -> tuple[np.ndarray, np.ndarray]:
+    """τ-b and p of the rows ``x`` against the pair signs ``sy`` of the other vector (see :func:`kendall_tau_rows`)."""
+    n = x.shape[1]
+    tot = n * (n - 1) // 2
+    ytie, y0, y1 = y_ties
+    sx = np.sign(x[:, :, None] - x[:, None, :])[:, upper]
+    both = sx * sy
+    con_minus_dis = both.sum(-1)
+    dis = (both < 0).sum(-1)
+    xtie, x0, x1 = _tie_terms(x)
+    bad = np.isnan(x).any(-1) | (xtie == tot) | (ytie == tot)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tau = np.clip(con_minus_dis / np.sqrt(tot - xtie) / np.sqrt(tot - ytie), -1.0, 1.0)
+        m = n * (n - 1.0)
+        var = (m * (2 * n + 5) - x1 - y1) / 18 + 2 * xtie * ytie / m + (x0 * y0 / (9 * m * (n - 2)) if n > 2 else 0.0)
+        pvalue = 2 * stats.norm.sf(np.abs(con_minus_dis) / np.sqrt(var))
+    exact = (xtie == 0) & (ytie == 0) & ((n <= 33) | (np.minimum(dis, tot - dis) <= 1))
+    if exact.any():
+        fewest = np.minimum(dis[exact], tot - dis[exact])
+        cdf = _inversions_cdf(n) if n <= 33 else np.array([1 / math.factorial(n), 1 / math.factorial(n - 1)])
+        pvalue[exact] = np.minimum(1.0, 2 * cdf[fewest])
+    tau[bad], pvalue[bad] = np.nan, np.nan
+    return tau, np.clip(pvalue, 0.0, 1.0)
+
+
+_CDF_CACHE: dict[int, np.ndarray] = {}
+
+
+def _inversions_cdf(n: int) -> np.ndarray:
+    """P(at most c discordant pairs) for c = 0..n(n−1)/2 under independence: the cumulative
+    Mahonian numbers (permutations of n with c inversions) over n!, from exact integers."""
+    if n not in _CDF_CACHE:
+        counts = [1]
+        for j in range(2, n + 1):  # inserting the j-th element adds 0..j-1 inversions: a window sum
+            prefix = [0]
+            for value in counts:
+                prefix.append(prefix[-1] + value)
+            size = len(counts) + j - 1
+            counts = [prefix[min(c, len(counts) - 1) + 1] - prefix[max(0, c - j + 1)] for c in range(size)]
+        total = math.factorial(n)
+        running, cdf = 0, []
+        for value in counts:
+            running += value
+            cdf.append(running / total)
+        _CDF_CACHE[n] = np.asarray(cdf)
+    return _CDF_CACHE[n]
+
+
 def kendall_tau_topk(a: ArrayLike | Tensor, b: ArrayLike | Tensor, k: int) -> tuple[float, float]:
     """Kendall's τ-b restricted to the union of the top-``k`` items of ``a`` and of ``b``.
 
@@ -130,6 +220,44 @@ def spearman(a: ArrayLike | Tensor, b: ArrayLike | Tensor) -> tuple[float, float
         warnings.simplefilter("ignore")
         res = stats.spearmanr(x, y)
     return float(res.statistic), float(res.pvalue)
+
+
+def spearman_rows(a: ArrayLike | Tensor, b: ArrayLike | Tensor) -> np.ndarray:
+    """Spearman's ρ of each row of ``a`` ``(R, n)`` with the matching row of ``b`` (or ``b`` ``(n,)`` for all).
+
+    :func:`spearman`'s statistic (Pearson's r of average ranks, ties averaged as
+    :func:`scipy.stats.rankdata` does) for many rows in one call: the rollout test compares every
+    layer of every instance, and one scipy call per pair cost it more than its forward passes.
+    NaN for a row with fewer than 3 items, a constant row or any NaN (the
+    :func:`~attnaudit.experiments.common.spearman_rho` convention)."""
+    x = np.atleast_2d(np.asarray(a.detach().cpu() if isinstance(a, Tensor) else a, dtype=np.float64))
+    y = np.broadcast_to(np.asarray(b.detach().cpu() if isinstance(b, Tensor) else b, dtype=np.float64), x.shape)
+    out = np.full(len(x), np.nan)
+    if x.shape[1] < 3:
+        return out
+    bad = np.isnan(x).any(1) | np.isnan(y).any(1) | (x == x[:, :1]).all(1) | (y == y[:, :1]).all(1)
+    rx = stats.rankdata(x, axis=1)
+    ry = stats.rankdata(y, axis=1)
+    rx -= rx.mean(1, keepdims=True)
+    ry -= ry.mean(1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rho = (rx * ry).sum(1) / np.sqrt((rx * rx).sum(1) * (ry * ry).sum(1))
+    out[~bad] = np.clip(rho[~bad], -1.0, 1.0)
+    return out
+
+
+def entropy_rows(scores: ArrayLike | Tensor) -> np.ndarray:
+    """Entropy of each row of non-negative ``scores`` ``(R, n)`` read as a distribution, over ``log n``
+    (1 = even, 0 = all on one item); NaN with fewer than 2 items or a row without weight."""
+    x = np.atleast_2d(np.asarray(scores.detach().cpu() if isinstance(scores, Tensor) else scores, dtype=np.float64))
+    out = np.full(len(x), np.nan)
+    total = x.sum(1)
+    live = total > 0
+    if x.shape[1] < 2 or not live.any():
+        return out
+    p = x[live] / total[live, None]
+    out[live] = stats.entropy(p, axis=1) / math.log(x.shape[1])
+    return out
 
 
 def accuracy(y_true: ArrayLike, y_pred: ArrayLike) -> float:

@@ -99,6 +99,18 @@ class Run:
         for batch in iterate_batches(examples, self.collate, batch_size, shuffle=shuffle, seed=seed):
             yield batch.to(self.device)
 
+    def sorted_batches(self, examples: list[Example], batch_size: int = 64) -> Iterator[tuple[list[int], Batch]]:
+        """Batches of examples of similar length, each with its examples' positions in ``examples``.
+
+        A stable sort by token count, so a batch pads only to a length near its own: padded
+        positions cost what real ones do (a Transformer's MLP runs on each), and SST-2 batches of
+        8 in dataset order carry half again as many positions as tokens. Callers key what they
+        collect by position (and put instance rows back in order)."""
+        order = sorted(range(len(examples)), key=lambda i: len(examples[i].tokens))
+        for start in range(0, len(order), batch_size):
+            chunk = order[start : start + batch_size]
+            yield chunk, next(self.batches([examples[i] for i in chunk], len(chunk)))
+
     def data(self, data_dir: str | Path | None = None) -> TaskData:
         """The run's task data (loaded once)."""
         if self._data is None:

@@ -10,7 +10,12 @@ import torch
 from attnaudit.errors import AttnAuditError
 from attnaudit.experiments.activation_swap import ActivationSwap, zero_fraction
 from attnaudit.experiments.base import make_options, run_test
-from attnaudit.experiments.common import ATTENTION_TABLE, row_mean, transformer_classifier_reason
+from attnaudit.experiments.common import (
+    ATTENTION_TABLE,
+    row_mean,
+    self_attention_classifier_reason,
+    transformer_classifier_reason,
+)
 from attnaudit.models import ModelConfig, build_model
 from attnaudit.models.base import AttentionLayer, AttentionTrace
 from attnaudit.run import Run, TaskSpec
@@ -24,10 +29,12 @@ def untrained_run(model: str, task_type: str) -> Run:
     return Run(model=build_model(config), collate=lambda xs: None, task=task)  # type: ignore[arg-type,return-value]
 
 
-def test_applies_only_to_transformer_classifiers() -> None:
+def test_applies_to_self_attention_classifiers_and_keys_to_transformers_only() -> None:
     assert "bilstm" in transformer_classifier_reason(untrained_run("bilstm", "classification"))
     assert "tagging" in transformer_classifier_reason(untrained_run("transformer", "tagging"))
     assert transformer_classifier_reason(untrained_run("transformer", "classification")) is None
+    assert "bilstm" in self_attention_classifier_reason(untrained_run("bilstm", "classification"))
+    assert self_attention_classifier_reason(untrained_run("transformer", "classification")) is None
 
 
 def test_zero_fraction_and_row_mean_by_hand() -> None:
@@ -36,6 +43,8 @@ def test_zero_fraction_and_row_mean_by_hand() -> None:
     trace = AttentionTrace([AttentionLayer(weights=weights, mask=mask, inputs=torch.zeros(1, 3, 2), query_mask=mask)])
     # Real pairs: queries 0,1 x keys 0,1 -> weights 0.5, 0.5, 1.0, 0.0 -> one zero of four.
     assert float(zero_fraction(trace)[0]) == pytest.approx(0.25)
+    # Causal: query 0 may read key 0 only, query 1 keys 0 and 1 -> weights 0.5, 1.0, 0.0 -> one zero of three.
+    assert float(zero_fraction(trace, causal=True)[0]) == pytest.approx(1 / 3)
     values = torch.tensor([[[1.0, 3.0, 100.0]]])
     assert float(row_mean(values, mask)[0]) == pytest.approx(2.0)
 

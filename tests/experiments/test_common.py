@@ -26,6 +26,7 @@ from attnaudit.experiments.common import (
     single_attention_reason,
     spearman_rho,
     take_rows,
+    self_attention_classifier_reason,
     transformer_classifier_reason,
     weighted_mean,
 )
@@ -87,8 +88,9 @@ def test_spearman_rho_is_nan_for_short_or_constant_inputs() -> None:
     assert math.isnan(spearman_rho(a, np.ones(4)))
 
 
-def _run(family: str, task_type: str, labels: list[str] | None = None) -> Any:
-    return SimpleNamespace(family=family, task=SimpleNamespace(task_type=task_type), labels=labels or ["neg", "pos"])
+def _run(family: str, task_type: str, labels: list[str] | None = None, self_attention: bool = True) -> Any:
+    return SimpleNamespace(family=family, task=SimpleNamespace(task_type=task_type), labels=labels or ["neg", "pos"],
+                           model=SimpleNamespace(self_attention=self_attention))
 
 
 def test_applicability_reasons() -> None:
@@ -98,6 +100,9 @@ def test_applicability_reasons() -> None:
     assert transformer_classifier_reason(_run("transformer", "classification")) is None
     assert "'han'" in transformer_classifier_reason(_run("han", "classification"))
     assert "'pair'" in transformer_classifier_reason(_run("transformer", "pair"))
+    assert "'hf'" in transformer_classifier_reason(_run("hf", "classification"))  # the key tests: our Transformer only
+    assert self_attention_classifier_reason(_run("hf", "classification")) is None  # swap and shuffle: HF too
+    assert "'hf'" in self_attention_classifier_reason(_run("hf", "classification", self_attention=False))  # Marian, T5
 
 
 def test_resolve_layers() -> None:
@@ -134,7 +139,7 @@ def test_instance_rows_identify_each_instance() -> None:
         probs=torch.tensor([[0.9, 0.1], [0.2, 0.8]]),
     )
     examples = [Example(tokens=["a", "b"], label="neg", meta={"source": "s:1"}), Example(tokens=["c", "d", "e"], label="neg")]
-    rows = instance_rows(_run("bilstm", "classification"), examples, explained, offset=10)
+    rows = instance_rows(_run("bilstm", "classification"), examples, explained, indices=[10, 11])
     assert rows == [
         {"index": 10, "source": "s:1", "label": "neg", "predicted": "neg", "items": 2, "max_attention": pytest.approx(0.8)},
         {"index": 11, "source": "", "label": "neg", "predicted": "pos", "items": 3, "max_attention": pytest.approx(0.5)},

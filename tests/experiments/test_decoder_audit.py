@@ -18,11 +18,13 @@ from attnaudit.audit import _plan
 from attnaudit.data.types import Example
 from attnaudit.experiments import run_test
 from attnaudit.experiments.base import get_experiment
+from attnaudit.experiments.common import seeded_generator
 from attnaudit.experiments.norms import position_shares
+from attnaudit.experiments.shuffle import permute_rows
 from attnaudit.explain import item_mask, list_explanations
 from attnaudit.explain.norms import layer_norms
 from attnaudit.flow import rollout
-from attnaudit.models.base import AttentionLayer
+from attnaudit.models.base import AttentionLayer, Intervention
 from attnaudit.models.hf import load_hf
 from attnaudit.models.zeroshot import ZeroShotCollator, text_items
 from attnaudit.run import Run
@@ -206,3 +208,40 @@ def test_audit_takes_the_decoder_defaults() -> None:
     assert decoder["permutation"].permutations == 7  # --set still wins
     assert decoder["rollout"].flow_limit < plain["rollout"].flow_limit
     assert decoder["adversarial"].steps < plain["adversarial"].steps
+
+
+def test_normaliser_swap_keeps_the_causal_mask(llama_lm: Path, tiny_hf: SimpleNamespace, tmp_path: Path) -> None:
+    """Swapping sparsemax into a decoder: rows are distributions over the keys each query reads; the
+    test's softmax row is the model itself."""
+    run = zero_shot(llama_lm, tiny_hf)
+    batch = run.collate(run.data().test)
+    with torch.no_grad():
+        swapped = run.model.decode(run.model.encode(batch), [Intervention(normaliser="sparsemax")])
+    for record in swapped.trace:
+        readable = record.mask[:, None, None, :] & torch.ones(record.weights.shape[2:], dtype=torch.bool).tril()
+        assert torch.all(record.weights[~readable.expand_as(record.weights)] == 0)
+        rows = record.weights.sum(-1)[record.mask[:, None, :].expand(-1, record.weights.shape[1], -1)]
+        assert rows == pytest.approx(torch.ones_like(rows), abs=1e-5)
+    result = run_test("activation-swap", run, out=tmp_path, device="cpu", plot=False)
+    assert result.summary["accuracy_softmax"] == result.summary["accuracy_original"]
+    assert result.summary["zero_fraction_original"] == 0.0  # softmax over the readable keys: no exact zeros
+
+
+def test_shuffling_a_decoder_permutes_each_row_over_earlier_keys(
+    llama_lm: Path, tiny_hf: SimpleNamespace, tmp_path: Path
+) -> None:
+    """The shuffle intervention at layer 0 gives exactly the causal permutation of the model's own weights;
+    the audit's decoder setting (all layers at once) reports that one setting."""
+    run = zero_shot(llama_lm, tiny_hf)
+    batch = run.collate(run.data().test)
+    with torch.no_grad():
+        cache = run.model.encode(batch)
+        base = run.model.decode(cache).trace[0]
+        shuffle = Intervention(layer=0, weights=lambda w, m: permute_rows(w, m, seeded_generator(5), causal=True))
+        shuffled = run.model.decode(cache, [shuffle])
+    assert torch.equal(shuffled.trace[0].weights, permute_rows(base.weights, base.mask, seeded_generator(5), causal=True))
+    result = run_test("shuffle", run, out=tmp_path, device="cpu", plot=False, per_layer=False, repeats=2)
+    assert [row["setting"] for row in result.tables["settings"]] == ["all"]
+    assert any("not run" in note for note in result.meta["notes"])
+    full = run_test("shuffle", run, out=tmp_path / "each", device="cpu", plot=False, repeats=1)
+    assert len(full.tables["settings"]) == run.model.num_attention_layers + 1

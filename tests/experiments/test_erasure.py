@@ -17,12 +17,15 @@ from attnaudit.data.vocab import Vocab
 from attnaudit.errors import AttnAuditError
 from attnaudit.experiments.base import Result, get_experiment, run_test
 from attnaudit.experiments.erasure import (
-    RANDOM,
     Erasure,
+    RANDOM,
     erase_items,
+    flip_steps,
     order_by,
+    prepare,
     random_order,
     random_other,
+    stacked_flip_steps,
 )
 from attnaudit.models import ModelConfig, build_model
 from attnaudit.run import Run, TaskSpec
@@ -245,3 +248,21 @@ def test_batched_equals_one_instance_at_a_time(runs: dict[str, Run], family: str
         assert exact == {k: b[k] for k in exact}
         for key in ("jsd_max", "jsd_rand", "weight_max", "weight_rand"):
             assert a[key] == pytest.approx(b[key], abs=1e-5, nan_ok=True)
+
+
+@pytest.mark.parametrize("family", ["transformer"])
+def test_stacked_orders_flip_where_each_order_flips_alone(runs: dict[str, Run], family: str) -> None:
+    """Several orders searched in one stack give each order's own flips and counts."""
+    run = runs[family]
+    batch = next(run.batches(run.examples("test")[:6], 6))
+    with torch.no_grad():
+        explained = prepare(run, batch)
+    orders = [order_by(explained.attention, explained.mask)]
+    for seed in (1, 2):
+        noise = torch.rand(explained.mask.shape, generator=torch.Generator().manual_seed(seed))
+        orders.append(order_by(noise, explained.mask))
+    stacked = stacked_flip_steps(run.model, explained, orders)
+    for order, together in zip(orders, stacked):
+        alone = flip_steps(run.model, explained, order)
+        assert torch.equal(alone.removed, together.removed) and torch.equal(alone.flipped, together.flipped)
+    assert stacked[0].decode_calls <= sum(flip_steps(run.model, explained, o).decode_calls for o in orders)

@@ -101,3 +101,21 @@ def test_applicability() -> None:
     assert experiment.applies(run_for("transformer", "tagging")) is None
     with pytest.raises(AttnAuditError, match="does not apply"):
         run_test("identifiability", run_for("cnn", "classification"))
+
+
+def test_an_llm_figure_colours_its_thirty_layers_without_a_collapsed_layout(tmp_path: Path) -> None:
+    """30 layers (SmolLM2): one colour bar instead of 90 legend entries, and no layout warning."""
+    import warnings
+
+    from attnaudit.experiments.base import Result
+
+    rows = [
+        {"layer": layer, "seq_len": n, "l1_mean": 0.1 * layer / n, "jsd_clipped_mean": 0.01 * n, "null_dim_mean": max(0, n - 64)}
+        for layer in range(30)
+        for n in (10, 40, 80)
+    ]
+    result = Result(test="identifiability", summary={"d_head": 64}, tables={"by_length": rows})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        paths = get_experiment("identifiability").plot(result, tmp_path)
+    assert {p.suffix for p in paths} == {".png", ".svg"} and all(p.stat().st_size > 0 for p in paths)

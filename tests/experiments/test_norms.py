@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from scipy.stats import spearmanr
 
 from attnaudit.experiments import run_test
-from attnaudit.experiments.norms import categorise, is_punctuation, key_tokens
+from attnaudit.experiments.common import key_tokens
+from attnaudit.experiments.norms import categorise, is_punctuation
 from attnaudit.explain.norms import layer_norms, transformed_inputs
 from attnaudit.models.base import AttentionLayer
 from attnaudit.models.hf import load_hf

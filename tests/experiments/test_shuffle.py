@@ -37,6 +37,22 @@ def test_permutation_moves_weights_only_among_real_keys(mask_rows: list[list[boo
         assert torch.equal(before, after)  # same multiset per row, exactly
 
 
+@settings(max_examples=30, deadline=None)
+@given(lengths=st.lists(st.integers(1, 6), min_size=1, max_size=3), seed=st.integers(0, 10_000))
+def test_causal_rows_move_weight_only_among_the_keys_they_read(lengths: list[int], seed: int) -> None:
+    """A decoder's query q keeps its weights on keys 0..q (itself and earlier), permuted among them."""
+    mask = torch.arange(6)[None, :] < torch.tensor(lengths)[:, None]  # right padding
+    readable = mask[:, None, None, :] & torch.ones(6, 6, dtype=torch.bool).tril()
+    g = torch.Generator().manual_seed(seed)
+    weights = torch.randn(len(lengths), 2, 6, 6, generator=g).masked_fill(~readable, float("-inf")).softmax(-1)
+    out = permute_rows(weights, mask, seeded_generator(seed), causal=True)
+    assert torch.all(out[~readable.expand_as(out)] == 0)
+    for b in range(len(lengths)):
+        for q in range(6):
+            keys = readable[b, 0, q]
+            assert torch.equal(weights[b, :, q][:, keys].sort(-1).values, out[b, :, q][:, keys].sort(-1).values)
+
+
 def test_permutation_is_seeded_and_actually_permutes() -> None:
     weights = torch.arange(1.0, 9.0).repeat(1, 1, 50, 1)  # (1,1,50,8): 50 rows with distinct entries
     mask = torch.ones(1, 8, dtype=torch.bool)

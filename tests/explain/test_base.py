@@ -21,6 +21,7 @@ from attnaudit.explain import (
     list_explanations,
     unregister,
 )
+from attnaudit.explain.base import memoised
 from attnaudit.models import ModelConfig, build_model
 from attnaudit.run import Run, TaskSpec
 
@@ -134,3 +135,29 @@ def test_registering_a_method_adds_it_in_order_and_unregistering_removes_it(runs
 def test_an_unknown_need_is_refused_at_registration() -> None:
     with pytest.raises(ValueError, match="unknown need"):
         explanation("x", "x", needs=("telepathy",))
+
+
+def test_memoised_scores_are_computed_once_per_batch_and_options(runs: dict) -> None:
+    """Within ``memoised``: the same batch (same example objects) and options give the stored scores
+    without a call; other options or other examples are computed; outside, every call computes."""
+    run, batch = runs[next(iter(FAMILIES))]
+    calls: list[int] = []
+
+    @explanation("counted", "a test method that counts its calls", order=1)
+    def counted(model, batch, seed: int = 0):  # type: ignore[no-untyped-def]
+        calls.append(seed)
+        return torch.rand(item_mask(model, batch).shape, generator=torch.Generator().manual_seed(seed))
+
+    try:
+        with memoised(run.model) as memo:
+            first = EXPLANATIONS["counted"](run.model, batch, seed=3, steps=7)  # steps: not an option it takes
+            again = EXPLANATIONS["counted"](run, batch, seed=3)  # the run's model: the same memo
+            again.add_(1.0)  # a caller changing its copy does not change what the next one gets
+            assert torch.equal(EXPLANATIONS["counted"](run.model, batch, seed=3), first)
+            EXPLANATIONS["counted"](run.model, batch, seed=4)
+            EXPLANATIONS["counted"](run.model, run.collate(list(batch.examples)[:2]), seed=3)
+            assert calls == [3, 4, 3] and len(memo) == 3
+        EXPLANATIONS["counted"](run.model, batch, seed=3)
+        assert calls == [3, 4, 3, 3]
+    finally:
+        unregister("counted")

@@ -24,6 +24,7 @@ from attnaudit.errors import AttnAuditError
 from attnaudit.experiments.base import Result
 from attnaudit.explain import get_explanation, item_mask
 from attnaudit.report import build_report
+from attnaudit.report.heatmaps import IG_STEPS
 from attnaudit.report.explorer import (
     dequantise,
     faithfulness_scores,
@@ -111,7 +112,7 @@ def test_report_embeds_the_shown_instances_with_the_models_own_attention(audited
         assert offset == codes.size
         assert instance["tokens"] == list(examples[instance["index"]].tokens)
         for name, scores in instance["scores"].items():  # every method, recomputed on its own
-            reference = get_explanation(name)(run, batch)[0][item_mask(run, batch)[0]].double().numpy()
+            reference = get_explanation(name)(run, batch, steps=IG_STEPS)[0][item_mask(run, batch)[0]].double().numpy()
             assert np.allclose(scores, reference, rtol=2e-3, atol=2e-3 * np.abs(reference).max() + 1e-9), name
     assert {"attention", "gradient"} <= set(data["instances"][0]["scores"])
     assert [m["name"] for m in data["methods"]] == list(data["instances"][0]["scores"])

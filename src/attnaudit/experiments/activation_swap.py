@@ -4,8 +4,10 @@ The first test of the sparse-attention study (Drozdyuk et al., "Is Sparse Attent
 Explanation?", Table 1 "change of activation"): a classifier trained with softmax, entmax15 or sparsemax is evaluated
 with every normaliser swapped in at inference, on all layers at once. If accuracy barely
 moves, the exact shape of the distribution (dense vs sparse) is not what the model relies
-on. The helpers it shares with the shuffle and key tests (applicability, gold labels,
-per-layer JSD, attention heatmaps) live in :mod:`attnaudit.experiments.common`.
+on. Hugging Face encoders and decoders (trained with softmax) take the same swap through their
+registered attention function; a decoder keeps its causal mask under every normaliser. The helpers
+it shares with the shuffle and key tests (applicability, gold labels, per-layer JSD, attention
+heatmaps) live in :mod:`attnaudit.experiments.common`.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from attnaudit.experiments.common import (
     batch_labels,
     layer_jsd,
     plot_attention_rows,
-    transformer_classifier_reason,
+    self_attention_classifier_reason,
 )
 from attnaudit.models.attention import check_normaliser
 from attnaudit.models.base import AttentionTrace, Intervention
@@ -35,14 +37,18 @@ from attnaudit.run import Run
 NORMALISERS = ["softmax", "entmax15", "sparsemax"]
 
 
-def zero_fraction(trace: AttentionTrace) -> Tensor:
-    """Per instance, the fraction of exactly-zero weights among real (query, key) pairs, all layers."""
+def zero_fraction(trace: AttentionTrace, causal: bool = False) -> Tensor:
+    """Per instance, the fraction of exactly-zero weights among real (query, key) pairs, all layers
+    (``causal``: the pairs a decoder's query may read, the key at or before it; later ones are always 0)."""
     first = trace.layers[0].weights
     zeros = torch.zeros(first.shape[0], dtype=torch.float64, device=first.device)
     count = torch.zeros_like(zeros)
     for layer in trace.layers:
         qmask = layer.query_mask if layer.query_mask is not None else layer.mask
-        pairs = (qmask[:, None, :, None] & layer.mask[:, None, None, :]).expand_as(layer.weights)
+        pairs = qmask[:, None, :, None] & layer.mask[:, None, None, :]
+        if causal:
+            pairs = pairs & torch.ones(layer.weights.shape[2:], dtype=torch.bool, device=pairs.device).tril()
+        pairs = pairs.expand_as(layer.weights)
         zeros += ((layer.weights == 0) & pairs).sum((1, 2, 3))
         count += pairs.sum((1, 2, 3))
     return zeros / count.clamp_min(1.0)
@@ -62,6 +68,7 @@ class ActivationSwap(Experiment):
     }
     audit_rank = 7
     audit_transformers_only = True
+    audit_decoder_options = {"batch_size": 8}  # LLM prompts differ in length: small batches pad less
     description = "Accuracy of a Transformer classifier evaluated with softmax / entmax15 / sparsemax swapped in"
     paper = "Drozdyuk et al., Is Sparse Attention a Better Explanation? (Table 1: change of activation)"
     examples = ("runs/sst2-transformer --limit 200 --data-dir ../shared/data",)
@@ -76,7 +83,7 @@ class ActivationSwap(Experiment):
         show: int = field(default=3, metadata={"help": "Sentences shown in the attention heatmap."})
 
     def applies(self, run: Run) -> str | None:
-        return transformer_classifier_reason(run)
+        return self_attention_classifier_reason(run)
 
     def run(self, run: Run, examples: list[Example], options: Any, seed: int = 0) -> Result:
         names = [check_normaliser(n) for n in options.normalisers]
@@ -87,30 +94,33 @@ class ActivationSwap(Experiment):
         divergence: dict[str, list[list[Tensor]]] = {n: [] for n in names}
         sparsity: dict[str, list[Tensor]] = {"original": [], **{n: [] for n in names}}
         heatmaps: list[dict[str, Any]] = []
-        offset = 0
-        batches = track(run.batches(examples, options.batch_size), "activation swap", total=-(-len(examples) // options.batch_size))
+        positions: list[int] = []
+        total = -(-len(examples) // options.batch_size)
         with torch.no_grad():
-            for batch in batches:
+            for indices, batch in track(run.sorted_batches(examples, options.batch_size), "activation swap", total=total):
+                positions += indices
                 gold = batch_labels(batch)
                 cache = model.encode(batch)
                 base = model.decode(cache)
                 correct["original"].append(base.logits.argmax(-1) == gold)
-                sparsity["original"].append(zero_fraction(base.trace))
-                heatmaps += attention_rows(batch, base.trace, f"trained ({trained})", options.show, offset)
+                sparsity["original"].append(zero_fraction(base.trace, model.causal))
+                heatmaps += attention_rows(run, batch, base.trace, f"trained ({trained})", options.show, indices)
                 for name in names:
-                    out = model.decode(cache, [Intervention(normaliser=name)])
+                    # the trained normaliser swapped in is the model itself: its pass is the base one
+                    out = base if name == trained else model.decode(cache, [Intervention(normaliser=name)])
                     correct[name].append(out.logits.argmax(-1) == gold)
                     divergence[name].append(layer_jsd(base.trace, out.trace))
-                    sparsity[name].append(zero_fraction(out.trace))
-                    heatmaps += attention_rows(batch, out.trace, f"-> {name}", options.show, offset)
-                offset += len(batch)
+                    sparsity[name].append(zero_fraction(out.trace, model.causal))
+                    heatmaps += attention_rows(run, batch, out.trace, f"-> {name}", options.show, indices)
 
-        flat = {k: torch.cat(v).float() for k, v in correct.items()}
-        zeros = {k: torch.cat(v) for k, v in sparsity.items()}
+        back = torch.argsort(torch.tensor(positions))  # batches ran by length: back to the examples' order
+        flat = {k: torch.cat(v).float()[back] for k, v in correct.items()}
+        zeros = {k: torch.cat(v)[back] for k, v in sparsity.items()}
         n_layers = model.num_attention_layers
         per_layer = {
-            n: [torch.cat([b[layer] for b in divergence[n]]) for layer in range(n_layers)] for n in names
+            n: [torch.cat([b[layer] for b in divergence[n]])[back] for layer in range(n_layers)] for n in names
         }
+        heatmaps.sort(key=lambda row: row["index"])  # stable: settings keep their order
         original = float(flat["original"].mean())
         rows = []
         for name in names:

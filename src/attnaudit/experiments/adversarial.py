@@ -316,14 +316,13 @@ class Adversarial(Experiment):
         adversaries: list[dict[str, Any]] = []
         best_adversaries: list[dict[str, Any]] = []
         calls = 0
-        offset = 0
         with evaluation(run.model):
-            batches = run.batches(examples, options.batch_size)
-            for batch in track(batches, "adversarial", total=math.ceil(len(examples) / options.batch_size)):
-                outcome = search_batch(run.model, batch, layer, search, seed, range(offset, offset + len(batch)))
+            batches = run.sorted_batches(examples, options.batch_size)
+            for indices, batch in track(batches, "adversarial", total=math.ceil(len(examples) / options.batch_size)):
+                outcome = search_batch(run.model, batch, layer, search, seed, indices)
                 calls += outcome.decode_calls
                 best, valid = max_valid_jsd(outcome.jsd, outcome.change, search.report_epsilon)
-                for i, row in enumerate(instance_rows(run, batch.examples, outcome.explained, offset)):
+                for i, row in enumerate(instance_rows(run, batch.examples, outcome.explained, indices)):
                     if row["items"] < 2:
                         row.update({"max_jsd": float("nan"), "valid_adversaries": 0, "best_output_change": float("nan")})
                         rows.append(row)
@@ -355,7 +354,8 @@ class Adversarial(Experiment):
                         }
                         for a in range(search.adversaries)
                     )
-                offset += len(batch)
+        for table in (rows, adversaries, best_adversaries):
+            table.sort(key=lambda row: row["index"])  # stable: adversaries keep their order
         result = self._result(rows, adversaries, options, search, layer, calls)
         result.tables["best_adversary"] = best_adversaries
         return result

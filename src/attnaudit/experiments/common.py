@@ -64,16 +64,27 @@ def single_attention_reason(run: Run) -> str | None:
 
 
 def transformer_classifier_reason(run: Run) -> str | None:
-    """Why the sparse-attention tests do not apply (None for a Transformer classifier)."""
+    """Why the key tests do not apply (None for a Transformer classifier)."""
     if run.family != "transformer":
         return (
-            "the sparse-attention tests (activation swap, shuffling, key adversaries) are defined on the "
-            f"self-attention of the attnaudit Transformer classifier; this run is a {run.family!r} model"
+            "the key tests (random, opposite and adversarial keys) train an MLP over the keys of the attnaudit "
+            f"Transformer classifier's layers; this run is a {run.family!r} model"
+        )
+    return self_attention_classifier_reason(run)
+
+
+def self_attention_classifier_reason(run: Run) -> str | None:
+    """Why the normaliser swap and shuffling do not apply (None for a single-sentence classifier built
+    of self-attention layers: the attnaudit Transformer or a Hugging Face encoder or decoder)."""
+    if run.family not in ("transformer", "hf") or not run.model.self_attention:
+        return (
+            "the activation swap and shuffling tests change the weights of self-attention layers; "
+            f"this run is a {run.family!r} model"
         )
     if run.task.task_type != "classification":
         return (
             "the sparse-attention tests score single-sentence classification accuracy; "
-            f"this Transformer was trained for task type {run.task.task_type!r}"
+            f"this model was trained for task type {run.task.task_type!r}"
         )
     return None
 
@@ -213,6 +224,31 @@ def spearman_rho(a: np.ndarray, b: np.ndarray) -> float:
 # --------------------------------------------------------------------------- per-instance rows
 
 
+def key_tokens(run: Run, batch: Batch) -> list[list[str]]:
+    """The string of every position on the attention key axis ("" at padding).
+
+    Hugging Face models: wordpieces. Our Transformer: the example's tokens; for pair
+    tasks the text (padded to the batch width) followed by the query, as the model lays
+    them out.
+    """
+    width = batch.mask.shape[-1] if batch.query is None else batch.tokens.shape[1] + batch.query.shape[1]
+    wordpieces = run.model.wordpieces(batch)
+    out: list[list[str]] = []
+    if wordpieces is not None:
+        for pieces in wordpieces:
+            out.append(pieces + [""] * (width - len(pieces)))
+        return out
+    text_width = batch.tokens.shape[1]
+    for i, ex in enumerate(batch.examples):
+        n = int(batch.mask[i].sum())
+        row = list(ex.tokens[:n]) + [""] * (text_width - n)
+        if batch.query is not None and batch.query_mask is not None:
+            q = int(batch.query_mask[i].sum())
+            row += list((ex.query or [])[:q]) + [""] * (batch.query.shape[1] - q)
+        out.append(row)
+    return out
+
+
 def batch_labels(batch: Batch) -> Tensor:
     """Gold label ids of a classification batch (the tests need labelled data)."""
     if batch.labels is None:
@@ -221,11 +257,11 @@ def batch_labels(batch: Batch) -> Tensor:
 
 
 def instance_rows(
-    run: Run, examples: Sequence[Example], explained: Explained, offset: int
+    run: Run, examples: Sequence[Example], explained: Explained, indices: Sequence[int]
 ) -> list[dict[str, Any]]:
     """The identifying columns every per-instance row of a rerun test starts with.
 
-    ``offset`` is the index of the batch's first instance in the split; ``items`` counts the
+    ``indices`` are the batch's instances' positions in the split; ``items`` counts the
     real keys and ``max_attention`` is read from ``explained`` (see :func:`max_attention`).
     """
     predicted = explained.probs.argmax(-1).tolist()
@@ -233,7 +269,7 @@ def instance_rows(
     items = explained.key_mask.sum(-1).tolist()
     return [
         {
-            "index": offset + i,
+            "index": indices[i],
             "source": str(ex.meta.get("source", "")),
             "label": ex.label,
             "predicted": run.labels[predicted[i]] if predicted[i] < len(run.labels) else str(predicted[i]),
@@ -270,24 +306,27 @@ def identity_rows(run: Run, examples: Sequence[Example], comparison: Mapping[str
     ]
 
 
-def attention_rows(batch: Batch, trace: AttentionTrace, setting: str, show: int, offset: int) -> list[dict[str, Any]]:
+def attention_rows(
+    run: Run, batch: Batch, trace: AttentionTrace, setting: str, show: int, indices: Sequence[int]
+) -> list[dict[str, Any]]:
     """Head-mean attention of the last layer for the first ``show`` instances of the split.
 
-    ``offset`` is the index of ``batch``'s first instance in the split; rows hold the real
-    tokens and the ``(n, n)`` matrix, so plots can be drawn from a saved result alone.
+    ``indices`` are the positions of ``batch``'s instances in the split; rows hold the real
+    tokens (:func:`key_tokens`: wordpieces for a Hugging Face model) and the ``(n, n)`` matrix,
+    so plots can be drawn from a saved result alone.
     """
     rows = []
     weights = trace.layers[-1].weights.mean(1)
-    for i, example in enumerate(batch.examples):
-        index = offset + i
+    tokens = key_tokens(run, batch) if min(indices, default=show) < show else []
+    for i, index in enumerate(indices):
         if index >= show:
-            break
+            continue
         n = int(batch.mask[i].sum())
         rows.append(
             {
                 "index": index,
                 "setting": setting,
-                "tokens": list(example.tokens[:n]),
+                "tokens": tokens[i][:n],
                 "weights": weights[i, :n, :n].tolist(),
             }
         )

@@ -28,6 +28,7 @@ from torch import Tensor
 from attnaudit.errors import AttnAuditError
 from attnaudit.experiments.base import Experiment, Result, register, save_figure, summarise
 from attnaudit.explain import EXPLANATIONS, Explanation, choose, item_mask
+from attnaudit.explain.attention import explained_attention
 from attnaudit.metrics import jsd
 from attnaudit.models.base import AttentionModel, Cache, Intervention, WeightsFn, evaluation
 from attnaudit.progress import track
@@ -74,7 +75,8 @@ class Explained:
     """A batch prepared for erasure: a cache restarting at the explained layer and the decisions.
 
     ``mask`` ``(B,K)`` marks the real items (:func:`attnaudit.explain.item_mask`: tokens,
-    HAN sentences, the text keys of a pair Transformer), the axis rankings are over.
+    HAN sentences, the text keys of a pair Transformer), the axis rankings are over;
+    ``attention`` ``(B,K)`` the ``attention`` explanation read from the same pass.
     """
 
     cache: Cache
@@ -83,6 +85,7 @@ class Explained:
     pred: Tensor
     mask: Tensor
     lengths: Tensor
+    attention: Tensor
 
 
 def prepare(run: Run, batch: Any) -> Explained:
@@ -95,7 +98,8 @@ def prepare(run: Run, batch: Any) -> Explained:
         cache = model.cache_at(out.trace, layer, base)
     probs = out.logits.softmax(-1)
     mask = item_mask(model, batch)
-    return Explained(cache, layer, probs, probs.argmax(-1), mask, mask.sum(-1))
+    attention = explained_attention(model, batch, out.trace)
+    return Explained(cache, layer, probs, probs.argmax(-1), mask, mask.sum(-1), attention)
 
 
 def decode_erased(model: AttentionModel, cache: Cache, layer: int, removed: Tensor) -> Tensor:
@@ -114,34 +118,49 @@ class FlipSteps:
     decode_calls: int
 
 
-def flip_steps(model: AttentionModel, explained: Explained, order: Tensor) -> FlipSteps:
-    """Remove items in ``order`` ``(B,K)`` one per step until each instance's decision flips.
+def flip_steps(
+    model: AttentionModel, explained: Explained, order: Tensor, instance: Tensor | None = None
+) -> FlipSteps:
+    """Remove items in ``order`` ``(R,K)`` one per step until each row's decision flips.
 
+    Row ``r`` erases in instance ``instance[r]`` (default: row ``r``), so several orders of a
+    batch (a ranking and random ones) run stacked, one decode call per step for all of them.
     An instance with ``n`` items can lose at most ``n - 1`` (the last item cannot be erased:
     renormalising zero mass is undefined); if its decision is still unchanged then, it never
-    flipped.  Instances with one item are never run.  Only unfinished instances are decoded,
-    all of them in one call per step.
+    flipped.  Instances with one item are never run.  Only unfinished rows are decoded.
     """
     size, width = order.shape
     device = order.device
+    instance = torch.arange(size, device=device) if instance is None else instance
+    lengths, pred = explained.lengths[instance], explained.pred[instance]
     removed = torch.zeros((size, width), dtype=torch.bool, device=device)
     steps = torch.zeros(size, dtype=torch.long, device=device)
     flipped = torch.zeros(size, dtype=torch.bool, device=device)
-    active = explained.lengths > 1
+    active = lengths > 1
     calls = 0
     for step in range(1, width):
-        active &= explained.lengths > step
+        active &= lengths > step
         rows = active.nonzero().squeeze(1)
         if rows.numel() == 0:
             break
         removed[rows, order[rows, step - 1]] = True
-        probs = decode_erased(model, select_rows(explained.cache, rows), explained.layer, removed[rows])
+        probs = decode_erased(model, select_rows(explained.cache, instance[rows]), explained.layer, removed[rows])
         calls += 1
-        hit = rows[probs.argmax(-1) != explained.pred[rows]]
+        hit = rows[probs.argmax(-1) != pred[rows]]
         flipped[hit] = True
         steps[hit] = step
         active[hit] = False
     return FlipSteps(steps, flipped, calls)
+
+
+def stacked_flip_steps(model: AttentionModel, explained: Explained, orders: list[Tensor]) -> list[FlipSteps]:
+    """:func:`flip_steps` of several ``(B,K)`` orders of one batch in one stacked search, split back
+    per order (each with the decode calls of the whole search)."""
+    size = len(explained.lengths)
+    instance = torch.arange(size, device=orders[0].device).repeat(len(orders))
+    stacked = flip_steps(model, explained, torch.cat(orders), instance)
+    parts = [slice(i * size, (i + 1) * size) for i in range(len(orders))]
+    return [FlipSteps(stacked.removed[part], stacked.flipped[part], stacked.decode_calls) for part in parts]
 
 
 def order_by(scores: Tensor, mask: Tensor) -> Tensor:
@@ -302,23 +321,27 @@ class Erasure(Experiment):
         long_rows: list[dict[str, Any]] = []
         calls = 0
         with evaluation(model):
-            offset = 0
-            batches = run.batches(examples, options.batch_size)
+            batches = run.sorted_batches(examples, options.batch_size)
             total = -(-len(examples) // options.batch_size)
-            for batch in track(batches, "erasure", total=total):
-                indices = list(range(offset, offset + len(batch)))
-                offset += len(batch)
+            for indices, batch in track(batches, "erasure", total=total):
                 explained = prepare(run, batch)
-                scores = {name: fn(run.model, batch, seed=seed) for name, fn in functions.items()}
+                scores = {name: fn(run.model, batch, seed=seed) for name, fn in functions.items() if name != "attention"}
+                scores["attention"] = explained.attention  # the prepared pass's own attention: no second pass
                 single = _single(model, explained, scores["attention"], indices, seed)
                 rows = self._instance_rows(run, batch, explained, single, indices)
-                for ranking in rankings:
-                    orders = ranking_orders(ranking, scores, explained, indices, seed, options.random_orders)
-                    for repeat, order in enumerate(orders):
-                        result = flip_steps(model, explained, order)
-                        calls += result.decode_calls
-                        self._record(ranking, repeat, len(orders), result, rows, long_rows)
+                runs = [
+                    (ranking, repeat, len(orders), order)
+                    for ranking in rankings
+                    for orders in [ranking_orders(ranking, scores, explained, indices, seed, options.random_orders)]
+                    for repeat, order in enumerate(orders)
+                ]
+                results = stacked_flip_steps(model, explained, [order for *_, order in runs])  # one search for all
+                calls += results[0].decode_calls
+                for (ranking, repeat, repeats, _), result in zip(runs, results):
+                    self._record(ranking, repeat, repeats, result, rows, long_rows)
                 instances.extend(rows)
+        instances.sort(key=lambda row: row["index"])
+        long_rows.sort(key=lambda row: row["index"])  # stable: rankings and repeats keep their order
         return self._result(run, instances, long_rows, rankings, options, calls)
 
     @staticmethod

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 from torch import Tensor
 
 from attnaudit.data.types import Batch, Example
@@ -29,6 +30,7 @@ from attnaudit.errors import AttnAuditError
 from attnaudit.experiments.base import Experiment, Result, register, save_figure
 from attnaudit.experiments.rationale import instance_units, score_against
 from attnaudit.explain import EXPLANATIONS, choose, list_explanations
+from attnaudit.explain.attention import explained_attention
 from attnaudit.faithfulness import (
     BINS,
     MODES,
@@ -36,11 +38,11 @@ from attnaudit.faithfulness import (
     describe,
     filler,
     perturbation_probs,
-    predictions,
     removable_items,
     token_f1,
     top_units,
 )
+from attnaudit.models.base import evaluation
 from attnaudit.progress import track
 from attnaudit.run import Run
 
@@ -102,10 +104,11 @@ class Faithfulness(Experiment):
     name = "faithfulness"
     audit_rank = 8
     # An LLM: every method and both modes held ~20 GB and ran >15 min on 20 SST-2 sentences (SmolLM2-135M);
-    # the audit scores attention and gradient against random by deletion at two bins, 4 sentences a batch
-    # (each batch perturbs every method and bin at once, with every layer's trace: 8 held >1 GB).
+    # the audit scores attention and gradient against random by deletion at two bins, 8 sentences a batch
+    # (the importance and rollout tests' batches: their gradients are reused, see explain.base.memoised;
+    # each batch's perturbations run in passes of bounded size, ~1 GB).
     audit_decoder_options = {
-        "methods": ["attention", "gradient", "random"], "mode": "delete", "bins": [20.0, 50.0], "curve_steps": 0, "batch_size": 4,
+        "methods": ["attention", "gradient", "random"], "mode": "delete", "bins": [20.0, 50.0], "curve_steps": 0, "batch_size": 8,
     }
     demo_options = {
         "full": {"ig_steps": 10, "mode": "delete"},
@@ -157,12 +160,9 @@ class Faithfulness(Experiment):
     def run(self, run: Run, examples: list[Example], options: Any, seed: int = 0) -> Result:
         methods, modes, percents = self._check(run, options)
         collected = Collected(removed={m: [] for m in modes}, kept={m: [] for m in modes})
-        # Batches of similar length (stable sort), so the quadratic methods pad little; put back in order below.
-        order = sorted(range(len(examples)), key=lambda i: len(examples[i].tokens))
-        starts = range(0, len(order), options.batch_size)
-        chunks = [order[start : start + options.batch_size] for start in starts]
-        batches = run.batches([examples[i] for i in order], options.batch_size)
-        for indices, batch in track(zip(chunks, batches), "faithfulness", total=len(chunks)):
+        # Batches of similar length, so the quadratic methods pad little; put back in order below.
+        total = -(-len(examples) // options.batch_size)
+        for indices, batch in track(run.sorted_batches(examples, options.batch_size), "faithfulness", total=total):
             self._batch(run, batch, methods, modes, percents, options, seed, indices, collected)
         return self._result(run, in_order(collected), methods, modes, percents, options, seed, len(examples))
 
@@ -192,13 +192,22 @@ class Faithfulness(Experiment):
     ) -> None:
         """Explain one batch with every method, perturb it in every mode, and collect per-instance values."""
         model = run.model
-        scores = {m: EXPLANATIONS[m](model, batch, steps=options.ig_steps, seed=seed).detach().double().cpu() for m in methods}
-        pred, full = predictions(model, batch)
+        with evaluation(model), torch.no_grad():
+            output = model(batch)  # the decisions, and the attention read from the same pass
+        probs = output.probs.double().cpu()
+        pred = probs.argmax(-1)
+        full = probs.gather(1, pred[:, None]).squeeze(1)
+        scores = {
+            m: (explained_attention(model, batch, output.trace) if m == "attention"
+                else EXPLANATIONS[m](model, batch, steps=options.ig_steps, seed=seed)).detach().double().cpu()
+            for m in methods
+        }
+        del output
         removable = removable_items(model, batch).cpu()
         n = removable.sum(1)
         keep = (n >= 2).numpy()
         for mode in modes:
-            removed, kept = perturbation_probs(model, batch, scores, percents, mode)  # type: ignore[arg-type]
+            removed, kept = perturbation_probs(model, batch, scores, percents, mode, pred)  # type: ignore[arg-type]
             collected.removed[mode].append(removed.numpy()[:, :, keep])
             collected.kept[mode].append(kept.numpy()[:, :, keep])
         collected.full.append(full.numpy()[keep])

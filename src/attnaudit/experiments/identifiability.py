@@ -272,18 +272,30 @@ class Identifiability(Experiment):
             return []
         d_head = result.summary["d_head"]
         fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.4), layout="constrained")
-        for layer in sorted({r["layer"] for r in rows}):
+        layers = sorted({r["layer"] for r in rows})
+        many = len(layers) > 4  # an LLM's 30 layers: colour by layer (a colour bar), not 90 legend entries
+        cmap = plt.get_cmap("viridis")
+        for k, layer in enumerate(layers):
             part = [r for r in rows if r["layer"] == layer]
             xs = [r["seq_len"] for r in part]
-            left.plot(xs, [r["l1_mean"] for r in part], "o-", ms=3, label=f"layer {layer}: ½‖α−α_eff‖₁")
-            left.plot(xs, [r["jsd_clipped_mean"] for r in part], "x--", ms=3, label=f"layer {layer}: JSD (clipped)")
-            right.plot(xs, [r["null_dim_mean"] for r in part], "o-", ms=3, label=f"layer {layer}")
+            colour = cmap(k / (len(layers) - 1)) if many else None
+            left.plot(xs, [r["l1_mean"] for r in part], "o-", ms=3, color=colour, label=f"layer {layer}: ½‖α−α_eff‖₁")
+            left.plot(xs, [r["jsd_clipped_mean"] for r in part], "x--", ms=3, color=colour, label=f"layer {layer}: JSD (clipped)")
+            right.plot(xs, [r["null_dim_mean"] for r in part], "o-", ms=3, color=colour, label=f"layer {layer}")
         xs = sorted({r["seq_len"] for r in rows})
-        right.plot(xs, [max(0, n - d_head) for n in xs], "k:", label="n − d_head")
+        (bound,) = right.plot(xs, [max(0, n - d_head) for n in xs], "k:", label="n − d_head")
         for ax in (left, right):
             ax.axvline(d_head, color="grey", ls="--", lw=1)
             ax.set_xlabel(f"sequence length n (d_head = {d_head})")
-            ax.legend(fontsize=7)
+        if many:
+            styles = [plt.Line2D([], [], color="k", marker=m, ls=ls, ms=3) for m, ls in (("o", "-"), ("x", "--"))]
+            left.legend(styles, ["½‖α−α_eff‖₁", "JSD (clipped)"], fontsize=7)
+            right.legend([bound], ["n − d_head"], fontsize=7)
+            scale = plt.cm.ScalarMappable(norm=plt.Normalize(layers[0], layers[-1]), cmap=cmap)
+            fig.colorbar(scale, ax=[left, right], label="layer", shrink=0.9)
+        else:
+            left.legend(fontsize=7)
+            right.legend(fontsize=7)
         left.set_ylabel("raw vs effective attention")
         right.set_ylabel("left null space dim of T")
         fig.suptitle("identifiability: mean over heads, instances and queries", fontsize=10)

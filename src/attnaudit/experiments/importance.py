@@ -23,9 +23,9 @@ from attnaudit.data.types import Example
 from attnaudit.errors import AttnAuditError
 from attnaudit.experiments.base import Experiment, Result, register, save_figure, summarise
 from attnaudit.explain import EXPLANATIONS, choose, item_mask
-from attnaudit.explain.attention import attention_importance, attention_per_head
+from attnaudit.explain.attention import attention_per_head, explained_attention
 from attnaudit.explain.base import hierarchical
-from attnaudit.metrics import kendall_tau, kendall_tau_topk
+from attnaudit.metrics import kendall_tau, kendall_tau_rows, kendall_tau_topk
 from attnaudit.models.base import evaluation
 from attnaudit.progress import track
 from attnaudit.run import Run
@@ -107,24 +107,24 @@ class ImportanceCorrelation(Experiment):
         excluded = 0
         decisions: list[tuple[str | None, str]] = []  # (gold, predicted) of every instance, for the accuracy
         layers_heads = (0, 0)
-        offset = 0
         total = -(-len(examples) // options.batch_size)
         with evaluation(run.model):
-            for batch in track(run.batches(examples, options.batch_size), "importance", total=total):
+            for indices, batch in track(run.sorted_batches(examples, options.batch_size), "importance", total=total):
                 mask = item_mask(run.model, batch)
-                scores = {"attention": attention_importance(run.model, batch)}
+                with torch.no_grad():
+                    output = run.model(batch)  # one pass gives the attention, every head's and the decision
+                scores = {"attention": explained_attention(run.model, batch, output.trace)}
                 for method in methods:
                     scores[method] = chosen[method](run.model, batch, steps=options.ig_steps, seed=seed)
-                with torch.no_grad():
-                    pred = run.model(batch).logits.argmax(-1).tolist()
+                pred = output.logits.argmax(-1).tolist()
                 decisions += [(example.label, run.labels[p]) for example, p in zip(batch.examples, pred)]
-                per_head = attention_per_head(run.model, batch)
+                per_head = attention_per_head(run.model, batch, output.trace)
+                del output
                 layers_heads = (int(per_head.shape[1]), int(per_head.shape[2]))
                 many = per_head.shape[1] * per_head.shape[2] > 1
                 values = {k: v.detach().cpu().double() for k, v in scores.items()}
                 per_head = per_head.detach().cpu().double()
-                for b, example in enumerate(batch.examples):
-                    index = offset + b
+                for b, (index, example) in enumerate(zip(indices, batch.examples)):
                     real = mask[b].cpu()
                     n = int(real.sum())
                     if n < 2:
@@ -135,7 +135,7 @@ class ImportanceCorrelation(Experiment):
                     instances.append(row)
                     if many:
                         self._per_head(per_head[b][:, :, real].numpy(), vec, methods, heads, head_p)
-                offset += len(batch)
+        instances.sort(key=lambda row: row["index"])
         result = self._result(run, instances, pairs, methods, heads, head_p, layers_heads, excluded, options)
         result.summary.update(accuracy(decisions))
         return result
@@ -173,14 +173,15 @@ class ImportanceCorrelation(Experiment):
         head_p: dict[tuple[int, int | str, str], list[float]],
     ) -> None:
         """τ of every head (and the head mean) of every layer against each method, for one instance."""
-        for layer in range(attention.shape[0]):
-            candidates: list[tuple[int | str, np.ndarray]] = [(h, attention[layer, h]) for h in range(attention.shape[1])]
-            candidates.append(("mean", attention[layer].mean(0)))
-            for head, weights in candidates:
-                for method in methods:
-                    tau, p = kendall_tau(weights, vec[method])
-                    heads[(layer, head, method)].append(tau)
-                    head_p[(layer, head, method)].append(p)
+        n_layers, n_heads = attention.shape[:2]
+        rows = np.concatenate([attention, attention.mean(1, keepdims=True)], 1).reshape(n_layers * (n_heads + 1), -1)
+        names: list[int | str] = [*range(n_heads), "mean"]
+        for method in methods:
+            taus, pvalues = kendall_tau_rows(rows, vec[method])
+            for row, (tau, p) in enumerate(zip(taus.tolist(), pvalues.tolist())):
+                key = (row // (n_heads + 1), names[row % (n_heads + 1)], method)
+                heads[key].append(tau)
+                head_p[key].append(p)
 
     @staticmethod
     def _result(

@@ -28,7 +28,7 @@ from torch import Tensor
 from attnaudit.data.types import Batch, Example
 from attnaudit.errors import AttnAuditError
 from attnaudit.experiments.base import Experiment, Result, register, save_figure
-from attnaudit.experiments.common import spearman_rho
+from attnaudit.experiments.common import key_tokens, spearman_rho
 from attnaudit.explain import item_mask
 from attnaudit.explain.norms import LayerNorms, layer_norms
 from attnaudit.models.base import AttentionLayer, AttentionModel, take_rows
@@ -36,31 +36,6 @@ from attnaudit.progress import track
 from attnaudit.run import Run
 
 CATEGORIES = ("[CLS]", "[SEP]", "punct", "other")
-
-
-def key_tokens(run: Run, batch: Batch) -> list[list[str]]:
-    """The string of every position on the attention key axis ("" at padding).
-
-    Hugging Face models: wordpieces. Our Transformer: the example's tokens; for pair
-    tasks the text (padded to the batch width) followed by the query, as the model lays
-    them out.
-    """
-    width = batch.mask.shape[-1] if batch.query is None else batch.tokens.shape[1] + batch.query.shape[1]
-    wordpieces = run.model.wordpieces(batch)
-    out: list[list[str]] = []
-    if wordpieces is not None:
-        for pieces in wordpieces:
-            out.append(pieces + [""] * (width - len(pieces)))
-        return out
-    text_width = batch.tokens.shape[1]
-    for i, ex in enumerate(batch.examples):
-        n = int(batch.mask[i].sum())
-        row = list(ex.tokens[:n]) + [""] * (text_width - n)
-        if batch.query is not None and batch.query_mask is not None:
-            q = int(batch.query_mask[i].sum())
-            row += list((ex.query or [])[:q]) + [""] * (batch.query.shape[1] - q)
-        out.append(row)
-    return out
 
 
 def is_punctuation(token: str) -> bool:
@@ -198,15 +173,14 @@ class Norms(Experiment):
         heat_layer = options.heatmap_layer % n_layers
         positions: dict[tuple[int, str], list[float]] = {}
         model.eval()
-        done = 0
-        batches = run.batches(examples, options.batch_size)
+        batches = run.sorted_batches(examples, options.batch_size)
         with torch.no_grad():
-            for batch in track(batches, "norms", total=math.ceil(len(examples) / options.batch_size)):
+            for indices, batch in track(batches, "norms", total=math.ceil(len(examples) / options.batch_size)):
                 trace = model(batch).trace
                 tokens = key_tokens(run, batch)
                 category = torch.tensor([categorise(row, special) for row in tokens], device=batch.mask.device)
                 quota = math.ceil(options.max_pairs * len(batch) / len(examples))
-                rows = [{"index": done + i, "n_tokens": int(trace[0].mask[i].sum())} for i in range(len(batch))]
+                rows = [{"index": index, "n_tokens": int(trace[0].mask[i].sum())} for i, index in enumerate(indices)]
                 items = item_mask(model, batch) if model.causal else None
                 for layer in range(n_layers):
                     record = trace[layer]
@@ -216,10 +190,10 @@ class Norms(Experiment):
                         for name, values in position_shares(model, norms, record, items).items():
                             positions.setdefault((layer, name), []).extend(values.tolist())
                     self._sample_pairs(pairs[layer], norms, record, category, quota, generator)
-                    if done <= options.heatmap_index < done + len(batch) and layer == heat_layer:
-                        heatmap = self._heatmap(norms, record, tokens, options.heatmap_index - done)
+                    if options.heatmap_index in indices and layer == heat_layer:
+                        heatmap = self._heatmap(norms, record, tokens, indices.index(options.heatmap_index))
                 instances.extend(rows)
-                done += len(batch)
+        instances.sort(key=lambda row: row["index"])
         result = self._result(totals, pairs, instances, heatmap, heat_layer, options.heatmap_index, special)
         if positions:
             add_positions(result, positions, n_layers)

@@ -233,16 +233,14 @@ class Permutation(Experiment):
         layers = resolve_layers(run.model, options.layer)
         rows: list[dict[str, Any]] = []
         calls = forwards = 0
-        offset = 0
         with evaluation(run.model):
-            batches = run.batches(examples, options.batch_size)
-            for batch in track(batches, "permutation", total=math.ceil(len(examples) / options.batch_size)):
-                indices = range(offset, offset + len(batch))
+            batches = run.sorted_batches(examples, options.batch_size)
+            for indices, batch in track(batches, "permutation", total=math.ceil(len(examples) / options.batch_size)):
                 outcome = permute_batch(run.model, batch, layers, options.permutations, seed, indices)
                 calls += outcome.decode_calls
                 forwards += 1
                 for row, changes, flips in zip(
-                    instance_rows(run, batch.examples, outcome.explained, offset), outcome.changes, outcome.flips
+                    instance_rows(run, batch.examples, outcome.explained, indices), outcome.changes, outcome.flips
                 ):
                     single = row["items"] < 2
                     nan = float("nan")
@@ -255,7 +253,7 @@ class Permutation(Experiment):
                         }
                     )
                     rows.append(row)
-                offset += len(batch)
+        rows.sort(key=lambda row: row["index"])
         return self._result(run, rows, options, layers, calls, forwards)
 
     def _result(

@@ -31,15 +31,15 @@ from typing import Any
 
 import numpy as np
 import torch
-from scipy.stats import entropy
 from torch import Tensor
 
 from attnaudit.data.types import Example
 from attnaudit.errors import AttnAuditError
 from attnaudit.experiments.base import Experiment, Result, register, save_figure, summarise
-from attnaudit.experiments.common import spearman_rho
+from attnaudit.experiments.common import key_tokens
 from attnaudit.explain import EXPLANATIONS, Explanation, item_mask
 from attnaudit.flow import flow, rollout
+from attnaudit.metrics import entropy_rows, spearman_rows
 from attnaudit.models.base import take_rows
 from attnaudit.progress import track
 from attnaudit.run import Run
@@ -95,30 +95,21 @@ def explanation_rows(matrices: Tensor, mask: Tensor, query: str, cls_index: int 
     return (matrices * m).sum(2) / m.sum(2).clamp_min(1.0) * keys
 
 
-def normalised_entropy(scores: np.ndarray) -> float:
-    """Entropy of the non-negative ``scores`` read as a distribution, over ``log n``: 1 = even, 0 = one token.
-
-    NaN with fewer than 2 tokens or no weight at all (nothing to spread).
-    """
-    if scores.size < 2 or not scores.sum() > 0:
-        return float("nan")
-    return float(entropy(scores) / math.log(scores.size))
-
-
 def map_statistics(
-    vector: np.ndarray, raw: np.ndarray | None, keep: np.ndarray, items: np.ndarray, special: np.ndarray | None
-) -> dict[str, float]:
-    """The :data:`MAP_STATISTICS` of one token-score ``vector`` (over the key positions of one layer).
+    matrix: np.ndarray, raw: np.ndarray | None, keep: np.ndarray, items: np.ndarray, special: np.ndarray | None
+) -> dict[str, np.ndarray]:
+    """The :data:`MAP_STATISTICS` of one instance's token scores ``matrix`` ``(L, K)``, per layer.
 
     Entropy and ρ with the ``raw`` attention scores of the same layer (None for raw itself) over
     the ``keep`` tokens; the share on ``special`` tokens (None: the model has none) over all ``items``.
     """
-    stats = {"entropy": normalised_entropy(vector[keep])}
+    stats = {"entropy": entropy_rows(matrix[:, keep])}
     if special is not None:
-        total = float(vector[items].sum())
-        stats["special_share"] = float(vector[items & special].sum()) / total if total > 0 else float("nan")
+        total = matrix[:, items].sum(1)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            stats["special_share"] = np.where(total > 0, matrix[:, items & special].sum(1) / total, np.nan)
     if raw is not None:
-        stats["vs_raw"] = spearman_rho(vector[keep], raw[keep])
+        stats["vs_raw"] = spearman_rows(matrix[:, keep], raw[:, keep])
     return stats
 
 
@@ -214,8 +205,11 @@ class Rollout(Experiment):
             raise AttnAuditError(f"--flow-limit must be >= 0, got {options.flow_limit}")
         return {name: EXPLANATIONS[name] for name in options.importance}
 
-    def _scores(self, trace: Any, options: Any, cls_index: int | Tensor | None, flow_left: int) -> dict[str, np.ndarray]:
-        """Token scores ``(B, L, T)`` per method for one batch; flow for the first ``flow_left`` instances only."""
+    def _scores(
+        self, trace: Any, options: Any, cls_index: int | Tensor | None, flow_rows: list[int]
+    ) -> dict[str, np.ndarray]:
+        """Token scores ``(B, L, T)`` per method for one batch; flow for the batch rows ``flow_rows`` only
+        (the other rows of its array are zero)."""
         weights = trace.weights
         mask = trace[0].mask
         scores = {
@@ -224,18 +218,17 @@ class Rollout(Experiment):
                 rollout(weights, options.head_fusion, options.residual, mask), mask, options.query, cls_index
             ),
         }
-        with_flow = max(0, min(mask.shape[0], flow_left))
-        if with_flow:
-            values = flow([w[:with_flow] for w in weights], options.head_fusion, options.residual, mask[:with_flow])
+        if flow_rows:
+            pick = torch.tensor(flow_rows, device=mask.device)
+            values = flow([w[pick] for w in weights], options.head_fusion, options.residual, mask[pick])
             # A&Z normalise each flow row to sum 1; of the statistics, it matters for --query max only.
             values = values / values.sum(-1, keepdim=True).clamp_min(torch.finfo(values.dtype).tiny)
-            rows = cls_index[:with_flow] if isinstance(cls_index, Tensor) else cls_index
-            scores["flow"] = explanation_rows(values, mask[:with_flow], options.query, rows)
+            rows = cls_index[pick] if isinstance(cls_index, Tensor) else cls_index
+            picked = explanation_rows(values, mask[pick], options.query, rows).to(scores["raw"].dtype)
+            scores["flow"] = torch.zeros_like(scores["raw"]).index_copy(0, pick, picked)
         return {method: values.float().cpu().numpy() for method, values in scores.items()}
 
     def run(self, run: Run, examples: list[Example], options: Any, seed: int = 0) -> Result:
-        from attnaudit.experiments.norms import key_tokens
-
         checked = self._check(options)
         references = checked if run.model.trained_head else {}
         model = run.model
@@ -244,12 +237,14 @@ class Rollout(Experiment):
         n_layers = model.num_attention_layers
         instances: list[dict[str, Any]] = []
         maps: list[dict[str, Any]] = []
-        done, excluded = 0, 0
+        excluded = 0
         model.eval()
-        for batch in track(run.batches(examples, options.batch_size), "rollout", math.ceil(len(examples) / options.batch_size)):
+        batches = run.sorted_batches(examples, options.batch_size)
+        for indices, batch in track(batches, "rollout", math.ceil(len(examples) / options.batch_size)):
             with torch.no_grad():
                 out = model(batch)
-            scores = self._scores(out.trace, options, model.explanation_rows(out.trace[0].mask), flow_limit - done)
+            flow_rows = [i for i, index in enumerate(indices) if index < flow_limit]  # flow for the first flow_limit
+            scores = self._scores(out.trace, options, model.explanation_rows(out.trace[0].mask), flow_rows)
             imp = {name: fn(model, batch, seed=seed).detach().float().cpu().numpy() for name, fn in references.items()}
             items = item_mask(model, batch).cpu().numpy()
             width = items.shape[1]
@@ -258,29 +253,31 @@ class Rollout(Experiment):
             for i in range(len(batch)):
                 is_special = np.array([t in special for t in tokens[i][:width]], dtype=bool) if special else None
                 keep = items[i] & ~is_special if is_special is not None and not options.include_special else items[i]
-                row: dict[str, Any] = {"index": done + i, "n_items": int(keep.sum())}
+                row: dict[str, Any] = {"index": indices[i], "n_items": int(keep.sum())}
                 if predicted is not None:
                     row["predicted"] = run.labels[predicted[i]] if predicted[i] < len(run.labels) else predicted[i]
                 excluded += row["n_items"] < 3
                 words = [t for t, real in zip(tokens[i], items[i]) if real]
                 for method, values in scores.items():
-                    if i >= len(values):  # flow: past --flow-limit
+                    if method == "flow" and i not in flow_rows:  # past --flow-limit
                         continue
-                    for layer in range(n_layers):
-                        vector = values[i, layer, :width]
-                        maps.append(
-                            {"index": done + i, "layer": layer, "method": method, "items": words,
-                             "scores": vector[items[i]].tolist()}
-                        )
-                        raw = None if method == "raw" else scores["raw"][i, layer, :width]
-                        for stat, value in map_statistics(vector, raw, keep, items[i], is_special).items():
-                            row[f"L{layer}_{method}_{stat}"] = value
-                        for name, reference in imp.items():
-                            ref = reference[i, :width][keep]
-                            rho = spearman_rho(vector[keep], ref) if np.isfinite(ref).all() else float("nan")
-                            row[f"L{layer}_{method}_{name}"] = rho
+                    matrix = values[i, :, :width]
+                    maps += [
+                        {"index": indices[i], "layer": layer, "method": method, "items": words,
+                         "scores": vector[items[i]].tolist()}
+                        for layer, vector in enumerate(matrix)
+                    ]
+                    raw = None if method == "raw" else scores["raw"][i, :, :width]
+                    columns = map_statistics(matrix, raw, keep, items[i], is_special)
+                    for name, reference in imp.items():
+                        ref = reference[i, :width][keep]
+                        finite = np.isfinite(ref).all()
+                        columns[name] = spearman_rows(matrix[:, keep], ref) if finite else np.full(n_layers, np.nan)
+                    for stat, per_layer in columns.items():
+                        row.update({f"L{layer}_{method}_{stat}": float(v) for layer, v in enumerate(per_layer)})
                 instances.append(row)
-            done += len(batch)
+        instances.sort(key=lambda row: row["index"])
+        maps.sort(key=lambda row: row["index"])  # stable: layers and methods keep their order
         statistics = [s for s in MAP_STATISTICS if s != "special_share" or special]
         return self._result(
             instances, maps, n_layers, list(references), statistics, flow_limit, excluded, options,

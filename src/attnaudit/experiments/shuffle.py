@@ -5,7 +5,10 @@ on every layer of a Transformer): the weights a query assigns are kept but moved
 tokens. A large accuracy drop means the model depends on *where* attention goes; the study
 reports that shuffling costs an entmax15 Transformer far more than a softmax one.
 Settings: one layer at a time (the other layers untouched) and all layers at once;
-``repeats`` independent permutations per setting, each from its own seeded generator.
+``repeats`` independent permutations per setting, each from its own seeded generator. A causal
+decoder's query rows are permuted over the keys they may read (the token and those before it), so
+no token reads a later one. Hugging Face encoders and decoders are shuffled through the same
+weight intervention; a zero-shot LLM's accuracy is that of its verbalizer decision.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from attnaudit.experiments.common import (
     batch_labels,
     plot_attention_rows,
     seeded_generator,
-    transformer_classifier_reason,
+    self_attention_classifier_reason,
 )
 from attnaudit.models.base import Intervention
 from attnaudit.progress import track
@@ -40,23 +43,27 @@ PUBLISHED = {
 }
 
 
-def permute_rows(weights: Tensor, key_mask: Tensor, generator: torch.Generator) -> Tensor:
-    """Each row of ``weights`` (B,H,Q,K) randomly permuted over the real keys of ``key_mask`` (B,K).
+def permute_rows(weights: Tensor, key_mask: Tensor, generator: torch.Generator, causal: bool = False) -> Tensor:
+    """Each row of ``weights`` (B,H,Q,K) randomly permuted over the real keys of ``key_mask`` (B,K)
+    (``causal``: over the real keys at or before the row's query position, those it may read).
 
     Padding keys keep weight 0 and real keys need not be contiguous (pair inputs pad the
-    text before the query): random sort keys with padding forced last pick a random order
-    of the real keys, which is then written back onto the real positions in ascending order.
+    text before the query): random sort keys with unreadable keys forced last pick a random
+    order of the readable keys, which is then written back onto them in ascending order.
     """
+    readable = key_mask[:, None, None, :].expand(-1, 1, weights.shape[2], -1)
+    if causal:
+        readable = readable & torch.ones(weights.shape[2:], dtype=torch.bool, device=weights.device).tril()
     noise = torch.rand(weights.shape, generator=generator).to(weights.device)
-    noise = noise.masked_fill(~key_mask[:, None, None, :], 2.0)
+    noise = noise.masked_fill(~readable, 2.0)
     source = noise.argsort(-1)
-    target = (~key_mask).to(torch.int8).argsort(dim=-1, stable=True)[:, None, None, :].expand_as(weights)
+    target = (~readable).to(torch.int8).argsort(dim=-1, stable=True).expand_as(weights)
     return torch.zeros_like(weights).scatter(-1, target, weights.gather(-1, source))
 
 
-def _shuffler(generator: torch.Generator) -> Callable[[Tensor, Tensor], Tensor]:
+def _shuffler(generator: torch.Generator, causal: bool) -> Callable[[Tensor, Tensor], Tensor]:
     """A weights intervention permuting rows with ``generator`` (consumed batch after batch)."""
-    return lambda w, mask: permute_rows(w, mask, generator)
+    return lambda w, mask: permute_rows(w, mask, generator, causal)
 
 
 @register
@@ -66,6 +73,9 @@ class Shuffle(Experiment):
     name = "shuffle"
     audit_rank = 8
     audit_transformers_only = True
+    # Each layer alone costs about L/2 forward passes per repeat (a restart at that layer): on a 30-layer LLM
+    # the audit shuffles all layers at once only (`attnaudit run shuffle --per-layer` for the rest).
+    audit_decoder_options = {"per_layer": False, "repeats": 2, "batch_size": 8}
     demo_options = {"full": {"repeats": 3}, "quick": {"repeats": 1}}
     description = "Accuracy when each attention row is randomly permuted over real keys, per layer and in all layers"
     paper = "Drozdyuk et al., Is Sparse Attention a Better Explanation? (Table 1: shuffling)"
@@ -74,11 +84,14 @@ class Shuffle(Experiment):
     @dataclass
     class Options:
         repeats: int = field(default=5, metadata={"help": "Independent permutations per setting (mean ± std)."})
+        per_layer: bool = field(
+            default=True, metadata={"help": "Also shuffle one layer at a time (off: all layers at once only)."}
+        )
         batch_size: int = field(default=64, metadata={"help": "Instances per forward pass."})
         show: int = field(default=3, metadata={"help": "Sentences shown in the attention heatmap."})
 
     def applies(self, run: Run) -> str | None:
-        return transformer_classifier_reason(run)
+        return self_attention_classifier_reason(run)
 
     def run(self, run: Run, examples: list[Example], options: Any, seed: int = 0) -> Result:
         if options.repeats < 1:
@@ -88,24 +101,24 @@ class Shuffle(Experiment):
         n_layers = model.num_attention_layers
         # Setting index s: 0..L-1 one layer, L all layers at once.
         settings = [f"layer{layer}" for layer in range(n_layers)] + ["all"]
-        generators = {
-            (s, r): seeded_generator(seed, r, s) for s in range(len(settings)) for r in range(options.repeats)
-        }
+        chosen = range(len(settings)) if options.per_layer else [n_layers]
+        generators = {(s, r): seeded_generator(seed, r, s) for s in chosen for r in range(options.repeats)}
         original: list[Tensor] = []
         shuffled: dict[tuple[int, int], list[Tensor]] = {key: [] for key in generators}
         heatmaps: list[dict[str, Any]] = []
-        offset = 0
+        positions: list[int] = []
         total = -(-len(examples) // options.batch_size)
         with torch.no_grad():
-            for batch in track(run.batches(examples, options.batch_size), "shuffle", total=total):
+            for indices, batch in track(run.sorted_batches(examples, options.batch_size), "shuffle", total=total):
+                positions += indices
                 gold = batch_labels(batch)
                 cache = model.encode(batch)
                 base = model.decode(cache)
                 original.append(base.logits.argmax(-1) == gold)
-                heatmaps += attention_rows(batch, base.trace, "original", options.show, offset)
-                for s in range(len(settings)):
+                heatmaps += attention_rows(run, batch, base.trace, "original", options.show, indices)
+                for s in chosen:
                     for r in range(options.repeats):
-                        fn = _shuffler(generators[(s, r)])
+                        fn = _shuffler(generators[(s, r)], model.causal)
                         if s < n_layers:
                             # Layers before s are unchanged: restart the model at layer s.
                             out = model.decode(model.cache_at(base.trace, s, cache), [Intervention(layer=s, weights=fn)])
@@ -113,15 +126,17 @@ class Shuffle(Experiment):
                             out = model.decode(cache, [Intervention(weights=fn)])
                         shuffled[(s, r)].append(out.logits.argmax(-1) == gold)
                         if s == n_layers and r == 0:
-                            heatmaps += attention_rows(batch, out.trace, "shuffled (all layers)", options.show, offset)
-                offset += len(batch)
+                            heatmaps += attention_rows(run, batch, out.trace, "shuffled (all layers)", options.show, indices)
 
-        base_correct = torch.cat(original).float()
-        correct = {key: torch.cat(v).float() for key, v in shuffled.items()}
+        back = torch.argsort(torch.tensor(positions))  # batches ran by length: back to the examples' order
+        base_correct = torch.cat(original).float()[back]
+        correct = {key: torch.cat(v).float()[back] for key, v in shuffled.items()}
+        heatmaps.sort(key=lambda row: row["index"])  # stable: settings keep their order
         accuracy_original = float(base_correct.mean())
         rows = []
         summary: dict[str, Any] = {"trained_normaliser": run.config.attention, "accuracy_original": accuracy_original}
-        for s, setting in enumerate(settings):
+        for s in chosen:
+            setting = settings[s]
             accs = [float(correct[(s, r)].mean()) for r in range(options.repeats)]
             stats = summarise(accs)
             rows.append(
@@ -140,16 +155,20 @@ class Shuffle(Experiment):
         instances = []
         for i, example in enumerate(examples):
             item: dict[str, Any] = {"index": i, "label": example.label, "original_correct": int(base_correct[i])}
-            for s, setting in enumerate(settings):
+            for s in chosen:
+                setting = settings[s]
                 item[f"correct_{setting}"] = float(np.mean([float(correct[(s, r)][i]) for r in range(options.repeats)]))
             instances.append(item)
         notes = [
             "each attention row (every head and query) is permuted over the real keys after the normaliser; "
-            "padding keeps weight 0",
+            "padding keeps weight 0"
+            + ("; a causal decoder's row over the keys it may read (itself and earlier)" if model.causal else ""),
             f"accuracy is mean ± std (population) over {options.repeats} seeded permutations per setting; "
             "correct_<setting> per instance is the share of repeats it stayed correct",
             "the study's 'shuffling' row corresponds to setting 'all' (identical to layer0 for a 1-layer model)",
         ]
+        if not options.per_layer:
+            notes.append("one layer at a time: not run (--per-layer runs it; each layer costs a rerun from that layer)")
         return Result(
             test=self.name,
             summary=summary,

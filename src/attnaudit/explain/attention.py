@@ -15,7 +15,7 @@ from attnaudit.explain.base import (
     takes_run,
     to_items,
 )
-from attnaudit.models.base import AttentionModel, evaluation
+from attnaudit.models.base import AttentionModel, AttentionTrace, evaluation
 
 
 @explanation("attention", "the explained attention layer's weights (mean over heads; the explanation query's row)", order=10)
@@ -26,24 +26,33 @@ def attention_importance(model: AttentionModel, batch: Batch, layer: int | None 
     word layer (``layer=0``) gives ``(B, S*W)``: the word weights within each sentence.
     """
     check_task(model)
-    index = layer_index(model, layer)
     with evaluation(model), torch.no_grad():
-        record = model(batch).trace[index]
-        values = reduce_heads(record.weights, record.query_mask, head, model.explanation_rows(batch.mask))
+        return explained_attention(model, batch, model(batch).trace, layer, head)
+
+
+def explained_attention(
+    model: AttentionModel, batch: Batch, trace: AttentionTrace, layer: int | None = None, head: int | None = None
+) -> Tensor:
+    """:func:`attention_importance` read from the ``trace`` of a forward pass already made on ``batch``."""
+    index = layer_index(model, layer)
+    record = trace[index]
+    values = reduce_heads(record.weights, record.query_mask, head, model.explanation_rows(batch.mask))
     return to_items(values, model, batch, index)
 
 
 @takes_run
-def attention_per_head(model: AttentionModel, batch: Batch) -> Tensor:
+def attention_per_head(model: AttentionModel, batch: Batch, trace: AttentionTrace | None = None) -> Tensor:
     """Attention of every layer and head over the explained items, ``(B, L, H, K)``.
 
     Mean over real queries. Only layers whose keys are the explained items are included:
     every layer of a Transformer, the one layer of the single-attention classifiers, and
-    HAN's sentence layer alone (its word layer attends within sentences).
+    HAN's sentence layer alone (its word layer attends within sentences). ``trace``: that of a
+    forward pass already made on ``batch`` (default: one is made).
     """
     check_task(model)
-    with evaluation(model), torch.no_grad():
-        trace = model(batch).trace
+    if trace is None:
+        with evaluation(model), torch.no_grad():
+            trace = model(batch).trace
     layers = [model.explained_layer % len(trace)] if hierarchical(model) else range(len(trace))
     stacked = []
     for index in layers:

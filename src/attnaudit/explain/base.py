@@ -15,9 +15,10 @@ instance, so no explanation applies to them.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -106,7 +107,33 @@ class Explanation:
         reason = self.applies(target)
         if reason:
             raise AttnAuditError(f"explanation {self.name!r} does not apply to this model: {reason}")
-        return self.fn(target, batch, **{k: v for k, v in offered.items() if k in self.options})
+        taken = {k: v for k, v in offered.items() if k in self.options}
+        memo = _MEMOS.get(id(model_of(target)))
+        if memo is None:
+            return self.fn(target, batch, **taken)
+        key = (self.name, tuple(sorted(taken.items())), tuple(map(id, batch.examples)), tuple(batch.tokens.shape))
+        if key not in memo:
+            memo[key] = self.fn(target, batch, **taken).detach()
+        return memo[key].clone()
+
+
+_MEMOS: dict[int, dict[tuple[Any, ...], Tensor]] = {}
+
+
+@contextlib.contextmanager
+def memoised(model: AttentionModel) -> Iterator[dict[tuple[Any, ...], Tensor]]:
+    """Within the block, each explanation of ``model`` is computed once per batch and options: a
+    test asking for the scores of a batch (the same example objects, in order, at the same width)
+    that an earlier test had gets them back instead of a recomputation (an audit's importance,
+    rollout and faithfulness tests all take the gradient of the same length-sorted batches).
+    The scores are those of the weights the model had then: whoever changes the weights clears
+    the memo it is given (the audit does so when a test leaves them changed)."""
+    memo: dict[tuple[Any, ...], Tensor] = {}
+    _MEMOS[id(model)] = memo
+    try:
+        yield memo
+    finally:
+        _MEMOS.pop(id(model), None)
 
 
 EXPLANATIONS: dict[str, Explanation] = {}

@@ -11,6 +11,23 @@ from attnaudit.explain.base import check_task, explanation, hierarchical, token_
 from attnaudit.models.base import AttentionModel, evaluation
 
 
+# Activations one Integrated Gradients pass may hold for its backward pass, in floats (about
+# 0.5 GB in float32), and at most this many interpolated inputs per pass: a fixed number of rows
+# would need 40 GB for ten 60-token prompts of a 30-layer LLM, and 4096 rows keep the small models fast.
+_PASS_ACTIVATIONS = 1 << 27
+_PASS_ROWS = 4096
+
+
+def pass_rows(model: AttentionModel, length: int) -> int:
+    """Interpolated inputs of ``length`` tokens per forward-backward pass: a rough count of the
+    activations each keeps (per layer, the residual-width states, the feed-forward ones and every
+    head's attention matrix) within :data:`_PASS_ACTIVATIONS`."""
+    c = model.config
+    per_token = 8 * max(c.d_model, c.hidden_dim, c.embed_dim) + 3 * c.d_ff + 2 * c.heads * length
+    per_row = length * max(c.layers, 1) * per_token
+    return max(1, min(_PASS_ROWS, _PASS_ACTIVATIONS // max(per_row, 1)))
+
+
 @explanation(
     "ig", "Integrated Gradients of ŷ w.r.t. the embeddings, zero baseline, |Σ_d| per token (Captum)",
     ("prediction", "gradients"), order=40,
@@ -47,7 +64,7 @@ def integrated_gradients(model: AttentionModel, batch: Batch, steps: int = 50, a
             sub = Batch(tokens=tokens, mask=mask, features=features, query=query, query_mask=query_mask)
             return model(sub, embeddings=emb).probs
 
-        per_pass = max(1, 4096 // max(len(batch), 1))
+        per_pass = max(1, pass_rows(model, t) // max(len(batch), 1))
         attributions = IntegratedGradients(forward).attribute(
             passage,
             target=target,

@@ -77,7 +77,7 @@ def _read_audit(path: Path) -> dict[str, Any]:
 
 def _read_heatmaps(path: Path) -> dict[str, Any]:
     """``heatmaps.json``, checked to have the shape the report draws (one-line error otherwise)."""
-    data = read_json_object(path, {"instances": list}, {"selection": str})
+    data = read_json_object(path, {"instances": list}, {"selection": str, "note": str})
     for number, instance in enumerate(data["instances"]):
         where = f"instances[{number}]"
         check_fields(path, instance, optional=_HEATMAP_FIELDS, where=where)

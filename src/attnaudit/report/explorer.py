@@ -46,9 +46,7 @@ BUDGET = 16_000_000
 EXPLORER = "explorer.json"
 VERSION = 1
 CHUNK = 8
-"""Instances per batch; models over :data:`LARGE` parameters explain one at a time (Integrated
-Gradients runs its steps as one batch: 8 SmolLM2 prompts × 50 steps would need tens of GB)."""
-LARGE = 20_000_000
+"""Instances per batch (Integrated Gradients bounds its own passes' memory: :func:`attnaudit.explain.ig.pass_rows`)."""
 ENCODING = (
     "attention: 8-bit per layer and instance (q = round(255·w/m), m = the layer's largest weight; "
     "error ≤ m/510), zlib, base64; explanation scores: 4 significant digits"
@@ -177,9 +175,8 @@ def _explanations(run: Run, examples: list[Example], indices: list[int]) -> dict
     if run.task.task_type not in ("classification", "pair"):
         return {}
     found = {}
-    chunk = 1 if sum(p.numel() for p in run.model.parameters()) > LARGE else CHUNK
-    for start in range(0, len(indices), chunk):
-        for entry in compute_heatmaps(run, examples, indices[start : start + chunk], {}):
+    for start in range(0, len(indices), CHUNK):
+        for entry in compute_heatmaps(run, examples, indices[start : start + CHUNK], {}):
             entry["scores"] = {m: [round_sig(v) or 0.0 for v in values] for m, values in entry["scores"].items()}
             found[entry["index"]] = entry
     return found
@@ -197,7 +194,6 @@ def model_data(run: Run, examples: list[Example], explore: int, budget: int = BU
     """What ``explorer.json`` holds: the first ``explore`` instances with tokens, prediction, packed
     attention and explanation scores, within ``budget`` bytes of attention. ``explain``: explain only
     the first this many (None: all; the size benchmark measures attention alone with 0)."""
-    from attnaudit.explain import list_explanations
 
     indices = list(range(min(explore, len(examples))))
     explained = _explanations(run, examples, indices[:explain])
@@ -224,7 +220,13 @@ def model_data(run: Run, examples: list[Example], explore: int, budget: int = BU
             })
         if notes:
             break
-    methods = [{"name": m.name, "about": m.about} for m in list_explanations(run, default=True)] if explained else []
+    from attnaudit.report.heatmaps import IG_STEPS, heatmap_methods, left_out_note
+
+    listed = heatmap_methods(run) if explained else []
+    methods = [{"name": m.name, "about": m.about + (f"; {IG_STEPS} steps here" if "steps" in m.options else "")}
+               for m in listed]
+    if listed and left_out_note(run):
+        notes.append(left_out_note(run))
     return {"version": VERSION, "requested": explore, "encoding": ENCODING, "labels": list(map(str, run.labels or [])),
             "causal": bool(run.model.causal), "methods": methods, "instances": instances, "notes": notes}
 

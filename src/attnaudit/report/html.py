@@ -251,7 +251,9 @@ def heatmaps_section(heatmaps: dict[str, Any] | None, note: str) -> str:
     parts.append(
         f"<p>{esc(heatmaps.get('selection', ''))}. Each row is one explanation over the explained items; the "
         "darker the background, the larger the importance (each row scaled to its own maximum; hover for the value). "
-        "Underlined items belong to the known rationale.</p>"
+        "Underlined items belong to the known rationale."
+        + (f" {esc(heatmaps['note'])}." if heatmaps.get("note") else "")
+        + "</p>"
     )
     parts.append(
         '<p class="legend">'
