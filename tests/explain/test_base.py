@@ -161,3 +161,25 @@ def test_memoised_scores_are_computed_once_per_batch_and_options(runs: dict) -> 
         assert calls == [3, 4, 3, 3]
     finally:
         unregister("counted")
+
+
+def test_memoised_scores_are_never_handed_to_new_examples_at_a_recycled_address(runs: dict) -> None:
+    """Batches built from throw-away examples: the memo keeps its examples alive, so a later batch of new
+    examples can never match an earlier key by a recycled ``id``."""
+    run, batch = runs[next(iter(FAMILIES))]
+    calls: list[int] = []
+
+    @explanation("counted", "a test method that counts its calls", order=1)
+    def counted(model, batch):  # type: ignore[no-untyped-def]
+        calls.append(len(batch))
+        return item_mask(model, batch).float()
+
+    try:
+        with memoised(run.model) as memo:
+            for _ in range(20):
+                copies = [Example(tokens=list(e.tokens), label=e.label) for e in batch.examples]
+                EXPLANATIONS["counted"](run.model, run.collate(copies))
+                del copies
+            assert len(calls) == 20 and len(memo) == 20
+    finally:
+        unregister("counted")

@@ -113,22 +113,23 @@ class Explanation:
             return self.fn(target, batch, **taken)
         key = (self.name, tuple(sorted(taken.items())), tuple(map(id, batch.examples)), tuple(batch.tokens.shape))
         if key not in memo:
-            memo[key] = self.fn(target, batch, **taken).detach()
-        return memo[key].clone()
+            # the entry holds the examples, so no other object can take their ids while the memo lives
+            memo[key] = (tuple(batch.examples), self.fn(target, batch, **taken).detach())
+        return memo[key][1].clone()
 
 
-_MEMOS: dict[int, dict[tuple[Any, ...], Tensor]] = {}
+_MEMOS: dict[int, dict[tuple[Any, ...], tuple[tuple[Any, ...], Tensor]]] = {}
 
 
 @contextlib.contextmanager
-def memoised(model: AttentionModel) -> Iterator[dict[tuple[Any, ...], Tensor]]:
+def memoised(model: AttentionModel) -> Iterator[dict[tuple[Any, ...], tuple[tuple[Any, ...], Tensor]]]:
     """Within the block, each explanation of ``model`` is computed once per batch and options: a
     test asking for the scores of a batch (the same example objects, in order, at the same width)
     that an earlier test had gets them back instead of a recomputation (an audit's importance,
     rollout and faithfulness tests all take the gradient of the same length-sorted batches).
     The scores are those of the weights the model had then: whoever changes the weights clears
     the memo it is given (the audit does so when a test leaves them changed)."""
-    memo: dict[tuple[Any, ...], Tensor] = {}
+    memo: dict[tuple[Any, ...], tuple[tuple[Any, ...], Tensor]] = {}
     _MEMOS[id(model)] = memo
     try:
         yield memo
