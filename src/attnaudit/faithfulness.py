@@ -193,7 +193,12 @@ def perturbed_probs(
 def predictions(model: AttentionModel, batch: Batch) -> tuple[Tensor, Tensor]:
     """The predicted class ``ŷ`` ``(B,)`` and its probability ``p(ŷ|x)`` ``(B,)`` (float64) on the unperturbed batch."""
     with evaluation(model), torch.no_grad():
-        probs = model(batch).probs.double().cpu()
+        return decisions(model(batch).probs)
+
+
+def decisions(probs: Tensor) -> tuple[Tensor, Tensor]:
+    """The predicted class ``ŷ`` ``(B,)`` and ``p(ŷ|x)`` ``(B,)`` (float64, CPU) of class probabilities ``(B,C)``."""
+    probs = probs.double().cpu()
     pred = probs.argmax(-1)
     return pred, probs.gather(1, pred[:, None]).squeeze(1)
 

@@ -35,6 +35,7 @@ from attnaudit.faithfulness import (
     BINS,
     MODES,
     agreement,
+    decisions,
     describe,
     filler,
     perturbation_probs,
@@ -194,9 +195,7 @@ class Faithfulness(Experiment):
         model = run.model
         with evaluation(model), torch.no_grad():
             output = model(batch)  # the decisions, and the attention read from the same pass
-        probs = output.probs.double().cpu()
-        pred = probs.argmax(-1)
-        full = probs.gather(1, pred[:, None]).squeeze(1)
+        pred, full = decisions(output.probs)
         scores = {
             m: (explained_attention(model, batch, output.trace) if m == "attention"
                 else EXPLANATIONS[m](model, batch, steps=options.ig_steps, seed=seed)).detach().double().cpu()

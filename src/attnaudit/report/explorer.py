@@ -225,8 +225,9 @@ def model_data(run: Run, examples: list[Example], explore: int, budget: int = BU
     listed = heatmap_methods(run) if explained else []
     methods = [{"name": m.name, "about": m.about + (f"; {IG_STEPS} steps here" if "steps" in m.options else "")}
                for m in listed]
-    if listed and left_out_note(run):
-        notes.append(left_out_note(run))
+    note = left_out_note(run) if listed else ""
+    if note:
+        notes.append(note)
     return {"version": VERSION, "requested": explore, "encoding": ENCODING, "labels": list(map(str, run.labels or [])),
             "causal": bool(run.model.causal), "methods": methods, "instances": instances, "notes": notes}
 
