@@ -15,7 +15,8 @@ orders). Then it digests the report's figures:
   position, with the template's and the text's shares there (``norms``, table ``positions``);
 * per layer, Spearman ρ of raw attention and of rollout with gradient importance (``rollout``);
 * accuracy with entmax15 / sparsemax swapped in for softmax (``activation-swap``) and with every
-  layer's attention rows shuffled over the keys each query reads (``shuffle``);
+  layer's attention rows shuffled over the keys each query reads (``shuffle``); the summaries of
+  ``permutation``, ``erasure``, ``adversarial`` and ``faithfulness`` as they are;
 * per-test wall times from the audit's own ``audit.json`` (a stored result keeps the seconds it
   took, so a re-run that reuses finished tests still reports them: ``test_seconds_total``;
   ``audit_seconds`` and the load averages are this call's), and ``--note`` on how it was run.
@@ -46,11 +47,16 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `benchmarks.common` when run as a script
 
-from attnaudit.audit import audit  # noqa: E402
+from attnaudit.audit import audit, parse_settings  # noqa: E402
 from attnaudit.io import read_json  # noqa: E402
 from benchmarks.common import RUNS, write_result  # noqa: E402
 
 TAU_PAIRS = ("attention_vs_gradient", "attention_vs_loo", "gradient_vs_loo")
+SUMMARIES = {
+    "activation_swap": "activation-swap", "shuffle": "shuffle", "permutation": "permutation",
+    "erasure": "erasure", "adversarial": "adversarial", "faithfulness": "faithfulness",
+}
+"""Keys of the result JSON holding these tests' summaries as they are."""
 
 
 def importance_digest(result: Any) -> dict[str, Any]:
@@ -124,6 +130,9 @@ def main() -> dict[str, Any]:
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest on a shared 2-core box)")
     parser.add_argument("--only", default=None, help="comma-separated tests (default: every applicable one)")
     parser.add_argument("--note", default="", help="how the stored results were computed, when a re-run reuses them")
+    parser.add_argument("--set", dest="settings", action="append", default=[], metavar="TEST.OPTION=VALUE",
+                        help="a test option, as attnaudit audit --set (repeatable)")
+    parser.add_argument("--name", default="smollm2", help="result name: benchmarks/results/NAME.json")
     parser.add_argument("--gather", type=Path, nargs="*", default=[], help="partial audit folders (same command, --only) to reuse")
     parser.add_argument("--time-logs", type=Path, nargs="*", default=[], help="their /usr/bin/time -v reports")
     args = parser.parse_args()
@@ -132,11 +141,15 @@ def main() -> dict[str, Any]:
     only = args.only.split(",") if args.only else None
     command = f"attnaudit audit --hf smollm2 --task sst2 --limit {args.limit} --out {out} --data-dir {args.data_dir}"
     command += f" --only {args.only}" if args.only else ""
+    command += "".join(f" --set {item}" for item in args.settings)
     gathered = gather(args.gather, out)
     processes = [time_report(path) for path in args.time_logs]
     load_before = list(os.getloadavg())
     start = time.perf_counter()
-    outcome = audit(out, task="sst2", hf="smollm2", limit=args.limit, data_dir=args.data_dir, device="cpu", only=only)
+    outcome = audit(
+        out, task="sst2", hf="smollm2", limit=args.limit, data_dir=args.data_dir, device="cpu", only=only,
+        test_options=parse_settings(args.settings), strict_options=True,
+    )
     seconds = time.perf_counter() - start
     load_after = list(os.getloadavg())
     record = read_json(out / "audit.json")
@@ -163,11 +176,10 @@ def main() -> dict[str, Any]:
         "importance": importance_digest(results["importance"]) if "importance" in results else None,
         "norms": norms_digest(results["norms"]) if "norms" in results else None,
         "rollout": rollout_digest(results["rollout"]) if "rollout" in results else None,
-        "activation_swap": dict(results["activation-swap"].summary) if "activation-swap" in results else None,
-        "shuffle": dict(results["shuffle"].summary) if "shuffle" in results else None,
+        **{key: dict(results[name].summary) if name in results else None for key, name in SUMMARIES.items()},
         "summary_rows": outcome.rows,
     }
-    write_result("smollm2", payload)
+    write_result(args.name, payload)
     print({"seconds": round(seconds, 1), "load": (load_before, load_after), **(payload["importance"] or {})})
     return payload
 

@@ -35,7 +35,7 @@ import torch
 
 from attnaudit.errors import AttnAuditError, error_line, os_error_line, storage_full
 from attnaudit.experiments.base import Experiment, Result, discover, fingerprint, make_options, run_test
-from attnaudit.explain.base import memoised
+from attnaudit.explain.base import Memo, memoised
 from attnaudit.io import atomic_write_json, remove_stray_tmp, writes_folder
 from attnaudit.options import check_max_length, check_seed, parse_assignment
 from attnaudit.progress import status
@@ -151,27 +151,26 @@ def _refuse_unused_settings(target: Run, order: list[str], test_options: dict[st
 
 def _run_tests(
     order: list[str], options: dict[str, Any], target: Run, results_dir: Path, outcome: AuditResult,
-    settings: dict[str, Any],
+    settings: dict[str, Any], memo: Memo,
 ) -> tuple[list[dict[str, Any]], tuple[str, OSError] | None]:
-    """Run the tests in ``order``, each from the trained weights, sharing explanation scores
-    (:func:`~attnaudit.explain.base.memoised`); the log, and the test whose result a full disk lost
-    (the audit stops there)."""
+    """Run the tests in ``order``, each from the trained weights, sharing explanation scores in
+    ``memo`` (:func:`~attnaudit.explain.base.memoised`); the log, and the test whose result a full
+    disk lost (the audit stops there)."""
     snapshot = {k: v.detach().clone() for k, v in target.model.state_dict().items()}
     log: list[dict[str, Any]] = []
     lost: tuple[str, OSError] | None = None
-    with memoised(target.model) as memo:
-        for number, name in enumerate(order, 1):
-            target.model.eval()
-            prefix = f"[{number}/{len(order)}] {name}"
-            entry, full = _run_one(name, prefix, options[name], target, results_dir, outcome, **settings)
-            log.append(entry)
-            current = target.model.state_dict()
-            if any(not torch.equal(current[k], v) for k, v in snapshot.items()):
-                target.model.load_state_dict(snapshot)  # every test starts from the trained weights
-                memo.clear()  # scores of the changed weights
-            if full is not None:  # a full disk: no later result could be stored either
-                lost = (name, full)
-                break
+    for number, name in enumerate(order, 1):
+        target.model.eval()
+        prefix = f"[{number}/{len(order)}] {name}"
+        entry, full = _run_one(name, prefix, options[name], target, results_dir, outcome, **settings)
+        log.append(entry)
+        current = target.model.state_dict()
+        if any(not torch.equal(current[k], v) for k, v in snapshot.items()):
+            target.model.load_state_dict(snapshot)  # every test starts from the trained weights
+            memo.clear()  # scores of the changed weights
+        if full is not None:  # a full disk: no later result could be stored either
+            lost = (name, full)
+            break
     target.model.eval()
     return log, lost
 
@@ -274,9 +273,10 @@ def audit(
     outcome = AuditResult(out=out)
     settings = {"split": split, "limit": limit, "seed": seed, "figures": figures, "data_dir": data_dir}
     status(f"auditing {target.family} on {target.task.spec or 'its data'}: {len(order)} test(s) -> {out}")
-    log, lost = _run_tests(order, options, target, results_dir, outcome, settings)
-    outcome.rows = summary_rows(log, outcome.results)
-    _write_record(out, target, log, outcome, lost, (heatmap_instances, explore), split=split, limit=limit, seed=seed, data_dir=data_dir)
+    with memoised(target.model) as memo:  # the report's explanations reuse the tests' scores
+        log, lost = _run_tests(order, options, target, results_dir, outcome, settings, memo)
+        outcome.rows = summary_rows(log, outcome.results)
+        _write_record(out, target, log, outcome, lost, (heatmap_instances, explore), split=split, limit=limit, seed=seed, data_dir=data_dir)
     status(f"report: [bold]{outcome.report}[/]" + (f"; [red]{len(outcome.failed)} test(s) failed[/]" if outcome.failed else ""))
     return outcome
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 from pathlib import Path
 from types import SimpleNamespace
@@ -156,3 +157,70 @@ def test_discovery_imports_common_without_registering_a_test() -> None:
     registry = discover()
     assert registry and all(cls.__module__ != common.__name__ for cls in registry.values())
     assert {"permutation", "adversarial", "shuffle", "seeds"} <= set(registry)
+
+
+def test_encoder_last_layer_interventions_change_the_cls_row_only(tiny_hf: SimpleNamespace) -> None:
+    """A BERT classifier reads [CLS] of the last layer: the single-attention tests change that row
+    there (every real row at an earlier layer), and a permutation of it equals the full-model loop."""
+    from attnaudit.experiments.permutation import permutation_loop, permute_batch
+    from attnaudit.models.hf import load_hf
+
+    run = load_hf(tiny_hf.dir, task=tiny_hf.task(), device="cpu")
+    examples = run.data().test[:4]
+    batch = run.collate(examples)
+    last = run.model.num_attention_layers - 1
+    explained = common.prepare(run.model, batch, [last])
+    assert explained.query_rows.tolist() == [[j == 0 for j in range(batch.mask.shape[1])]] * 4
+    earlier = common.prepare(run.model, batch, [0])
+    assert torch.equal(earlier.query_rows, batch.mask.bool())
+    ours = permute_batch(run.model, batch, [last], 5, seed=0, indices=range(4))
+    np.testing.assert_allclose(ours.changes.numpy(), permutation_loop(run, examples, [last], 5, seed=0), atol=1e-5)
+
+
+def test_the_prepared_pass_is_shared_within_an_audit_only(tiny_attention_run: Any) -> None:
+    """Within :func:`memoised` a batch's prepared pass is computed once (permutation, faithfulness, erasure
+    and adversarial share it); outside, every call makes its own."""
+    from attnaudit.explain.base import memoised
+
+    run = tiny_attention_run("transformer")
+    batch = run.collate(run.examples("test", 4))
+    layers = common.resolve_layers(run.model, "explained")
+    assert common.prepare(run.model, batch, layers) is not common.prepare(run.model, batch, layers)
+    with memoised(run.model):
+        first = common.prepare(run.model, batch, layers)
+        assert common.prepare(run.model, batch, layers) is first
+        assert common.prepare(run.model, batch, [0]) is not first
+        other = run.collate([copy.copy(e) for e in run.examples("test", 4)])  # new example objects: another batch
+        assert common.prepare(run.model, other, layers) is not first
+    fresh = common.prepare(run.model, batch, layers)
+    torch.testing.assert_close(fresh.probs, first.probs, rtol=0, atol=0)
+
+
+def test_the_base_pass_keeps_weights_and_the_explained_record_within_a_budget(
+    tiny_attention_run: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The shared plain pass equals ``model(batch)``: every layer's weights and masks, the explained layer's
+    whole record, the other layers' states dropped; past the byte budget nothing more is kept."""
+    from attnaudit.explain.base import memoised
+
+    run = tiny_attention_run("transformer")
+    model = run.model
+    batch = run.collate(run.examples("test", 4))
+    with torch.no_grad():
+        full = model(batch)
+    with memoised(model) as memo:
+        shared = common.base_pass(model, batch)
+        assert common.base_pass(model, batch) is shared and memo.held == shared.trace.nbytes + shared.logits.numel() * 4
+        assert torch.equal(shared.logits, full.logits)
+        explained = model.explained_layer % len(full.trace)
+        for index, (mine, whole) in enumerate(zip(shared.trace, full.trace)):
+            assert torch.equal(mine.weights, whole.weights) and torch.equal(mine.mask, whole.mask)
+            if index == explained:
+                assert torch.equal(mine.inputs, whole.inputs) and torch.equal(mine.keys, whole.keys)
+            else:
+                assert mine.keys is None and mine.values is None and mine.inputs.numel() == 0
+        assert shared.trace.nbytes < full.trace.nbytes
+    monkeypatch.setattr(common, "BASE_PASS_BUDGET", 0)
+    with memoised(model) as memo:
+        first = common.base_pass(model, batch)
+        assert common.base_pass(model, batch) is not first and len(memo) == 0 and memo.held == 0

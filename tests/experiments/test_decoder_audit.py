@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
@@ -18,10 +19,15 @@ from attnaudit.audit import _plan
 from attnaudit.data.types import Example
 from attnaudit.experiments import run_test
 from attnaudit.experiments.base import get_experiment
-from attnaudit.experiments.common import seeded_generator
+from attnaudit.experiments.adversarial import Search, adversarial_loop, search_batch
+from attnaudit.experiments.common import prepare, resolve_layers, seeded_generator
+from attnaudit.experiments.erasure import decode_erased, erase_items
+from attnaudit.experiments.erasure import prepare as erasure_prepare
+from attnaudit.experiments.permutation import permutation_loop, permute_batch
 from attnaudit.experiments.norms import position_shares
 from attnaudit.experiments.shuffle import permute_rows
 from attnaudit.explain import item_mask, list_explanations
+from attnaudit.explain.attention import attention_importance
 from attnaudit.explain.norms import layer_norms
 from attnaudit.flow import rollout
 from attnaudit.models.base import AttentionLayer, Intervention
@@ -245,3 +251,38 @@ def test_shuffling_a_decoder_permutes_each_row_over_earlier_keys(
     assert any("not run" in note for note in result.meta["notes"])
     full = run_test("shuffle", run, out=tmp_path / "each", device="cpu", plot=False, repeats=1)
     assert len(full.tables["settings"]) == run.model.num_attention_layers + 1
+
+
+def test_last_layer_tests_rerun_the_predicting_token_only(llama_lm: Path, tiny_hf: SimpleNamespace) -> None:
+    """At a decoder's last layer only the predicting token's row reaches the output: permutation,
+    adversarial and erasure change that row (the one the ``attention`` explanation reads) and rerun
+    that token alone, which equals the full model rerun with that row replaced."""
+    run = zero_shot(llama_lm, tiny_hf, PROMPTS[1])
+    examples = run.data().test[:5]
+    model = run.model
+    (layer,) = resolve_layers(model, "explained")
+    batch = run.collate(examples)
+    explained = prepare(model, batch, [layer])
+    assert explained.reported.shape[2] == 1 and explained.cache.states.shape[1] == 1
+    assert explained.query_rows.all()
+    items = item_mask(run, batch)
+    row = explained.reported[:, :, 0].mean(1) * items
+    torch.testing.assert_close(row, attention_importance(model, batch), rtol=0, atol=1e-6)
+    torch.testing.assert_close(explained.attention, attention_importance(model, batch), rtol=0, atol=1e-6)
+
+    permuted = permute_batch(model, batch, [layer], 6, seed=1, indices=range(5))
+    loop = permutation_loop(run, examples, [layer], 6, seed=1)
+    np.testing.assert_allclose(permuted.changes.numpy(), loop, atol=1e-5)
+    assert loop.max() > 0
+
+    search = Search(adversaries=2, steps=5)
+    found = search_batch(model, batch, layer, search, seed=2, indices=range(5))
+    div, change = adversarial_loop(run, examples, layer, search, seed=2)
+    np.testing.assert_allclose(found.jsd.numpy(), div, atol=1e-5)
+    np.testing.assert_allclose(found.change.numpy(), change, atol=1e-5)
+
+    erased = erasure_prepare(run, batch)
+    removed = items & (torch.rand(items.shape, generator=torch.Generator().manual_seed(3)) < 0.5)
+    with torch.no_grad():
+        whole = model(batch, [Intervention(layer=layer, weights=erase_items(removed))]).probs
+    torch.testing.assert_close(decode_erased(model, erased.cache, layer, removed), whole, rtol=0, atol=1e-6)

@@ -22,6 +22,7 @@ from attnaudit.explain import (
     unregister,
 )
 from attnaudit.explain.base import memoised
+from attnaudit.explain.random import random_importance
 from attnaudit.models import ModelConfig, build_model
 from attnaudit.run import Run, TaskSpec
 
@@ -137,16 +138,18 @@ def test_an_unknown_need_is_refused_at_registration() -> None:
         explanation("x", "x", needs=("telepathy",))
 
 
-def test_memoised_scores_are_computed_once_per_batch_and_options(runs: dict) -> None:
-    """Within ``memoised``: the same batch (same example objects) and options give the stored scores
-    without a call; other options or other examples are computed; outside, every call computes."""
+def test_memoised_scores_are_computed_once_per_example_and_options(runs: dict) -> None:
+    """Within ``memoised``: examples whose scores were computed with the same options get them back
+    without a call, also in another batch (assembled row by row, 0 at padding); other options or new
+    examples are computed; outside, every call computes."""
     run, batch = runs[next(iter(FAMILIES))]
     calls: list[int] = []
 
     @explanation("counted", "a test method that counts its calls", order=1)
     def counted(model, batch, seed: int = 0):  # type: ignore[no-untyped-def]
         calls.append(seed)
-        return torch.rand(item_mask(model, batch).shape, generator=torch.Generator().manual_seed(seed))
+        mask = item_mask(model, batch)
+        return torch.rand(mask.shape, generator=torch.Generator().manual_seed(seed)) * mask
 
     try:
         with memoised(run.model) as memo:
@@ -155,12 +158,31 @@ def test_memoised_scores_are_computed_once_per_batch_and_options(runs: dict) -> 
             again.add_(1.0)  # a caller changing its copy does not change what the next one gets
             assert torch.equal(EXPLANATIONS["counted"](run.model, batch, seed=3), first)
             EXPLANATIONS["counted"](run.model, batch, seed=4)
-            EXPLANATIONS["counted"](run.model, run.collate(list(batch.examples)[:2]), seed=3)
-            assert calls == [3, 4, 3] and len(memo) == 3
+            order = [len(batch) - 1, 0]
+            other = run.collate([batch.examples[i] for i in order])  # the same examples in a batch of their own
+            part = EXPLANATIONS["counted"](run.model, other, seed=3)
+            assert calls == [3, 4] and len(memo) == 2 * len(batch)
+            assert part.shape == (2, other.tokens.shape[1])
+            assert torch.equal(part, first[order, : other.tokens.shape[1]])
+            fresh = [Example(tokens=list(e.tokens), label=e.label) for e in batch.examples[:2]]
+            EXPLANATIONS["counted"](run.model, run.collate(fresh), seed=3)
+            assert calls == [3, 4, 3]
         EXPLANATIONS["counted"](run.model, batch, seed=3)
         assert calls == [3, 4, 3, 3]
     finally:
         unregister("counted")
+
+
+def test_batch_bound_scores_are_memoised_per_batch(runs: dict) -> None:
+    """``random`` draws follow the batch's shape: it is shared only with the same batch, never row by row."""
+    run, batch = runs[next(iter(FAMILIES))]
+    assert not EXPLANATIONS["random"].per_example
+    with memoised(run.model) as memo:
+        whole = EXPLANATIONS["random"](run.model, batch, seed=1)
+        assert torch.equal(EXPLANATIONS["random"](run.model, batch, seed=1), whole) and len(memo) == 1
+        other = run.collate(list(batch.examples)[:2])
+        assert torch.equal(EXPLANATIONS["random"](run.model, other, seed=1), random_importance(run.model, other, seed=1))
+        assert len(memo) == 2
 
 
 def test_memoised_scores_are_never_handed_to_new_examples_at_a_recycled_address(runs: dict) -> None:
@@ -180,6 +202,6 @@ def test_memoised_scores_are_never_handed_to_new_examples_at_a_recycled_address(
                 copies = [Example(tokens=list(e.tokens), label=e.label) for e in batch.examples]
                 EXPLANATIONS["counted"](run.model, run.collate(copies))
                 del copies
-            assert len(calls) == 20 and len(memo) == 20
+            assert len(calls) == 20 and len(memo) == 20 * len(batch)
     finally:
         unregister("counted")

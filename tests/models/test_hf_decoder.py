@@ -205,6 +205,40 @@ def test_restart_at_layer_equals_full_pass(family: str, layer: int, tiny_hf: Sim
     assert torch.equal(restarted.trace.weights[-1], full.trace.weights[-1])
 
 
+@pytest.mark.parametrize("layer", [1, 0])
+def test_rerun_at_the_last_token_equals_the_full_restart(family: str, layer: int, tiny_hf: SimpleNamespace) -> None:
+    """(c') Restarting at layer k at each example's last real token only, reading every position's keys
+    and values from the full pass, gives the full pass's logits; with that token's row of layer k
+    replaced, the full pass's logits under the same replacement (the other rows as computed)."""
+    model, _, batch = wrap(family, tiny_hf)
+    b, t = batch.tokens.shape
+    rows = model.explanation_rows(batch.mask)
+    allowed = causal_allowed(batch.mask, queries=rows[:, None])[:, None].expand(b, 4, 1, t)
+    given = torch.rand(b, 4, 1, t, generator=torch.Generator().manual_seed(2)) * allowed
+    given = given / given.sum(-1, keepdim=True)
+
+    def put(weights: torch.Tensor, _mask: torch.Tensor) -> torch.Tensor:
+        out = weights.clone()
+        out[torch.arange(b), :, rows] = given[:, :, 0]
+        return out
+
+    with torch.no_grad():
+        cache = model.encode(batch)
+        full = model.decode(cache)
+        rerun = model.decode(model.rerun_cache(full.trace, layer, cache, rows))
+        replaced = model.decode(model.rerun_cache(full.trace, layer, cache, rows), [Intervention(layer=layer, weights=given)])
+        whole = model.decode(cache, [Intervention(layer=layer, weights=put)])
+    torch.testing.assert_close(rerun.logits, full.logits, rtol=0, atol=ATOL)
+    assert rerun.trace[-1].weights.shape == (b, 4, 1, t)
+    last = full.trace[-1].weights[torch.arange(b), :, rows]
+    torch.testing.assert_close(rerun.trace[-1].weights[:, :, 0], last, rtol=0, atol=ATOL)
+    assert not torch.allclose(whole.logits, full.logits)
+    torch.testing.assert_close(replaced.logits, whole.logits, rtol=0, atol=ATOL)
+    picked = model.rerun_cache(full.trace, layer, cache, rows).select(torch.tensor([3, 0, 3]))
+    with torch.no_grad():
+        torch.testing.assert_close(model.decode(picked).logits, full.logits[[3, 0, 3]], rtol=0, atol=ATOL)
+
+
 def test_causal_under_interventions(family: str, tiny_hf: SimpleNamespace) -> None:
     """(d) No weight above the diagonal, on padding or outside a sliding window, also after a
     normaliser swap or freezing to uniform (which becomes uniform over the keys each token sees)."""

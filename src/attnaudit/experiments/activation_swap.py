@@ -23,6 +23,7 @@ from attnaudit.data.types import Example
 from attnaudit.experiments.base import Experiment, Result, register, save_figure, summarise
 from attnaudit.experiments.common import (
     ATTENTION_TABLE,
+    base_pass,
     attention_rows,
     batch_labels,
     layer_jsd,
@@ -101,7 +102,7 @@ class ActivationSwap(Experiment):
                 positions += indices
                 gold = batch_labels(batch)
                 cache = model.encode(batch)
-                base = model.decode(cache)
+                base = base_pass(model, batch)
                 correct["original"].append(base.logits.argmax(-1) == gold)
                 sparsity["original"].append(zero_fraction(base.trace, model.causal))
                 heatmaps += attention_rows(run, batch, base.trace, f"trained ({trained})", options.show, indices)

@@ -32,6 +32,7 @@ from attnaudit.errors import AttnAuditError
 from attnaudit.experiments.base import Experiment, Result, register, summarise
 from attnaudit.experiments.common import (
     Explained,
+    full_rows,
     instance_rows,
     plot_against_max_attention,
     plot_histogram,
@@ -248,7 +249,10 @@ def adversarial_loop(
             explained = prepare(model, batch, [layer])
 
             def decode(weights: Tensor, batch: Batch = batch) -> Tensor:
-                outs = [model(batch, [Intervention(layer=layer, weights=weights[:, a])]).probs for a in range(weights.shape[1])]
+                outs = [
+                    model(batch, [Intervention(layer=layer, weights=full_rows(explained, weights[:, a]))]).probs
+                    for a in range(weights.shape[1])
+                ]
                 return torch.stack(outs, dim=1)
 
             theta, _ = optimise(_initial(explained, seed, [index], search.adversaries), decode, explained, search)
@@ -264,7 +268,8 @@ class Adversarial(Experiment):
 
     name = "adversarial"
     audit_rank = 10
-    audit_decoder_options = {"adversaries": 2, "steps": 25, "batch_size": 8}  # each step: a decode and backward of an LLM layer
+    # each step: a decode and backward of an LLM's last layer at the predicting token (~0.45 s for 500 prompts)
+    audit_decoder_options = {"adversaries": 2, "steps": 25, "batch_size": 8}
     demo_options = {"full": {"adversaries": 3, "steps": 150}, "quick": {"adversaries": 1, "steps": 5}}
     instance_attention = "best_adversary"
     instance_effects = {

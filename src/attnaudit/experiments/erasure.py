@@ -28,7 +28,7 @@ from torch import Tensor
 from attnaudit.errors import AttnAuditError
 from attnaudit.experiments.base import Experiment, Result, register, save_figure, summarise
 from attnaudit.explain import EXPLANATIONS, Explanation, choose, item_mask
-from attnaudit.explain.attention import explained_attention
+from attnaudit.experiments.common import prepare as prepare_layers
 from attnaudit.metrics import jsd
 from attnaudit.models.base import AttentionModel, Cache, Intervention, WeightsFn, evaluation
 from attnaudit.progress import track
@@ -60,16 +60,6 @@ def erase_items(removed: Tensor) -> WeightsFn:
     return fn
 
 
-def select_rows(cache: Cache, rows: Tensor) -> Cache:
-    """The cache of the instances ``rows``: batch-first tensors in ``extra`` are indexed too."""
-    size = cache.states.shape[0]
-    extra = {
-        key: value[rows] if isinstance(value, Tensor) and value.dim() > 0 and value.shape[0] == size else value
-        for key, value in cache.extra.items()
-    }
-    return Cache(states=cache.states[rows], mask=cache.mask[rows], layer=cache.layer, extra=extra)
-
-
 @dataclass
 class Explained:
     """A batch prepared for erasure: a cache restarting at the explained layer and the decisions.
@@ -89,17 +79,15 @@ class Explained:
 
 
 def prepare(run: Run, batch: Any) -> Explained:
-    """Encode once, run the model, and cache the states entering the explained layer."""
+    """Encode once, run the model, and cache the states entering the explained layer (a decoder: at
+    its predicting token only, :func:`attnaudit.experiments.common.prepare`)."""
     model = run.model
     layer = model.explained_layer % model.num_attention_layers
-    with torch.no_grad():
-        base = model.encode(batch)
-        out = model.decode(base)
-        cache = model.cache_at(out.trace, layer, base)
-    probs = out.logits.softmax(-1)
+    prepared = prepare_layers(model, batch, [layer])
+    assert prepared.attention is not None  # the explained layer alone
     mask = item_mask(model, batch)
-    attention = explained_attention(model, batch, out.trace)
-    return Explained(cache, layer, probs, probs.argmax(-1), mask, mask.sum(-1), attention)
+    probs = prepared.probs
+    return Explained(prepared.cache, layer, probs, probs.argmax(-1), mask, mask.sum(-1), prepared.attention)
 
 
 def decode_erased(model: AttentionModel, cache: Cache, layer: int, removed: Tensor) -> Tensor:
@@ -144,7 +132,7 @@ def flip_steps(
         if rows.numel() == 0:
             break
         removed[rows, order[rows, step - 1]] = True
-        probs = decode_erased(model, select_rows(explained.cache, instance[rows]), explained.layer, removed[rows])
+        probs = decode_erased(model, explained.cache.select(instance[rows]), explained.layer, removed[rows])
         calls += 1
         hit = rows[probs.argmax(-1) != pred[rows]]
         flipped[hit] = True

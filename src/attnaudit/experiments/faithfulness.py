@@ -22,15 +22,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 from torch import Tensor
 
 from attnaudit.data.types import Batch, Example
 from attnaudit.errors import AttnAuditError
 from attnaudit.experiments.base import Experiment, Result, register, save_figure
+from attnaudit.experiments.common import prepare
 from attnaudit.experiments.rationale import instance_units, score_against
 from attnaudit.explain import EXPLANATIONS, choose, list_explanations
-from attnaudit.explain.attention import explained_attention
 from attnaudit.faithfulness import (
     BINS,
     MODES,
@@ -193,15 +192,14 @@ class Faithfulness(Experiment):
     ) -> None:
         """Explain one batch with every method, perturb it in every mode, and collect per-instance values."""
         model = run.model
-        with evaluation(model), torch.no_grad():
-            output = model(batch)  # the decisions, and the attention read from the same pass
-        pred, full = decisions(output.probs)
+        with evaluation(model):  # the decisions, and the attention read from the same (shared) pass
+            prepared = prepare(model, batch, [model.explained_layer % model.num_attention_layers])
+        pred, full = decisions(prepared.probs)
         scores = {
-            m: (explained_attention(model, batch, output.trace) if m == "attention"
+            m: (prepared.attention if m == "attention"
                 else EXPLANATIONS[m](model, batch, steps=options.ig_steps, seed=seed)).detach().double().cpu()
             for m in methods
         }
-        del output
         removable = removable_items(model, batch).cpu()
         n = removable.sum(1)
         keep = (n >= 2).numpy()

@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from attnaudit.data.types import Example
 from attnaudit.errors import AttnAuditError
 from attnaudit.experiments.base import Experiment, Result, register, save_figure, summarise
+from attnaudit.experiments.common import base_pass
 from attnaudit.explain import EXPLANATIONS, choose, item_mask
 from attnaudit.explain.attention import attention_per_head, explained_attention
 from attnaudit.explain.base import hierarchical
@@ -111,8 +111,7 @@ class ImportanceCorrelation(Experiment):
         with evaluation(run.model):
             for indices, batch in track(run.sorted_batches(examples, options.batch_size), "importance", total=total):
                 mask = item_mask(run.model, batch)
-                with torch.no_grad():
-                    output = run.model(batch)  # one pass gives the attention, every head's and the decision
+                output = base_pass(run.model, batch)  # one pass gives the attention, every head's and the decision
                 scores = {"attention": explained_attention(run.model, batch, output.trace)}
                 for method in methods:
                     scores[method] = chosen[method](run.model, batch, steps=options.ig_steps, seed=seed)

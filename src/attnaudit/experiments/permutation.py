@@ -31,6 +31,7 @@ from attnaudit.errors import AttnAuditError
 from attnaudit.experiments.base import Experiment, Result, register, summarise
 from attnaudit.experiments.common import (
     Explained,
+    full_rows,
     instance_rows,
     plot_against_max_attention,
     plot_histogram,
@@ -182,7 +183,8 @@ def permutation_loop(
             p = 0
             for block in permutation_blocks(key_mask, query_rows, heads, len(layers), permutations, generator):
                 for src in block.to(run.device):
-                    out = model(batch, permutation_interventions(explained, zero, src[None]))
+                    ivs = permutation_interventions(explained, zero, src[None])
+                    out = model(batch, [Intervention(layer=iv.layer, weights=full_rows(explained, iv.weights)) for iv in ivs])
                     changes[index, p] = float(output_change(out.probs, explained.probs)[0])
                     p += 1
     return changes

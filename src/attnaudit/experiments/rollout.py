@@ -36,7 +36,7 @@ from torch import Tensor
 from attnaudit.data.types import Example
 from attnaudit.errors import AttnAuditError
 from attnaudit.experiments.base import Experiment, Result, register, save_figure, summarise
-from attnaudit.experiments.common import key_tokens
+from attnaudit.experiments.common import base_pass, key_tokens
 from attnaudit.explain import EXPLANATIONS, Explanation, item_mask
 from attnaudit.flow import flow, rollout
 from attnaudit.metrics import entropy_rows, spearman_rows
@@ -241,8 +241,7 @@ class Rollout(Experiment):
         model.eval()
         batches = run.sorted_batches(examples, options.batch_size)
         for indices, batch in track(batches, "rollout", math.ceil(len(examples) / options.batch_size)):
-            with torch.no_grad():
-                out = model(batch)
+            out = base_pass(model, batch)
             flow_rows = [i for i, index in enumerate(indices) if index < flow_limit]  # flow for the first flow_limit
             scores = self._scores(out.trace, options, model.explanation_rows(out.trace[0].mask), flow_rows)
             imp = {name: fn(model, batch, seed=seed).detach().float().cpu().numpy() for name, fn in references.items()}

@@ -27,6 +27,7 @@ from attnaudit.errors import AttnAuditError
 from attnaudit.experiments.base import Experiment, Result, register, save_figure, summarise
 from attnaudit.experiments.common import (
     ATTENTION_TABLE,
+    base_pass,
     attention_rows,
     batch_labels,
     plot_attention_rows,
@@ -113,7 +114,8 @@ class Shuffle(Experiment):
                 positions += indices
                 gold = batch_labels(batch)
                 cache = model.encode(batch)
-                base = model.decode(cache)
+                # one layer at a time restarts from the states entering it: those need the whole trace
+                base = model.decode(cache) if options.per_layer else base_pass(model, batch)
                 original.append(base.logits.argmax(-1) == gold)
                 heatmaps += attention_rows(run, batch, base.trace, "original", options.show, indices)
                 for s in chosen:

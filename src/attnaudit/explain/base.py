@@ -20,7 +20,7 @@ import functools
 import inspect
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from torch import Tensor
 
@@ -72,8 +72,10 @@ NEEDS: dict[str, tuple[str, Check]] = {
 class Explanation:
     """One registered method: ``name``, the function, ``about`` (one line), ``needs`` (keys of
     :data:`NEEDS`), an optional further ``check``, ``default`` (part of the set a test takes
-    when it compares every explanation; False for costly ones, variants and baselines) and
-    ``order`` (listing order, then name)."""
+    when it compares every explanation; False for costly ones, variants and baselines),
+    ``order`` (listing order, then name) and ``per_example`` (an example's scores do not depend on
+    the batch it is in, so :func:`memoised` shares them between batches; False for ``random``,
+    whose draws follow the batch's shape)."""
 
     name: str
     fn: ExplainFn
@@ -82,6 +84,7 @@ class Explanation:
     check: Check | None = None
     default: bool = True
     order: int = 100
+    per_example: bool = True
 
     def applies(self, target: AttentionModel | Run) -> str | None:
         """Why this method cannot explain a model (or a run's model); None when it can."""
@@ -108,28 +111,89 @@ class Explanation:
         if reason:
             raise AttnAuditError(f"explanation {self.name!r} does not apply to this model: {reason}")
         taken = {k: v for k, v in offered.items() if k in self.options}
-        memo = _MEMOS.get(id(model_of(target)))
-        if memo is None:
-            return self.fn(target, batch, **taken)
-        key = (self.name, tuple(sorted(taken.items())), tuple(map(id, batch.examples)), tuple(batch.tokens.shape))
-        if key not in memo:
-            # the entry holds the examples, so no other object can take their ids while the memo lives
-            memo[key] = (tuple(batch.examples), self.fn(target, batch, **taken).detach())
-        return memo[key][1].clone()
+        name = (self.name, tuple(sorted(taken.items())))
+
+        def compute() -> Tensor:
+            return self.fn(target, batch, **taken).detach()
+
+        remember = remembered_rows if self.per_example else remembered
+        return remember(target, name, batch, compute).clone()
 
 
-_MEMOS: dict[int, dict[tuple[Any, ...], tuple[tuple[Any, ...], Tensor]]] = {}
+class Memo(dict[tuple[Any, ...], tuple[tuple[Any, ...], Any]]):
+    """What :func:`memoised` keeps: key -> (the examples it is about, the value); ``held``: the bytes of
+    the values stored under a budget (:func:`remembered`)."""
+
+    held: int = 0
+
+    def clear(self) -> None:
+        super().clear()
+        self.held = 0
+
+
+_MEMOS: dict[int, Memo] = {}
+V = TypeVar("V")
+
+
+def remembered(
+    target: AttentionModel | Run, name: tuple[Any, ...], batch: Batch, compute: Callable[[], V],
+    size: Callable[[V], int] | None = None, budget: int = 0,
+) -> V:
+    """``compute()`` for ``batch``, once per ``name`` (a hashable tuple: what is computed, with its
+    options) and batch within :func:`memoised`, every time outside it. With ``size`` (bytes of a
+    value), a value is kept only while the memo's values kept that way stay within ``budget`` bytes
+    (past it, each asker computes its own). The value is shared: callers must not change it in place."""
+    memo = _MEMOS.get(id(model_of(target)))
+    if memo is None:
+        return compute()
+    key = (name, tuple(map(id, batch.examples)), tuple(batch.tokens.shape))
+    if key in memo:
+        return memo[key][1]
+    value = compute()
+    cost = 0 if size is None else size(value)
+    if size is None or memo.held + cost <= budget:
+        memo[key] = (tuple(batch.examples), value)  # holding the examples: no other object can take their ids
+        memo.held += cost
+    return value
+
+
+def remembered_rows(target: AttentionModel | Run, name: tuple[Any, ...], batch: Batch, compute: Callable[[], Tensor]) -> Tensor:
+    """Scores ``(B, K)`` of ``compute()``, kept per example within :func:`memoised`: each example's row
+    up to its last real item is stored, and a batch whose every example has one is assembled from
+    them (0 at padding, as every method gives), whatever batch they were computed in (an audit's
+    report explains its first instances in batches of its own). Values are equal to a fresh
+    computation up to float rounding; outside the block ``compute()`` runs every time."""
+    memo = _MEMOS.get(id(model_of(target)))
+    if memo is None:
+        return compute()
+    width = batch.tokens.shape[1]
+    keys = [(name, "example", id(example)) for example in batch.examples]
+    if keys and all(key in memo for key in keys):
+        rows = [memo[key][1] for key in keys]
+        out = rows[0].new_zeros(len(rows), width)
+        for b, row in enumerate(rows):
+            out[b, : len(row)] = row
+        return out
+    values = compute()
+    if values.dim() == 2 and values.shape[1] == width:  # items along the batch's own axis 1 (tokens; HAN: sentences)
+        mask = batch.mask.bool()
+        lengths = (mask.any(-1) if mask.dim() == 3 else mask).sum(1).tolist()
+        for key, example, row, n in zip(keys, batch.examples, values, lengths):
+            memo[key] = ((example,), row[:n].clone())  # the entry holds the example (see remembered)
+    return values
 
 
 @contextlib.contextmanager
-def memoised(model: AttentionModel) -> Iterator[dict[tuple[Any, ...], tuple[tuple[Any, ...], Tensor]]]:
-    """Within the block, each explanation of ``model`` is computed once per batch and options: a
-    test asking for the scores of a batch (the same example objects, in order, at the same width)
-    that an earlier test had gets them back instead of a recomputation (an audit's importance,
-    rollout and faithfulness tests all take the gradient of the same length-sorted batches).
-    The scores are those of the weights the model had then: whoever changes the weights clears
+def memoised(model: AttentionModel) -> Iterator[Memo]:
+    """Within the block, each explanation of ``model`` is computed once per example and options
+    (:func:`remembered_rows`), and each value a test asks for through :func:`remembered` (such as the
+    prepared pass of the single-attention tests) once per batch (the same example objects, in order,
+    at the same width): a later asker gets it back instead of a recomputation (an audit's importance,
+    rollout and faithfulness tests all take the gradient of the same length-sorted batches, and its
+    report explains its first instances with the scores the tests computed).
+    The values are those of the weights the model had then: whoever changes the weights clears
     the memo it is given (the audit does so when a test leaves them changed)."""
-    memo: dict[tuple[Any, ...], tuple[tuple[Any, ...], Tensor]] = {}
+    memo = Memo()
     _MEMOS[id(model)] = memo
     try:
         yield memo
@@ -141,7 +205,8 @@ EXPLANATIONS: dict[str, Explanation] = {}
 
 
 def explanation(
-    name: str, about: str, needs: Iterable[str] = (), check: Check | None = None, default: bool = True, order: int = 100
+    name: str, about: str, needs: Iterable[str] = (), check: Check | None = None, default: bool = True, order: int = 100,
+    per_example: bool = True,
 ) -> Callable[[ExplainFn], ExplainFn]:
     """Decorator registering ``fn(model, batch, **options) -> (B, K)`` as explanation ``name``;
     the function itself is returned unchanged."""
@@ -152,7 +217,7 @@ def explanation(
 
     def add(fn: ExplainFn) -> ExplainFn:
         method = takes_run(fn)
-        register(Explanation(name, method, about, wanted, check, default, order))
+        register(Explanation(name, method, about, wanted, check, default, order, per_example))
         return method
 
     return add

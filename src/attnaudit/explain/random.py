@@ -10,7 +10,7 @@ from attnaudit.explain.base import check_task, explanation, item_mask
 from attnaudit.models.base import AttentionModel
 
 
-@explanation("random", "uniform random scores in [0, 1), seeded (a baseline)", default=False, order=90)
+@explanation("random", "uniform random scores in [0, 1), seeded (a baseline)", default=False, order=90, per_example=False)
 def random_importance(model: AttentionModel, batch: Batch, seed: int = 0) -> Tensor:
     """Uniform random scores ``(B, K)`` from a CPU generator seeded with ``seed``, 0 at padding.
 

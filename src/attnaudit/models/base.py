@@ -19,7 +19,7 @@ Transformers, Hugging Face encoders, the NMT model) is an :class:`AttentionModel
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Literal
@@ -180,6 +180,33 @@ class AttentionTrace:
     def __getitem__(self, i: int) -> AttentionLayer:
         return self.layers[i]
 
+    def thinned(self, keep: Collection[int]) -> AttentionTrace:
+        """This trace with only the weights and masks of the layers not in ``keep`` (indices): what
+        tests reading attention distributions need, in a fraction of the memory (their states, keys,
+        values and scores are dropped; ``inputs`` becomes an empty ``(…, 0)`` tensor)."""
+        layers = []
+        for index, layer in enumerate(self.layers):
+            if index in keep:
+                layers.append(layer)
+                continue
+            dropped = {f.name: None for f in fields(layer) if f.name in _THINNED}
+            layers.append(replace(layer, inputs=layer.inputs.new_empty((*layer.inputs.shape[:-1], 0)), **dropped))
+        return AttentionTrace(layers)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the tensors of every layer's record."""
+        return sum(
+            value.numel() * value.element_size()
+            for layer in self.layers
+            for value in (getattr(layer, f.name) for f in fields(layer))
+            if isinstance(value, Tensor)
+        )
+
+
+_THINNED = ("keys", "values", "scores", "outputs", "residual")
+"""Record fields :meth:`AttentionTrace.thinned` drops (a decoder's records add ``residual``)."""
+
 
 @dataclass
 class Cache:
@@ -193,6 +220,19 @@ class Cache:
     mask: Tensor
     layer: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def select(self, rows: Tensor) -> Cache:
+        """The cache of instances ``rows`` (repeats allowed): per-instance tensors of ``extra`` and
+        extras with a ``select_rows`` method (a decoder's key/value prefix) are indexed too."""
+        size = self.states.shape[0]
+
+        def pick(value: Any) -> Any:
+            if isinstance(value, Tensor):
+                return value.index_select(0, rows) if value.dim() and value.shape[0] == size else value
+            return value.select_rows(rows) if hasattr(value, "select_rows") else value
+
+        extra = {key: pick(value) for key, value in self.extra.items()}
+        return Cache(self.states.index_select(0, rows), self.mask.index_select(0, rows), self.layer, extra)
 
 
 @dataclass
@@ -354,6 +394,12 @@ class AttentionModel(nn.Module):
 
     def wordpieces(self, batch: Any) -> list[list[str]] | None:
         """The subword strings on the key axis of each example, or None when items are the words."""
+        return None
+
+    def rerun_cache(self, trace: AttentionTrace, layer: int, base: Cache, rows: Tensor) -> Cache | None:
+        """A cache restarting at trace layer ``layer`` at one position per example, ``rows`` ``(B,)``, the
+        other positions read from ``trace`` (a decoder's predicting token:
+        :meth:`~attnaudit.models.hf_decoder.HFDecoderModel.rerun_cache`); None where the family cannot."""
         return None
 
     def cache_at(self, trace: AttentionTrace, layer: int, base: Cache) -> Cache:

@@ -96,22 +96,45 @@ class DecoderAttentionLayer(AttentionLayer):
 
 @dataclass
 class KeyValuePrefix:
-    """Keys and values of tokens already run, which a continuation attends to before its own.
+    """Keys and values of tokens already run, which a continuation attends to.
 
     ``keys[l]``/``values[l]`` ``(B, kv_heads, P, dh)``: layer ``l``'s keys (rotary positions
-    applied) and values; row ``b`` holds its first ``mask[b].sum()`` tokens (``mask`` ``(B,P)``,
-    real positions first). Given as ``cache.extra["prefix"]`` to :meth:`HFDecoderModel.decode`,
-    it plays a transformers ``Cache``'s part: each attention module hands it its new keys and
-    values (``update``) and attends over what comes back, the prefix then the new tokens.
+    applied) and values; ``mask`` ``(B,P)`` marks the real ones. Given as ``cache.extra["prefix"]``
+    to :meth:`HFDecoderModel.decode`, it plays a transformers ``Cache``'s part: each attention
+    module hands it its new keys and values (``update``) and attends over what comes back.
+
+    Two uses. ``positions`` None: the continuation's tokens *follow* the prefix (row ``b`` holds
+    its first ``mask[b].sum()`` tokens) and their keys and values are appended (leave-one-out
+    reruns the tokens after a removed one). ``positions`` ``(B,Q)``: the prefix holds every
+    position of the pass and the continuation reruns the tokens at ``positions`` only, their
+    new keys and values in place of the pass's (an intervention at the predicting token alone:
+    :meth:`HFDecoderModel.rerun_cache`).
     """
 
-    keys: list[Tensor]
-    values: list[Tensor]
+    keys: list[Tensor | None]
+    values: list[Tensor | None]
     mask: Tensor
+    positions: Tensor | None = None
 
     def update(self, key: Tensor, value: Tensor, layer_idx: int, *args: Any, **kwargs: Any) -> tuple[Tensor, Tensor]:
-        """Layer ``layer_idx``'s keys and values: the prefix's, then ``key``/``value``."""
-        return torch.cat([self.keys[layer_idx], key], 2), torch.cat([self.values[layer_idx], value], 2)
+        """Layer ``layer_idx``'s keys and values: the prefix's, then ``key``/``value``; or, rerunning
+        ``positions``, the prefix's with those positions' entries replaced by ``key``/``value``."""
+        keys, values = self.keys[layer_idx], self.values[layer_idx]
+        if keys is None or values is None:
+            raise AttnAuditError(f"this key/value prefix holds nothing for layer {layer_idx}")
+        if self.positions is not None:
+            index = self.positions[:, None, :, None].expand(-1, key.shape[1], -1, key.shape[-1])
+            return keys.scatter(2, index, key), values.scatter(2, index, value)
+        return torch.cat([keys, key], 2), torch.cat([values, value], 2)
+
+    def select_rows(self, rows: Tensor) -> KeyValuePrefix:
+        """The prefix of instances ``rows`` (repeats allowed), as :meth:`Cache.select` asks of extras."""
+        return KeyValuePrefix(
+            keys=[None if k is None else k.index_select(0, rows) for k in self.keys],
+            values=[None if v is None else v.index_select(0, rows) for v in self.values],
+            mask=self.mask.index_select(0, rows),
+            positions=None if self.positions is None else self.positions.index_select(0, rows),
+        )
 
 
 def real_positions(mask: Tensor) -> Tensor:
@@ -119,14 +142,17 @@ def real_positions(mask: Tensor) -> Tensor:
     return (mask.long().cumsum(1) - 1).clamp_min(0)
 
 
-def causal_allowed(mask: Tensor, window: int | None = None) -> Tensor:
-    """``(B,Q,K)``: query ``i`` may read key ``j`` when ``j <= i`` (and ``i - j < window``) and ``j`` is real."""
+def causal_allowed(mask: Tensor, window: int | None = None, queries: Tensor | None = None) -> Tensor:
+    """``(B,Q,K)``: query ``i`` may read key ``j`` when ``j <= i`` (and ``i - j < window``) and ``j`` is real.
+
+    ``queries`` ``(B,Q)``: the key positions of the queries (default: every position, ``Q = K``)."""
     index = torch.arange(mask.shape[1], device=mask.device)
-    distance = index[:, None] - index[None, :]
+    at = index[None, :, None] if queries is None else queries[:, :, None]
+    distance = at - index[None, None, :]
     allowed = distance >= 0
     if window is not None:
         allowed = allowed & (distance < window)
-    return allowed[None] & mask[:, None, :].bool()
+    return allowed & mask[:, None, :].bool()
 
 
 class HFDecoderModel(HFAttentionModel):
@@ -314,21 +340,17 @@ class HFDecoderModel(HFAttentionModel):
         kept = None if keep_layers is None else {layer % n for layer in keep_layers}
         x, mask = cache.states, cache.mask.bool()
         prefix: KeyValuePrefix | None = cache.extra.get("prefix")
-        positions = real_positions(mask)
-        extra: dict[str, Any] = {}
-        causal, keys_mask = causal_allowed(mask), mask
+        allowed, keys_mask, positions = self._reads(mask, prefix)
+        extra: dict[str, Any] = {"position_ids": positions}
         if prefix is not None:
-            if not self.continues_prefix:
-                raise AttnAuditError(f"{self.hf_type} decoder cannot continue from a key/value prefix (no rotary positions, or sliding windows)")
-            positions = positions + prefix.mask.sum(1, keepdim=True)
-            causal = torch.cat([prefix.mask[:, None, :].expand(-1, mask.shape[1], -1), causal], 2)
-            keys_mask = torch.cat([prefix.mask, mask], 1)
             extra["past_key_values"] = prefix
-        extra["position_ids"] = positions
         rotary = getattr(self.hf.base_model, "rotary_emb", None)
         if rotary is not None:
             extra["position_embeddings"] = rotary(x, positions)
-        state = _Active(layer_of=self._layer_of, mask=keys_mask, interventions={l: interventions_for(interventions, l, n) for l in range(n)})
+        state = _Active(
+            layer_of=self._layer_of, mask=keys_mask, query_mask=mask,
+            interventions={l: interventions_for(interventions, l, n) for l in range(n)},
+        )
 
         def capture(_module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             state.inputs = args[0] if args else kwargs["hidden_states"]
@@ -336,11 +358,15 @@ class HFDecoderModel(HFAttentionModel):
         hooks = [m.register_forward_pre_hook(capture, with_kwargs=True) for m in self._attention_modules]
         token = _ACTIVE.set(state)
         trace = AttentionTrace()
+        by_window: dict[int | None, Tensor] = {}  # what a layer may read, per sliding window (None: none)
         try:
             layers = self.layers
             for index in indices:
                 window = getattr(self._attention_modules[index], "sliding_window", None)
-                state.allowed = causal if window is None else causal_allowed(mask, int(window))
+                window = None if window is None else int(window)
+                if window not in by_window:
+                    by_window[window] = allowed(window)
+                state.allowed = by_window[window]
                 # The mask argument is unused: every attention module here calls our function.
                 out = layers[index](x, attention_mask=None, **extra)
                 record = state.records.pop(index)
@@ -358,6 +384,23 @@ class HFDecoderModel(HFAttentionModel):
             for hook in hooks:
                 hook.remove()
         return ModelOutput(logits=self.head(x, mask), trace=trace)
+
+    def _reads(self, mask: Tensor, prefix: KeyValuePrefix | None) -> tuple[Callable[[int | None], Tensor], Tensor, Tensor]:
+        """What the tokens of a pass ``mask`` ``(B,Q)`` read: ``allowed(window)`` ``(B,Q,K)``, the key mask
+        ``(B,K)`` and the tokens' position ids ``(B,Q)``; with a :class:`KeyValuePrefix`, its keys first."""
+        if prefix is None:
+            return partial(causal_allowed, mask), mask, real_positions(mask)
+        if prefix.positions is not None:  # rerun positions of a pass whose keys the prefix holds
+            at = prefix.positions
+            return partial(causal_allowed, prefix.mask, queries=at), prefix.mask, real_positions(prefix.mask).gather(1, at)
+        if not self.continues_prefix:
+            raise AttnAuditError(f"{self.hf_type} decoder cannot continue from a key/value prefix (no rotary positions, or sliding windows)")
+        causal = torch.cat([prefix.mask[:, None, :].expand(-1, mask.shape[1], -1), causal_allowed(mask)], 2)
+
+        def allowed(window: int | None) -> Tensor:
+            return causal  # continues_prefix: no sliding window
+
+        return allowed, torch.cat([prefix.mask, mask], 1), real_positions(mask) + prefix.mask.sum(1, keepdim=True)
 
     def head(self, states: Tensor, mask: Tensor | None = None) -> Tensor:
         """Final norm, then the model's head at each example's last real token (``mask`` None: the last position)."""
@@ -397,6 +440,30 @@ class HFDecoderModel(HFAttentionModel):
         values = [layer.values[rows, ::groups, :width] for layer in trace]
         mask = torch.arange(width, device=lengths.device)[None, :] < lengths[:, None]
         return KeyValuePrefix(keys=keys, values=values, mask=mask)
+
+    def rerun_cache(self, trace: AttentionTrace, layer: int, base: Cache, rows: Tensor) -> Cache:
+        """Restart at trace layer ``layer`` at one position per example, ``rows`` ``(B,)``, reading the
+        other positions' keys and values from the full ``trace`` (a :class:`KeyValuePrefix` with
+        ``positions``): a pass of one token per example. The output equals the full restart's when
+        interventions change that position's attention rows only and no real token follows it (the
+        last real token, :meth:`explanation_rows`): causally, nothing else changes."""
+        if len(trace) != self.num_attention_layers:
+            raise AttnAuditError("rerun_cache needs the trace of every layer")
+        groups = self.config.heads // self.kv_heads
+        entry = trace[layer % len(trace)]
+        if getattr(entry, "residual", None) is None:
+            raise AttnAuditError("rerun_cache needs a trace from HFDecoderModel.decode")
+        at = rows.to(entry.mask.device)[:, None]
+        first = layer % len(trace)
+        prefix = KeyValuePrefix(  # only the layers rerun (the entries of earlier ones are never read)
+            keys=[record.keys[:, ::groups] if i >= first else None for i, record in enumerate(trace)],
+            values=[record.values[:, ::groups] if i >= first else None for i, record in enumerate(trace)],
+            mask=entry.mask.bool(),
+            positions=at,
+        )
+        states = entry.residual.gather(1, at[:, :, None].expand(-1, -1, entry.residual.shape[-1]))
+        return Cache(states=states, mask=torch.ones_like(at, dtype=torch.bool), layer=layer % len(trace),
+                     extra={**base.extra, "prefix": prefix})
 
     def cache_at(self, trace: AttentionTrace, layer: int, base: Cache) -> Cache:
         """Restart at trace layer ``layer`` from the residual stream that entered it."""

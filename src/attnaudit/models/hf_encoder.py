@@ -74,6 +74,8 @@ class _Active:
     records: dict[int, AttentionLayer] = field(default_factory=dict)
     allowed: Tensor | None = None
     """``(B,Q,K)`` which query may read which key (decoders: causal and padding); None: ``mask`` alone."""
+    query_mask: Tensor | None = None
+    """``(B,Q)`` the real queries where they are not the keys (a decoder rerunning some positions); None: ``mask``."""
     layer_masks: dict[int, tuple[Tensor, Tensor | None, Tensor]] = field(default_factory=dict)
     """Per layer ``(key mask, allowed, query mask)`` where they are not ``(mask, allowed, mask)``:
     an encoder-decoder's decoder self-attention and cross-attention (:mod:`attnaudit.models.hf_seq2seq`)."""
@@ -109,7 +111,8 @@ def _attention(
         return eager_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
     ivs = state.interventions.get(layer, [])
     query, key, value = attention_operands(query, key, value)
-    mask, allowed, query_mask = state.layer_masks.get(layer, (state.mask, state.allowed, state.mask))
+    queries = state.mask if state.query_mask is None else state.query_mask
+    mask, allowed, query_mask = state.layer_masks.get(layer, (state.mask, state.allowed, queries))
     allowed = None if allowed is None else allowed[:, None]
     scale = query.shape[-1] ** -0.5 if scaling is None else scaling
     keys = apply_key_interventions(key, ivs)
