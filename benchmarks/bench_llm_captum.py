@@ -124,7 +124,7 @@ def difference(ours: Tensor, peer: Tensor, items: Tensor) -> dict[str, float | b
 def main(argv: list[str] | None = None) -> dict:
     """Run the comparison, write the result file and return its content."""
     from attnaudit.explain import item_mask
-    from attnaudit.models.hf import load_hf
+    from attnaudit.hf import load_hf
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data-dir", default=os.environ.get("ATTNAUDIT_DATA"), help="default $ATTNAUDIT_DATA")

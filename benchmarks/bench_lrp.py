@@ -111,7 +111,7 @@ def bench_model(label: str, run: Any, batch: Any, rules: tuple[str, ...], repeat
 
 def main(argv: list[str] | None = None) -> dict | None:
     """Run both models (MiniLM only with ``--run``), write the result file and return its content."""
-    from attnaudit.models.hf import load_hf
+    from attnaudit.hf import load_hf
     from attnaudit.run import load_run
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])

@@ -90,7 +90,7 @@ def decoder_on(device: str) -> dict[str, torch.Tensor]:
 
     from attnaudit.data.types import Example
     from attnaudit.explain import get_explanation
-    from attnaudit.models.hf import HFCollator
+    from attnaudit.hf import HFCollator
     from attnaudit.models.hf_decoder import HFDecoderModel
 
     words = ["[PAD]", "[UNK]", "[SEP]", *(f"w{i}" for i in range(61))]

@@ -16,7 +16,7 @@ import argparse
 import time
 from typing import Any
 
-from attnaudit.models.hf import load_hf
+from attnaudit.hf import load_hf
 from attnaudit.report.explorer import EXPLORE, explorer_payload, model_data, script_json
 
 from benchmarks.common import write_result

@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `benchmarks.comm
 
 from attnaudit.experiments import run_test  # noqa: E402
 from attnaudit.io import read_json  # noqa: E402
-from attnaudit.models.hf import load_hf  # noqa: E402
+from attnaudit.hf import load_hf  # noqa: E402
 from attnaudit.training.finetune import finetune  # noqa: E402
 from benchmarks.common import RUNS, write_result  # noqa: E402
 

@@ -130,7 +130,7 @@ def tiny_attention_run(tmp_path_factory):
     return get
 
 
-# --- Tiny Hugging Face BERT (built locally, never downloaded), shared by tests/models/test_hf.py,
+# --- Tiny Hugging Face BERT (built locally, never downloaded), shared by tests/test_hf.py,
 # --- tests/experiments/test_{norms,rollout}.py and tests/training/test_finetune.py ---
 
 HF_VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "good", "bad", "movie", "plot", "the", "was", "not",

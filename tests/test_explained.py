@@ -29,7 +29,7 @@ from attnaudit.data.types import Example
 from attnaudit.errors import AttnAuditError, AttnAuditWarning
 from attnaudit.explain import EXPLANATIONS
 from attnaudit.explained import Explained
-from attnaudit.models.hf import HFCollator, build_hf_model, load_hf
+from attnaudit.hf import HFCollator, build_hf_model, load_hf
 from attnaudit.models.hf_decoder import HFDecoderModel
 from attnaudit.models.zeroshot import ZeroShotCollator, make_zero_shot
 from attnaudit.run import Run, TaskSpec

@@ -174,7 +174,7 @@ def test_removal_never_touches_padding(shape: tuple[list[int], int], percent: fl
 
 
 def test_hf_special_tokens_are_never_removed(tiny_hf) -> None:  # type: ignore[no-untyped-def]
-    from attnaudit.models.hf import load_hf
+    from attnaudit.hf import load_hf
 
     run = load_hf(tiny_hf.dir, task=tiny_hf.task(), device="cpu")
     batch = run.collate(run.data().test[:4])
@@ -214,7 +214,7 @@ def slow_probs(run, example: Example, scores: list[float], percent: float, mode:
 @pytest.mark.parametrize("mode", ["delete", "mask"])
 def test_batched_perturbations_equal_the_slow_loop(name: str, mode: str, tiny_attention_run, tiny_hf) -> None:  # type: ignore[no-untyped-def]
     if name == "hf":
-        from attnaudit.models.hf import load_hf
+        from attnaudit.hf import load_hf
 
         run = load_hf(tiny_hf.dir, task=tiny_hf.task(), device="cpu")
         examples, unk = run.data().test[:8], "[MASK]"

@@ -97,7 +97,7 @@ def _load_target(
     if run is not None:
         return load_run(run, device=device, data_dir=data_dir)
     if hf is not None:
-        from attnaudit.models.hf import load_hf
+        from attnaudit.hf import load_hf
 
         if not task:
             raise AttnAuditError("--hf needs --task (the data to audit on)")

@@ -262,7 +262,7 @@ def _load_model(
         from attnaudit.run import load_run
 
         return load_run(run, device=device, data_dir=data_dir)
-    from attnaudit.models.hf import load_hf
+    from attnaudit.hf import load_hf
 
     return load_hf(hf, task=task, data_dir=data_dir, device=device, prompt=prompt, verbalizer=verbalizer)
 
@@ -596,7 +596,7 @@ def _make_run_command(name: str, experiment: Any) -> None:
             else:
                 kwargs[key] = parse_text(kwargs[key], annotation, "--" + key.replace("_", "-"))
         if hf:
-            from attnaudit.models.hf import load_hf
+            from attnaudit.hf import load_hf
 
             if not task:
                 raise AttnAuditError("--hf needs --task (the data to run the test on)")

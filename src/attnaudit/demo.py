@@ -71,7 +71,7 @@ def sentences_task() -> TaskData:
 
 def _pretrained(out: Path, options: dict[str, dict[str, Any]], figures: bool, seed: int, device: str) -> AuditResult | None:
     """Norms and rollout on MiniLM (when the embedded model is installed)."""
-    from attnaudit.models.hf import load_hf
+    from attnaudit.hf import load_hf
 
     try:
         run = load_hf("minilm", task=sentences_task(), device=device)

@@ -139,7 +139,7 @@ def _load(
         from attnaudit.run import load_run
 
         return load_run(source, device=device, data_dir=data_dir)
-    from attnaudit.models.hf import load_hf
+    from attnaudit.hf import load_hf
 
     return load_hf(str(source), device=device, prompt=prompt, verbalizer=verbalizer, dtype=dtype or "float32")
 

@@ -1,7 +1,7 @@
 """Where a pretrained Hugging Face model comes from: the embedded MiniLM or SmolLM2, a local folder
 or ``.gguf`` file, or a hub name.
 
-Both the Hugging Face adapter (:mod:`attnaudit.models.hf`) and the static word vectors taken
+Both the Hugging Face adapter (:mod:`attnaudit.hf`) and the static word vectors taken
 from a model's embeddings (:func:`attnaudit.data.vocab.hf_static_vectors`) name models this way.
 """
 

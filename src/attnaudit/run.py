@@ -167,7 +167,7 @@ class RunLoader(Protocol):
 # another's libraries (transformers takes seconds to import).
 RUN_LOADERS: dict[str, RunLoader | str] = {
     "attnaudit": "attnaudit.training.checkpoint:load_attnaudit_run",
-    "hf": "attnaudit.models.hf:load_hf_run",
+    "hf": "attnaudit.hf:load_hf_run",
     "nmt": "attnaudit.training.nmt:load_nmt_run",
 }
 

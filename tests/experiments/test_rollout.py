@@ -19,7 +19,7 @@ from attnaudit.experiments import run_test
 from attnaudit.experiments.rollout import Rollout, explanation_rows
 from attnaudit.explain.gradient import gradient_importance
 from attnaudit.flow import flow, rollout
-from attnaudit.models.hf import load_hf
+from attnaudit.hf import load_hf
 from attnaudit.run import Run
 from tests.reliability.helpers import cli
 

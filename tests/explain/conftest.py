@@ -73,7 +73,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Run, Batch
 @pytest.fixture(scope="session")
 def bert(tiny_hf) -> tuple[Run, Batch]:
     """The tiny random 2-layer BERT classifier of ``tiny_hf`` (post-LN, [CLS] explains) and a padded batch."""
-    from attnaudit.models.hf import load_hf
+    from attnaudit.hf import load_hf
 
     run = load_hf(tiny_hf.dir, task=tiny_hf.task(), device="cpu")
     run.model.eval()

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from transformers import LlamaConfig, LlamaForSequenceClassification, PreTrainedTokenizerFast
 
 from attnaudit.data.types import Batch
-from attnaudit.models.hf import HFCollator
+from attnaudit.hf import HFCollator
 from attnaudit.models.hf_decoder import HFDecoderModel
 from attnaudit.models.hf_encoder import HFAttentionModel
 from attnaudit.models.transformer import TransformerEncoderModel

@@ -148,7 +148,7 @@ def test_explain_command_on_a_tiny_llama_and_bert(tiny_hf, tmp_path) -> None:
     from typer.testing import CliRunner
 
     from attnaudit.cli import app
-    from attnaudit.models.hf import load_hf
+    from attnaudit.hf import load_hf
     from tests.models.test_hf_decoder import save_llama_lm
 
     text = "the movie was not very fun !"

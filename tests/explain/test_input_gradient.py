@@ -8,7 +8,7 @@ import torch
 
 from attnaudit.explain.gradient import gradient_importance
 from attnaudit.explain.input_gradient import input_gradient
-from attnaudit.models.hf import load_hf
+from attnaudit.hf import load_hf
 
 
 def test_input_gradient_is_the_summed_gradient_of_the_predicted_logit(runs: dict) -> None:

@@ -18,7 +18,7 @@ import torch
 from attnaudit.explain import item_mask
 from attnaudit.explain.ig import integrated_gradients
 from attnaudit.explain.input_gradient import input_gradient
-from attnaudit.models.hf import load_hf
+from attnaudit.hf import load_hf
 from tests.models.test_hf_decoder import build, tokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # `benchmarks` is a folder of the checkout

@@ -21,7 +21,7 @@ import torch
 from scipy.stats import spearmanr
 
 from attnaudit.explain.attnlrp import lrp_relevance
-from attnaudit.models.hf import HFCollator, load_hf
+from attnaudit.hf import HFCollator, load_hf
 from attnaudit.models.hf_decoder import HFDecoderModel
 from tests.models.test_hf_decoder import build, tokenizer
 

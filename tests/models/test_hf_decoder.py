@@ -45,7 +45,7 @@ from attnaudit.explain.gradient import gradient_importance
 from attnaudit.models.attention import normalise
 from attnaudit.models.base import Intervention, freeze_uniform
 from attnaudit.models.gguf_cache import cache_folder
-from attnaudit.models.hf import HFCollator, load_hf, resolve_source, save_hf_run
+from attnaudit.hf import HFCollator, load_hf, resolve_source, save_hf_run
 from attnaudit.models.hf_decoder import HFDecoderModel, causal_allowed, real_positions
 from attnaudit.pretrained import SMOLLM2_INSTALL, smollm2_path
 from attnaudit.run import load_run

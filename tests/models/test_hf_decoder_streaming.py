@@ -28,7 +28,7 @@ from attnaudit.data.types import Batch
 from attnaudit.errors import AttnAuditError
 from attnaudit.explain.rollout import layer_weights, rollout_importance
 from attnaudit.flow import StreamingRollout, rollout
-from attnaudit.models.hf import HFCollator, build_hf_model
+from attnaudit.hf import HFCollator, build_hf_model
 from attnaudit.models.hf_decoder import HFDecoderModel
 
 REPO = Path(__file__).resolve().parents[2]

@@ -36,7 +36,7 @@ from attnaudit.data.alignment import SubwordTokenizer, synthetic_translation
 from attnaudit.data.types import Batch
 from attnaudit.errors import AttnAuditError
 from attnaudit.models.base import Intervention, freeze_uniform
-from attnaudit.models.hf import load_hf
+from attnaudit.hf import load_hf
 from attnaudit.models.hf_decoder import causal_allowed
 from attnaudit.models.hf_seq2seq import HFSeq2SeqModel, HFSubwords, collator, fresh_tokenizer
 from tests.models.test_hf_decoder import real_rows
@@ -377,7 +377,7 @@ def test_applicability_matches_our_nmt(pairs: SimpleNamespace) -> None:
 
 def test_classification_head_refused(pairs: SimpleNamespace, tmp_path: Path) -> None:
     """``finetune`` adds classification heads; an encoder-decoder is refused in one line saying what trains one."""
-    from attnaudit.models.hf import build_hf_model
+    from attnaudit.hf import build_hf_model
 
     folder = tmp_path / "marian"
     build("marian", len(pairs.subwords)).save_pretrained(folder, safe_serialization=True)

@@ -20,7 +20,7 @@ from attnaudit.data.types import Example, TaskData
 from attnaudit.errors import AttnAuditError
 from attnaudit.experiments import run_test
 from attnaudit.experiments.base import get_experiment
-from attnaudit.models.hf import load_hf, save_hf_run
+from attnaudit.hf import load_hf, save_hf_run
 from attnaudit.models.hf_decoder import HFDecoderModel
 from attnaudit.models.zeroshot import (
     ITEMS_NOTE,

@@ -28,7 +28,7 @@ from attnaudit.data.types import Batch
 from attnaudit.errors import AttnAuditError
 from attnaudit.models import ModelConfig, build_model
 from attnaudit.models.base import AttentionModel, Intervention
-from attnaudit.models.hf import HFCollator
+from attnaudit.hf import HFCollator
 from attnaudit.models.hf_decoder import HFDecoderModel
 from attnaudit.models.hf_encoder import HFAttentionModel
 

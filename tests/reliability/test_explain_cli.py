@@ -15,7 +15,7 @@ import pandas as pd
 
 from attnaudit.experiments import discover
 from attnaudit.explain import EXPLANATIONS
-from attnaudit.models.hf import load_hf
+from attnaudit.hf import load_hf
 from attnaudit.run import Run
 
 from .helpers import assert_clean_failure, cli, written

@@ -61,7 +61,7 @@ def family_runs(docs_workspace: Workspace, tmp_path_factory: pytest.TempPathFact
 
 
 def _why_not(workspace: Workspace, family: str, test: str) -> str | None:
-    from attnaudit.models.hf import load_hf
+    from attnaudit.hf import load_hf
     from attnaudit.run import load_run
 
     if FAMILY_RUNS[family] is None:

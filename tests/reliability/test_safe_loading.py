@@ -258,7 +258,7 @@ def _hf_copy(
 
 
 def test_hugging_face_half_precision_loads_as_float32(tiny_hf: SimpleNamespace, tmp_path: Path) -> None:
-    from attnaudit.models.hf import load_hf
+    from attnaudit.hf import load_hf
 
     original = _hf_copy(tiny_hf, tmp_path / "bert", lambda _, v: v.to(torch.bfloat16) if v.is_floating_point() else v)
     config = json.loads((tmp_path / "bert" / "config.json").read_text())
@@ -271,7 +271,7 @@ def test_hugging_face_half_precision_loads_as_float32(tiny_hf: SimpleNamespace, 
 
 @pytest.mark.parametrize("kind", ["int", "nan"])
 def test_hugging_face_bad_weights_are_refused(kind: str, tiny_hf: SimpleNamespace, tmp_path: Path) -> None:
-    from attnaudit.models.hf import load_hf
+    from attnaudit.hf import load_hf
 
     key = "bert.embeddings.LayerNorm.weight"
     damage, message = BAD_WEIGHTS[kind]
@@ -287,7 +287,7 @@ def test_hugging_face_bad_weights_are_refused(kind: str, tiny_hf: SimpleNamespac
 def test_written_files_follow_the_umask(umask: int, mode: int, tiny_hf: SimpleNamespace, tmp_path: Path) -> None:
     """safetensors' ``save_file`` writes its own 0600 file; every result must still get ``0o666 & ~umask``."""
     from attnaudit.experiments.base import Result
-    from attnaudit.models.hf import load_hf, save_hf_run
+    from attnaudit.hf import load_hf, save_hf_run
 
     write_table(tmp_path / "train.csv", synthetic_rows(40))
     previous = os.umask(umask)

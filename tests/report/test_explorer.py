@@ -207,7 +207,7 @@ def test_show_returns_the_same_views_for_jupyter(audited: tuple[Run, Path]) -> N
 def test_a_decoder_llm_is_explored_causally_over_its_prompt(tiny_hf, tmp_path: Path) -> None:
     """Zero-shot tiny Llama: every layer causal (no weight above the diagonal), the prompt's tokens on
     both axes, the explanations over the text span only."""
-    from attnaudit.models.hf import load_hf
+    from attnaudit.hf import load_hf
     from attnaudit.report.explorer import model_data
     from tests.models.test_hf_decoder import save_llama_lm
 

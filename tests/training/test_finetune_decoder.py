@@ -19,7 +19,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoTokenizer, Qwen2Tokenizer
 
-import attnaudit.models.hf as hf_module
+import attnaudit.hf as hf_module
 from attnaudit.data.types import Batch
 from attnaudit.errors import AttnAuditError
 from attnaudit.experiments import run_test

@@ -1,6 +1,6 @@
 """Decoder-only Hugging Face language models (Llama/SmolLM2, Qwen2, GPT-2) behind the one model interface.
 
-Same mechanism as the encoders of :mod:`attnaudit.models.hf`, and no forked modeling file:
+Same mechanism as the encoders of :mod:`attnaudit.hf`, and no forked modeling file:
 every attention module calls the ``"attnaudit"`` function registered there, and
 :meth:`HFDecoderModel.decode` runs the model's own decoder layers one by one. What differs:
 
@@ -507,7 +507,7 @@ def _quiet_gguf() -> Iterator[None]:
 
 
 def _load(loader: Any, folder: str, gguf: dict[str, str], **kwargs: Any) -> Any:
-    """``loader.from_pretrained``: a folder or hub name through :func:`attnaudit.models.hf._pretrained`;
+    """``loader.from_pretrained``: a folder or hub name through :func:`attnaudit.hf._pretrained`;
     a GGUF file directly (:func:`_load_gguf`; in practice once per file, see
     :mod:`attnaudit.models.gguf_cache`)."""
     if not gguf:

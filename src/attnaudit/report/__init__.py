@@ -101,7 +101,7 @@ def _find_run(directory: Path, info: dict[str, Any], data_dir: str | Path | None
     from attnaudit.run import load_run
 
     if info.get("hf") and not info.get("run"):
-        from attnaudit.models.hf import load_hf
+        from attnaudit.hf import load_hf
 
         options = {key: info[key] for key in ("max_length", "dtype") if info.get(key) is not None}  # as the audit ran it
         return load_hf(info["hf"], task=info.get("task"), data_dir=data_dir or info.get("data_dir"), device=device, **options)

@@ -9,7 +9,7 @@ works). ``train_layers`` trains only the head, the last ``N`` layers and what fo
 layer — what makes a 135M decoder trainable on a few CPU cores.
 
 AdamW with linear warm-up/decay (the usual BERT recipe) and clipping at 1, cross-entropy on
-the head's logits computed through :class:`~attnaudit.models.hf.HFAttentionModel` (so training
+the head's logits computed through :class:`~attnaudit.hf.HFAttentionModel` (so training
 sees exactly the model the tests later examine), every epoch trained (no early stopping), one
 dev evaluation per epoch and the best dev-accuracy epoch kept; all of it by the one loop,
 :func:`attnaudit.training.loop.fit`. The run directory (``config.json`` with ``kind: hf``, ``hf/``
@@ -39,7 +39,7 @@ from attnaudit.training.loop import Hooks, LoopConfig, Optimiser, Selection, fit
 from attnaudit.training.trainer import cross_entropy, evaluate_examples
 
 if TYPE_CHECKING:
-    from attnaudit.models.hf import HFAttentionModel
+    from attnaudit.hf import HFAttentionModel
 
 AFTER_LAYERS = ("norm", "ln_f", "pooler")
 """Base-model modules that run after the layers (decoders' final norm, BERT's pooler): trained with the head."""
@@ -88,7 +88,7 @@ def _check(epochs: int, batch_size: int, lr: float, warmup: float, limit: int | 
 def _hooks(run: Run, data: TaskData, out: Path, extra: dict[str, Any]) -> Hooks:
     """Cross-entropy on the head's logits, dev scores per epoch; the kept epoch is saved as an
     ``hf`` run directory (``save_pretrained``) with its head marked as trained."""
-    from attnaudit.models.hf import save_hf_run
+    from attnaudit.hf import save_hf_run
 
     def save_best() -> None:
         run.model.trained_head = True
@@ -127,7 +127,7 @@ def finetune(
     test stay whole). ``max_len`` caps wordpieces per input (default: the model's limit).
     ``train_layers`` trains only the head and the last N layers (None: every parameter).
     """
-    from attnaudit.models.hf import load_hf, load_hf_run
+    from attnaudit.hf import load_hf, load_hf_run
     from attnaudit.pretrained import resolve_source
 
     _check(epochs, batch_size, lr, warmup, limit, train_layers)

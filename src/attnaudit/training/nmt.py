@@ -214,7 +214,7 @@ def train_hf_nmt(
     """
     from dataclasses import replace
 
-    from attnaudit.models.hf import load_hf_run, save_hf_run
+    from attnaudit.hf import load_hf_run, save_hf_run
     from attnaudit.models.hf_seq2seq import collator, fresh_seq2seq, fresh_tokenizer
 
     settings = {"kind": "hf", "arch": arch, "train": asdict(cfg), "task": spec.to_dict()}

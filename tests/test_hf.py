@@ -22,7 +22,7 @@ from attnaudit.data.types import Batch, Example, TaskData
 from attnaudit.errors import AttnAuditError, InputError
 from attnaudit.models.attention import normalise
 from attnaudit.models.base import Intervention
-from attnaudit.models.hf import HFAttentionModel, HFCollator, load_hf, save_hf_run
+from attnaudit.hf import HFAttentionModel, HFCollator, load_hf, save_hf_run
 from attnaudit.run import Run, load_run
 
 
