@@ -6,7 +6,7 @@ padding) five operations run side by side in ``--repeats`` interleaved rounds
 
 * ``peer``: the HF model's own eager forward with ``output_attentions=True`` (a copy of the
   same model with ``attn_implementation="eager"``): the cheapest way to get every layer's weights;
-* ``capture``: our traced forward (:class:`~attnaudit.models.hf_decoder.HFDecoderModel`, the
+* ``capture``: our traced forward (:class:`~attnaudit.models.hf_model.HFModel`, the
   AttentionModel interface), every layer's weights, scores, keys, values and inputs kept;
 * ``norms``: capture plus ‖Σ_h α f_h(x)‖ of every layer (:func:`attnaudit.explain.norms.layer_norms`);
 * ``rollout``: capture plus attention rollout over all layers (:func:`attnaudit.flow.rollout`);
@@ -66,7 +66,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `benchmarks.comm
 from attnaudit.data.types import Batch  # noqa: E402
 from attnaudit.explain.norms import layer_norms  # noqa: E402
 from attnaudit.flow import StreamingRollout, rollout  # noqa: E402
-from attnaudit.models.hf_decoder import DTYPES, HFDecoderModel  # noqa: E402
+from attnaudit.models.hf_loading import DTYPES
+from attnaudit.models.hf_model import HFModel  # noqa: E402
 from attnaudit.seed import resolve_device  # noqa: E402
 from benchmarks.common import REPEATS, RESULTS, ROOT, ratio_span, time_interleaved, write_result  # noqa: E402
 
@@ -100,7 +101,7 @@ def word_tokenizer(vocab_size: int, eos_id: int) -> Any:
     return PreTrainedTokenizerFast(tokenizer_object=core, unk_token="<0>", eos_token=f"<{eos_id}>", model_max_length=10**9)
 
 
-def random_smollm2(dtype: torch.dtype) -> HFDecoderModel:
+def random_smollm2(dtype: torch.dtype) -> HFModel:
     """SmolLM2-135M's architecture (``benchmarks/smollm2_config.json``) with random weights (seed 0)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -109,18 +110,18 @@ def random_smollm2(dtype: torch.dtype) -> HFDecoderModel:
     torch.manual_seed(SEED)
     hf = AutoModelForCausalLM.from_config(config, attn_implementation="eager").to(dtype).eval()
     tokenizer = word_tokenizer(config.vocab_size, config.eos_token_id)
-    return HFDecoderModel(hf, tokenizer, "classification", "random SmolLM2-135M", trained_head=False)
+    return HFModel(hf, tokenizer, "classification", "random SmolLM2-135M", trained_head=False)
 
 
-def load_model(weights: str, dtype: torch.dtype, device: torch.device) -> tuple[HFDecoderModel, torch.nn.Module]:
+def load_model(weights: str, dtype: torch.dtype, device: torch.device) -> tuple[HFModel, torch.nn.Module]:
     """(our model, HF's eager copy of the same weights), both in eval mode on ``device``."""
     if weights == "random":
         model = random_smollm2(dtype)
     else:
-        from attnaudit.models.hf_decoder import build_decoder_model
+        from attnaudit.models.hf_loading import build_hf_model
         from attnaudit.pretrained import smollm2_path
 
-        model = build_decoder_model(smollm2_path(), "classification", dtype=dtype)
+        model = build_hf_model(smollm2_path(), "classification", dtype=dtype)
     peer = copy.deepcopy(model.hf)
     peer.set_attn_implementation("eager")
     return model.to(device).eval(), peer.to(device).eval()
@@ -142,7 +143,7 @@ def peer_forward(peer: torch.nn.Module, batch: Batch) -> Any:
                 use_cache=False, logits_to_keep=1)
 
 
-def operations(model: HFDecoderModel, peer: torch.nn.Module, batch: Batch) -> dict[str, Callable[[], torch.Tensor]]:
+def operations(model: HFModel, peer: torch.nn.Module, batch: Batch) -> dict[str, Callable[[], torch.Tensor]]:
     """The timed functions; each returns only a small result, so nothing large outlives a call."""
 
     def run_peer() -> torch.Tensor:
@@ -180,7 +181,7 @@ def synchronised(fn: Callable[[], torch.Tensor], device: torch.device) -> Callab
     return call
 
 
-def agreement(model: HFDecoderModel, peer: torch.nn.Module, batch: Batch) -> dict[str, float]:
+def agreement(model: HFModel, peer: torch.nn.Module, batch: Batch) -> dict[str, float]:
     """Max abs differences to HF's eager forward: every layer's weights (compared as our layers finish) and the logits."""
     with torch.no_grad():
         theirs = peer_forward(peer, batch)
@@ -201,7 +202,7 @@ def element_size(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
 
-def estimated_bytes(operation: str, length: int, model: HFDecoderModel, dtype: torch.dtype) -> int:
+def estimated_bytes(operation: str, length: int, model: HFModel, dtype: torch.dtype) -> int:
     """A rough peak footprint of ``operation`` at ``length`` (T×T tensors only), for the skip rule."""
     per_layer = model.config.heads * length * length * element_size(dtype)
     layers = FOOTPRINT_LAYERS[operation]
@@ -276,7 +277,7 @@ def measure_memory(args: argparse.Namespace, plan: dict[int, list[str]]) -> dict
 # -- the run ------------------------------------------------------------------------------------------
 
 
-def measure_length(model: HFDecoderModel, peer: torch.nn.Module, length: int, args: argparse.Namespace,
+def measure_length(model: HFModel, peer: torch.nn.Module, length: int, args: argparse.Namespace,
                    device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
     """Agreement (when the peer fits) and interleaved timing of the operations that fit in memory at ``length``."""
     batch = token_batch(length, model.config.vocab_size, device)

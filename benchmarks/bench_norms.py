@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     tokens = sum(int(b.mask.sum()) for b in batches)
     result = {
         "peer": "transformers BertModel(..., output_attentions=True), eager attention",
-        "ours": "attnaudit HFAttentionModel forward + norms.layer_norms on all 6 layers",
+        "ours": "attnaudit HFModel forward + norms.layer_norms on all 6 layers",
         **top,
         "ratio_meaning": "peer time / our time (< 1: the norm analysis costs more than reading the weights); "
         "timing.cost = our time / peer time",

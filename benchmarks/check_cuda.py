@@ -91,7 +91,7 @@ def decoder_on(device: str) -> dict[str, torch.Tensor]:
     from attnaudit.data.types import Example
     from attnaudit.explain import get_explanation
     from attnaudit.hf import HFCollator
-    from attnaudit.models.hf_decoder import HFDecoderModel
+    from attnaudit.models.hf_model import HFModel
 
     words = ["[PAD]", "[UNK]", "[SEP]", *(f"w{i}" for i in range(61))]
     core = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
@@ -102,7 +102,7 @@ def decoder_on(device: str) -> dict[str, torch.Tensor]:
         vocab_size=len(words), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0, num_labels=2,
     )
-    model = HFDecoderModel(LlamaForSequenceClassification(config), tok, "classification", "llama", trained_head=True)
+    model = HFModel(LlamaForSequenceClassification(config), tok, "classification", "llama", trained_head=True)
     model.to(device).eval()
     generator = torch.Generator().manual_seed(1)
     texts = [[f"w{int(i)}" for i in torch.randint(0, 61, (n,), generator=generator)] for n in (12, 9, 5, 12)]

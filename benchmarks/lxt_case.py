@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from attnaudit.models.hf_encoder import HFAttentionModel
+from attnaudit.models.hf_model import HFModel
 
 WORKER = Path(__file__).with_name("lxt_worker.py")
 LXT_VENV = Path(os.environ.get("ATTNAUDIT_LXT_VENV", "/tmp/lxt-venv"))
@@ -32,7 +32,7 @@ def lxt_python() -> Path | None:
     return python if found else None
 
 
-def family_config(model: HFAttentionModel) -> tuple[str, dict[str, Any]]:
+def family_config(model: HFModel) -> tuple[str, dict[str, Any]]:
     """``("bert" | "llama", transformers-4 config kwargs)`` of a wrapped BERT classifier or Llama LM."""
     cfg = model.hf.config
     common = {k: getattr(cfg, k) for k in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
@@ -49,7 +49,7 @@ def family_config(model: HFAttentionModel) -> tuple[str, dict[str, Any]]:
     raise ValueError(f"lxt comparison covers BERT and Llama, not {cfg.model_type}")
 
 
-def write_case(model: HFAttentionModel, inputs: list[list[int]], rule: str, folder: Path, threads: int = 1) -> Path:
+def write_case(model: HFModel, inputs: list[list[int]], rule: str, folder: Path, threads: int = 1) -> Path:
     """Save ``model``'s weights and architecture and the token ids of each input for the worker."""
     folder.mkdir(parents=True, exist_ok=True)
     family, config = family_config(model)

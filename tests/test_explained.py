@@ -30,7 +30,7 @@ from attnaudit.errors import AttnAuditError, AttnAuditWarning
 from attnaudit.explain import EXPLANATIONS
 from attnaudit.explained import Explained
 from attnaudit.hf import HFCollator, build_hf_model, load_hf
-from attnaudit.models.hf_decoder import HFDecoderModel
+from attnaudit.models.hf_model import HFModel
 from attnaudit.models.zeroshot import ZeroShotCollator, make_zero_shot
 from attnaudit.run import Run, TaskSpec
 from tests.models.test_hf_decoder import build, tokenizer
@@ -50,7 +50,7 @@ def lm(request: pytest.FixtureRequest, tiny_hf: SimpleNamespace) -> SimpleNamesp
     reference = copy.deepcopy(hf)
     reference.set_attn_implementation("eager")
     tok = tokenizer(tiny_hf.vocab)
-    model = HFDecoderModel(hf, tok, "classification", request.param, trained_head=False).eval()
+    model = HFModel(hf, tok, "classification", request.param, trained_head=False).eval()
     ids = torch.tensor([tok(TEXT)["input_ids"]])
     return SimpleNamespace(run=as_run(model, HFCollator(tok, [], "classification", 64, False)), reference=reference, ids=ids)
 
@@ -168,7 +168,7 @@ def test_headless_encoder_gets_attention_methods_only(tiny_hf: SimpleNamespace) 
 def test_zero_shot_explains_the_verbalizer_decision(tiny_hf: SimpleNamespace) -> None:
     hf = build("llama", len(tiny_hf.vocab), lm=True)
     tok = tokenizer(tiny_hf.vocab)
-    model = HFDecoderModel(hf, tok, "classification", "llama", trained_head=False).eval()
+    model = HFModel(hf, tok, "classification", "llama", trained_head=False).eval()
     make_zero_shot(model, "the {text} was", {"neg": "bad", "pos": "good"}, ["neg", "pos"])
     run = as_run(model, ZeroShotCollator("the {text} was", tok, ["neg", "pos"], 64), ["neg", "pos"])
     explained = explain_text(run, "movie", methods=["attention"])

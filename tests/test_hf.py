@@ -22,7 +22,7 @@ from attnaudit.data.types import Batch, Example, TaskData
 from attnaudit.errors import AttnAuditError, InputError
 from attnaudit.models.attention import normalise
 from attnaudit.models.base import Intervention
-from attnaudit.hf import HFAttentionModel, HFCollator, load_hf, save_hf_run
+from attnaudit.hf import HFModel, HFCollator, load_hf, save_hf_run
 from attnaudit.run import Run, load_run
 
 
@@ -198,7 +198,7 @@ def test_loading_errors(tiny_hf: SimpleNamespace, monkeypatch: pytest.MonkeyPatc
     with pytest.raises(AttnAuditError, match="could not load Hugging Face model 'someone/no-such-model'"):
         load_hf("someone/no-such-model", device="cpu")
     # an uncached hub name with no route to the hub fails at once instead of retrying
-    import attnaudit.models.hf_encoder as hf_module
+    import attnaudit.models.hf_loading as hf_module
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(hf_module, "_hub_reachable", lambda: False)
@@ -216,7 +216,7 @@ def test_other_families_match_their_own_forward(tiny_hf: SimpleNamespace, family
         hf = RobertaForSequenceClassification(
             RobertaConfig(vocab_size=len(tiny_hf.vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, pad_token_id=0)
         )
-    model = HFAttentionModel(hf.eval(), tiny_hf.tokenizer(), "classification", family, trained_head=False).eval()
+    model = HFModel(hf.eval(), tiny_hf.tokenizer(), "classification", family, trained_head=False).eval()
     batch = HFCollator(tiny_hf.tokenizer(), ["neg", "pos"], "classification", 32, token_types=False)(tiny_hf.task().test)
     with torch.no_grad():
         ours = model(batch)

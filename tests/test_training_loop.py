@@ -258,7 +258,7 @@ def test_every_family_trains_through_the_loop(epochs_seen: list[tuple[str, str]]
     finetune(tiny_hf.task(), tmp_path / "hf", hf=str(tiny_hf.dir), epochs=1, batch_size=4, device="cpu")
     models = [model for _, model in epochs_seen]
     assert models == [*["AttentionClassifier"] * 3, "HierarchicalAttentionNetwork", "FlatAttentionClassifier", "TransformerClassifier",
-                      "TransformerTagger", "Seq2SeqTransformer", "HFAttentionModel"], models
+                      "TransformerTagger", "Seq2SeqTransformer", "HFModel"], models
     for name in ("bilstm", "han", "tagger", "nmt", "hf"):
         notes = json.loads((tmp_path / name / "metrics.json").read_text())["training"]
         assert notes["epochs_run"] == 1 and notes["selected_epoch"] == 1

@@ -121,7 +121,7 @@ class StreamingRollout:
     """Attention rollout folded in one layer at a time: the last layer of :func:`rollout`, ``(B, T, T)``.
 
     Holds only the running product ``R_l``, so a model that hands over each layer's weights as
-    it computes them and then drops them (``HFDecoderModel.decode(on_layer=...)``) needs memory
+    it computes them and then drops them (``HFModel.decode(on_layer=...)``) needs memory
     for one layer's ``(B, H, T, T)`` weights instead of all L layers'. Same arithmetic as
     :func:`rollout` (:func:`adjusted_attention` per layer, then ``Â_l @ R_{l-1}``).
     """

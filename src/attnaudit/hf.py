@@ -1,9 +1,9 @@
 """Hugging Face models as attnaudit runs: build, load and save an encoder, a decoder-only model or an encoder-decoder.
 
-The adapters live below this module: :mod:`attnaudit.models.hf_encoder` (BERT family, and the
-registered attention function every family shares), :mod:`attnaudit.models.hf_decoder`
-(Llama/SmolLM2, Qwen2, GPT-2) and :mod:`attnaudit.models.hf_seq2seq` (Marian, BART, T5). This module picks one by the checkpoint's config and wraps it in
-a :class:`~attnaudit.run.Run`; ``load_run`` reaches :func:`load_hf_run` for runs of kind ``hf``.
+One adapter serves every architecture (:class:`~attnaudit.models.hf_model.HFModel`, loaded by
+:func:`~attnaudit.models.hf_loading.build_hf_model`); this module wraps it in a
+:class:`~attnaudit.run.Run` with the right batches; ``load_run`` reaches :func:`load_hf_run` for
+runs of kind ``hf``.
 """
 
 from __future__ import annotations
@@ -17,87 +17,27 @@ import torch
 from attnaudit.data.types import TaskData
 from attnaudit.errors import AttnAuditError, InputError
 from attnaudit.models import zeroshot
-from attnaudit.models.hf_decoder import (
-    DTYPES,
-    HFDecoderModel,
-    build_decoder_model,
-    is_decoder_config,
-)
-from attnaudit.models.hf_encoder import (
-    HF_DIR,
-    HFAttentionModel,
-    HFCollator,
-    _architectures,
-    _check_weights,
-    _pretrained,
-    _quiet_transformers,
-)
-from attnaudit.models.hf_seq2seq import HFSeq2SeqModel, build_seq2seq_model, is_seq2seq_config
-from attnaudit.models.hf_seq2seq import collator as seq2seq_collator
+from attnaudit.models.hf_batches import HFCollator
+from attnaudit.models.hf_batches import collator as seq2seq_collator
+from attnaudit.models.hf_loading import DTYPES, HF_DIR, _quiet_transformers, build_hf_model
+from attnaudit.models.hf_model import HFModel
 from attnaudit.options import check_dtype, check_max_length
 from attnaudit.pretrained import resolve_source
 from attnaudit.run import Run, TaskSpec, absolute_dir, read_config, write_config
 
 # Callers name the model classes and sources from here, the one entry to Hugging Face models.
-__all__ = ["HFAttentionModel", "HFCollator", "build_hf_model", "load_hf", "load_hf_run", "resolve_source", "save_hf_run"]
-
-
-def build_hf_model(
-    source: str,
-    task_type: str,
-    num_labels: int | None = None,
-    trained_head: bool | None = None,
-    dtype: torch.dtype = torch.float32,
-) -> HFAttentionModel:
-    """Load ``source`` (eager attention, safetensors only, float32 like our own models) and wrap it.
-
-    A checkpoint saved with a sequence-classification head is loaded with it; otherwise
-    ``num_labels`` adds a fresh head (for fine-tuning) and None loads the bare encoder.
-    ``dtype`` (decoders only; encoders stay float32): the parameters' dtype. An encoder-decoder
-    (BART, Marian, T5) is loaded with its LM head whatever ``task_type`` says (translation is its task).
-    """
-    from transformers import (
-        AutoModel,
-        AutoModelForSequenceClassification,
-        AutoTokenizer,
-    )
-
-    if source.lower().endswith(".gguf"):
-        return build_decoder_model(source, task_type, num_labels, trained_head, dtype=dtype)
-    config, has_head = _architectures(source)
-    if is_decoder_config(config):
-        return build_decoder_model(source, task_type, num_labels, trained_head, has_head, dtype)
-    if dtype != torch.float32:
-        raise AttnAuditError(f"--dtype {str(dtype).removeprefix('torch.')} applies to decoder LLMs; {source} is not one (float32 only)")
-    if is_seq2seq_config(config):
-        if num_labels is not None:
-            raise AttnAuditError(f"{source} is an encoder-decoder (translation), which takes no classification head; train a translation model with attnaudit train-nmt --arch marian")
-        return build_seq2seq_model(source, trained_head)
-    common = {"attn_implementation": "eager", "use_safetensors": True, "dtype": torch.float32}
-    if has_head:
-        if num_labels is not None and num_labels != config.num_labels:
-            raise AttnAuditError(
-                f"{source} has a classification head with {config.num_labels} labels, the task has {num_labels}"
-            )
-        hf = _pretrained(AutoModelForSequenceClassification, source, **common)
-    elif num_labels is not None:
-        hf = _pretrained(AutoModelForSequenceClassification, source, num_labels=num_labels, **common)
-    else:
-        hf = _pretrained(AutoModel, source, **common)
-    _check_weights(source, hf)
-    tokenizer = _pretrained(AutoTokenizer, source)
-    return HFAttentionModel(hf, tokenizer, task_type, source, has_head if trained_head is None else trained_head)
+__all__ = ["HFModel", "HFCollator", "build_hf_model", "load_hf", "load_hf_run", "resolve_source", "save_hf_run"]
 
 
 def _make_run(
-    model: HFAttentionModel, spec: TaskSpec, device: str | None, path: Path | None, info: dict[str, Any], data: TaskData | None
+    model: HFModel, spec: TaskSpec, device: str | None, path: Path | None, info: dict[str, Any], data: TaskData | None
 ) -> Run:
     from attnaudit.seed import resolve_device
 
     dev = resolve_device(device)
     model.to(dev).eval()
     zero_shot = model.config.extra.get("zero_shot")
-    if isinstance(model, HFSeq2SeqModel):
+    if model.kind == "encoder-decoder":
         collate: Any = seq2seq_collator(model)
     elif zero_shot:
         collate = zeroshot.ZeroShotCollator(zero_shot["prompt"], model.tokenizer, spec.labels, model.config.max_len)
@@ -126,7 +66,7 @@ def load_hf(
     A causal LM without a head classifies zero-shot with ``prompt`` (containing ``{text}``) and
     ``verbalizer`` (label -> word, or ``'positive=" positive",negative=" negative"'``), or the
     named task's defaults (:mod:`attnaudit.models.zeroshot`); then it has a prediction.
-    ``dtype``: a decoder's parameter dtype (:data:`attnaudit.models.hf_decoder.DTYPES`, or its
+    ``dtype``: a decoder's parameter dtype (:data:`attnaudit.models.hf_loading.DTYPES`, or its
     name as ``--dtype`` gives it). ``max_length`` (``--max-length``): keep at most that many
     tokens of each text (the collator's ``max_text``; special tokens and a prompt's template stay).
     An encoder-decoder (Marian, BART, T5; e.g. ``Helsinki-NLP/opus-mt-de-en``) runs on seq2seq
@@ -155,7 +95,7 @@ def load_hf(
         )
     model = build_hf_model(source, spec.task_type, num_labels, dtype=dtype)
     _check_task(model, spec, task is None, source)
-    if isinstance(model, HFDecoderModel) and num_labels is None:
+    if model.kind == "decoder" and num_labels is None:
         chosen = zeroshot.resolve(spec.spec if isinstance(task, str) else None, prompt, verbalizer)
         if chosen is not None and model.config.extra.get("output") == "next_token":
             spec.labels = spec.labels or list(chosen[1])
@@ -178,10 +118,10 @@ def load_hf(
     return run
 
 
-def _check_task(model: HFAttentionModel, spec: TaskSpec, no_task: bool, source: str) -> None:
+def _check_task(model: HFModel, spec: TaskSpec, no_task: bool, source: str) -> None:
     """Refuse a task the model cannot do: an encoder-decoder translates (seq2seq tasks), the others
     classify (classification and pair tasks). Without a task, an encoder-decoder's spec says seq2seq."""
-    if isinstance(model, HFSeq2SeqModel):
+    if model.kind == "encoder-decoder":
         if no_task:
             spec.task_type = "seq2seq"
         elif spec.task_type != "seq2seq":
@@ -202,7 +142,7 @@ def save_hf_run(run: Run, out: str | Path, extra: dict[str, Any] | None = None) 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     model = run.model
-    if not isinstance(model, HFAttentionModel):
+    if not isinstance(model, HFModel):
         raise AttnAuditError(f"save_hf_run saves Hugging Face runs, not {run.family}")
     tmp = out / f".{HF_DIR}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -243,7 +183,7 @@ def load_hf_run(path: str | Path, device: str | None = "auto", data_dir: str | P
         raise InputError(model_dir, "Hugging Face model directory missing from the run")
     model = build_hf_model(str(model_dir), spec.task_type, trained_head=trained)
     zero_shot = raw["model"].get("extra", {}).get("zero_shot")
-    if isinstance(model, HFDecoderModel) and isinstance(zero_shot, dict):
+    if model.kind == "decoder" and isinstance(zero_shot, dict):
         zeroshot.make_zero_shot(model, str(zero_shot.get("prompt", "")), dict(zero_shot.get("verbalizer", {})), spec.labels)
     if data_dir is not None:
         spec.data_dir = absolute_dir(data_dir)

@@ -125,7 +125,7 @@ def test_importance_ranks_text_tokens_and_reports_accuracy(llama_lm: Path, tiny_
 def hand_norms(run: Run, record: AttentionLayer, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``(‖f_h(x_j)‖ (B,H,K), ‖Σ_h α_h f_h(x_j)‖ (B,Q,K))`` from the module's own weights: query head
     ``h`` reads key/value head ``h // (H / KV)`` (grouped-query attention)."""
-    attention = run.model._attention_modules[layer]
+    attention = run.model.structure.sites[layer].module
     heads, kv = run.model.config.heads, run.model.kv_heads
     dh = attention.v_proj.weight.shape[0] // kv
     x = record.inputs

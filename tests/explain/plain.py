@@ -17,8 +17,8 @@ from transformers import LlamaConfig, LlamaForSequenceClassification, PreTrained
 
 from attnaudit.data.types import Batch
 from attnaudit.hf import HFCollator
-from attnaudit.models.hf_decoder import HFDecoderModel
-from attnaudit.models.hf_encoder import HFAttentionModel
+from attnaudit.models.hf_model import HFModel
+from attnaudit.models.hf_model import HFModel
 from attnaudit.models.transformer import TransformerEncoderModel
 
 Linear = tuple[Tensor, Tensor]
@@ -58,7 +58,7 @@ def _norm(m: nn.LayerNorm) -> Norm:
     return m.weight.detach(), m.bias.detach(), float(m.eps)
 
 
-def plain_layers(model: TransformerEncoderModel | HFAttentionModel) -> list[PlainLayer]:
+def plain_layers(model: TransformerEncoderModel | HFModel) -> list[PlainLayer]:
     """The parameters of every layer of our Transformer or a BERT encoder."""
     if isinstance(model, TransformerEncoderModel):
         return [
@@ -108,7 +108,7 @@ def run_layer(layer: PlainLayer, x: Tensor, zero: int | None = None) -> LayerRun
     return LayerRun(torch.stack(weights), pre, h, out)
 
 
-def head_logits(model: TransformerEncoderModel | HFAttentionModel, states: Tensor) -> Tensor:
+def head_logits(model: TransformerEncoderModel | HFModel, states: Tensor) -> Tensor:
     """The classifier on final states ``(n, d)``: mean pooling (ours) or BERT's tanh pooler on [CLS]."""
     if isinstance(model, TransformerEncoderModel):
         return linear(states.mean(0), _lin(model.classifier))
@@ -116,9 +116,9 @@ def head_logits(model: TransformerEncoderModel | HFAttentionModel, states: Tenso
     return linear(pooled, _lin(model.hf.classifier))
 
 
-def explanation_row(model: TransformerEncoderModel | HFAttentionModel, matrix: Tensor) -> Tensor:
+def explanation_row(model: TransformerEncoderModel | HFModel, matrix: Tensor) -> Tensor:
     """Row ``[CLS]`` of a ``(n, n)`` map for BERT, the mean of its rows for our mean-pooled Transformer."""
-    return matrix[0] if isinstance(model, HFAttentionModel) else matrix.mean(0)
+    return matrix[0] if isinstance(model, HFModel) else matrix.mean(0)
 
 
 def value_transform(layer: PlainLayer, x: Tensor, weights: Tensor, i: int, j: int) -> Tensor:
@@ -156,7 +156,7 @@ def rolled(maps: list[Tensor]) -> Tensor:
     return r
 
 
-def tiny_llama(tiny_hf, dtype: torch.dtype = torch.float32) -> tuple[HFDecoderModel, nn.Module, Batch]:
+def tiny_llama(tiny_hf, dtype: torch.dtype = torch.float32) -> tuple[HFModel, nn.Module, Batch]:
     """A tiny random pre-RMSNorm Llama classifier (2 layers, 4 query heads on 2 key/value heads): our
     wrapper, the same weights as a plain HF model with eager attention, and a right-padded batch."""
     torch.manual_seed(0)
@@ -169,6 +169,6 @@ def tiny_llama(tiny_hf, dtype: torch.dtype = torch.float32) -> tuple[HFDecoderMo
     core = Tokenizer(models.WordLevel({w: i for i, w in enumerate(tiny_hf.vocab)}, unk_token="[UNK]"))
     core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok = PreTrainedTokenizerFast(tokenizer_object=core, unk_token="[UNK]", pad_token="[PAD]", eos_token="[SEP]")
-    model = HFDecoderModel(hf, tok, "classification", "llama", trained_head=True).eval()
+    model = HFModel(hf, tok, "classification", "llama", trained_head=True).eval()
     batch = HFCollator(tok, ["neg", "pos"], "classification", 64, token_types=False)(tiny_hf.task().test[:4])
     return model, reference, batch

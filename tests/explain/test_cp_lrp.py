@@ -20,7 +20,7 @@ from attnaudit.explain.attnlrp import lrp_relevance
 from attnaudit.explain.cp_lrp import cp_lrp
 from attnaudit.models.base import ModelConfig
 from attnaudit.hf import HFCollator
-from attnaudit.models.hf_decoder import HFDecoderModel
+from attnaudit.models.hf_model import HFModel
 from attnaudit.models.transformer import TransformerClassifier
 from tests.models.test_hf_decoder import build, tokenizer
 
@@ -40,10 +40,10 @@ def bias_free_transformer() -> tuple[TransformerClassifier, Batch]:
     return model, Batch(tokens=tokens, mask=tokens != 0, examples=[])
 
 
-def tiny_llama(tiny_hf: SimpleNamespace) -> tuple[HFDecoderModel, Batch]:
+def tiny_llama(tiny_hf: SimpleNamespace) -> tuple[HFModel, Batch]:
     hf = build("llama", len(tiny_hf.vocab), lm=True, seed=2).double()
     tok = tokenizer(tiny_hf.vocab)
-    model = HFDecoderModel(hf, tok, "classification", "llama", trained_head=True).eval()
+    model = HFModel(hf, tok, "classification", "llama", trained_head=True).eval()
     batch = HFCollator(tok, ["neg", "pos"], "classification", 64, token_types=False)(tiny_hf.task().test)
     return model, batch
 

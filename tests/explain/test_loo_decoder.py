@@ -2,7 +2,7 @@
 
 The fast route (:func:`attnaudit.explain.loo._loo_decoder`) reruns only the tokens after the
 removed one, reading the full pass's keys/values of the tokens before it
-(:class:`~attnaudit.models.hf_decoder.KeyValuePrefix`). It is checked against the slow
+(:class:`~attnaudit.models.hf_attention.KeyValuePrefix`). It is checked against the slow
 reference written here: the token removed from the prompt and the whole prompt rerun, one
 deletion at a time. Tiny random Llama (4 query heads sharing 2 key/value heads) and Qwen2
 (1 key/value head) causal LMs, built here, are zero-shot classifiers over the tiny vocabulary.
@@ -23,7 +23,7 @@ from attnaudit.explain import loo
 from attnaudit.explain.loo import _loo_decoder, _loo_method, loo_importance
 from attnaudit.metrics import output_change
 from attnaudit.models.base import Cache
-from attnaudit.models.hf_decoder import HFDecoderModel
+from attnaudit.models.hf_model import HFModel
 from attnaudit.models.zeroshot import ZeroShotCollator, make_zero_shot
 from tests.models.test_hf_decoder import build, tokenizer
 
@@ -31,14 +31,14 @@ VERBALIZER = {"neg": "bad", "pos": "good"}
 PROMPTS = ["a dog runs , {text} was", "the {text}"]  # the second ends on a text token: removing it reruns the one before
 
 
-def zero_shot(family: str, vocab: list[str], prompt: str) -> tuple[HFDecoderModel, ZeroShotCollator]:
+def zero_shot(family: str, vocab: list[str], prompt: str) -> tuple[HFModel, ZeroShotCollator]:
     tok = tokenizer(vocab)
-    model = HFDecoderModel(build(family, len(vocab), lm=True, seed=3), tok, "classification", family, trained_head=False).eval()
+    model = HFModel(build(family, len(vocab), lm=True, seed=3), tok, "classification", family, trained_head=False).eval()
     make_zero_shot(model, prompt, VERBALIZER, ["neg", "pos"])
     return model, ZeroShotCollator(prompt, tok, ["neg", "pos"], 64)
 
 
-def slow_loo(model: HFDecoderModel, batch: Batch) -> torch.Tensor:
+def slow_loo(model: HFModel, batch: Batch) -> torch.Tensor:
     """Each item removed from the token sequence and the whole sequence rerun alone (NaN for a one-item text)."""
     mask = item_mask(model, batch)
     out = torch.zeros(mask.shape)
@@ -95,7 +95,7 @@ def test_continuation_logits_equal_the_whole_sequence(family: str, tiny_hf: Simp
 @pytest.mark.parametrize("family", ["gpt2", "qwen2-window"])
 def test_other_decoders_recompute(family: str, tiny_hf: SimpleNamespace) -> None:
     """Learned positions (GPT-2) or sliding windows cannot continue a prefix: full recomputation, and decode refuses."""
-    model = HFDecoderModel(build(family, len(tiny_hf.vocab), lm=True), tokenizer(tiny_hf.vocab), "classification", family, False)
+    model = HFModel(build(family, len(tiny_hf.vocab), lm=True), tokenizer(tiny_hf.vocab), "classification", family, False)
     assert not model.continues_prefix and _loo_method(model) is not _loo_decoder
     batch = Batch(tokens=torch.tensor([[4, 5, 6]]), mask=torch.ones(1, 3, dtype=torch.bool))
     with torch.no_grad():

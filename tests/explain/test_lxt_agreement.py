@@ -22,7 +22,7 @@ from scipy.stats import spearmanr
 
 from attnaudit.explain.attnlrp import lrp_relevance
 from attnaudit.hf import HFCollator, load_hf
-from attnaudit.models.hf_decoder import HFDecoderModel
+from attnaudit.models.hf_model import HFModel
 from tests.models.test_hf_decoder import build, tokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # `benchmarks` is a folder of the checkout
@@ -36,7 +36,7 @@ def model_and_batch(which: str, tiny_hf: SimpleNamespace) -> tuple:
         run = load_hf(tiny_hf.dir, task=tiny_hf.task(), device="cpu")
         return run.model.eval(), run.collate(tiny_hf.task().test)
     tok = tokenizer(tiny_hf.vocab)
-    model = HFDecoderModel(build("llama", len(tiny_hf.vocab), lm=True, seed=2), tok, "classification", "llama", True).eval()
+    model = HFModel(build("llama", len(tiny_hf.vocab), lm=True, seed=2), tok, "classification", "llama", True).eval()
     return model, HFCollator(tok, ["neg", "pos"], "classification", 64, token_types=False)(tiny_hf.task().test)
 
 

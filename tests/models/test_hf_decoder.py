@@ -46,7 +46,7 @@ from attnaudit.models.attention import normalise
 from attnaudit.models.base import Intervention, freeze_uniform
 from attnaudit.models.gguf_cache import cache_folder
 from attnaudit.hf import HFCollator, load_hf, resolve_source, save_hf_run
-from attnaudit.models.hf_decoder import HFDecoderModel, causal_allowed, real_positions
+from attnaudit.models.hf_model import HFModel, causal_allowed, real_positions
 from attnaudit.pretrained import SMOLLM2_INSTALL, smollm2_path
 from attnaudit.run import load_run
 
@@ -84,13 +84,13 @@ def save_llama_lm(folder: Path, vocab: list[str], seed: int = 0) -> Path:
     return folder
 
 
-def wrap(family: str, tiny_hf: SimpleNamespace, lm: bool = False) -> tuple[HFDecoderModel, torch.nn.Module, Batch]:
+def wrap(family: str, tiny_hf: SimpleNamespace, lm: bool = False) -> tuple[HFModel, torch.nn.Module, Batch]:
     """(our model, HF's own eager copy, a right-padded batch of the 8 tiny sentences)."""
     hf = build(family, len(tiny_hf.vocab), lm)
     reference = copy.deepcopy(hf)
     reference.set_attn_implementation("eager")
     tok = tokenizer(tiny_hf.vocab)
-    model = HFDecoderModel(hf, tok, "classification", family, trained_head=not lm).eval()
+    model = HFModel(hf, tok, "classification", family, trained_head=not lm).eval()
     batch = HFCollator(tok, ["neg", "pos"], "classification", 64, token_types=False)(tiny_hf.task().test)
     return model, reference, batch
 
@@ -244,7 +244,7 @@ def test_causal_under_interventions(family: str, tiny_hf: SimpleNamespace) -> No
     normaliser swap or freezing to uniform (which becomes uniform over the keys each token sees)."""
     model, _, batch = wrap(family, tiny_hf)
     b, t = batch.tokens.shape
-    windows = [getattr(module, "sliding_window", None) for module in model._attention_modules]
+    windows = [getattr(module, "sliding_window", None) for module in [site.module for site in model.structure.sites]]
     assert windows == ([None, 3] if family == "qwen2-window" else [None, None])
     with torch.no_grad():
         runs = {
@@ -310,7 +310,7 @@ def test_folder_load_explain_last_token_and_round_trip(tiny_hf: SimpleNamespace,
     build("llama", len(tiny_hf.vocab)).save_pretrained(tmp_path / "llama", safe_serialization=True)
     tokenizer(tiny_hf.vocab).save_pretrained(tmp_path / "llama")
     run = load_hf(tmp_path / "llama", task=tiny_hf.task(), device="cpu")
-    assert isinstance(run.model, HFDecoderModel) and run.model.has_head and run.model.trained_head and run.model.causal
+    assert isinstance(run.model, HFModel) and run.model.has_head and run.model.trained_head and run.model.causal
     batch = next(run.batches(run.data().test, batch_size=8))
     with torch.no_grad():
         out = run.model(batch)
@@ -321,7 +321,7 @@ def test_folder_load_explain_last_token_and_round_trip(tiny_hf: SimpleNamespace,
     assert torch.all(gradient[~batch.mask] == 0) and torch.all(gradient.sum(1) > 0)
     assert run.model.wordpieces(batch)[1] == ["bad", "plot"]
     loaded = load_run(save_hf_run(run, tmp_path / "run"), device="cpu")
-    assert isinstance(loaded.model, HFDecoderModel)
+    assert isinstance(loaded.model, HFModel)
     with torch.no_grad():
         assert torch.equal(loaded.model(batch).logits, out.logits)
 
@@ -355,7 +355,7 @@ def test_real_smollm2(smollm2: SimpleNamespace) -> None:
     """One prompt: the next token is the argmax of HF's own logits, and our weights are HF's eager
     ``output_attentions`` weights per query head (30 layers x 9 heads; 3 key/value heads)."""
     model = smollm2.run.model
-    assert isinstance(model, HFDecoderModel) and str(model.config.extra["source"]) == smollm2_path()
+    assert isinstance(model, HFModel) and str(model.config.extra["source"]) == smollm2_path()
     assert model.num_attention_layers == 30 and model.config.heads == 9 and model.kv_heads == 3
     collate = HFCollator(model.tokenizer, [], "classification", model.config.max_len, False)
     batch = collate([Example(tokens="The capital of France is".split())])

@@ -29,7 +29,7 @@ from attnaudit.errors import AttnAuditError
 from attnaudit.explain.rollout import layer_weights, rollout_importance
 from attnaudit.flow import StreamingRollout, rollout
 from attnaudit.hf import HFCollator, build_hf_model
-from attnaudit.models.hf_decoder import HFDecoderModel
+from attnaudit.models.hf_model import HFModel
 
 REPO = Path(__file__).resolve().parents[2]
 LAYERS = 4
@@ -49,9 +49,9 @@ def tiny_llama(vocab: int) -> LlamaForCausalLM:
 
 
 @pytest.fixture
-def decoder(tiny_hf: SimpleNamespace) -> tuple[HFDecoderModel, Batch]:
+def decoder(tiny_hf: SimpleNamespace) -> tuple[HFModel, Batch]:
     tok = word_tokenizer(tiny_hf.vocab)
-    model = HFDecoderModel(tiny_llama(len(tiny_hf.vocab)), tok, "classification", "tiny", trained_head=False).eval()
+    model = HFModel(tiny_llama(len(tiny_hf.vocab)), tok, "classification", "tiny", trained_head=False).eval()
     batch = HFCollator(tok, ["neg", "pos"], "classification", 64, token_types=False)(tiny_hf.task().test)
     assert not batch.mask.all()  # padded: the rollout's mask matters
     return model, batch
@@ -73,7 +73,7 @@ def numpy_rollout(weights: list[torch.Tensor], mask: torch.Tensor) -> np.ndarray
     return np.stack(out)
 
 
-def test_keep_layers_keeps_only_those_and_on_layer_sees_every_layer(decoder: tuple[HFDecoderModel, Batch]) -> None:
+def test_keep_layers_keeps_only_those_and_on_layer_sees_every_layer(decoder: tuple[HFModel, Batch]) -> None:
     model, batch = decoder
     with torch.no_grad():
         full = model(batch)
@@ -89,7 +89,7 @@ def test_keep_layers_keeps_only_those_and_on_layer_sees_every_layer(decoder: tup
     torch.testing.assert_close(none.logits, full.logits, rtol=0, atol=0)
 
 
-def test_dropped_layers_are_freed_before_the_next_layer_runs(decoder: tuple[HFDecoderModel, Batch]) -> None:
+def test_dropped_layers_are_freed_before_the_next_layer_runs(decoder: tuple[HFModel, Batch]) -> None:
     """Streaming holds one layer's weights (and scores) at a time: when layer l starts computing,
     every earlier layer's tensors that the trace does not keep are already gone."""
     model, batch = decoder
@@ -103,10 +103,12 @@ def test_dropped_layers_are_freed_before_the_next_layer_runs(decoder: tuple[HFDe
         gc.collect()
         alive_at_start.append(sum(ref() is not None for ref in refs))
 
+    with torch.no_grad():
+        cache = model.encode(batch)
     hooks = [layer.register_forward_pre_hook(count) for layer in model.layers]
     try:
         with torch.no_grad():
-            out = model.decode(model.encode(batch), keep_layers=[0], on_layer=watch)
+            out = model.decode(cache, keep_layers=[0], on_layer=watch)
     finally:
         for hook in hooks:
             hook.remove()
@@ -114,7 +116,7 @@ def test_dropped_layers_are_freed_before_the_next_layer_runs(decoder: tuple[HFDe
     assert len(out.trace) == 1
 
 
-def test_streaming_rollout_equals_full_rollout_and_a_hand_written_one(decoder: tuple[HFDecoderModel, Batch]) -> None:
+def test_streaming_rollout_equals_full_rollout_and_a_hand_written_one(decoder: tuple[HFModel, Batch]) -> None:
     model, batch = decoder
     with torch.no_grad():
         trace = model(batch).trace
@@ -135,7 +137,7 @@ def test_streaming_rollout_checks_its_input() -> None:
         rolled.add(torch.full((1, 2, 4, 4), 1 / 4))
 
 
-def test_rollout_explanation_of_a_decoder_streams_and_equals_the_full_trace(decoder: tuple[HFDecoderModel, Batch]) -> None:
+def test_rollout_explanation_of_a_decoder_streams_and_equals_the_full_trace(decoder: tuple[HFModel, Batch]) -> None:
     model, batch = decoder
     assert model.streams_layers
     with torch.no_grad():
@@ -159,8 +161,8 @@ def test_dtype_loads_a_decoder_in_bfloat16(tiny_hf: SimpleNamespace, tmp_path: P
         reference, out = full(batch), half(batch)
     assert out.logits.dtype == out.trace[0].weights.dtype == torch.bfloat16
     torch.testing.assert_close(out.logits.float(), reference.logits, rtol=0, atol=0.05)  # bfloat16 keeps 8 bits
-    with pytest.raises(AttnAuditError, match="decoder LLMs"):
-        build_hf_model(str(tiny_hf.dir), "classification", dtype=torch.bfloat16)
+    encoder = build_hf_model(str(tiny_hf.dir), "classification", dtype=torch.bfloat16)  # every family takes --dtype
+    assert {p.dtype for p in encoder.parameters()} == {torch.bfloat16}
 
 
 # -- benchmarks/bench_llm_scale.py, the parts that are not timings ----------------------------------
@@ -209,7 +211,7 @@ def test_cpu_peak_memory_sees_a_known_allocation() -> None:
     assert 0.95 * size <= measured <= 1.3 * size
 
 
-def test_bfloat16_weights_equal_hf_eager_in_bfloat16(decoder: tuple[HFDecoderModel, Batch]) -> None:
+def test_bfloat16_weights_equal_hf_eager_in_bfloat16(decoder: tuple[HFModel, Batch]) -> None:
     """In bfloat16 our trace is HF's bit for bit (torch's bfloat16 softmax accumulates in float32, as HF's upcast does)."""
     model, batch = decoder
     model.to(torch.bfloat16)

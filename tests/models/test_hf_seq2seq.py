@@ -37,8 +37,10 @@ from attnaudit.data.types import Batch
 from attnaudit.errors import AttnAuditError
 from attnaudit.models.base import Intervention, freeze_uniform
 from attnaudit.hf import load_hf
-from attnaudit.models.hf_decoder import causal_allowed
-from attnaudit.models.hf_seq2seq import HFSeq2SeqModel, HFSubwords, collator, fresh_tokenizer
+from attnaudit.models.hf_model import causal_allowed
+from attnaudit.models.hf_batches import HFSubwords, collator
+from attnaudit.models.hf_loading import fresh_tokenizer
+from attnaudit.models.hf_model import HFModel
 from tests.models.test_hf_decoder import real_rows
 
 FAMILIES = ("marian", "bart", "t5")
@@ -79,13 +81,13 @@ def build(family: str, vocab: int, seed: int = 0) -> torch.nn.Module:
     return BartForConditionalGeneration(BartConfig(bos_token_id=2, **sizes, **ids)).eval()
 
 
-def wrap(family: str, pairs: SimpleNamespace) -> tuple[HFSeq2SeqModel, torch.nn.Module, Batch]:
+def wrap(family: str, pairs: SimpleNamespace) -> tuple[HFModel, torch.nn.Module, Batch]:
     """(our model, HF's own eager copy, a padded teacher-forced batch of the test pairs)."""
     tok = tokenizer(pairs, family)
     hf = build(family, len(tok))
     reference = copy.deepcopy(hf)
     reference.set_attn_implementation("eager")
-    model = HFSeq2SeqModel(hf, tok, family).eval()
+    model = HFModel(hf, tok, "seq2seq", family, True).eval()
     batch = collator(model)(pairs.data.test)
     return model, reference, batch
 
@@ -172,10 +174,10 @@ def replacing(original: Callable, target: torch.nn.Module, replace: Callable[[to
     return attention
 
 
-def _reference_module(reference: torch.nn.Module, model: HFSeq2SeqModel, index: int) -> torch.nn.Module:
+def _reference_module(reference: torch.nn.Module, model: HFModel, index: int) -> torch.nn.Module:
     """The attention module of HF's copy at our trace index ``index``."""
     names = {id(m): n for n, m in model.hf.named_modules()}
-    return reference.get_submodule(names[id(model._attention_modules[index])])
+    return reference.get_submodule(names[id([site.module for site in model.structure.sites][index])])
 
 
 @pytest.mark.parametrize("form", ["tensor", "function"])
@@ -186,7 +188,7 @@ def test_weight_replacement_equals_replacement_by_hand(
     """Replacing one layer's weights (encoder layer 0, decoder self-attention of block 1, cross-attention
     of block 0) changes the output exactly as the same replacement in HF's eager code."""
     model, reference, batch = wrap(family, pairs)
-    n = len(model.encoder_blocks)
+    n = model.first_decoder_layer
     index = {"encoder": 0, "decoder-self": n + 2, "cross": n + 1}[where]
     (b, s), t = batch.tokens.shape, batch.target.shape[1]
     allowed = {
@@ -242,7 +244,7 @@ def test_decoder_self_attention_stays_causal_under_interventions(family: str, pa
     allowed = causal_allowed(batch.target_mask)[:, None].float()
     with torch.no_grad():
         plain, uniform = model(batch).trace, model(batch, [freeze_uniform()]).trace
-    n = len(model.encoder_blocks)
+    n = model.first_decoder_layer
     for index in range(n, model.num_attention_layers, 2):
         assert (plain[index].weights * (1 - allowed)).abs().max() == 0
         expected = allowed / allowed.sum(-1, keepdim=True)
@@ -311,7 +313,7 @@ def test_alignment_runs_on_a_local_marian_folder(pairs: SimpleNamespace, tmp_pat
     build("marian", len(pairs.subwords)).save_pretrained(folder, safe_serialization=True)
     fresh_tokenizer(pairs.subwords).save_pretrained(folder)
     run = load_hf(str(folder), task=pairs.data, device="cpu")
-    assert isinstance(run.model, HFSeq2SeqModel) and run.task.task_type == "seq2seq"
+    assert isinstance(run.model, HFModel) and run.task.task_type == "seq2seq"
     examples = pairs.data.test[:3]
     scores = alignment_scores(run, examples, batch_size=2)
     batch = run.collate(examples)
@@ -326,9 +328,9 @@ def test_alignment_runs_on_a_local_marian_folder(pairs: SimpleNamespace, tmp_pat
 
 def test_hub_name_offline_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
     """Offline, a hub name not in the cache is one error naming what to pass instead."""
-    from attnaudit.models import hf_encoder
+    from attnaudit.models import hf_loading
 
-    monkeypatch.setattr(hf_encoder, "_hub_reachable", lambda: False)
+    monkeypatch.setattr(hf_loading, "_hub_reachable", lambda: False)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(AttnAuditError, match=r"Helsinki-NLP/opus-mt-de-en.*attnaudit train-nmt --arch marian") as error:
         load_hf("Helsinki-NLP/opus-mt-de-en", task=None, device="cpu")

@@ -21,7 +21,7 @@ from attnaudit.errors import AttnAuditError
 from attnaudit.experiments import run_test
 from attnaudit.experiments.base import get_experiment
 from attnaudit.hf import load_hf, save_hf_run
-from attnaudit.models.hf_decoder import HFDecoderModel
+from attnaudit.models.hf_model import HFModel
 from attnaudit.models.zeroshot import (
     ITEMS_NOTE,
     SENTIMENT_PROMPT,
@@ -45,7 +45,7 @@ def llama_lm(tiny_hf: SimpleNamespace, tmp_path_factory: pytest.TempPathFactory)
 def test_prediction_is_softmax_over_verbalizer_first_token_logits(llama_lm: Path, tiny_hf: SimpleNamespace) -> None:
     run = load_hf(llama_lm, task=tiny_hf.task(), device="cpu", prompt=PROMPT, verbalizer=VERBALIZER)
     model = run.model
-    assert isinstance(model, HFDecoderModel) and model.trained_head and model.config.num_labels == 2
+    assert isinstance(model, HFModel) and model.trained_head and model.config.num_labels == 2
     assert get_experiment("importance").why_not(run) is None  # tests needing a prediction now apply
     batch = next(run.batches(run.data().test, batch_size=8))
     assert model.wordpieces(batch)[1] == ["the", "bad", "plot", "was"]

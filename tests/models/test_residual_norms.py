@@ -29,8 +29,8 @@ from attnaudit.errors import AttnAuditError
 from attnaudit.models import ModelConfig, build_model
 from attnaudit.models.base import AttentionModel, Intervention
 from attnaudit.hf import HFCollator
-from attnaudit.models.hf_decoder import HFDecoderModel
-from attnaudit.models.hf_encoder import HFAttentionModel
+from attnaudit.models.hf_model import HFModel
+from attnaudit.models.hf_model import HFModel
 
 FAMILIES = ("transformer", "bert", "distilbert", "llama", "qwen2", "gpt2")
 
@@ -48,7 +48,7 @@ def build(family: str, tiny_hf: SimpleNamespace) -> tuple[AttentionModel, Batch]
     if family in ("bert", "distilbert"):
         hf = (BertForSequenceClassification(tiny_hf.config(num_labels=2)) if family == "bert" else
               DistilBertForSequenceClassification(DistilBertConfig(vocab_size=vocab, dim=32, n_layers=2, n_heads=4, hidden_dim=64)))
-        model = HFAttentionModel(hf.eval(), tiny_hf.tokenizer(), "classification", family, trained_head=False).eval()
+        model = HFModel(hf.eval(), tiny_hf.tokenizer(), "classification", family, trained_head=False).eval()
         return model, HFCollator(tiny_hf.tokenizer(), ["neg", "pos"], "classification", 32, token_types=False)(tiny_hf.task().test)
     common = {"vocab_size": vocab, "pad_token_id": 0, "num_labels": 2}
     sizes = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4}
@@ -60,7 +60,7 @@ def build(family: str, tiny_hf: SimpleNamespace) -> tuple[AttentionModel, Batch]
     core = Tokenizer(models.WordLevel({w: i for i, w in enumerate(tiny_hf.vocab)}, unk_token="[UNK]"))
     core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok = PreTrainedTokenizerFast(tokenizer_object=core, unk_token="[UNK]", pad_token="[PAD]", eos_token="[SEP]")
-    model = HFDecoderModel(hf.eval(), tok, "classification", family, trained_head=False).eval()
+    model = HFModel(hf.eval(), tok, "classification", family, trained_head=False).eval()
     return model, HFCollator(tok, ["neg", "pos"], "classification", 64, token_types=False)(tiny_hf.task().test)
 
 

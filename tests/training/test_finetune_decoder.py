@@ -24,7 +24,7 @@ from attnaudit.data.types import Batch
 from attnaudit.errors import AttnAuditError
 from attnaudit.experiments import run_test
 from attnaudit.models.base import evaluation
-from attnaudit.models.hf_decoder import HFDecoderModel
+from attnaudit.models.hf_model import HFModel
 from attnaudit.run import load_run
 from attnaudit.training.finetune import finetune, frozen_patterns
 from tests.models.test_hf_decoder import build, tokenizer
@@ -85,7 +85,7 @@ def test_loss_decreases_and_the_best_epoch_is_kept(tuned: SimpleNamespace) -> No
 def test_saved_run_reloads_with_identical_logits(tuned: SimpleNamespace) -> None:
     run = load_run(tuned.out, device="cpu")
     model = run.model
-    assert isinstance(model, HFDecoderModel) and model.has_head and model.trained_head and model.hf_type == tuned.family
+    assert isinstance(model, HFModel) and model.has_head and model.trained_head and model.hf_type == tuned.family
     with torch.no_grad():
         assert torch.equal(model(tuned.batch).logits, tuned.saved[-1])  # the last save is the kept epoch
     files = {p.suffix for p in tuned.out.rglob("*") if p.is_file()}

@@ -9,7 +9,7 @@ import torch
 
 from attnaudit.data.alignment import synthetic_translation
 from attnaudit.io import read_json
-from attnaudit.models.hf_seq2seq import HFSeq2SeqModel
+from attnaudit.models.hf_model import HFModel
 from attnaudit.run import load_run
 from attnaudit.training.nmt import evaluate_nmt, train_nmt
 
@@ -25,14 +25,14 @@ def test_trains_saves_reloads_and_is_idempotent(arch: str, tmp_path: Path) -> No
     out = tmp_path / arch
     run = train_nmt(data, out, arch=arch, epochs=3, device="cpu", **SIZE)
     metrics = read_json(out / "metrics.json")
-    assert isinstance(run.model, HFSeq2SeqModel) and run.model.hf_type == arch
+    assert isinstance(run.model, HFModel) and run.model.hf_type == arch
     assert metrics["training"]["steps"] == 18 and len(metrics["history"]) == 3
     selected = metrics["training"]["selected_epoch"]
     assert metrics["history"][selected - 1]["dev"]["loss"] == pytest.approx(metrics["dev"]["loss"], abs=1e-6)
     assert metrics["history"][-1]["train_loss"] < metrics["history"][0]["train_loss"]
     assert "dev_bleu" in metrics
     loaded = load_run(out, device="cpu")
-    assert isinstance(loaded.model, HFSeq2SeqModel) and loaded.task.task_type == "seq2seq"
+    assert isinstance(loaded.model, HFModel) and loaded.task.task_type == "seq2seq"
     assert evaluate_nmt(loaded, data.dev)["loss"] == pytest.approx(metrics["dev"]["loss"], abs=1e-6)
     weights = out / "hf" / "model.safetensors"
     before = weights.stat().st_mtime_ns

@@ -193,7 +193,7 @@ def prepare_pass(model: AttentionModel, batch: Batch, layers: Sequence[int]) -> 
     whose decision reads one row of it (:func:`decision_rows`: [CLS] of an encoder, a decoder's last
     real token), where no other row reaches the output: there only that row, the one the
     ``attention`` explanation reads. A decoder then keeps that row alone (``Q = 1``) and restarts
-    at that token only (:meth:`~attnaudit.models.hf_decoder.HFDecoderModel.rerun_cache`).
+    at that token only (:meth:`~attnaudit.models.hf_model.HFModel.rerun_cache`).
     """
     with torch.no_grad():
         base = model.encode(batch)

@@ -44,26 +44,16 @@ NEEDS: dict[str, tuple[str, Check]] = {
         "stacked token-to-token self-attention (Transformers)",
         lambda m: None if m.self_attention else f"{type(m).__name__} has no stack of token-to-token self-attention layers",
     ),
-    "value_output": (
-        "per-head value and output projections (Transformers)",
-        lambda m: None if m.has_value_output else f"{type(m).__name__} attention has no per-head value/output projections",
-    ),
+    "value_output": ("per-head value and output projections (Transformers)", lambda m: m.lacks("value_output")),
     "residual_ln": (
         "the residual connections, layer norms and feed-forward map around each attention layer (Transformers)",
-        lambda m: None
-        if m.self_attention and m.has_value_output and m.has_residual_norms
-        else f"{type(m).__name__} exposes no residual connections and layer norms around stacked self-attention",
+        lambda m: m.lacks("residual_norms"),
     ),
     "value_zeroing": (
         "zeroing one token's value vector in a self-attention layer (its per-head value/output maps, residuals, norms)",
-        lambda m: None
-        if m.self_attention and m.has_value_output and m.has_residual_norms
-        else f"{type(m).__name__} cannot zero a token's value vector in stacked self-attention",
+        lambda m: (reason := m.lacks("residual_norms")) and f"cannot zero a token's value vector: {reason}",
     ),
-    "lrp": (
-        "relevance rules for every norm, activation and attention product (Transformers)",
-        lambda m: None if m.supports_lrp else f"{type(m).__name__} has no layer-wise relevance propagation rules",
-    ),
+    "lrp": ("relevance rules for every norm, activation and attention product (Transformers)", lambda m: m.lacks("lrp")),
 }
 """What a method may need: a description for listings and the check, ``model -> None | reason``."""
 

@@ -130,8 +130,8 @@ def _loo_decoder(
     """Leave-one-out for a causal decoder, rerunning only the tokens after the removed one.
 
     Under a causal mask the tokens before item ``i`` never see it, so their keys and values
-    are the full pass's: each deletion continues from them (:class:`~attnaudit.models.hf_decoder.KeyValuePrefix`; a model
-    that :attr:`~attnaudit.models.hf_decoder.HFDecoderModel.continues_prefix`) and runs only
+    are the full pass's: each deletion continues from them (:class:`~attnaudit.models.hf_attention.KeyValuePrefix`; a model
+    that :attr:`~attnaudit.models.hf_model.HFModel.continues_prefix`) and runs only
     the later tokens, at positions moved up by one. When ``i`` is the last token the one before
     it is rerun, so the continuation still ends at the token that predicts. All deletions of a
     batch run together, longest first, in passes of :data:`_PASS_ELEMENTS`; the template of a

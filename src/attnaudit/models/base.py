@@ -308,7 +308,7 @@ class AttentionModel(nn.Module):
     """Whether the output head was trained; an untrained head (a bare Hugging Face encoder) makes
     no prediction to explain, so gradient, leave-one-out and prediction tests do not apply."""
     streams_layers: bool = False
-    """Whether ``decode`` takes ``keep_layers`` and ``on_layer`` (see :meth:`HFDecoderModel.decode`): each
+    """Whether ``decode`` takes ``keep_layers`` and ``on_layer`` (see :meth:`~attnaudit.models.hf_model.HFModel.decode`): each
     layer's record is handed over as it finishes and only the named layers stay in the trace."""
     has_value_output: bool = False
     """Whether :meth:`value_output_maps` exists: multi-head attention with per-head value and output
@@ -357,6 +357,19 @@ class AttentionModel(nn.Module):
         index per example ``(B,)`` (decoders: the last real token). Read it with :func:`take_rows`."""
         return self.explanation_query
 
+    def lacks(self, need: str) -> str | None:
+        """Why this model lacks a structural ``need`` (``value_output``, ``residual_norms``, ``lrp``), or None.
+        Families that find their structure (Hugging Face models) say precisely what was not found."""
+        name = type(self).__name__
+        if need == "value_output":
+            return None if self.has_value_output else f"{name} attention has no per-head value/output projections"
+        if need == "residual_norms":
+            found = self.self_attention and self.has_value_output and self.has_residual_norms
+            return None if found else f"{name} exposes no residual connections and layer norms around stacked self-attention"
+        if need == "lrp":
+            return None if self.supports_lrp else f"{name} has no layer-wise relevance propagation rules"
+        raise AttnAuditError(f"unknown model need {need!r}")
+
     def value_output_maps(self, layer: int) -> tuple[Tensor, Tensor, Tensor, int]:
         """``(W_V, b_V, W_O, heads)`` of attention layer ``layer`` as right-multiplied maps
         (``v = x @ W_V + b_V``; output ``concat_heads(sum_j a_ij v_j) @ W_O``), for families with
@@ -399,7 +412,7 @@ class AttentionModel(nn.Module):
     def rerun_cache(self, trace: AttentionTrace, layer: int, base: Cache, rows: Tensor) -> Cache | None:
         """A cache restarting at trace layer ``layer`` at one position per example, ``rows`` ``(B,)``, the
         other positions read from ``trace`` (a decoder's predicting token:
-        :meth:`~attnaudit.models.hf_decoder.HFDecoderModel.rerun_cache`); None where the family cannot."""
+        :meth:`~attnaudit.models.hf_model.HFModel.rerun_cache`); None where the family cannot."""
         return None
 
     def cache_at(self, trace: AttentionTrace, layer: int, base: Cache) -> Cache:

@@ -4,7 +4,7 @@ Each example's text is put into the template (``"Review: {text}\\nSentiment:"``)
 next-token logits at the last prompt position are read at the first token of each label's
 verbalizer string (``" positive"``), in the task's label order. Those ``(B, labels)`` logits are
 the model's output, so the prediction is their softmax and the tests that need a prediction run.
-The explanation query is the last prompt position (:meth:`HFDecoderModel.explanation_rows`).
+The explanation query is the last prompt position (:meth:`HFModel.explanation_rows`).
 
 The ranked items are the input text's tokens only, the ``{text}`` span of the filled prompt:
 :class:`ZeroShotCollator` sets ``Batch.items`` to the tokens whose characters overlap that span
@@ -29,8 +29,8 @@ from torch import Tensor
 
 from attnaudit.data.types import Batch, Example
 from attnaudit.errors import AttnAuditError
-from attnaudit.models.hf_decoder import HFDecoderModel
-from attnaudit.models.hf_encoder import HFCollator
+from attnaudit.models.hf_batches import HFCollator
+from attnaudit.models.hf_model import HFModel
 
 SENTIMENT_PROMPT = "Review: {text}\nSentiment:"
 SENTIMENT_VERBALIZER = {"negative": " negative", "positive": " positive"}
@@ -160,7 +160,7 @@ def resolve(task: str | None, prompt: str | None, verbalizer: str | dict[str, st
     return prompt, verbalizer
 
 
-def make_zero_shot(model: HFDecoderModel, prompt: str, verbalizer: dict[str, str], labels: Sequence[str]) -> None:
+def make_zero_shot(model: HFModel, prompt: str, verbalizer: dict[str, str], labels: Sequence[str]) -> None:
     """Turn a causal LM into a zero-shot classifier over ``labels`` (its outputs become the verbalizer logits)."""
     if model.config.extra.get("output") != "next_token":
         raise AttnAuditError("--prompt/--verbalizer need a causal language model without a classification head")
@@ -175,11 +175,11 @@ def make_zero_shot(model: HFDecoderModel, prompt: str, verbalizer: dict[str, str
 
 
 @contextlib.contextmanager
-def next_token_decision(model: HFDecoderModel) -> Iterator[HFDecoderModel]:
+def next_token_decision(model: HFModel) -> Iterator[HFModel]:
     """Within the block a causal LM's predicted next token is its prediction: the classes are the whole vocabulary.
 
     The model's output already is the next-token logits ``(B, vocab)`` at each example's last real
-    token (:meth:`HFDecoderModel.head`); this only marks that output as a decision to explain
+    token (:meth:`HFModel.decode`); this only marks that output as a decision to explain
     (``trained_head``), so ``probs`` is the real next-token distribution (nothing renormalised over
     a top-k) and every explanation method that needs a prediction applies unchanged. Restored on exit.
     """

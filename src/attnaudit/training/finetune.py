@@ -2,14 +2,14 @@
 
 Encoders (BERT family) pool ``[CLS]``; decoder-only models (Llama/SmolLM2, Qwen2, GPT-2) get a
 sequence-classification head read at each example's last *real* token
-(:meth:`~attnaudit.models.hf_decoder.HFDecoderModel.head`, from the mask, so any padding side
+(:meth:`~attnaudit.models.hf_model.HFModel.decode`, from the mask, so any padding side
 works). ``train_layers`` trains only the head, the last ``N`` layers and what follows them
 (final norm, pooler); everything before is frozen, both out of the optimiser (the loop's
 ``Optimiser.frozen``) and out of autograd, so the backward pass stops at the first trained
 layer — what makes a 135M decoder trainable on a few CPU cores.
 
 AdamW with linear warm-up/decay (the usual BERT recipe) and clipping at 1, cross-entropy on
-the head's logits computed through :class:`~attnaudit.hf.HFAttentionModel` (so training
+the head's logits computed through :class:`~attnaudit.hf.HFModel` (so training
 sees exactly the model the tests later examine), every epoch trained (no early stopping), one
 dev evaluation per epoch and the best dev-accuracy epoch kept; all of it by the one loop,
 :func:`attnaudit.training.loop.fit`. The run directory (``config.json`` with ``kind: hf``, ``hf/``
@@ -39,7 +39,7 @@ from attnaudit.training.loop import Hooks, LoopConfig, Optimiser, Selection, fit
 from attnaudit.training.trainer import cross_entropy, evaluate_examples
 
 if TYPE_CHECKING:
-    from attnaudit.hf import HFAttentionModel
+    from attnaudit.hf import HFModel
 
 AFTER_LAYERS = ("norm", "ln_f", "pooler")
 """Base-model modules that run after the layers (decoders' final norm, BERT's pooler): trained with the head."""
@@ -49,7 +49,7 @@ def _settings_hash(settings: dict[str, Any]) -> str:
     return digest(settings)
 
 
-def frozen_patterns(model: HFAttentionModel, train_layers: int | None) -> tuple[str, ...]:
+def frozen_patterns(model: HFModel, train_layers: int | None) -> tuple[str, ...]:
     """Parameter-name patterns of ``model`` fixed when only the head, the last ``train_layers``
     layers and the modules after them train (the rest: embeddings, earlier layers); None: none."""
     if train_layers is None:

@@ -1,0 +1,250 @@
+"""Capture and change attention inside any Hugging Face model's own attention code.
+
+No modeling file is forked. Two routes reach the same place:
+
+* transformers 5 sends most attention modules through the function registered under
+  ``config._attn_implementation`` (its ``AttentionInterface``). We register ``"attnaudit"``
+  (:func:`_attention`): it calls the modeling file's *own* ``eager_attention_forward``, after
+  applying what needs per-head queries, keys and values (the LRP rules, key and value
+  interventions, a key/value prefix) and recording keys and values.
+* A few architectures compute attention inside the module itself (Falcon, Bloom, GPT-J,
+  CodeGen, DeBERTa, MPNet); they stay on their eager code.
+
+In both routes the one place that acts on the weights is the attention **softmax**. While an
+attention layer runs (the adapter arms it: :meth:`Capture.arm`), ``torch.nn.functional.softmax``
+is :func:`_softmax`: the first four-dimensional softmax over keys receives the scores exactly as
+the model computed them (scaling, RoPE, ALiBi, relative or position bias, soft-capping, and the
+model's own causal, sliding-window or padding mask), so every position scheme comes for free.
+They are normalised by :func:`attnaudit.models.attention.attention_weights` (normaliser swaps and
+weight replacements mean what they mean in our own models) and recorded. Which keys a query may
+read is what the model's mask left above :func:`masked_below`.
+
+Outside an active pass nothing changes: the registered function is the model's eager code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from transformers import AttentionInterface
+from transformers.masking_utils import AttentionMaskInterface, eager_mask
+from transformers.models.bert.modeling_bert import eager_attention_forward as _bert_eager
+
+from attnaudit.errors import AttnAuditError
+from attnaudit.models.attention import apply_key_interventions, apply_value_interventions, attention_weights
+from attnaudit.models.base import Intervention
+from attnaudit.models.lrp import attention_operands
+
+ATTN_IMPLEMENTATION = "attnaudit"
+
+
+@dataclass
+class KeyValuePrefix:
+    """Keys and values of tokens already run, which a continuation attends to.
+
+    ``keys[l]``/``values[l]`` ``(B, kv_heads, P, dh)``: layer ``l``'s keys (positions applied)
+    and values; ``mask`` ``(B,P)`` marks the real ones. Given as ``cache.extra["prefix"]``, our
+    attention function hands it each layer's new keys and values (:meth:`update`) and attends
+    over what comes back.
+
+    Two uses. ``positions`` None: the new tokens *follow* the prefix and their keys and values
+    are appended (leave-one-out reruns the tokens after a removed one). ``positions`` ``(B,Q)``:
+    the prefix holds every position of a pass and the new tokens rerun the tokens at
+    ``positions``, their keys and values in place of the pass's (an intervention at the
+    predicting token alone).
+    """
+
+    keys: list[Tensor | None]
+    values: list[Tensor | None]
+    mask: Tensor
+    positions: Tensor | None = None
+
+    def update(self, key: Tensor, value: Tensor, layer: int) -> tuple[Tensor, Tensor]:
+        """Layer ``layer``'s keys and values: the prefix's, then ``key``/``value``; or, rerunning
+        ``positions``, the prefix's with those positions' entries replaced."""
+        keys, values = self.keys[layer], self.values[layer]
+        if keys is None or values is None:
+            raise AttnAuditError(f"this key/value prefix holds nothing for layer {layer}")
+        if self.positions is not None:
+            index = self.positions[:, None, :, None].expand(-1, key.shape[1], -1, key.shape[-1])
+            return keys.scatter(2, index, key), values.scatter(2, index, value)
+        return torch.cat([keys, key], 2), torch.cat([values, value], 2)
+
+    def select_rows(self, rows: Tensor) -> KeyValuePrefix:
+        """The prefix of instances ``rows`` (repeats allowed), as :meth:`Cache.select` asks of extras."""
+        return KeyValuePrefix(
+            keys=[None if k is None else k.index_select(0, rows) for k in self.keys],
+            values=[None if v is None else v.index_select(0, rows) for v in self.values],
+            mask=self.mask.index_select(0, rows),
+            positions=None if self.positions is None else self.positions.index_select(0, rows),
+        )
+
+
+@dataclass
+class LayerCall:
+    """One attention layer of an active pass: what it is given, and what it leaves behind.
+
+    Given: ``interventions``; ``key_mask`` ``(B,K)`` and ``query_mask`` ``(B,Q)`` (the real
+    tokens); ``allowed`` ``(B,1,Q,K)`` where the pass, not the model's mask, says which key each
+    query reads (a key/value prefix). Left: ``weights`` and ``scores`` ``(B,H,Q,K)`` and the
+    ``allowed`` pairs from the softmax; ``keys``/``values`` ``(B,H,K,dh)`` per query head and
+    ``output`` ``(B,Q,H,dh)`` from the interface route; ``inputs`` from the adapter."""
+
+    layer: int
+    interventions: list[Intervention] = field(default_factory=list)
+    key_mask: Tensor | None = None
+    query_mask: Tensor | None = None
+    allowed: Tensor | None = None
+    weights: Tensor | None = None
+    scores: Tensor | None = None
+    keys: Tensor | None = None
+    values: Tensor | None = None
+    output: Tensor | None = None
+    inputs: Tensor | None = None
+
+
+@dataclass
+class Capture:
+    """The state of one active pass: the layer running now, and the prefix its layers read."""
+
+    prefix: KeyValuePrefix | None = None
+    running: LayerCall | None = None
+    armed: LayerCall | None = None
+
+    @contextlib.contextmanager
+    def arm(self, call: LayerCall) -> Iterator[None]:
+        """``call`` is the attention layer running within the block; its softmax is intercepted."""
+        self.running, self.armed = call, call
+        try:
+            yield
+        finally:
+            self.running, self.armed = None, None
+
+
+_ACTIVE: ContextVar[Capture | None] = ContextVar("attnaudit_capture", default=None)
+_PLAIN_SOFTMAX = torch.nn.functional.softmax
+_INSTALLED = 0
+
+
+def masked_below(dtype: torch.dtype) -> float:
+    """Scores at or below this are masked keys: models add their dtype's minimum (or divide it by
+    a small scale afterwards, as CodeGen does); no real attention logit comes near."""
+    return -1e9 if torch.finfo(dtype).max > 1e10 else torch.finfo(dtype).min / 8
+
+
+def _softmax(input: Tensor, dim: int | None = None, _stacklevel: int = 3, dtype: torch.dtype | None = None) -> Tensor:
+    """``torch.nn.functional.softmax`` while a pass is active: the armed layer's attention softmax is ours."""
+    state = _ACTIVE.get()
+    call = None if state is None or input.dim() != 4 or dim not in (-1, 3) else state.armed
+    if call is None:
+        return _PLAIN_SOFTMAX(input, dim, _stacklevel, dtype)
+    state.armed = None  # type: ignore[union-attr]
+    scores = input if dtype is None else input.to(dtype)
+    allowed = call.allowed
+    if allowed is None:
+        allowed = (scores > masked_below(scores.dtype)).any(1, keepdim=True)
+    key_mask = call.key_mask if call.key_mask is not None else allowed.any(2).any(1)
+    weights = attention_weights(scores, key_mask, "softmax", call.interventions, allowed)
+    if weights.dtype != input.dtype:
+        weights = weights.to(input.dtype)  # eager code computes in float32, then casts back: the weights it uses
+    call.weights, call.allowed = weights, allowed
+    call.scores = scores.masked_fill(~allowed, float("-inf"))
+    return weights
+
+
+@contextlib.contextmanager
+def capturing(state: Capture) -> Iterator[Capture]:
+    """Within the block ``state`` is the active pass and torch's softmax is :func:`_softmax`."""
+    global _INSTALLED
+    token = _ACTIVE.set(state)
+    if _INSTALLED == 0:
+        torch.nn.functional.softmax = _softmax  # type: ignore[assignment]
+    _INSTALLED += 1
+    try:
+        yield state
+    finally:
+        _INSTALLED -= 1
+        if _INSTALLED == 0:
+            torch.nn.functional.softmax = _PLAIN_SOFTMAX
+        _ACTIVE.reset(token)
+
+
+def active() -> Capture | None:
+    """The active pass, if any."""
+    return _ACTIVE.get()
+
+
+_EAGER: dict[type, Callable[..., tuple[Tensor, Tensor]]] = {}
+
+
+def own_eager(module: nn.Module) -> Callable[..., tuple[Tensor, Tensor]]:
+    """The eager attention function of ``module``'s own modeling file (BERT's where it has none),
+    resolved once per class: what the model computes does not change with later patches of that file."""
+    kind = type(module)
+    if kind not in _EAGER:
+        own = getattr(sys.modules.get(kind.__module__), "eager_attention_forward", None)
+        _EAGER[kind] = own if callable(own) else _bert_eager
+    return _EAGER[kind]
+
+
+@contextlib.contextmanager
+def _groups_of_one(module: nn.Module, expanded: bool) -> Iterator[None]:
+    """Keys and values already repeated per query head: the eager code must not repeat them again."""
+    saved = getattr(module, "num_key_value_groups", None)
+    if expanded and saved is not None:
+        module.num_key_value_groups = 1
+    try:
+        yield
+    finally:
+        if expanded and saved is not None:
+            module.num_key_value_groups = saved
+
+
+def additive(allowed: Tensor, dtype: torch.dtype) -> Tensor:
+    """``allowed`` ``(B,1,Q,K)`` as the additive float mask eager code adds to its scores."""
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(~allowed, torch.finfo(dtype).min)
+
+
+def _attention(
+    module: nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor | None,
+    *args: Any,
+    **kwargs: Any,
+) -> tuple[Tensor, Tensor]:
+    """The registered attention function: the model's own eager code, given what a pass changes."""
+    eager = own_eager(module)
+    state = _ACTIVE.get()
+    call = None if state is None else state.running
+    if state is None or call is None:
+        return eager(module, query, key, value, attention_mask, *args, **kwargs)
+    query, key, value = attention_operands(query, key, value)
+    if state.prefix is not None:
+        key, value = state.prefix.update(key, value, call.layer)
+        if call.allowed is None:
+            raise AttnAuditError("a key/value prefix needs the pass to say which keys each query reads")
+        attention_mask = additive(call.allowed, query.dtype)
+    groups = query.shape[1] // key.shape[1]
+    if groups > 1:
+        key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
+    key = apply_key_interventions(key, call.interventions)
+    value = apply_value_interventions(value, call.interventions)
+    call.keys, call.values = key, value
+    with _groups_of_one(module, groups > 1):
+        output, weights = eager(module, query, key, value, attention_mask, *args, **kwargs)
+    call.output = output
+    return output, weights
+
+
+AttentionInterface.register(ATTN_IMPLEMENTATION, _attention)
+# Without a registered mask function transformers would build no mask for an unknown name.
+AttentionMaskInterface.register(ATTN_IMPLEMENTATION, eager_mask)
