@@ -57,11 +57,19 @@ def machine() -> dict[str, Any]:
     }
 
 
+def _relative(word: str) -> str:
+    """A command-line word with this checkout's absolute path made relative to it (no machine paths in results)."""
+    path = Path(word)
+    if path.is_absolute() and path.is_relative_to(ROOT):
+        return str(path.relative_to(ROOT))
+    return word
+
+
 def provenance() -> dict[str, Any]:
     """Command line, commit, cores, load average (1, 5, 15 min, when the result is written),
     platform and machine, stored with every result."""
     return {
-        "command": os.environ.get(COMMAND_ENV) or " ".join([Path(sys.executable).name, *sys.argv]),
+        "command": os.environ.get(COMMAND_ENV) or " ".join([Path(sys.executable).name, *map(_relative, sys.argv)]),
         "commit": commit(),
         "cores": os.cpu_count(),
         "load_average": [round(x, 2) for x in os.getloadavg()],

@@ -25,6 +25,8 @@ START = "<!-- bench-table:start -->"
 END = "<!-- bench-table:end -->"
 LLM_START = "<!-- llm-scale-table:start -->"
 LLM_END = "<!-- llm-scale-table:end -->"
+MODELS_START = "<!-- models-table:start -->"
+MODELS_END = "<!-- models-table:end -->"
 LLM_RESULTS = ("llm_scale_cpu", "llm_scale_cuda")  # benchmarks/bench_llm_scale.py, one file per device
 LLM_TIMES = (("peer", "HF eager"), ("capture", "capture"), ("norms", "norms"), ("rollout", "rollout, all layers"),
              ("rollout_streaming", "rollout, streaming"))
@@ -258,6 +260,39 @@ def render_llm(folder: Path = RESULTS) -> str:
     return "\n".join([*lines, LLM_END])
 
 
+ROUTES = {"interface": "attention interface", "softmax": "its own attention code (softmax intercepted)"}
+LAYOUTS = {"pre": "pre-norm", "post": "post-norm", "sandwich": "sandwich norms", "parallel": "parallel attention + MLP"}
+
+
+def render_models(folder: Path = RESULTS) -> str:
+    """The README's models block from ``architectures.json`` (:mod:`benchmarks.architecture_matrix`): how many
+    families of each kind pass every check, and which explanation methods apply, grouped by route and layout."""
+    data = json.loads((folder / "architectures.json").read_text(encoding="utf-8"))
+    rows = data["architectures"]
+    lines = [
+        MODELS_START, "",
+        f"Generated from `benchmarks/results/architectures.json` (`{data['reproduce']}`): a tiny random model of each "
+        f"family, checked against transformers' own eager forward ({', '.join(data['checks'])}; ≤ {data['tolerance']:g}), "
+        "then explained and audited from a saved folder.", "",
+        "| kind | pass | architectures |", "|---|---|---|",
+    ]
+    for kind, counts in data["summary"].items():
+        names = ", ".join(r["model_type"] for r in rows if r["kind"] == kind)
+        lines.append(f"| {kind} | {counts['passed']} of {counts['total']} | {names} |")
+    lines += ["", "| attention reached through | block layout | explanation methods that do not apply | architectures |", "|---|---|---|---|"]
+    groups: dict[tuple[str, str, str], list[str]] = {}
+    for row in rows:
+        if row["kind"] == "encoder-decoder":
+            continue
+        layouts = [LAYOUTS.get(name, "not found") for name in row["layouts"]]
+        missing = ", ".join(sorted(name for name, reason in row["methods"].items() if reason)) or "none"
+        key = (ROUTES[row["route"]], " / ".join(dict.fromkeys(layouts)), missing)
+        groups.setdefault(key, []).append(row["model_type"])
+    for (route, layout, missing), names in groups.items():
+        lines.append(f"| {route} | {layout} | {missing} | {', '.join(names)} |")
+    return "\n".join([*lines, "", MODELS_END])
+
+
 def replace_block(readme: str, block: str, start_marker: str = START, end_marker: str = END) -> str:
     """``readme`` with the text from ``start_marker`` to ``end_marker`` (inclusive) replaced by ``block``."""
     start, end = readme.find(start_marker), readme.find(end_marker)
@@ -267,8 +302,9 @@ def replace_block(readme: str, block: str, start_marker: str = START, end_marker
 
 
 def updated_readme(readme: str) -> str:
-    """``readme`` with both generated blocks rewritten (the decoder-LLM block where README has its markers)."""
+    """``readme`` with the generated blocks rewritten (the models and decoder-LLM blocks where README has their markers)."""
     text = replace_block(readme, render(load()))
+    text = replace_block(text, render_models(), MODELS_START, MODELS_END) if MODELS_START in text else text
     return replace_block(text, render_llm(), LLM_START, LLM_END) if LLM_START in text else text
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import Tensor
 import transformers
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
 from transformers import CONFIG_MAPPING, AutoConfig, PreTrainedConfig, PreTrainedModel, PreTrainedTokenizerFast
@@ -248,10 +249,18 @@ def save_tiny(model_type: str, folder: str | Path, head: str | None = None, seed
     byte-level ``Qwen2Tokenizer``, which does not keep this word-level one; load it with
     ``PreTrainedTokenizerFast.from_pretrained``.
     """
+    from transformers.utils import logging as hf_logging
+
     model, tokenizer = build_tiny(model_type, head or heads_of(model_type)[0], seed)
     folder = Path(folder)
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # transformers draws a bar per saved shard
+    try:
+        model.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
     return folder
 
 
@@ -266,3 +275,160 @@ def _kind(model_type: str) -> str:
     if model_type not in ARCHITECTURES:
         raise AttnAuditError(f"no tiny model of {model_type!r}: the catalogue has {', '.join(ARCHITECTURES)}")
     return ARCHITECTURES[model_type]
+
+
+# -- the architecture matrix: each family checked against its own eager forward ---------------------------
+
+SENTENCES = ("the film was very good", "it was a boring movie and i hated it", "great acting !", "the plot was dull")
+TARGETS = ("a good film", "a bad movie", "great !", "dull")
+TOLERANCE = 1e-5
+PROMPT = "review : {text} sentiment :"
+VERBALIZER = 'pos=" positive",neg=" negative"'
+REVIEWS = (
+    ("the film was very good", "pos"), ("great acting !", "pos"), ("i loved this movie", "pos"), ("a wonderful story", "pos"),
+    ("the plot was dull", "neg"), ("a boring movie", "neg"), ("i hated it", "neg"), ("the acting was awful", "neg"),
+)
+CHECKS = ("weights", "logits", "intervention", "restart")
+"""The figures of :func:`check` that must stay within :data:`TOLERANCE`."""
+
+
+def write_reviews(folder: Path) -> Path:
+    """A small labelled CSV over the tiny tokenizers' words (both labels, shuffled, repeated to 24 rows)."""
+    path = folder / "reviews.csv"
+    rows = [REVIEWS[i] for i in (0, 4, 1, 5, 2, 6, 3, 7)] * 3
+    path.write_text("text,label\n" + "".join(f"{text},{label}\n" for text, label in rows), encoding="utf-8")
+    return path
+
+
+def end_to_end(model_type: str, folder: Path, reviews: Path, data_dir: Path) -> list[str]:
+    """``attnaudit explain`` and ``attnaudit audit`` command lines for a saved tiny ``model_type`` (placeholders filled)."""
+    kind = ARCHITECTURES[model_type]
+    if kind == "encoder-decoder":
+        return [f"audit --hf {folder} --task europarl-deen --data-dir {data_dir} --only alignment,identifiability "
+                f"--limit 4 --no-figures --explore 0 --quiet --out {folder}-audit"]
+    zero_shot = f" --prompt '{PROMPT}' --verbalizer '{VERBALIZER}'" if kind == "decoder" else ""
+    return [
+        f"explain --hf {folder} --text 'the film was good' --out {folder}-explain",
+        f"audit --hf {folder} --task csv:{reviews}{zero_shot} --only importance,permutation,erasure --limit 6 "
+        f"--no-figures --explore 0 --quiet --out {folder}-audit",
+    ]
+
+
+
+
+def check(model_type: str, seed: int = 0) -> dict[str, Any]:
+    """Check the adapter on a tiny ``model_type`` against the same weights run by transformers' eager code.
+
+    The figures (max absolute differences over real tokens): ``weights``, our captured weights against
+    eager ``output_attentions=True`` (None where eager returns none); ``logits``, the decision against
+    eager's; ``intervention``, replacing one middle layer's weights through the adapter against
+    replacing them by hand inside eager's softmax; ``restart``, restarting at that layer against the
+    full pass. Also what the dry run found (route, causal, layouts) and which explanation methods apply."""
+    from attnaudit.explain import EXPLANATIONS
+    from attnaudit.models.base import Intervention
+    from attnaudit.models.hf_model import HFModel
+    from attnaudit.models.hf_structure import BlockLayout
+
+    kind = _kind(model_type)
+    head = "classifier" if kind == "encoder" else "lm"
+    hf, tokenizer = build_tiny(model_type, head, seed)
+    reference, _ = build_tiny(model_type, head, seed)
+    model = HFModel(hf, tokenizer, "classification", model_type, trained_head=True)
+    batch, inputs = _batch(model, tokenizer)
+    middle = model.structure.layers_of(1)[0]  # the first attention layer of the second block (of the encoder)
+    decoder = model.structure.layers_of(model.structure.sites[model.first_decoder_layer].block + 1)[0] if kind == "encoder-decoder" else middle
+    layer = middle
+    with torch.no_grad():
+        cache = model.encode(batch)
+        ours = model.decode(cache)
+        theirs = reference(**inputs, output_attentions=True)
+        given = _distributions(ours.trace[layer].allowed, ours.trace[layer].weights.shape, seed)
+        changed = model(batch, [Intervention(layer=layer, weights=given)])
+        by_hand = _replaced(reference, inputs, layer, given)
+        restarts = [model.decode(model.cache_at(ours.trace, at, cache)).logits for at in {middle, decoder}]
+    layouts = {v.kind if isinstance(v, BlockLayout) else v for v in model.structure.layouts.values()}
+    return {
+        "model_type": model_type, "kind": kind, "route": model.structure.route, "layers": model.num_attention_layers,
+        "causal": model.causal, "layouts": sorted(layouts),
+        "weights": _weights_difference(ours.trace.layers, theirs, kind),
+        "logits": _difference(ours.logits, _decision(model, theirs, batch)),
+        "intervention": _difference(changed.logits, _decision(model, by_hand, batch)),
+        "intervention_changes": not torch.allclose(changed.logits, ours.logits),
+        "restart": max(_difference(logits, ours.logits) for logits in restarts),
+        "restart_layers": sorted({middle, decoder}),
+        "methods": {name: method.applies(model) for name, method in EXPLANATIONS.items()} if kind != "encoder-decoder" else {},
+    }
+
+
+def _batch(model: Any, tokenizer: PreTrainedTokenizerFast) -> tuple[Any, dict[str, Tensor]]:
+    """A right-padded batch of :data:`SENTENCES` (encoder-decoders: with :data:`TARGETS`) and eager's inputs for it."""
+    from attnaudit.data.types import Batch
+
+    encoded = tokenizer(list(SENTENCES), padding=True, return_tensors="pt")
+    batch = Batch(tokens=encoded["input_ids"], mask=encoded["attention_mask"].bool(), examples=[])
+    inputs = {"input_ids": batch.tokens, "attention_mask": batch.mask.long()}
+    if model.kind == "encoder-decoder":
+        labels = tokenizer(list(TARGETS), padding=True, return_tensors="pt")
+        start = torch.full((len(TARGETS), 1), model.decoder_start)
+        batch.target = torch.cat([start, labels["input_ids"][:, :-1]], 1)
+        batch.target_mask = torch.cat([torch.ones_like(start, dtype=torch.bool), labels["attention_mask"][:, :-1].bool()], 1)
+        inputs.update(decoder_input_ids=batch.target, decoder_attention_mask=batch.target_mask.long())
+    return batch, inputs
+
+
+def _distributions(allowed: Tensor, shape: torch.Size, seed: int) -> Tensor:
+    """Random attention distributions of ``shape`` over the ``allowed`` keys (rows with none stay zero)."""
+    generator = torch.Generator().manual_seed(seed + 1)
+    weights = torch.rand(shape, generator=generator) * allowed.expand(shape)
+    return weights / weights.sum(-1, keepdim=True).clamp_min(1e-12)
+
+
+def _replaced(reference: PreTrainedModel, inputs: dict[str, Tensor], layer: int, given: Tensor) -> Any:
+    """Eager's forward with attention layer ``layer``'s softmax (the ``layer``-th over keys) returning ``given``."""
+    plain = torch.nn.functional.softmax
+    seen = [0]
+
+    def softmax(input: Tensor, dim: int | None = None, _stacklevel: int = 3, dtype: torch.dtype | None = None) -> Tensor:
+        out = plain(input, dim, _stacklevel, dtype)
+        if input.dim() == 4 and dim in (-1, 3):
+            seen[0] += 1
+            if seen[0] == layer + 1:
+                return given.to(out.dtype)
+        return out
+
+    torch.nn.functional.softmax = softmax  # type: ignore[assignment]
+    try:
+        return reference(**inputs)
+    finally:
+        torch.nn.functional.softmax = plain
+
+
+def _decision(model: Any, output: Any, batch: Any) -> Tensor:
+    """Eager's logits of the decision the adapter makes: a decoder's next token at its last real token."""
+    logits = output.logits
+    if model.kind == "decoder" and not model.has_head:
+        last = batch.mask.long().sum(1) - 1
+        return logits[torch.arange(len(last)), last]
+    return logits
+
+
+def _difference(a: Tensor, b: Tensor) -> float:
+    return float((a.float() - b.float()).abs().max())
+
+
+def _weights_difference(records: list[Any], output: Any, kind: str) -> float | None:
+    """Max difference of the captured weights to eager's over real query rows; None where eager returns none."""
+    if kind == "encoder-decoder":
+        stacks = (output.encoder_attentions, output.decoder_attentions, output.cross_attentions)
+        if any(s is None for s in stacks):
+            return None
+        eager = list(stacks[0]) + [w for pair in zip(stacks[1], stacks[2]) for w in pair]
+    else:
+        if output.attentions is None:
+            return None
+        eager = list(output.attentions)
+    worst = 0.0
+    for record, weights in zip(records, eager, strict=True):
+        rows = record.query_mask if record.query_mask is not None else record.mask
+        worst = max(worst, float(((record.weights - weights).abs() * rows[:, None, :, None]).max()))
+    return worst

@@ -328,30 +328,36 @@ def _run_dir(path: Path | None) -> Path:
 @app.command()
 def explanations(
     run: Annotated[Optional[Path], typer.Argument(help="Run directory: list only the methods that apply to its model.")] = None,
+    hf: Annotated[Optional[str], typer.Option(help="List the methods that apply to this Hugging Face model (smollm2, minilm, a path or hub name).")] = None,
+    task: Annotated[Optional[str], typer.Option(help="With --hf: the task (labels, zero-shot defaults).")] = None,
+    prompt: Prompt = None,
+    verbalizer: Verbalizer = None,
     data_dir: DataDir = None,
     device: Device = "auto",
 ) -> None:
-    """List the explanation methods the tests can compare (with RUN: those that apply to its model, and why not the rest).
+    """List the explanation methods the tests can compare (with RUN or --hf: those that apply to its model, and why not the rest).
 
     Examples:
 
     attnaudit explanations
 
     attnaudit explanations runs/sst
+
+    attnaudit explanations --hf minilm
     """
     from attnaudit.explain import EXPLANATIONS, NEEDS, list_explanations
 
     model = None
-    if run is not None:
-        from attnaudit.run import load_run
-
-        model = load_run(run, device=device, data_dir=data_dir).model
+    if run is not None or hf is not None:
+        model = _load_model(hf, run, task, prompt, verbalizer, data_dir, device).model
+    elif task or prompt or verbalizer:
+        raise AttnAuditError("--task/--prompt/--verbalizer apply with --hf only")
     shown = list(EXPLANATIONS.values()) if model is None else list_explanations(model)
     rows = [
         {"name": m.name, "default": "yes" if m.default else "", "needs": "; ".join(NEEDS[n][0] for n in m.needs), "description": m.about}
         for m in shown
     ]
-    _print_table("explanations" if run is None else f"explanations for {run}", rows)
+    _print_table("explanations" if model is None else f"explanations for {run or hf}", rows)
     for method in EXPLANATIONS.values() if model is not None else ():
         reason = method.applies(model)
         if reason:

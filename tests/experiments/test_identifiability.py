@@ -97,7 +97,7 @@ def test_applicability() -> None:
         return Run(model=build_model(config), collate=lambda xs: None, task=task)  # type: ignore[arg-type,return-value]
 
     experiment = get_experiment("identifiability")
-    assert "value_output_maps" in experiment.applies(run_for("bilstm", "classification"))
+    assert "per-head value and output projections" in experiment.applies(run_for("bilstm", "classification"))
     assert experiment.applies(run_for("transformer", "tagging")) is None
     with pytest.raises(AttnAuditError, match="does not apply"):
         run_test("identifiability", run_for("cnn", "classification"))

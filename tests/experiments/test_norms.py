@@ -166,7 +166,7 @@ def test_norms_on_our_transformer_and_applicability(
     assert np.isfinite(result.summary["other_weight_share"])
     from attnaudit.errors import AttnAuditError
 
-    with pytest.raises(AttnAuditError, match="no W_V/W_O"):
+    with pytest.raises(AttnAuditError, match="no per-head value/output projections"):
         run_test("norms", tiny_attention_run("bilstm"), limit=2, plot=False, out=tmp_path)
 
 

@@ -84,12 +84,8 @@ def clipped_distribution(rows: Tensor) -> Tensor:
 
 
 def _reason(run: Run) -> str | None:
-    if not run.model.has_value_output:
-        return (
-            "identifiability needs per-head value and output projections (value_output_maps), which only "
-            f"the Transformer and Hugging Face encoders have; the {run.family!r} model's attention has none"
-        )
-    return None
+    reason = run.model.lacks("value_output")
+    return None if reason is None else f"identifiability needs per-head value and output projections: {reason}"
 
 
 @register

@@ -148,11 +148,9 @@ class Norms(Experiment):
         heatmap_layer: int = field(default=-1, metadata={"help": "Layer shown in the heatmap figure."})
 
     def applies(self, run: Run) -> str | None:
-        if not run.model.has_value_output:
-            return (
-                f"the norm analysis needs multi-head self-attention with value/output projections "
-                f"(our transformer or a Hugging Face encoder); {run.family} attention has no W_V/W_O"
-            )
+        reason = run.model.lacks("value_output")
+        if reason is not None:
+            return f"the norm analysis needs multi-head self-attention with value/output projections: {reason}"
         if run.task.task_type == "seq2seq":
             return "the norm analysis covers encoder self-attention, not seq2seq cross-attention"
         return None

@@ -117,6 +117,16 @@ class Capture:
     prefix: KeyValuePrefix | None = None
     running: LayerCall | None = None
     armed: LayerCall | None = None
+    mask_cache: dict[int, tuple[Tensor, Tensor]] = field(default_factory=dict)
+    """The allowed pairs of each distinct mask tensor the model passed (layers share one): ``id -> (mask, allowed)``."""
+
+    def allowed_by(self, mask: Tensor) -> Tensor:
+        """``(B,1,Q,K)`` the pairs a model's boolean or additive attention mask leaves readable (computed once per mask)."""
+        known = self.mask_cache.get(id(mask))
+        if known is None or known[0] is not mask:
+            allowed = mask if mask.dtype == torch.bool else mask > masked_below(mask.dtype)
+            known = self.mask_cache[id(mask)] = (mask, allowed)
+        return known[1]
 
     @contextlib.contextmanager
     def arm(self, call: LayerCall) -> Iterator[None]:
@@ -150,6 +160,7 @@ def _softmax(input: Tensor, dim: int | None = None, _stacklevel: int = 3, dtype:
     allowed = call.allowed
     if allowed is None:
         allowed = (scores > masked_below(scores.dtype)).any(1, keepdim=True)
+    allowed = allowed.expand(scores.shape[0], 1, *scores.shape[2:])
     key_mask = call.key_mask if call.key_mask is not None else allowed.any(2).any(1)
     weights = attention_weights(scores, key_mask, "softmax", call.interventions, allowed)
     if weights.dtype != input.dtype:
@@ -228,6 +239,9 @@ def _attention(
     if state is None or call is None:
         return eager(module, query, key, value, attention_mask, *args, **kwargs)
     query, key, value = attention_operands(query, key, value)
+    if call.allowed is None and isinstance(attention_mask, Tensor) and attention_mask.dim() == 4:
+        # the model's mask says which pairs are readable: cheaper than reading it off every head's scores
+        call.allowed = state.allowed_by(attention_mask)[..., : key.shape[-2]]
     if state.prefix is not None:
         key, value = state.prefix.update(key, value, call.layer)
         if call.allowed is None:

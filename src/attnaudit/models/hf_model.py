@@ -207,8 +207,15 @@ class HFModel(EncoderDecoderLayout, AttentionModel):
 
     def _discover(self) -> Structure:
         """The dry run, with our attention function where the model takes it (else its eager code stays)."""
-        with contextlib.suppress(ValueError, NotImplementedError, AttributeError, KeyError):
-            self.hf.set_attn_implementation(ATTN_IMPLEMENTATION)
+        from transformers.utils import logging as hf_logging
+
+        level = hf_logging.get_verbosity()
+        hf_logging.set_verbosity_error()  # families outside the interface say so; the dry run finds out anyway
+        try:
+            with contextlib.suppress(ValueError, NotImplementedError, AttributeError, KeyError):
+                self.hf.set_attn_implementation(ATTN_IMPLEMENTATION)
+        finally:
+            hf_logging.set_verbosity(level)
         encoder = self.hf.get_encoder() if self.kind == "encoder-decoder" else None
         was_training = self.hf.training
         self.hf.eval()
@@ -383,8 +390,9 @@ class HFModel(EncoderDecoderLayout, AttentionModel):
         if hasattr(hf, "pre_classifier"):
             return HeadLayers("first", (dense(hf.pre_classifier, nn.ReLU()), dense(classifier)))
         pooler = getattr(hf.base_model, "pooler", None)
-        if pooler is not None and isinstance(getattr(pooler, "dense", None), nn.Linear) and isinstance(classifier, nn.Linear):
-            return HeadLayers("first", (dense(pooler.dense, nn.Tanh()), dense(classifier)))
+        pooler = getattr(pooler, "dense", pooler)  # BERT's pooler module holds its Linear; ALBERT's is one
+        if isinstance(pooler, nn.Linear) and isinstance(classifier, nn.Linear):
+            return HeadLayers("first", (dense(pooler, nn.Tanh()), dense(classifier)))
         if isinstance(getattr(classifier, "dense", None), nn.Linear) and isinstance(getattr(classifier, "out_proj", None), nn.Linear):
             return HeadLayers("first", (dense(classifier.dense, nn.Tanh()), dense(classifier.out_proj)))
         return None

@@ -228,9 +228,9 @@ def first_tensor(value: Any) -> Tensor | None:
 
 def close(a: Tensor | None, b: Tensor | None) -> bool:
     """Same shape and values up to :data:`TOL` relative to ``b``'s scale."""
-    if a is None or b is None or a.shape != b.shape:
+    if a is None or b is None or a.numel() != b.numel() or a.shape[-1:] != b.shape[-1:]:
         return False
-    a, b = a.detach().float(), b.detach().float()
+    a, b = a.detach().float().reshape(b.shape), b.detach().float()  # (B·T, d) is (B, T, d) flattened (OPT)
     return bool((a - b).abs().max() <= TOL * (1.0 + b.abs().max()))
 
 
@@ -487,7 +487,7 @@ def _read_layout(structure: Structure, calls: list[Call], block: int, number: in
     inside = [i for i in range(block + 1, len(calls)) if _within(calls, i, block)]
     outside_attention = [i for i in inside if not _within(calls, i, layer_calls[layers[0]]) and i != layer_calls[layers[0]]]
     o = next((calls[i].out for i in inside if calls[i].module is not None and _is_output(calls[i], site.projections)), None)
-    norms = [i for i in outside_attention if _is_norm(calls[i].module)]
+    norms = [i for i in inside if _is_norm(calls[i].module)]  # ALBERT's sits inside its attention module
     if x is None or y is None or o is None:
         return "its block input, output or attention output could not be read"
     for kind in ("pre", "sandwich", "parallel", "post"):
@@ -573,20 +573,21 @@ def _with_ffn(
 
 
 def _ffn(calls: list[Call], inside: list[int], block: nn.Module, ffn_in: Tensor, ffn_out: Tensor) -> Callable[[Tensor], Tensor] | None:
-    """The feed-forward map from ``ffn_in`` to ``ffn_out``: the outermost module call doing it, else a
-    split map of :data:`SPLIT_FFNS` whose parts are in the block."""
+    """The feed-forward map from ``ffn_in`` to ``ffn_out``: a split map of :data:`SPLIT_FFNS` whose parts are
+    in the block (first: it also gives dense layers), else the outermost module call doing it."""
+    for owner in block.modules():  # the block or a layer inside it (ALBERT's group holds its layer)
+        for names in SPLIT_FFNS:
+            up, act, down = (_path(owner, name) for name in names)
+            if not (isinstance(up, nn.Module) and isinstance(down, nn.Module) and _linear_map(up) and _linear_map(down) and callable(act)):
+                continue
+            split = SplitFFN(up, act, down)
+            with torch.no_grad():
+                if close(split(ffn_in), ffn_out):
+                    return split
     for index in inside:
         call = calls[index]
         if not _is_norm(call.module) and close(call.hidden, ffn_in) and close(call.out, ffn_out):
             return _Single(call.module)
-    for names in SPLIT_FFNS:
-        up, act, down = (_path(block, name) for name in names)
-        if not (isinstance(up, nn.Module) and isinstance(down, nn.Module) and _linear_map(up) and _linear_map(down) and callable(act)):
-            continue
-        split = SplitFFN(up, act, down)
-        with torch.no_grad():
-            if close(split(ffn_in), ffn_out):
-                return split
     return None
 
 

@@ -1,0 +1,90 @@
+"""The architecture matrix: 48 Hugging Face families through the one adapter (no download: tiny random
+configs built here, :mod:`attnaudit.architectures`).
+
+For each: captured weights and the decision equal transformers' own eager forward; replacing one middle
+layer's weights equals replacing them by hand inside eager's softmax; restarting at that layer equals the
+full pass; and, from a saved folder, ``attnaudit explain`` and an audit of three tests (encoder-decoders:
+the two that apply to them) run end to end. ``benchmarks/architecture_matrix.py`` writes the same as JSON
+for the README's models table.
+"""
+
+from __future__ import annotations
+
+import csv
+import shlex
+from pathlib import Path
+
+import pytest
+import torch
+
+from attnaudit.data.types import Batch
+from attnaudit.models.hf_model import HFModel
+from attnaudit.architectures import (
+    ARCHITECTURES,
+    CHECKS,
+    TOLERANCE,
+    build_tiny,
+    check,
+    end_to_end,
+    list_architectures,
+    save_tiny,
+    write_reviews,
+)
+from tests.fake_data import make_fake_data
+from tests.reliability.helpers import cli
+
+KINDS = {kind: list_architectures(kind) for kind in ("decoder", "encoder", "encoder-decoder")}
+
+
+def test_the_catalogue_covers_the_families_asked_for() -> None:
+    assert (len(KINDS["decoder"]), len(KINDS["encoder"]), len(KINDS["encoder-decoder"])) == (29, 11, 8)
+
+
+@pytest.mark.parametrize("model_type", list_architectures())
+def test_adapter_equals_eager(model_type: str) -> None:
+    result = check(model_type)
+    for name in CHECKS:
+        assert result[name] is not None and result[name] <= TOLERANCE, (name, result[name])
+    assert result["intervention_changes"], "the replaced weights changed nothing: the check would be empty"
+    assert result["causal"] == (ARCHITECTURES[model_type] == "decoder")
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("matrix")
+    return write_reviews(root), make_fake_data(root / "data")
+
+
+@pytest.mark.parametrize("model_type", list_architectures())
+def test_explain_and_audit_end_to_end(model_type: str, inputs: tuple[Path, Path], tmp_path: Path) -> None:
+    reviews, data_dir = inputs
+    folder = save_tiny(model_type, tmp_path / model_type)
+    for line in end_to_end(model_type, folder, reviews, data_dir):
+        done = cli(*shlex.split(line))
+        assert done.returncode == 0, (line, done.stderr[-2000:])
+    with (Path(f"{folder}-audit") / "summary.csv").open(encoding="utf-8") as handle:
+        tests = {row["test"] for row in csv.DictReader(handle) if row["statistic"] not in ("skipped", "error")}
+    expected = {"alignment", "identifiability"} if ARCHITECTURES[model_type] == "encoder-decoder" else {"importance", "permutation", "erasure"}
+    assert expected <= tests
+
+
+@pytest.mark.parametrize("model_type", ["llama", "gemma2", "gpt_bigcode"])
+def test_value_output_maps_reproduce_the_attention_output(model_type: str) -> None:
+    """Where projections were found, ``Σ_h Σ_j α_hij (x_j W_V^h + b_V^h) W_O^h + b_O`` is the output projection's output."""
+    hf, tokenizer = build_tiny(model_type, "lm")
+    model = HFModel(hf, tokenizer, "classification", model_type, trained_head=False)
+    encoded = tokenizer(["the film was very good", "a bad movie"], padding=True, return_tensors="pt")
+    batch = Batch(tokens=encoded["input_ids"], mask=encoded["attention_mask"].bool(), examples=[])
+    seen: list[torch.Tensor] = []
+    handle = model.attention_projections(1)[1].register_forward_hook(lambda _m, _i, out: seen.append(out))
+    try:
+        with torch.no_grad():
+            record = model(batch).trace[1]
+    finally:
+        handle.remove()
+    w_v, b_v, w_o, heads = model.value_output_maps(1)
+    values = (record.inputs @ w_v + b_v).unflatten(-1, (heads, -1)).transpose(1, 2)  # (B,H,K,dh)
+    mixed = (record.weights @ values).transpose(1, 2).flatten(2)
+    bias = model.attention_projections(1)[1].bias
+    expected = mixed @ w_o + (bias if bias is not None else 0)
+    torch.testing.assert_close(expected, seen[0], rtol=1e-4, atol=1e-5)
