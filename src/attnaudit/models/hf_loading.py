@@ -97,8 +97,11 @@ def _pretrained(loader: Any, source: str, **kwargs: Any) -> Any:
 
 
 def _architectures(source: str) -> tuple[Any, bool]:
+    """The checkpoint's config and whether it was saved with a sequence-classification head."""
     from transformers import AutoConfig
 
+    if Path(source).is_dir() and not (Path(source) / "config.json").is_file():
+        raise InputError(source, "holds no config.json: not a Hugging Face model folder (one written by save_pretrained)")
     config = _pretrained(AutoConfig, source)
     head = any(str(a).endswith("ForSequenceClassification") for a in (config.architectures or []))
     return config, head

@@ -159,6 +159,8 @@ class HFModel(EncoderDecoderLayout, AttentionModel):
 
     def __init__(self, hf: nn.Module, tokenizer: Any, task_type: str, source: str, trained_head: bool) -> None:
         cfg = hf.config
+        if not isinstance(getattr(cfg, "vocab_size", None), int):
+            raise AttnAuditError("its config has no vocabulary: not a text transformer (attnaudit explains text models)")
         self.kind = model_kind(cfg)
         if tokenizer.pad_token is None and tokenizer.eos_token is not None:  # GPT-2 has none; pads are masked
             tokenizer.pad_token = tokenizer.eos_token
