@@ -25,7 +25,6 @@ import torch
 from torch import nn
 
 from attnaudit import explain_text
-from attnaudit.data.types import Example
 from attnaudit.errors import AttnAuditError, AttnAuditWarning
 from attnaudit.explain import EXPLANATIONS
 from attnaudit.explained import Explained

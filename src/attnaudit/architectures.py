@@ -16,10 +16,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import Tensor
 import transformers
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
-from transformers import CONFIG_MAPPING, AutoConfig, PreTrainedConfig, PreTrainedModel, PreTrainedTokenizerFast
+from torch import Tensor
+from transformers import (
+    CONFIG_MAPPING,
+    AutoConfig,
+    PreTrainedConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerFast,
+)
 
 from attnaudit.errors import AttnAuditError
 
@@ -326,8 +332,8 @@ def check(model_type: str, seed: int = 0) -> dict[str, Any]:
     full pass. Also what the dry run found (route, causal, layouts) and which explanation methods apply."""
     from attnaudit.explain import EXPLANATIONS
     from attnaudit.models.base import Intervention
+    from attnaudit.models.hf_layouts import BlockLayout
     from attnaudit.models.hf_model import HFModel
-    from attnaudit.models.hf_structure import BlockLayout
 
     kind = _kind(model_type)
     head = "classifier" if kind == "encoder" else "lm"

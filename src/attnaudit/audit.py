@@ -34,7 +34,14 @@ from typing import Any
 import torch
 
 from attnaudit.errors import AttnAuditError, error_line, os_error_line, storage_full
-from attnaudit.experiments.base import Experiment, Result, discover, fingerprint, make_options, run_test
+from attnaudit.experiments.base import (
+    Experiment,
+    Result,
+    discover,
+    fingerprint,
+    make_options,
+    run_test,
+)
 from attnaudit.explain.base import Memo, memoised
 from attnaudit.io import atomic_write_json, remove_stray_tmp, writes_folder
 from attnaudit.options import check_max_length, check_seed, parse_assignment

@@ -20,7 +20,12 @@ from attnaudit.audit import AuditResult, audit, runnable_tests
 from attnaudit.data.types import Example, TaskData
 from attnaudit.errors import AttnAuditError
 from attnaudit.experiments.base import discover
-from attnaudit.io import atomic_write_json, atomic_write_text, read_json_object, writes_folder
+from attnaudit.io import (
+    atomic_write_json,
+    atomic_write_text,
+    read_json_object,
+    writes_folder,
+)
 from attnaudit.progress import status
 
 # Sizes: the full demo finishes in minutes on 2 cores; --quick in seconds (for tests: tiny

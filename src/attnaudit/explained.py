@@ -31,8 +31,14 @@ from attnaudit.data.types import Batch, Example
 from attnaudit.errors import AttnAuditError
 from attnaudit.explain import EXPLANATIONS, Explanation, choose, item_mask
 from attnaudit.explain.attention import attention_per_head
+from attnaudit.io import (
+    atomic_write,
+    atomic_write_json,
+    check_output_dir,
+    is_run_dir,
+    locked,
+)
 from attnaudit.models.base import evaluation
-from attnaudit.io import atomic_write, atomic_write_json, check_output_dir, is_run_dir, locked
 from attnaudit.run import Run
 
 TOP_TOKENS = 5

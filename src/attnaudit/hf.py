@@ -19,7 +19,12 @@ from attnaudit.errors import AttnAuditError, InputError
 from attnaudit.models import zeroshot
 from attnaudit.models.hf_batches import HFCollator
 from attnaudit.models.hf_batches import collator as seq2seq_collator
-from attnaudit.models.hf_loading import DTYPES, HF_DIR, _quiet_transformers, build_hf_model
+from attnaudit.models.hf_loading import (
+    DTYPES,
+    HF_DIR,
+    _quiet_transformers,
+    build_hf_model,
+)
 from attnaudit.models.hf_model import HFModel
 from attnaudit.options import check_dtype, check_max_length
 from attnaudit.pretrained import resolve_source

@@ -294,7 +294,9 @@ def chunk_f1(gold: list[list[str]], pred: list[list[str]]) -> dict[str, float]:
     A chunk counts only if its type and both boundaries match. Undefined ratios
     (no predicted or no gold chunks) are 0, as in conlleval.
     """
-    from seqeval import metrics as seqeval_metrics  # here: only tagging tasks need seqeval
+    from seqeval import (
+        metrics as seqeval_metrics,  # here: only tagging tasks need seqeval
+    )
 
     _check_tag_shapes(gold, pred)
     kw: dict[str, Any] = {"zero_division": 0}

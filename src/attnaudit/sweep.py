@@ -29,7 +29,14 @@ from typing import Any
 import yaml
 
 from attnaudit.errors import AttnAuditError, AttnAuditWarning, InputError, error_line
-from attnaudit.io import atomic_write, atomic_write_json, csv_cell, digest, read_input, read_json
+from attnaudit.io import (
+    atomic_write,
+    atomic_write_json,
+    csv_cell,
+    digest,
+    read_input,
+    read_json,
+)
 from attnaudit.options import SEED_MAX, check_value, conforms, type_name
 from attnaudit.progress import status, track
 

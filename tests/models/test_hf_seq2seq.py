@@ -39,7 +39,7 @@ from attnaudit.models.base import Intervention, freeze_uniform
 from attnaudit.hf import load_hf
 from attnaudit.models.hf_model import causal_allowed
 from attnaudit.models.hf_batches import HFSubwords, collator
-from attnaudit.models.hf_loading import fresh_tokenizer
+from attnaudit.models.hf_fresh import fresh_tokenizer
 from attnaudit.models.hf_model import HFModel
 from tests.models.test_hf_decoder import real_rows
 

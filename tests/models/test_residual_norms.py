@@ -11,7 +11,6 @@ import pytest
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import (
-    BertConfig,
     BertForSequenceClassification,
     DistilBertConfig,
     DistilBertForSequenceClassification,
@@ -29,7 +28,6 @@ from attnaudit.errors import AttnAuditError
 from attnaudit.models import ModelConfig, build_model
 from attnaudit.models.base import AttentionModel, Intervention
 from attnaudit.hf import HFCollator
-from attnaudit.models.hf_model import HFModel
 from attnaudit.models.hf_model import HFModel
 
 FAMILIES = ("transformer", "bert", "distilbert", "llama", "qwen2", "gpt2")

@@ -1,5 +1,13 @@
 """Faithfulness tests: one module per test, registered by name (see ``base``)."""
 
-from attnaudit.experiments.base import EXPERIMENTS, Experiment, Result, discover, get_experiment, register, run_test
+from attnaudit.experiments.base import (
+    EXPERIMENTS,
+    Experiment,
+    Result,
+    discover,
+    get_experiment,
+    register,
+    run_test,
+)
 
 __all__ = ["EXPERIMENTS", "Experiment", "Result", "discover", "get_experiment", "register", "run_test"]

@@ -20,11 +20,17 @@ import torch
 from torch import Tensor
 
 from attnaudit.data.types import Example
-from attnaudit.experiments.base import Experiment, Result, register, save_figure, summarise
+from attnaudit.experiments.base import (
+    Experiment,
+    Result,
+    register,
+    save_figure,
+    summarise,
+)
 from attnaudit.experiments.common import (
     ATTENTION_TABLE,
-    base_pass,
     attention_rows,
+    base_pass,
     batch_labels,
     layer_jsd,
     plot_attention_rows,

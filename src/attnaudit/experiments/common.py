@@ -33,6 +33,8 @@ from attnaudit.models.base import (
     ModelOutput,
     WeightsFn,
     evaluation,
+)
+from attnaudit.models.base import (
     take_rows as take_query_rows,
 )
 from attnaudit.run import Run

@@ -26,11 +26,23 @@ import torch
 from torch import Tensor
 
 from attnaudit.errors import AttnAuditError
-from attnaudit.experiments.base import Experiment, Result, register, save_figure, summarise
-from attnaudit.explain import EXPLANATIONS, Explanation, choose, item_mask
+from attnaudit.experiments.base import (
+    Experiment,
+    Result,
+    register,
+    save_figure,
+    summarise,
+)
 from attnaudit.experiments.common import prepare as prepare_layers
+from attnaudit.explain import EXPLANATIONS, Explanation, choose, item_mask
 from attnaudit.metrics import jsd
-from attnaudit.models.base import AttentionModel, Cache, Intervention, WeightsFn, evaluation
+from attnaudit.models.base import (
+    AttentionModel,
+    Cache,
+    Intervention,
+    WeightsFn,
+    evaluation,
+)
 from attnaudit.progress import track
 from attnaudit.run import Run
 

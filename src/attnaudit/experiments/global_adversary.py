@@ -55,7 +55,12 @@ from attnaudit.experiments.common import identity_rows, row_mean, weighted_mean
 from attnaudit.experiments.seeds import compare
 from attnaudit.experiments.uniform import frozen_uniform
 from attnaudit.metrics import output_change
-from attnaudit.models.base import AttentionLayer, AttentionModel, ModelOutput, evaluation
+from attnaudit.models.base import (
+    AttentionLayer,
+    AttentionModel,
+    ModelOutput,
+    evaluation,
+)
 from attnaudit.progress import status
 from attnaudit.run import Run, load_run
 from attnaudit.training.adversary import (

@@ -20,7 +20,13 @@ import numpy as np
 
 from attnaudit.data.types import Example
 from attnaudit.errors import AttnAuditError
-from attnaudit.experiments.base import Experiment, Result, register, save_figure, summarise
+from attnaudit.experiments.base import (
+    Experiment,
+    Result,
+    register,
+    save_figure,
+    summarise,
+)
 from attnaudit.experiments.common import base_pass
 from attnaudit.explain import EXPLANATIONS, choose, item_mask
 from attnaudit.explain.attention import attention_per_head, explained_attention

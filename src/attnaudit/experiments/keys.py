@@ -36,7 +36,13 @@ from torch import Tensor, nn
 
 from attnaudit.data.types import Batch, Example
 from attnaudit.errors import AttnAuditError
-from attnaudit.experiments.base import Experiment, Result, register, save_figure, summarise
+from attnaudit.experiments.base import (
+    Experiment,
+    Result,
+    register,
+    save_figure,
+    summarise,
+)
 from attnaudit.experiments.common import (
     ATTENTION_TABLE,
     attention_rows,

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from attnaudit.data.types import Batch, Example
+from attnaudit.data.types import Example
 from attnaudit.errors import AttnAuditError
 from attnaudit.experiments.base import Experiment, Result, register, save_figure
 from attnaudit.experiments.common import key_tokens, spearman_rho

@@ -31,10 +31,20 @@ from torch import Tensor, nn
 from attnaudit.data.types import Example
 from attnaudit.errors import AttnAuditError
 from attnaudit.experiments.base import Experiment, Result, register, save_figure
-from attnaudit.experiments.global_adversary import PUBLISHED_TAGGING, adversary, check_lambdas, resolve_init
+from attnaudit.experiments.global_adversary import (
+    PUBLISHED_TAGGING,
+    adversary,
+    check_lambdas,
+    resolve_init,
+)
 from attnaudit.models import ModelConfig, build_model
 from attnaudit.models.attention import apply_weight_interventions
-from attnaudit.models.base import AttentionLayer, AttentionModel, Intervention, uniform_weights
+from attnaudit.models.base import (
+    AttentionLayer,
+    AttentionModel,
+    Intervention,
+    uniform_weights,
+)
 from attnaudit.models.transformer import merge_heads, split_heads
 from attnaudit.progress import status
 from attnaudit.run import Run

@@ -31,7 +31,13 @@ from sklearn.metrics import average_precision_score, roc_auc_score
 
 from attnaudit.data.types import Batch, Example
 from attnaudit.errors import AttnAuditError
-from attnaudit.experiments.base import Experiment, Result, register, save_figure, summarise
+from attnaudit.experiments.base import (
+    Experiment,
+    Result,
+    register,
+    save_figure,
+    summarise,
+)
 from attnaudit.explain import EXPLANATIONS, default_names, list_explanations
 from attnaudit.progress import track
 from attnaudit.run import Run

@@ -35,7 +35,13 @@ from torch import Tensor
 
 from attnaudit.data.types import Example
 from attnaudit.errors import AttnAuditError
-from attnaudit.experiments.base import Experiment, Result, register, save_figure, summarise
+from attnaudit.experiments.base import (
+    Experiment,
+    Result,
+    register,
+    save_figure,
+    summarise,
+)
 from attnaudit.experiments.common import base_pass, key_tokens
 from attnaudit.explain import EXPLANATIONS, Explanation, item_mask
 from attnaudit.flow import flow, rollout

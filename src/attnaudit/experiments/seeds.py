@@ -25,8 +25,19 @@ import torch
 
 from attnaudit.data.types import Example
 from attnaudit.errors import AttnAuditError
-from attnaudit.experiments.base import Experiment, Result, register, save_figure, summarise
-from attnaudit.experiments.common import identity_rows, max_attention, plot_against_max_attention, row_mean
+from attnaudit.experiments.base import (
+    Experiment,
+    Result,
+    register,
+    save_figure,
+    summarise,
+)
+from attnaudit.experiments.common import (
+    identity_rows,
+    max_attention,
+    plot_against_max_attention,
+    row_mean,
+)
 from attnaudit.metrics import jsd, kl, tvd
 from attnaudit.models.base import AttentionModel, evaluation
 from attnaudit.progress import status

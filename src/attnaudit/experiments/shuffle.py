@@ -24,11 +24,17 @@ from torch import Tensor
 
 from attnaudit.data.types import Example
 from attnaudit.errors import AttnAuditError
-from attnaudit.experiments.base import Experiment, Result, register, save_figure, summarise
+from attnaudit.experiments.base import (
+    Experiment,
+    Result,
+    register,
+    save_figure,
+    summarise,
+)
 from attnaudit.experiments.common import (
     ATTENTION_TABLE,
-    base_pass,
     attention_rows,
+    base_pass,
     batch_labels,
     plot_attention_rows,
     seeded_generator,

@@ -25,7 +25,13 @@ from torch import Tensor
 from attnaudit.data.types import Batch
 from attnaudit.explain.base import explanation, on_items
 from attnaudit.explain.norms_res_ln import ELEMENTS, rows
-from attnaudit.models.base import AttentionLayer, AttentionModel, Dense, NormParams, evaluation
+from attnaudit.models.base import (
+    AttentionLayer,
+    AttentionModel,
+    Dense,
+    NormParams,
+    evaluation,
+)
 
 
 def with_bias(parts: Tensor, bias: Tensor | None) -> Tensor:

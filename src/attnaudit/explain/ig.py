@@ -10,7 +10,6 @@ from attnaudit.errors import AttnAuditError
 from attnaudit.explain.base import check_task, explanation, hierarchical, token_scores
 from attnaudit.models.base import AttentionModel, evaluation
 
-
 # Activations one Integrated Gradients pass may hold for its backward pass, in floats (about
 # 0.5 GB in float32), and at most this many interpolated inputs per pass: a fixed number of rows
 # would need 40 GB for ten 60-token prompts of a 30-layer LLM, and 4096 rows keep the small models fast.

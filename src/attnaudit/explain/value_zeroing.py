@@ -17,9 +17,20 @@ from torch import Tensor
 
 from attnaudit.data.types import Batch
 from attnaudit.explain.base import explanation
-from attnaudit.explain.norms_res_ln import layers_up_to, pair_mask, residual_parts, rolled_contributions, token_map
+from attnaudit.explain.norms_res_ln import (
+    layers_up_to,
+    pair_mask,
+    residual_parts,
+    rolled_contributions,
+    token_map,
+)
 from attnaudit.explain.rollout import explained_record
-from attnaudit.models.base import AttentionLayer, AttentionModel, ResidualNorms, evaluation
+from attnaudit.models.base import (
+    AttentionLayer,
+    AttentionModel,
+    ResidualNorms,
+    evaluation,
+)
 
 ROWS = 8192
 """Vectors taken through a layer's feed-forward map at once, at most: bounds memory."""

@@ -35,10 +35,16 @@ import torch
 from torch import Tensor, nn
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
-from transformers.models.bert.modeling_bert import eager_attention_forward as _bert_eager
+from transformers.models.bert.modeling_bert import (
+    eager_attention_forward as _bert_eager,
+)
 
 from attnaudit.errors import AttnAuditError
-from attnaudit.models.attention import apply_key_interventions, apply_value_interventions, attention_weights
+from attnaudit.models.attention import (
+    apply_key_interventions,
+    apply_value_interventions,
+    attention_weights,
+)
 from attnaudit.models.base import Intervention
 from attnaudit.models.lrp import attention_operands
 

@@ -23,7 +23,8 @@ from torch import nn
 
 from attnaudit.errors import AttnAuditError, InputError
 from attnaudit.models import gguf_cache
-from attnaudit.models.hf_model import HFModel, model_kind
+from attnaudit.models.hf_config import model_kind
+from attnaudit.models.hf_model import HFModel
 from attnaudit.weights import checked_weight
 
 HF_DIR = "hf"
@@ -204,53 +205,6 @@ def _convert_gguf(folder: str, gguf: dict[str, str], out: Path) -> None:
 
 
 
-# -- a fresh encoder-decoder to train from scratch ---------------------------------------------
-
-ARCHITECTURES = ("marian", "bart")
-"""Encoder-decoder configurations ``train-nmt --arch`` builds from scratch (beside our own ``nmt``)."""
-
-
-def fresh_tokenizer(subwords: Any) -> Any:
-    """A transformers tokenizer around a joint :class:`~attnaudit.data.alignment.SubwordTokenizer`
-    (``<pad>`` 0, ``<unk>`` 1, ``<s>`` 2, ``</s>`` 3): ``</s>`` appended, ``##`` pieces joined when decoding."""
-    import copy
-
-    from tokenizers import decoders, processors
-    from transformers import PreTrainedTokenizerFast
-
-    from attnaudit.data.alignment import CONTINUATION, EOS, EOS_ID
-
-    core = copy.deepcopy(subwords.tokenizer)
-    core.post_processor = processors.TemplateProcessing(single=f"$A {EOS}", special_tokens=[(EOS, EOS_ID)])
-    core.decoder = decoders.WordPiece(prefix=CONTINUATION)
-    # No model_max_length: sentences are measured before they are cut (fits_length), and the model's
-    # own limit (max_position_embeddings) caps batches.
-    return PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", unk_token="<unk>", bos_token="<s>", eos_token=EOS)
-
-
-def fresh_seq2seq(arch: str, tokenizer: Any, layers: int, heads: int, d_model: int, d_ff: int, dropout: float, max_len: int) -> HFModel:
-    """A randomly initialised Marian or BART model of the given size over ``tokenizer``'s joint vocabulary
-    (embeddings shared by encoder, decoder and LM head; the decoder starts from ``<pad>`` as Marian's do)."""
-    from transformers import BartConfig, BartForConditionalGeneration, MarianConfig, MarianMTModel
-
-    if arch not in ARCHITECTURES:
-        raise AttnAuditError(f"unknown encoder-decoder architecture {arch!r}; choose one of {', '.join(ARCHITECTURES)}")
-    size = {
-        "vocab_size": len(tokenizer), "d_model": d_model, "encoder_layers": layers, "decoder_layers": layers,
-        "encoder_attention_heads": heads, "decoder_attention_heads": heads, "encoder_ffn_dim": d_ff, "decoder_ffn_dim": d_ff,
-        "dropout": dropout, "attention_dropout": 0.0, "activation_dropout": 0.0, "activation_function": "relu",
-        "max_position_embeddings": max_len, "pad_token_id": tokenizer.pad_token_id, "eos_token_id": tokenizer.eos_token_id,
-        "bos_token_id": tokenizer.bos_token_id, "decoder_start_token_id": tokenizer.pad_token_id,
-        "forced_eos_token_id": tokenizer.eos_token_id, "scale_embedding": True, "tie_word_embeddings": True,
-    }
-    if arch == "marian":
-        hf: nn.Module = MarianMTModel(MarianConfig(decoder_vocab_size=len(tokenizer), **size))
-    else:
-        hf = BartForConditionalGeneration(BartConfig(**size))
-    hf.config.architectures = [type(hf).__name__]
-    return HFModel(hf.eval(), tokenizer, "seq2seq", f"fresh {arch}", trained_head=True)
-
-
 def _tokenizer(folder: str, gguf: dict[str, str]) -> Any:
     """The tokenizer saved with the model. A folder whose ``tokenizer_config.json`` names the generic
     fast tokenizer gets exactly that (transformers would otherwise rebuild some families' own class)."""
@@ -270,7 +224,12 @@ def _tokenizer(folder: str, gguf: dict[str, str]) -> Any:
 def _loader(kind: str, has_head: bool, num_labels: int | None, source: str) -> Any:
     """The transformers auto class to load: a saved or fresh classification head, else the LM head (the bare
     model for encoders)."""
-    from transformers import AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoModelForSequenceClassification
+    from transformers import (
+        AutoModel,
+        AutoModelForCausalLM,
+        AutoModelForSeq2SeqLM,
+        AutoModelForSequenceClassification,
+    )
 
     if kind == "encoder-decoder":
         if num_labels is not None:

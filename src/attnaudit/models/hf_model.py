@@ -28,8 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-from collections.abc import Callable, Collection, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import torch
@@ -43,115 +42,40 @@ from attnaudit.models.base import (
     AttentionModel,
     AttentionTrace,
     Cache,
-    HeadLayers,
     Intervention,
     ModelConfig,
     ModelOutput,
-    ResidualNorms,
-    dense,
-    interventions_for,
 )
-from attnaudit.models.hf_attention import ATTN_IMPLEMENTATION, KeyValuePrefix, LayerCall
-from attnaudit.models.hf_structure import BlockLayout, Structure, discover, first_tensor, hidden_argument
-from attnaudit.models.lrp import RelevanceSites, scan_sites
+from attnaudit.models.hf_attention import ATTN_IMPLEMENTATION, KeyValuePrefix
+from attnaudit.models.hf_capabilities import HFCapabilities
+from attnaudit.models.hf_config import (
+    DROPOUT_NAMES,
+    FFN_NAMES,
+    WIDTH_NAMES,
+    decoder_start,
+    first_of,
+    max_length,
+    model_kind,
+    output_kind,
+)
+from attnaudit.models.hf_config import heads as attention_heads
+from attnaudit.models.hf_layouts import read_layouts
+from attnaudit.models.hf_pass import (
+    HFInputs,
+    HFLayer,
+    Pass,
+    causal_allowed,
+    decided,
+    real_positions,
+    wrapped,
+)
+from attnaudit.models.hf_projections import read_projections
+from attnaudit.models.hf_restarts import HFRestarts
+from attnaudit.models.hf_structure import Structure, discover, hidden_argument
 from attnaudit.models.seq2seq import EncoderDecoderLayout
 
 LayerCallback = Callable[[int, AttentionLayer], None]
-WIDTH_NAMES = ("hidden_size", "d_model", "n_embd", "dim")
-FFN_NAMES = ("intermediate_size", "ffn_dim", "encoder_ffn_dim", "d_ff", "n_inner", "hidden_dim")
-POSITION_NAMES = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length")
-DROPOUT_NAMES = ("attention_dropout", "attention_probs_dropout_prob", "attn_pdrop", "dropout")
-GATES = (("gate_proj", "act_fn", "down_proj"),)
-"""Gated feed-forward maps ``down(act(gate(x)) · up(x))`` by the names of gate, activation and consumer (LRP)."""
-
-
-@dataclass
-class HFLayer(AttentionLayer):
-    """A traced attention layer of a Hugging Face model: ``residual`` ``(B,T,d)`` the states that
-    entered its block; ``allowed`` ``(B,1,Q,K)`` the pairs its queries may read; ``extras`` the block's
-    other outputs that the next block reads (T5's position bias), on the block's first layer."""
-
-    residual: Tensor | None = None
-    allowed: Tensor | None = None
-    extras: tuple[Any, ...] | None = None
-
-
-class HFInputs(dict):  # type: ignore[type-arg]
-    """The keyword arguments of the model's forward for a batch; rows selectable like a cache's extras."""
-
-    def select_rows(self, rows: Tensor) -> HFInputs:
-        return HFInputs({k: v.index_select(0, rows) if isinstance(v, Tensor) and v.dim() else v for k, v in self.items()})
-
-
-class LayerTensors(dict):  # type: ignore[type-arg]
-    """Per attention layer, a tensor of the batch (which keys each rerun query reads); rows selectable."""
-
-    def select_rows(self, rows: Tensor) -> LayerTensors:
-        return LayerTensors({k: v.index_select(0, rows) for k, v in self.items()})
-
-
-def real_positions(mask: Tensor) -> Tensor:
-    """Position ids ``(B,T)`` counting real tokens only (0 for leading pads)."""
-    return (mask.long().cumsum(1) - 1).clamp_min(0)
-
-
-def causal_allowed(mask: Tensor, window: int | None = None, queries: Tensor | None = None) -> Tensor:
-    """``(B,Q,K)``: query ``i`` may read key ``j`` when ``j <= i`` (and ``i - j < window``) and ``j`` is real;
-    ``queries`` ``(B,Q)``: the key positions of the queries (default: every position)."""
-    index = torch.arange(mask.shape[1], device=mask.device)
-    at = index[None, :, None] if queries is None else queries[:, :, None]
-    distance = at - index[None, None, :]
-    allowed = distance >= 0
-    if window is not None:
-        allowed = allowed & (distance < window)
-    return allowed & mask[:, None, :].bool()
-
-
-def model_kind(config: Any) -> str:
-    """``encoder-decoder``, ``decoder`` (a causal LM family that is not also a masked LM) or ``encoder``."""
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_FOR_MASKED_LM_MAPPING_NAMES
-
-    if getattr(config, "is_encoder_decoder", False):
-        return "encoder-decoder"
-    kind = str(getattr(config, "model_type", ""))
-    causal = kind in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and kind not in MODEL_FOR_MASKED_LM_MAPPING_NAMES
-    return "decoder" if causal or getattr(config, "is_decoder", False) else "encoder"
-
-
-def _first(config: Any, names: Sequence[str], default: Any = None) -> Any:
-    for name in names:
-        value = getattr(config, name, None)
-        if value is not None:
-            return value
-    return default
-
-
-class _Pass(hf_attention.Capture):
-    """One ``decode``: which block call comes next, the records made so far, what each layer gets."""
-
-    def __init__(self, model: HFModel, cache: Cache, start: int, interventions: Sequence[Intervention]) -> None:
-        super().__init__(prefix=cache.extra.get("prefix"))
-        structure = model.structure
-        self.model, self.cache, self.start = model, cache, start
-        self.first_block = structure.sites[start].block
-        decoder_side = structure.sites[start].side == "decoder"
-        self.next_block = structure.sites[model.first_decoder_layer].block if decoder_side else 0
-        self.block, self.within = -1, 0
-        n = len(structure.sites)
-        self.interventions = {layer: interventions_for(interventions, layer, n) for layer in range(n)}
-        self.calls: dict[int, LayerCall] = {}
-        self.records: dict[int, HFLayer] = {}
-        self.masks = model.pass_masks(cache)
-
-    def layer_call(self, layer: int) -> LayerCall | None:
-        """The call of attention layer ``layer`` in this pass; None for layers the pass does not run."""
-        if layer < self.start:
-            return None
-        keys, queries, allowed = self.masks(layer)
-        return LayerCall(layer=layer, interventions=self.interventions[layer], key_mask=keys, query_mask=queries, allowed=allowed)
-
-
-class HFModel(EncoderDecoderLayout, AttentionModel):
+class HFModel(HFCapabilities, HFRestarts, EncoderDecoderLayout, AttentionModel):
     """A Hugging Face model (encoder, decoder-only or encoder-decoder; with a classification head,
     an LM head or none) as an :class:`AttentionModel`. ``hf`` is the transformers model."""
 
@@ -166,14 +90,14 @@ class HFModel(EncoderDecoderLayout, AttentionModel):
             tokenizer.pad_token = tokenizer.eos_token
         tokenizer.padding_side = "right"
         has_head = any(hasattr(hf, name) for name in ("score", "classifier")) and self.kind != "encoder-decoder"
-        output = self._output_kind(hf, has_head)
-        width = int(_first(cfg, WIDTH_NAMES, 0))
+        output = output_kind(hf, has_head)
+        width = int(first_of(cfg, WIDTH_NAMES, 0))
         config = ModelConfig(
             model="hf", task_type="seq2seq" if self.kind == "encoder-decoder" else task_type,  # type: ignore[arg-type]
             vocab_size=int(cfg.vocab_size), num_labels=int(cfg.num_labels) if has_head else 0,
             embed_dim=width, hidden_dim=width, attention="softmax", layers=0, heads=0, d_model=width,
-            d_ff=int(_first(cfg, FFN_NAMES, 4 * width) or 4 * width),
-            dropout=float(_first(cfg, DROPOUT_NAMES, 0.0) or 0.0), max_len=self._max_len(hf, tokenizer),
+            d_ff=int(first_of(cfg, FFN_NAMES, 4 * width) or 4 * width),
+            dropout=float(first_of(cfg, DROPOUT_NAMES, 0.0) or 0.0), max_len=max_length(hf, tokenizer),
             pad_id=int(tokenizer.pad_token_id or 0),
             extra={"hf_type": str(cfg.model_type), "source": source, "head": has_head, "trained_head": trained_head, "output": output},
         )
@@ -186,26 +110,6 @@ class HFModel(EncoderDecoderLayout, AttentionModel):
         self._configure()
 
     # -- construction ---------------------------------------------------------------------------
-
-    @staticmethod
-    def _output_kind(hf: nn.Module, has_head: bool) -> str:
-        if has_head:
-            return "classes"
-        if getattr(hf.config, "is_encoder_decoder", False):
-            return "translation"
-        return "next_token" if hf.get_output_embeddings() is not None else "states"
-
-    @staticmethod
-    def _max_len(hf: nn.Module, tokenizer: Any) -> int:
-        """The longest input: the model's position table (less RoBERTa's padding offset) and the tokenizer's limit."""
-        positions = _first(hf.config, POSITION_NAMES)
-        embeddings = getattr(hf.base_model, "embeddings", None)
-        offset = int(getattr(embeddings, "padding_idx", -1) or -1) + 1 if hasattr(embeddings, "padding_idx") else 0
-        limits = [int(positions) - offset] if isinstance(positions, int) and positions > 0 else []
-        tokenizer_limit = int(getattr(tokenizer, "model_max_length", 0) or 0)
-        if 0 < tokenizer_limit < 10**7:
-            limits.append(tokenizer_limit)
-        return min(limits) if limits else 512
 
     def _discover(self) -> Structure:
         """The dry run, with our attention function where the model takes it (else its eager code stays)."""
@@ -222,7 +126,10 @@ class HFModel(EncoderDecoderLayout, AttentionModel):
         was_training = self.hf.training
         self.hf.eval()
         try:
-            structure = discover(self.hf, self._inputs(self._dry_batch()), encoder)
+            structure, run = discover(self.hf, self._inputs(self._dry_batch()), encoder)
+            read_projections(structure, run)
+            if encoder is None:
+                read_layouts(structure, run)
         finally:
             self.hf.train(was_training)
         if structure.route == "softmax" and getattr(self.hf.config, "_attn_implementation", "") == ATTN_IMPLEMENTATION:
@@ -247,8 +154,8 @@ class HFModel(EncoderDecoderLayout, AttentionModel):
         sites = self.structure.sites
         self.causal = self.structure.causal
         self.self_attention = self.kind != "encoder-decoder"
-        heads = self._heads()
-        self.kv_heads = int(_first(self.hf.config, ("num_key_value_heads",), heads) or heads)
+        heads = attention_heads(self.hf.config)
+        self.kv_heads = int(first_of(self.hf.config, ("num_key_value_heads",), heads) or heads)
         if getattr(self.hf.config, "multi_query", False):
             self.kv_heads = 1
         self.config.heads, self.config.layers = heads, len(sites)
@@ -268,18 +175,10 @@ class HFModel(EncoderDecoderLayout, AttentionModel):
         self.value_interventions = self.structure.route == "interface"
         self.supports_lrp = self.structure.route == "interface" and self.kind != "encoder-decoder"
 
-    def _heads(self) -> int:
-        return int(_first(self.hf.config, ("num_attention_heads", "n_head", "num_heads", "encoder_attention_heads"), 0) or 0)
-
     @property
     def decoder_start(self) -> int:
         """An encoder-decoder's decoder start token (its config's; else the pad token, as Marian and T5 use)."""
-        start = getattr(self.hf.config, "decoder_start_token_id", None)
-        if start is None:
-            start = getattr(getattr(self.hf, "generation_config", None), "decoder_start_token_id", None)
-        return int(start) if start is not None else self.config.pad_id
-
-    # -- structure ----------------------------------------------------------------------------------
+        return decoder_start(self.hf, self.config.pad_id)
 
     @property
     def layers(self) -> list[nn.Module]:
@@ -298,117 +197,9 @@ class HFModel(EncoderDecoderLayout, AttentionModel):
     def cross_layers(self) -> list[int]:
         return EncoderDecoderLayout.cross_layers.fget(self) if self.kind == "encoder-decoder" else []  # type: ignore[attr-defined]
 
-    def lacks(self, need: str) -> str | None:
-        """Why this model lacks a structural need (:data:`attnaudit.explain.base.NEEDS`), or None."""
-        if need == "value_output":
-            if self.structure.route != "interface":
-                return f"{self.hf_type}: attention is computed inside {type(self.structure.sites[0].module).__name__}, not through the attention interface, so its values are not seen"
-            missing = [i for i, s in enumerate(self.structure.sites) if s.projections is None]
-            return f"{self.hf_type}: no linear map reproduces the values or takes the output of attention layer {missing[0]}" if missing else None
-        if need == "residual_norms":
-            reason = self.lacks("value_output") if self.self_attention else f"{self.hf_type} is an encoder-decoder"
-            bad = [v for v in self.structure.layouts.values() if not isinstance(v, BlockLayout) or v.kind not in ("pre", "post")]
-            if reason is None and bad:
-                layout = bad[0]
-                reason = f"{self.hf_type}: {layout}" if isinstance(layout, str) else f"{self.hf_type} has {layout.kind} blocks; these methods decompose pre- and post-norm blocks"
-            return reason
-        if need == "lrp":
-            if not self.supports_lrp:
-                return f"{self.hf_type}: relevance rules need the attention interface and a single stack" 
-            return None
-        return super().lacks(need)
-
-    @property
-    def has_value_output(self) -> bool:  # type: ignore[override]
-        return self.lacks("value_output") is None
-
-    @property
-    def has_residual_norms(self) -> bool:  # type: ignore[override]
-        return self.lacks("residual_norms") is None
-
-    def value_output_maps(self, layer: int) -> tuple[Tensor, Tensor, Tensor, int]:
-        """``(W_V, b_V, W_O, heads)`` per *query* head as right-multiplied maps: a key/value head's columns
-        are repeated for every query head that reads it (grouped- and multi-query attention)."""
-        reason = self.lacks("value_output")
-        if reason:
-            raise AttnAuditError(reason)
-        site = self.structure.sites[layer % self.num_attention_layers]
-        assert site.projections is not None
-        w_v, b_v = site.projections.w_v, site.projections.b_v
-        heads = self.config.heads
-        kv = w_v.shape[1] // max(site.projections.w_o.shape[0] // heads, 1)
-        if kv < heads:
-            dh, groups = w_v.shape[1] // kv, heads // kv
-            w_v = w_v.reshape(-1, kv, dh).repeat_interleave(groups, 1).reshape(w_v.shape[0], heads * dh)
-            b_v = b_v.reshape(kv, dh).repeat_interleave(groups, 0).reshape(-1)
-        return w_v, b_v, site.projections.w_o, heads
-
-    def attention_projections(self, layer: int) -> tuple[nn.Module, nn.Module]:
-        """The module computing attention layer ``layer``'s values (maybe a fused query/key/value map) and its
-        output projection."""
-        reason = self.lacks("value_output")
-        if reason:
-            raise AttnAuditError(reason)
-        projections = self.structure.sites[layer % self.num_attention_layers].projections
-        assert projections is not None
-        return projections.modules
-
-    def residual_norms(self, layer: int) -> ResidualNorms:
-        """The norms, output bias and feed-forward map around attention layer ``layer`` (pre- or post-norm blocks)."""
-        reason = self.lacks("residual_norms")
-        if reason:
-            raise AttnAuditError(reason)
-        site = self.structure.sites[layer % self.num_attention_layers]
-        layout = self.structure.layouts[site.block]
-        assert isinstance(layout, BlockLayout) and site.projections is not None
-        return ResidualNorms(
-            placement=layout.kind,  # type: ignore[arg-type]
-            attention_norm=layout.attention_norm.params(), ffn_norm=layout.ffn_norm.params(),
-            output_bias=site.projections.b_o, ffn=layout.ffn, ffn_layers=layout.ffn_layers,
-        )
-
-    def residual_stream(self, record: AttentionLayer) -> Tensor:
-        residual = getattr(record, "residual", None)
-        if residual is None:
-            raise AttnAuditError("residual_stream needs a trace from HFModel.decode")
-        return residual
-
-    def relevance_sites(self) -> RelevanceSites:
-        """Every norm and activation module of the model, and each gated feed-forward block (:data:`GATES`)."""
-        sites = scan_sites(self.hf)
-        for gate, act, consumer in GATES:
-            for module in self.hf.modules():
-                if all(hasattr(module, name) for name in (gate, act, consumer)):
-                    sites.gates.append((getattr(module, act), getattr(module, consumer)))
-        return sites
-
-    def head_layers(self) -> HeadLayers | None:
-        """The classification head as [CLS] pooling + dense layers (BERT's pooler, DistilBERT's pre-classifier,
-        RoBERTa's dense + out_proj); None for other heads."""
-        hf = self.hf
-        if not self.has_head or self.kind != "encoder":
-            return None
-        classifier = getattr(hf, "classifier", None)
-        if hasattr(hf, "pre_classifier"):
-            return HeadLayers("first", (dense(hf.pre_classifier, nn.ReLU()), dense(classifier)))
-        pooler = getattr(hf.base_model, "pooler", None)
-        pooler = getattr(pooler, "dense", pooler)  # BERT's pooler module holds its Linear; ALBERT's is one
-        if isinstance(pooler, nn.Linear) and isinstance(classifier, nn.Linear):
-            return HeadLayers("first", (dense(pooler, nn.Tanh()), dense(classifier)))
-        if isinstance(getattr(classifier, "dense", None), nn.Linear) and isinstance(getattr(classifier, "out_proj", None), nn.Linear):
-            return HeadLayers("first", (dense(classifier.dense, nn.Tanh()), dense(classifier.out_proj)))
-        return None
-
-    @property
-    def special_tokens(self) -> dict[str, str]:
-        """Marker tokens the tokenizer adds: ``[CLS]``/``[SEP]`` (encoders), begin/end of sequence (decoders), end and pad."""
-        names = {"encoder": ("cls_token", "sep_token"), "decoder": ("bos_token", "eos_token"), "encoder-decoder": ("eos_token", "pad_token")}[self.kind]
-        tokens = {name.removesuffix("_token"): getattr(self.tokenizer, name, None) for name in names}
-        return {name: str(token) for name, token in tokens.items() if token}
-
-    def wordpieces(self, batch: Batch) -> list[list[str]]:
-        """The subword strings on the key axis of each example (real positions only)."""
-        return [self.tokenizer.convert_ids_to_tokens(row[m].tolist()) for row, m in zip(batch.tokens, batch.mask.bool())]
+    def layer_label(self, layer: int) -> str:
+        """A trace layer's name: ``layer{l}``; an encoder-decoder's ``enc{l}``, ``self{l}``, ``cross{l}``."""
+        return self.layer_name(layer) if self.kind == "encoder-decoder" else f"layer{layer}"
 
     def explanation_rows(self, query_mask: Tensor) -> int | Tensor | None:
         """Decoders: each example's last real token ``(B,)``; encoders: ``[CLS]`` (0); encoder-decoders: the mean."""
@@ -514,7 +305,9 @@ class HFModel(EncoderDecoderLayout, AttentionModel):
                 f"restart at layer {first}"
             )
         kept = None if keep_layers is None else {layer % n for layer in keep_layers}
-        state = _Pass(self, cache, start, interventions)
+        decoder_side = self.structure.sites[start].side == "decoder"
+        first_call = self.structure.sites[self.first_decoder_layer].block if decoder_side else 0
+        state = Pass(self.structure, cache, start, interventions, self.pass_masks(cache), self.layer_label, first_call, self.hf_type)
         inputs = self._pass_inputs(cache, start)
         trace = AttentionTrace()
 
@@ -524,7 +317,7 @@ class HFModel(EncoderDecoderLayout, AttentionModel):
             if kept is None or layer in kept:
                 trace.layers.append(record)
 
-        with hf_attention.capturing(state), self._wrapped(state, finished), self._decision(inputs) as decision:
+        with hf_attention.capturing(state), wrapped(state, finished), decided(self.hf, self.kind, self.has_head, self.config.extra["output"], self.verbalizer_ids, self.explanation_rows(inputs["attention_mask"].bool())) as decision:
             out = self.hf(**inputs, use_cache=False)
         return ModelOutput(logits=decision(out), trace=trace)
 
@@ -573,173 +366,6 @@ class HFModel(EncoderDecoderLayout, AttentionModel):
 
         return masks
 
-    @contextlib.contextmanager
-    def _wrapped(self, state: _Pass, finished: Callable[[int, HFLayer], None]) -> Iterator[None]:
-        """Blocks and attention modules wrapped for one pass (see the module docstring); restored on exit."""
-        structure = self.structure
-        attention_hooks = []
-        for module in {id(s.module): s.module for s in structure.sites}.values():
-            attention_hooks.append(module.register_forward_pre_hook(partial_pre(state), with_kwargs=True))
-            attention_hooks.append(module.register_forward_hook(partial_post(state), with_kwargs=True))
-        saved = {id(m): (m, m.__dict__.get("forward")) for m in structure.blocks}
-        for module, old in saved.values():
-            plain = old if old is not None else type(module).forward.__get__(module)
-            module.forward = _block_forward(state, plain, finished)  # type: ignore[method-assign]
-        try:
-            yield
-        finally:
-            for hook in attention_hooks:
-                hook.remove()
-            for module, old in saved.values():
-                if old is None:
-                    del module.forward
-                else:
-                    module.forward = old  # type: ignore[method-assign]
-
-    @contextlib.contextmanager
-    def _decision(self, inputs: dict[str, Any]) -> Iterator[Callable[[Any], Tensor]]:
-        """How the output becomes logits: each example's decision row only (see the module docstring)."""
-        mask = inputs["attention_mask"].bool()
-        rows = self.explanation_rows(mask)
-        handles = []
-        if self.config.extra["output"] in ("next_token", "verbalizer") and isinstance(rows, Tensor):
-            def gather(_module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
-                hidden = args[0]
-                return (hidden[torch.arange(hidden.shape[0], device=hidden.device), rows.to(hidden.device)][:, None], *args[1:])
-
-            handles.append(self.hf.get_output_embeddings().register_forward_pre_hook(gather))
-        elif self.has_head and self.kind == "decoder" and isinstance(rows, Tensor):
-            def spread(_module: nn.Module, _args: tuple[Any, ...], out: Tensor) -> Tensor:
-                picked = out[torch.arange(out.shape[0], device=out.device), rows.to(out.device)]
-                return picked[:, None].expand_as(out)  # whichever position the model pools, it reads our row
-
-            handles.append(self.hf.score.register_forward_hook(spread))
-
-        def decision(out: Any) -> Tensor:
-            if self.kind == "encoder-decoder" or self.has_head:
-                return out.logits
-            if self.config.extra["output"] in ("next_token", "verbalizer"):
-                logits = out.logits[:, 0]
-                return logits if self.verbalizer_ids is None else logits[:, self.verbalizer_ids.to(logits.device)]
-            states = out.last_hidden_state
-            if isinstance(rows, Tensor):
-                return states[torch.arange(states.shape[0], device=states.device), rows.to(states.device)]
-            return states[:, 0]
-
-        try:
-            yield decision
-        finally:
-            for handle in handles:
-                handle.remove()
-
-    # -- restarts -------------------------------------------------------------------------------------
-
-    def cache_at(self, trace: AttentionTrace, layer: int, base: Cache) -> Cache:
-        """Restart at attention layer ``layer`` of a full ``trace`` from the states that entered its block
-        (an encoder-decoder's decoder layer: with the encoder output its cross-attention read)."""
-        n = self.num_attention_layers
-        layer %= n
-        if len(trace) != n:
-            raise AttnAuditError("cache_at needs the full trace of a forward pass")
-        entry = trace[layer]
-        residual = getattr(entry, "residual", None)
-        if residual is None:
-            first = self.structure.layers_of(self.structure.sites[layer].block)[0]
-            raise AttnAuditError(f"cannot restart at attention layer {layer}: it is not the first attention layer of its block; restart at layer {first}")
-        extra = {**base.extra, "extras": self._extras(trace)}
-        mask = entry.mask
-        if self.structure.sites[layer].side == "decoder":
-            cross = trace[layer + 1]
-            extra["memory"] = cross.inputs
-            mask = entry.query_mask if entry.query_mask is not None else entry.mask
-        return Cache(states=residual, mask=mask, layer=layer, extra=extra)
-
-    def _extras(self, trace: AttentionTrace) -> dict[int, tuple[Any, ...]]:
-        """Per block call, the other outputs the next block reads, from the records of a full trace."""
-        found = {}
-        for index, record in enumerate(trace.layers):
-            extras = getattr(record, "extras", None)
-            if extras is not None:
-                found[self.structure.sites[index].block] = extras
-        return found
-
-    @property
-    def rerun_ready(self) -> bool:
-        """Whether one position per example can be rerun over the others' keys and values."""
-        return self.kind == "decoder" and self.causal and self.structure.route == "interface" and self._takes("position_ids")
-
-    def rerun_cache(self, trace: AttentionTrace, layer: int, base: Cache, rows: Tensor) -> Cache | None:
-        """Restart at trace layer ``layer`` at one position per example, ``rows`` ``(B,)``, reading the other
-        positions' keys and values from the full ``trace``: a pass of one token per example. The output equals
-        the full restart's when interventions change that position's rows only and no real token follows it."""
-        if not self.rerun_ready:
-            return None
-        n = self.num_attention_layers
-        if len(trace) != n:
-            raise AttnAuditError("rerun_cache needs the trace of every layer")
-        first = layer % n
-        entry = trace[first]
-        if getattr(entry, "residual", None) is None or any(getattr(r, "allowed", None) is None for r in trace.layers[first:]):
-            return None
-        groups = self.config.heads // self.kv_heads
-        at = rows.to(entry.mask.device)[:, None]
-        prefix = KeyValuePrefix(
-            keys=[r.keys[:, ::groups] if i >= first and r.keys is not None else None for i, r in enumerate(trace)],
-            values=[r.values[:, ::groups] if i >= first and r.values is not None else None for i, r in enumerate(trace)],
-            mask=entry.mask.bool(), positions=at,
-        )
-        pick = torch.arange(len(at), device=at.device)
-        allowed = LayerTensors({i: trace[i].allowed[pick, :, rows][:, :, None] for i in range(first, n)})  # type: ignore[index]
-        inputs: HFInputs = base.extra["inputs"]
-        ids = inputs["input_ids"].gather(1, at)
-        states = entry.residual.gather(1, at[:, :, None].expand(-1, -1, entry.residual.shape[-1]))  # type: ignore[union-attr]
-        positions = real_positions(entry.mask).gather(1, at)
-        rerun = HFInputs(input_ids=ids, attention_mask=torch.ones_like(ids), position_ids=positions)
-        return Cache(states=states, mask=torch.ones_like(at, dtype=torch.bool), layer=first,
-                     extra={**base.extra, "inputs": rerun, "prefix": prefix, "allowed": allowed})
-
-    @property
-    def continues_prefix(self) -> bool:
-        """Whether :meth:`decode` can continue after a :class:`KeyValuePrefix`: a causal decoder on the
-        interface route whose windows (if any) are longer than its inputs and whose first block's input
-        does not depend on positions (rotary positions are applied in attention, so new tokens can follow)."""
-        if not self.rerun_ready:
-            return False
-        cfg = self.hf.config
-        kinds = set(getattr(cfg, "layer_types", None) or ["full_attention"])
-        window = getattr(cfg, "sliding_window", None) if getattr(cfg, "use_sliding_window", True) else None
-        if (kinds != {"full_attention"} or window is not None) and (window is None or window < self.config.max_len):
-            return False
-        if getattr(cfg, "attention_chunk_size", None):
-            return False
-        return self._position_free
-
-    @property
-    def _position_free(self) -> bool:
-        cached = self.__dict__.get("_position_free_value")
-        if cached is None:
-            batch = self._dry_batch()
-            with torch.no_grad():
-                inputs = self._inputs(batch)
-                plain = self._states_entering(inputs, self.embed(batch))
-                inputs["position_ids"] = inputs["position_ids"] + 3
-                moved = self._states_entering(inputs, self.embed(batch))
-            cached = bool(torch.equal(plain, moved))
-            self.__dict__["_position_free_value"] = cached
-        return cached
-
-    def prefix_from(self, trace: AttentionTrace, rows: Tensor, lengths: Tensor) -> KeyValuePrefix:
-        """The first ``lengths[r]`` tokens of example ``rows[r]`` of a full ``trace`` (all layers, no key/value
-        intervention) as a :class:`KeyValuePrefix`, one key/value head per group."""
-        if len(trace) != self.num_attention_layers:
-            raise AttnAuditError("prefix_from needs the trace of every layer")
-        groups = self.config.heads // self.kv_heads
-        width = int(lengths.max()) if len(lengths) else 0
-        keys = [layer.keys[rows, ::groups, :width] for layer in trace]  # type: ignore[index]
-        values = [layer.values[rows, ::groups, :width] for layer in trace]  # type: ignore[index]
-        mask = torch.arange(width, device=lengths.device)[None, :] < lengths[:, None]
-        return KeyValuePrefix(keys=keys, values=values, mask=mask)
-
     @torch.no_grad()
     def greedy(self, batch: Batch, max_len_a: float = 1.5, max_len_b: int = 10) -> list[list[int]]:
         """An encoder-decoder's greedy translation with the model's ``generate`` (one beam): target ids per
@@ -760,103 +386,3 @@ class HFModel(EncoderDecoderLayout, AttentionModel):
 
 class _Reached(Exception):
     """Raised by a pre-hook on the first block: the states entering it were read."""
-
-
-def partial_pre(state: _Pass) -> Callable[..., None]:
-    """The pre-hook of an attention module in a pass: which layer runs, its inputs, the softmax armed."""
-
-    def pre(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        layers = state.model.structure.layers_of(state.block)
-        layer = layers[state.within] if state.within < len(layers) else None
-        state.within += 1
-        call = None if layer is None or state.block < state.first_block else state.layer_call(layer)
-        if call is None:
-            return
-        memory = next((kwargs[n] for n in ("key_value_states", "encoder_hidden_states") if isinstance(kwargs.get(n), Tensor)), None)
-        call.inputs = memory if memory is not None else hidden_argument(args, kwargs)
-        state.calls[layer] = call  # type: ignore[index]
-        state.running, state.armed = call, call
-
-    return pre
-
-
-def partial_post(state: _Pass) -> Callable[..., None]:
-    """The post-hook of an attention module in a pass: the softmax disarmed."""
-
-    def post(_module: nn.Module, _args: tuple[Any, ...], _kwargs: dict[str, Any], _out: Any) -> None:
-        state.running, state.armed = None, None
-
-    return post
-
-
-def _block_forward(state: _Pass, plain: Callable[..., Any], finished: Callable[[int, HFLayer], None]) -> Callable[..., Any]:
-    """A block's ``forward`` within a pass: skipped before the restart, fed the cached states at it, recorded after."""
-    structure = state.model.structure
-
-    def forward(*args: Any, **kwargs: Any) -> Any:
-        number = state.next_block
-        state.next_block += 1
-        hidden = hidden_argument(args, kwargs)
-        if number < state.first_block:
-            replay = _replay(structure, state, number, hidden)
-            if replay is not None:
-                return replay
-        elif number == state.first_block:
-            args, kwargs = _with_hidden(args, kwargs, state.cache.states)
-            hidden = state.cache.states
-        state.block, state.within = number, 0
-        out = plain(*args, **kwargs)
-        if number >= state.first_block:
-            _finish_block(state, number, hidden, out, finished)
-        return out
-
-    return forward
-
-
-def _replay(structure: Structure, state: _Pass, number: int, hidden: Tensor | None) -> Any:
-    """What a skipped block returns: its input (and the other outputs the next block reads, recorded); None: run it."""
-    size = structure.tuple_outputs[number]
-    if not size:
-        return hidden
-    extras = (state.cache.extra.get("extras") or {}).get(number)
-    if structure.passes_state[number] and extras is None:
-        return None
-    return (hidden, *(extras if extras is not None else (None,) * (size - 1)))
-
-
-def _with_hidden(args: tuple[Any, ...], kwargs: dict[str, Any], states: Tensor) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """A block call's arguments with its hidden states replaced."""
-    if args and isinstance(args[0], Tensor):
-        return (states, *args[1:]), kwargs
-    for name in ("hidden_states", "hidden_state", "x", "input", "hidden"):
-        if name in kwargs:
-            return args, {**kwargs, name: states}
-    raise AttnAuditError("cannot find the hidden states among a block's arguments")
-
-
-def _finish_block(state: _Pass, number: int, hidden: Tensor | None, out: Any, finished: Callable[[int, HFLayer], None]) -> None:
-    """Complete the records of a block's attention layers (input, output, extras) and hand them over."""
-    structure = state.model.structure
-    layers = structure.layers_of(number)
-    output = first_tensor(out)
-    extras = tuple(out[1:]) if structure.passes_state[number] and isinstance(out, tuple) else None
-    for position, layer in enumerate(layers):
-        call = state.calls.pop(layer, None)
-        if call is None or call.weights is None:
-            raise AttnAuditError(f"{state.model.hf_type}: attention layer {layer} did not reach the attention softmax")
-        record = HFLayer(
-            weights=call.weights, mask=call.key_mask if call.key_mask is not None else call.allowed.any(2).any(1),  # type: ignore[union-attr]
-            inputs=call.inputs if call.inputs is not None else call.weights.new_empty(0), keys=call.keys, values=call.values,
-            scores=call.scores, query_mask=call.query_mask, name=state.model.layer_label(layer),
-            outputs=output if position == len(layers) - 1 else None,
-            residual=hidden if position == 0 else None, allowed=call.allowed,
-            extras=extras if position == 0 else None,
-        )
-        finished(layer, record)
-
-
-def _label(model: HFModel, layer: int) -> str:
-    return model.layer_name(layer) if model.kind == "encoder-decoder" else f"layer{layer}"
-
-
-HFModel.layer_label = _label  # type: ignore[attr-defined]

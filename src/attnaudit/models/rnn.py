@@ -22,7 +22,11 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from attnaudit.data.types import Batch
 from attnaudit.errors import AttnAuditError
-from attnaudit.models.attention import apply_key_interventions, attention_weights, check_normaliser
+from attnaudit.models.attention import (
+    apply_key_interventions,
+    attention_weights,
+    check_normaliser,
+)
 from attnaudit.models.base import (
     AttentionLayer,
     AttentionModel,

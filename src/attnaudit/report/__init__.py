@@ -21,7 +21,13 @@ from typing import Any
 
 from attnaudit.errors import AttnAuditError, InputError, warn
 from attnaudit.experiments.base import Result, discover
-from attnaudit.io import atomic_write_json, atomic_write_text, check_fields, read_json_object, writes_folder
+from attnaudit.io import (
+    atomic_write_json,
+    atomic_write_text,
+    check_fields,
+    read_json_object,
+    writes_folder,
+)
 from attnaudit.report.explorer import (
     EXPLORE,
     EXPLORER,
@@ -32,7 +38,13 @@ from attnaudit.report.explorer import (
     model_data,
 )
 from attnaudit.report.html import Section, render
-from attnaudit.report.summary import AUDIT, SUMMARY, order_tests, summary_rows, write_summary
+from attnaudit.report.summary import (
+    AUDIT,
+    SUMMARY,
+    order_tests,
+    summary_rows,
+    write_summary,
+)
 from attnaudit.run import Run
 
 RESULTS = "results"

@@ -35,7 +35,15 @@ from attnaudit.io import atomic_write_json, digest, read_json_object, writes_fol
 from attnaudit.progress import status
 from attnaudit.run import Run, TaskSpec, absolute_dir
 from attnaudit.training.checkpoint import METRICS
-from attnaudit.training.loop import Hooks, LoopConfig, Optimiser, Selection, fit, notes, seeded
+from attnaudit.training.loop import (
+    Hooks,
+    LoopConfig,
+    Optimiser,
+    Selection,
+    fit,
+    notes,
+    seeded,
+)
 from attnaudit.training.trainer import cross_entropy, evaluate_examples
 
 if TYPE_CHECKING:

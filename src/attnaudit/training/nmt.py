@@ -29,8 +29,22 @@ from attnaudit.models.seq2seq import Seq2SeqTransformer
 from attnaudit.progress import status, track
 from attnaudit.run import CONFIG, Run, TaskSpec, absolute_dir, read_config
 from attnaudit.seed import resolve_device
-from attnaudit.training.checkpoint import METRICS, WEIGHTS, load_state_into, refuse_other_run
-from attnaudit.training.loop import Checkpoint, Hooks, LoopConfig, Optimiser, Selection, fit, notes, seeded
+from attnaudit.training.checkpoint import (
+    METRICS,
+    WEIGHTS,
+    load_state_into,
+    refuse_other_run,
+)
+from attnaudit.training.loop import (
+    Checkpoint,
+    Hooks,
+    LoopConfig,
+    Optimiser,
+    Selection,
+    fit,
+    notes,
+    seeded,
+)
 
 SOURCE_BPE = "source_bpe.json"
 TARGET_BPE = "target_bpe.json"
@@ -148,7 +162,7 @@ def train_nmt(
     """
     cfg = _nmt_config(options, bleu_split)
     if arch != "nmt":
-        from attnaudit.models.hf_loading import ARCHITECTURES
+        from attnaudit.models.hf_fresh import ARCHITECTURES
 
         if arch not in ARCHITECTURES:
             raise AttnAuditError(f"unknown --arch {arch!r}; choose one of nmt, {', '.join(ARCHITECTURES)}")
@@ -204,7 +218,7 @@ def train_nmt(
 def train_hf_nmt(
     data: TaskData, spec: TaskSpec, out: Path, cfg: NMTConfig, arch: str, device: str, resume: bool, bleu_split: str | None
 ) -> Run:
-    """``train_nmt`` for a Hugging Face encoder-decoder built from scratch (:func:`~attnaudit.models.hf_loading.fresh_seq2seq`).
+    """``train_nmt`` for a Hugging Face encoder-decoder built from scratch (:func:`~attnaudit.models.hf_fresh.fresh_seq2seq`).
 
     One joint BPE vocabulary of ``source_vocab`` entries is learnt on both sides of the training pairs
     (Marian and BART share embeddings between encoder, decoder and LM head). The loop, its hooks and
@@ -216,7 +230,7 @@ def train_hf_nmt(
 
     from attnaudit.hf import load_hf_run, save_hf_run
     from attnaudit.models.hf_batches import collator
-    from attnaudit.models.hf_loading import fresh_seq2seq, fresh_tokenizer
+    from attnaudit.models.hf_fresh import fresh_seq2seq, fresh_tokenizer
 
     settings = {"kind": "hf", "arch": arch, "train": asdict(cfg), "task": spec.to_dict()}
     config_hash = digest(settings)

@@ -1,0 +1,263 @@
+"""One pass of a Hugging Face model through :class:`~attnaudit.models.hf_model.HFModel`: its blocks wrapped.
+
+``decode`` runs the model's own ``forward``; for that pass (:func:`wrapped`) each block's ``forward``
+is replaced: before the restart block it returns its input (or, where the next block reads its
+other outputs, as T5's position bias, what the recorded pass gave; without that record it runs),
+the restart block receives the cached states, and after each block the records of its attention
+layers are completed (block input, output, the outputs handed on) and handed over. Each attention
+module is hooked to say which layer runs, with which inputs, and to arm the softmax
+(:mod:`attnaudit.models.hf_attention`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from attnaudit.errors import AttnAuditError
+from attnaudit.models import hf_attention
+from attnaudit.models.base import AttentionLayer, Cache, Intervention, interventions_for
+from attnaudit.models.hf_attention import LayerCall
+from attnaudit.models.hf_structure import (
+    CROSS_INPUTS,
+    HIDDEN_ARGS,
+    Structure,
+    first_tensor,
+    hidden_argument,
+)
+
+Masks = Callable[[int], "tuple[Tensor, Tensor, Tensor | None]"]
+"""``masks(layer) -> (key mask (B,K), query mask (B,Q), allowed (B,1,Q,K) or None)`` of a pass."""
+Finished = Callable[[int, "HFLayer"], None]
+
+
+@dataclass
+class HFLayer(AttentionLayer):
+    """A traced attention layer of a Hugging Face model: ``residual`` ``(B,T,d)`` the states that
+    entered its block; ``allowed`` ``(B,1,Q,K)`` the pairs its queries may read; ``extras`` the block's
+    other outputs that the next block reads (T5's position bias), on the block's first layer."""
+
+    residual: Tensor | None = None
+    allowed: Tensor | None = None
+    extras: tuple[Any, ...] | None = None
+
+
+class HFInputs(dict):  # type: ignore[type-arg]
+    """The keyword arguments of the model's forward for a batch; rows selectable like a cache's extras."""
+
+    def select_rows(self, rows: Tensor) -> HFInputs:
+        return HFInputs({k: v.index_select(0, rows) if isinstance(v, Tensor) and v.dim() else v for k, v in self.items()})
+
+
+class LayerTensors(dict):  # type: ignore[type-arg]
+    """Per attention layer, a tensor of the batch (which keys each rerun query reads); rows selectable."""
+
+    def select_rows(self, rows: Tensor) -> LayerTensors:
+        return LayerTensors({k: v.index_select(0, rows) for k, v in self.items()})
+
+
+def real_positions(mask: Tensor) -> Tensor:
+    """Position ids ``(B,T)`` counting real tokens only (0 for leading pads)."""
+    return (mask.long().cumsum(1) - 1).clamp_min(0)
+
+
+def causal_allowed(mask: Tensor, window: int | None = None, queries: Tensor | None = None) -> Tensor:
+    """``(B,Q,K)``: query ``i`` may read key ``j`` when ``j <= i`` (and ``i - j < window``) and ``j`` is real;
+    ``queries`` ``(B,Q)``: the key positions of the queries (default: every position)."""
+    index = torch.arange(mask.shape[1], device=mask.device)
+    at = index[None, :, None] if queries is None else queries[:, :, None]
+    distance = at - index[None, None, :]
+    allowed = distance >= 0
+    if window is not None:
+        allowed = allowed & (distance < window)
+    return allowed & mask[:, None, :].bool()
+
+
+class Pass(hf_attention.Capture):
+    """One ``decode``: which block call comes next, the records made so far, what each layer gets.
+
+    ``start``: the first attention layer run; ``first_block``: the block call it runs in;
+    ``masks``: each layer's masks; ``label``: a layer's name in the trace; ``name``: the family."""
+
+    def __init__(
+        self, structure: Structure, cache: Cache, start: int, interventions: Sequence[Intervention],
+        masks: Masks, label: Callable[[int], str], first_block_call: int, name: str,
+    ) -> None:
+        super().__init__(prefix=cache.extra.get("prefix"))
+        self.structure, self.cache, self.start, self.masks, self.label, self.name = structure, cache, start, masks, label, name
+        self.first_block = structure.sites[start].block
+        self.next_block = first_block_call
+        self.block, self.within = -1, 0
+        n = len(structure.sites)
+        self.interventions = {layer: interventions_for(interventions, layer, n) for layer in range(n)}
+        self.calls: dict[int, LayerCall] = {}
+
+    def layer_call(self, layer: int) -> LayerCall | None:
+        """The call of attention layer ``layer`` in this pass; None for layers the pass does not run."""
+        if layer < self.start:
+            return None
+        keys, queries, allowed = self.masks(layer)
+        return LayerCall(layer=layer, interventions=self.interventions[layer], key_mask=keys, query_mask=queries, allowed=allowed)
+
+
+@contextlib.contextmanager
+def wrapped(state: Pass, finished: Finished) -> Iterator[None]:
+    """Blocks and attention modules wrapped for one pass (see the module docstring); restored on exit."""
+    structure = state.structure
+    attention_hooks = []
+    for module in {id(s.module): s.module for s in structure.sites}.values():
+        attention_hooks.append(module.register_forward_pre_hook(_pre(state), with_kwargs=True))
+        attention_hooks.append(module.register_forward_hook(_post(state), with_kwargs=True))
+    saved = {id(m): (m, m.__dict__.get("forward")) for m in structure.blocks}
+    for module, old in saved.values():
+        plain = old if old is not None else type(module).forward.__get__(module)
+        module.forward = _block_forward(state, plain, finished)  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        for hook in attention_hooks:
+            hook.remove()
+        for module, old in saved.values():
+            if old is None:
+                del module.forward
+            else:
+                module.forward = old  # type: ignore[method-assign]
+
+
+def _pre(state: Pass) -> Callable[..., None]:
+    """The pre-hook of an attention module in a pass: which layer runs, its inputs, the softmax armed."""
+
+    def pre(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        layers = state.structure.layers_of(state.block)
+        layer = layers[state.within] if state.within < len(layers) else None
+        state.within += 1
+        call = None if layer is None or state.block < state.first_block else state.layer_call(layer)
+        if call is None:
+            return
+        memory = next((kwargs[n] for n in CROSS_INPUTS if isinstance(kwargs.get(n), Tensor)), None)
+        call.inputs = memory if memory is not None else hidden_argument(args, kwargs)
+        state.calls[layer] = call  # type: ignore[index]
+        state.running, state.armed = call, call
+
+    return pre
+
+
+def _post(state: Pass) -> Callable[..., None]:
+    """The post-hook of an attention module in a pass: the softmax disarmed."""
+
+    def post(_module: nn.Module, _args: tuple[Any, ...], _kwargs: dict[str, Any], _out: Any) -> None:
+        state.running, state.armed = None, None
+
+    return post
+
+
+def _block_forward(state: Pass, plain: Callable[..., Any], finished: Finished) -> Callable[..., Any]:
+    """A block's ``forward`` within a pass: skipped before the restart, fed the cached states at it, recorded after."""
+    structure = state.structure
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        number = state.next_block
+        state.next_block += 1
+        hidden = hidden_argument(args, kwargs)
+        if number < state.first_block:
+            replay = _replay(structure, state, number, hidden)
+            if replay is not None:
+                return replay
+        elif number == state.first_block:
+            args, kwargs = _with_hidden(args, kwargs, state.cache.states)
+            hidden = state.cache.states
+        state.block, state.within = number, 0
+        out = plain(*args, **kwargs)
+        if number >= state.first_block:
+            _finish_block(state, number, hidden, out, finished)
+        return out
+
+    return forward
+
+
+def _replay(structure: Structure, state: Pass, number: int, hidden: Tensor | None) -> Any:
+    """What a skipped block returns: its input (and the other outputs the next block reads, recorded); None: run it."""
+    size = structure.tuple_outputs[number]
+    if not size:
+        return hidden
+    extras = (state.cache.extra.get("extras") or {}).get(number)
+    if structure.passes_state[number] and extras is None:
+        return None
+    return (hidden, *(extras if extras is not None else (None,) * (size - 1)))
+
+
+def _with_hidden(args: tuple[Any, ...], kwargs: dict[str, Any], states: Tensor) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """A block call's arguments with its hidden states replaced."""
+    if args and isinstance(args[0], Tensor):
+        return (states, *args[1:]), kwargs
+    for name in HIDDEN_ARGS:
+        if name in kwargs:
+            return args, {**kwargs, name: states}
+    raise AttnAuditError("cannot find the hidden states among a block's arguments")
+
+
+def _finish_block(state: Pass, number: int, hidden: Tensor | None, out: Any, finished: Finished) -> None:
+    """Complete the records of a block's attention layers (input, output, extras) and hand them over."""
+    structure = state.structure
+    layers = structure.layers_of(number)
+    output = first_tensor(out)
+    extras = tuple(out[1:]) if structure.passes_state[number] and isinstance(out, tuple) else None
+    for position, layer in enumerate(layers):
+        call = state.calls.pop(layer, None)
+        if call is None or call.weights is None:
+            raise AttnAuditError(f"{state.name}: attention layer {layer} did not reach the attention softmax")
+        record = HFLayer(
+            weights=call.weights, mask=call.key_mask if call.key_mask is not None else call.allowed.any(2).any(1),  # type: ignore[union-attr]
+            inputs=call.inputs if call.inputs is not None else call.weights.new_empty(0), keys=call.keys, values=call.values,
+            scores=call.scores, query_mask=call.query_mask, name=state.label(layer),
+            outputs=output if position == len(layers) - 1 else None,
+            residual=hidden if position == 0 else None, allowed=call.allowed,
+            extras=extras if position == 0 else None,
+        )
+        finished(layer, record)
+
+
+@contextlib.contextmanager
+def decided(
+    hf: nn.Module, kind: str, has_head: bool, output: str, verbalizer_ids: Tensor | None, rows: int | Tensor | None
+) -> Iterator[Callable[[Any], Tensor]]:
+    """How the model's output becomes the decision's logits: a causal LM's head reads each example's row
+    ``rows`` only (and the verbalizer's ids of it), a decoder's classification head that row whatever its
+    padding id, a bare model its ``[CLS]`` or ``rows`` state; a classifier and an encoder-decoder their own logits."""
+    handles = []
+    if output in ("next_token", "verbalizer") and isinstance(rows, Tensor):
+        def gather(_module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
+            hidden = args[0]
+            return (hidden[torch.arange(hidden.shape[0], device=hidden.device), rows.to(hidden.device)][:, None], *args[1:])
+
+        handles.append(hf.get_output_embeddings().register_forward_pre_hook(gather))
+    elif has_head and kind == "decoder" and isinstance(rows, Tensor):
+        def spread(_module: nn.Module, _args: tuple[Any, ...], out: Tensor) -> Tensor:
+            picked = out[torch.arange(out.shape[0], device=out.device), rows.to(out.device)]
+            return picked[:, None].expand_as(out)  # whichever position the model pools, it reads our row
+
+        handles.append(hf.score.register_forward_hook(spread))
+
+    def decision(out: Any) -> Tensor:
+        if kind == "encoder-decoder" or has_head:
+            return out.logits
+        if output in ("next_token", "verbalizer"):
+            logits = out.logits[:, 0]
+            return logits if verbalizer_ids is None else logits[:, verbalizer_ids.to(logits.device)]
+        states = out.last_hidden_state
+        if isinstance(rows, Tensor):
+            return states[torch.arange(states.shape[0], device=states.device), rows.to(states.device)]
+        return states[:, 0]
+
+    try:
+        yield decision
+    finally:
+        for handle in handles:
+            handle.remove()
+
+# -- restarts -------------------------------------------------------------------------------------

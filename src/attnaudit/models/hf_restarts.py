@@ -1,0 +1,156 @@
+"""Restarting a Hugging Face model part-way through :class:`~attnaudit.models.hf_model.HFModel`.
+
+:class:`HFRestarts` is part of the adapter: a cache at any block from a recorded pass
+(:meth:`HFRestarts.cache_at`), and for causal decoders on the attention interface the two fast
+paths: rerunning one position per example over the other positions' keys and values
+(:meth:`HFRestarts.rerun_cache`: the predicting token, when only its rows change) and continuing
+after a key/value prefix (:meth:`HFRestarts.prefix_from`: leave-one-out reruns only the tokens after
+a removed one).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from attnaudit.data.types import Batch
+from attnaudit.errors import AttnAuditError
+from attnaudit.models.base import AttentionTrace, Cache, ModelConfig
+from attnaudit.models.hf_attention import KeyValuePrefix
+from attnaudit.models.hf_pass import HFInputs, LayerTensors, real_positions
+from attnaudit.models.hf_structure import Structure
+
+
+class HFRestarts:
+    """Restarts of an :class:`~attnaudit.models.hf_model.HFModel` (a mixin)."""
+
+    structure: Structure
+    config: ModelConfig
+    kind: str
+    causal: bool
+    kv_heads: int
+    hf: Any
+    num_attention_layers: int
+
+    def _takes(self, name: str) -> bool:
+        raise NotImplementedError
+
+    def _dry_batch(self) -> Batch:
+        raise NotImplementedError
+
+    def _inputs(self, batch: Batch) -> HFInputs:
+        raise NotImplementedError
+
+    def _states_entering(self, inputs: dict[str, Any], embeddings: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def embed(self, batch: Batch) -> Tensor:
+        raise NotImplementedError
+
+    def cache_at(self, trace: AttentionTrace, layer: int, base: Cache) -> Cache:
+        """Restart at attention layer ``layer`` of a full ``trace`` from the states that entered its block
+        (an encoder-decoder's decoder layer: with the encoder output its cross-attention read)."""
+        n = self.num_attention_layers
+        layer %= n
+        if len(trace) != n:
+            raise AttnAuditError("cache_at needs the full trace of a forward pass")
+        entry = trace[layer]
+        residual = getattr(entry, "residual", None)
+        if residual is None:
+            first = self.structure.layers_of(self.structure.sites[layer].block)[0]
+            raise AttnAuditError(f"cannot restart at attention layer {layer}: it is not the first attention layer of its block; restart at layer {first}")
+        extra = {**base.extra, "extras": self._extras(trace)}
+        mask = entry.mask
+        if self.structure.sites[layer].side == "decoder":
+            cross = trace[layer + 1]
+            extra["memory"] = cross.inputs
+            mask = entry.query_mask if entry.query_mask is not None else entry.mask
+        return Cache(states=residual, mask=mask, layer=layer, extra=extra)
+
+    def _extras(self, trace: AttentionTrace) -> dict[int, tuple[Any, ...]]:
+        """Per block call, the other outputs the next block reads, from the records of a full trace."""
+        found = {}
+        for index, record in enumerate(trace.layers):
+            extras = getattr(record, "extras", None)
+            if extras is not None:
+                found[self.structure.sites[index].block] = extras
+        return found
+
+    @property
+    def rerun_ready(self) -> bool:
+        """Whether one position per example can be rerun over the others' keys and values."""
+        return self.kind == "decoder" and self.causal and self.structure.route == "interface" and self._takes("position_ids")
+
+    def rerun_cache(self, trace: AttentionTrace, layer: int, base: Cache, rows: Tensor) -> Cache | None:
+        """Restart at trace layer ``layer`` at one position per example, ``rows`` ``(B,)``, reading the other
+        positions' keys and values from the full ``trace``: a pass of one token per example. The output equals
+        the full restart's when interventions change that position's rows only and no real token follows it."""
+        if not self.rerun_ready:
+            return None
+        n = self.num_attention_layers
+        if len(trace) != n:
+            raise AttnAuditError("rerun_cache needs the trace of every layer")
+        first = layer % n
+        entry = trace[first]
+        if getattr(entry, "residual", None) is None or any(getattr(r, "allowed", None) is None for r in trace.layers[first:]):
+            return None
+        groups = self.config.heads // self.kv_heads
+        at = rows.to(entry.mask.device)[:, None]
+        prefix = KeyValuePrefix(
+            keys=[r.keys[:, ::groups] if i >= first and r.keys is not None else None for i, r in enumerate(trace)],
+            values=[r.values[:, ::groups] if i >= first and r.values is not None else None for i, r in enumerate(trace)],
+            mask=entry.mask.bool(), positions=at,
+        )
+        pick = torch.arange(len(at), device=at.device)
+        allowed = LayerTensors({i: trace[i].allowed[pick, :, rows][:, :, None] for i in range(first, n)})  # type: ignore[index]
+        inputs: HFInputs = base.extra["inputs"]
+        ids = inputs["input_ids"].gather(1, at)
+        states = entry.residual.gather(1, at[:, :, None].expand(-1, -1, entry.residual.shape[-1]))  # type: ignore[union-attr]
+        positions = real_positions(entry.mask).gather(1, at)
+        rerun = HFInputs(input_ids=ids, attention_mask=torch.ones_like(ids), position_ids=positions)
+        return Cache(states=states, mask=torch.ones_like(at, dtype=torch.bool), layer=first,
+                     extra={**base.extra, "inputs": rerun, "prefix": prefix, "allowed": allowed})
+
+    @property
+    def continues_prefix(self) -> bool:
+        """Whether :meth:`decode` can continue after a :class:`KeyValuePrefix`: a causal decoder on the
+        interface route whose windows (if any) are longer than its inputs and whose first block's input
+        does not depend on positions (rotary positions are applied in attention, so new tokens can follow)."""
+        if not self.rerun_ready:
+            return False
+        cfg = self.hf.config
+        kinds = set(getattr(cfg, "layer_types", None) or ["full_attention"])
+        window = getattr(cfg, "sliding_window", None) if getattr(cfg, "use_sliding_window", True) else None
+        if (kinds != {"full_attention"} or window is not None) and (window is None or window < self.config.max_len):
+            return False
+        if getattr(cfg, "attention_chunk_size", None):
+            return False
+        return self._position_free
+
+    @property
+    def _position_free(self) -> bool:
+        cached = self.__dict__.get("_position_free_value")
+        if cached is None:
+            batch = self._dry_batch()
+            with torch.no_grad():
+                inputs = self._inputs(batch)
+                plain = self._states_entering(inputs, self.embed(batch))
+                inputs["position_ids"] = inputs["position_ids"] + 3
+                moved = self._states_entering(inputs, self.embed(batch))
+            cached = bool(torch.equal(plain, moved))
+            self.__dict__["_position_free_value"] = cached
+        return cached
+
+    def prefix_from(self, trace: AttentionTrace, rows: Tensor, lengths: Tensor) -> KeyValuePrefix:
+        """The first ``lengths[r]`` tokens of example ``rows[r]`` of a full ``trace`` (all layers, no key/value
+        intervention) as a :class:`KeyValuePrefix`, one key/value head per group."""
+        if len(trace) != self.num_attention_layers:
+            raise AttnAuditError("prefix_from needs the trace of every layer")
+        groups = self.config.heads // self.kv_heads
+        width = int(lengths.max()) if len(lengths) else 0
+        keys = [layer.keys[rows, ::groups, :width] for layer in trace]  # type: ignore[index]
+        values = [layer.values[rows, ::groups, :width] for layer in trace]  # type: ignore[index]
+        mask = torch.arange(width, device=lengths.device)[None, :] < lengths[:, None]
+        return KeyValuePrefix(keys=keys, values=values, mask=mask)
