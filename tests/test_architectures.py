@@ -68,15 +68,21 @@ def test_explain_and_audit_end_to_end(model_type: str, inputs: tuple[Path, Path]
     assert expected <= tests
 
 
-@pytest.mark.parametrize("model_type", ["llama", "gemma2", "gpt_bigcode"])
-def test_value_output_maps_reproduce_the_attention_output(model_type: str) -> None:
-    """Where projections were found, ``Σ_h Σ_j α_hij (x_j W_V^h + b_V^h) W_O^h + b_O`` is the output projection's output."""
-    hf, tokenizer = build_tiny(model_type, "lm")
+@pytest.mark.parametrize("model_type", list_architectures("decoder") + list_architectures("encoder"))
+def test_value_output_maps_reproduce_the_values_and_the_attention_output(model_type: str) -> None:
+    """Where projections were found, ``inputs @ W_V + b_V`` are the recorded per-query-head values (a key/value
+    head's repeated for the query heads that read it) and ``Σ_h Σ_j α_hij v_hj W_O^h + b_O`` is the output
+    projection's output; where they were not (attention outside the interface), the model says why."""
+    hf, tokenizer = build_tiny(model_type, "classifier" if ARCHITECTURES[model_type] == "encoder" else "lm")
     model = HFModel(hf, tokenizer, "classification", model_type, trained_head=False)
+    if model.structure.route == "softmax":
+        assert "not through the attention interface" in str(model.lacks("value_output"))
+        return
     encoded = tokenizer(["the film was very good", "a bad movie"], padding=True, return_tensors="pt")
     batch = Batch(tokens=encoded["input_ids"], mask=encoded["attention_mask"].bool(), examples=[])
+    output = model.attention_projections(1)[1]
     seen: list[torch.Tensor] = []
-    handle = model.attention_projections(1)[1].register_forward_hook(lambda _m, _i, out: seen.append(out))
+    handle = output.register_forward_hook(lambda _m, _i, out: seen.append(out))
     try:
         with torch.no_grad():
             record = model(batch).trace[1]
@@ -84,7 +90,8 @@ def test_value_output_maps_reproduce_the_attention_output(model_type: str) -> No
         handle.remove()
     w_v, b_v, w_o, heads = model.value_output_maps(1)
     values = (record.inputs @ w_v + b_v).unflatten(-1, (heads, -1)).transpose(1, 2)  # (B,H,K,dh)
+    torch.testing.assert_close(values, record.values, rtol=1e-4, atol=1e-5)
     mixed = (record.weights @ values).transpose(1, 2).flatten(2)
-    bias = model.attention_projections(1)[1].bias
-    expected = mixed @ w_o + (bias if bias is not None else 0)
-    torch.testing.assert_close(expected, seen[0], rtol=1e-4, atol=1e-5)
+    expected = mixed @ w_o + (output.bias if output.bias is not None else 0)
+    shared = model.attention_projections(0)[1] is output  # ALBERT runs one layer's modules at every layer
+    torch.testing.assert_close(expected, seen[int(shared)].reshape(expected.shape), rtol=1e-4, atol=1e-5)

@@ -114,27 +114,6 @@ def test_gradient_flows_through_given_embeddings(run: Run) -> None:
     assert emb.grad is not None and emb.grad.abs().sum() > 0
 
 
-def test_value_output_maps_reproduce_attention_output(run: Run) -> None:
-    """Σ_h Σ_j α_ij (x_j W_V^h + b_V^h) W_O^h equals the output projection minus its bias."""
-    batch = first_batch(run)
-    model = run.model
-    captured: list[torch.Tensor] = []
-    _, out_proj = model.attention_projections(1)
-    handle = out_proj.register_forward_hook(lambda _m, _i, o: captured.append(o))
-    try:
-        with torch.no_grad():
-            record = model(batch).trace[1]
-    finally:
-        handle.remove()
-    w_v, b_v, w_o, heads = model.value_output_maps(1)
-    b, t, d = record.inputs.shape
-    v = (record.inputs @ w_v + b_v).view(b, t, heads, d // heads).transpose(1, 2)
-    torch.testing.assert_close(v, record.values)
-    per_head = torch.einsum("bhqk,bhkd->bhqd", record.weights, v)
-    summed = torch.einsum("bhqe,hed->bqd", per_head, w_o.view(heads, d // heads, d))
-    torch.testing.assert_close(summed, captured[0] - out_proj.bias, atol=1e-5, rtol=1e-5)
-
-
 def test_pair_collate_uses_text_pairs_and_token_types(tiny_hf: SimpleNamespace) -> None:
     run = load_hf(tiny_hf.dir, task=tiny_hf.task("pair"), device="cpu")
     batch = first_batch(run)

@@ -282,28 +282,6 @@ def test_padding_left_or_right_leaves_real_tokens_unchanged(family: str, tiny_hf
                 torch.testing.assert_close(l[i, :, -n:, -n:], a[0], rtol=0, atol=ATOL)
 
 
-def test_value_output_maps_give_each_query_head_its_value_head(family: str, tiny_hf: SimpleNamespace) -> None:
-    """``inputs @ W_V + b_V`` are the recorded per-query-head values, and Σ_h Σ_j α v W_O is the
-    output projection (minus its bias): the norm analysis reads the value head each query head reads."""
-    model, _, batch = wrap(family, tiny_hf)
-    captured: list[torch.Tensor] = []
-    _, output = model.attention_projections(1)
-    handle = output.register_forward_hook(lambda _m, _i, o: captured.append(o))
-    try:
-        with torch.no_grad():
-            record = model(batch).trace[1]
-    finally:
-        handle.remove()
-    w_v, b_v, w_o, heads = model.value_output_maps(1)
-    b, t, d = record.inputs.shape
-    assert heads == 4 and w_v.shape == (32, 32) and w_o.shape == (32, 32)
-    v = (record.inputs @ w_v + b_v).view(b, t, heads, 8).transpose(1, 2)
-    torch.testing.assert_close(v, record.values)
-    summed = torch.einsum("bhqk,bhkd,hde->bqe", record.weights, v, w_o.view(heads, 8, d))
-    bias = output.bias if output.bias is not None else 0.0
-    torch.testing.assert_close(summed, captured[0] - bias, atol=1e-5, rtol=1e-5)
-
-
 def test_folder_load_explain_last_token_and_round_trip(tiny_hf: SimpleNamespace, tmp_path: Path) -> None:
     """``--hf FOLDER`` of a decoder loads through load_hf; attention importance reads the last real
     token's row; the gradient reaches the embeddings; a saved run reloads to the same logits."""

@@ -435,6 +435,28 @@ class AttentionModel(nn.Module):
 
 
 @contextmanager
+def replaced_forwards(forwards: dict[nn.Module, Callable[..., Any]]) -> Iterator[None]:
+    """Within the block each module's ``forward`` is the one given (an instance attribute); on exit each
+    gets back exactly what it had, an instance-level ``forward`` of its own (accelerate's hooks) included."""
+    previous = {module: module.__dict__.get("forward") for module in forwards}
+    try:
+        for module, forward in forwards.items():
+            module.forward = forward  # type: ignore[method-assign]
+        yield
+    finally:
+        for module, old in previous.items():
+            if old is None:
+                del module.forward
+            else:
+                module.forward = old  # type: ignore[method-assign]
+
+
+def own_forward(module: nn.Module) -> Callable[..., Any]:
+    """The ``forward`` a module runs now: an instance-level one if set (accelerate's hooks), else its class's."""
+    return module.__dict__.get("forward") or type(module).forward.__get__(module)
+
+
+@contextmanager
 def evaluation(model: nn.Module) -> Iterator[None]:
     """Eval mode (no dropout) for the duration, then the model's previous mode again."""
     was_training = model.training

@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from attnaudit.errors import AttnAuditError
 from attnaudit.models import hf_attention
-from attnaudit.models.base import AttentionLayer, Cache, Intervention, interventions_for
+from attnaudit.models.base import AttentionLayer, Cache, Intervention, interventions_for, own_forward, replaced_forwards
 from attnaudit.models.hf_attention import LayerCall
 from attnaudit.models.hf_structure import (
     CROSS_INPUTS,
@@ -113,20 +113,13 @@ def wrapped(state: Pass, finished: Finished) -> Iterator[None]:
     for module in {id(s.module): s.module for s in structure.sites}.values():
         attention_hooks.append(module.register_forward_pre_hook(_pre(state), with_kwargs=True))
         attention_hooks.append(module.register_forward_hook(_post(state), with_kwargs=True))
-    saved = {id(m): (m, m.__dict__.get("forward")) for m in structure.blocks}
-    for module, old in saved.values():
-        plain = old if old is not None else type(module).forward.__get__(module)
-        module.forward = _block_forward(state, plain, finished)  # type: ignore[method-assign]
+    blocks = {id(m): m for m in structure.blocks}.values()
     try:
-        yield
+        with replaced_forwards({m: _block_forward(state, own_forward(m), finished) for m in blocks}):
+            yield
     finally:
         for hook in attention_hooks:
             hook.remove()
-        for module, old in saved.values():
-            if old is None:
-                del module.forward
-            else:
-                module.forward = old  # type: ignore[method-assign]
 
 
 def _pre(state: Pass) -> Callable[..., None]:

@@ -36,6 +36,7 @@ from torch import Tensor, nn
 from torch.autograd import Function
 
 from attnaudit.errors import AttnAuditError
+from attnaudit.models.base import replaced_forwards
 
 RULES = ("attnlrp", "cp_lrp")
 _RULE: ContextVar[str | None] = ContextVar("attnaudit_lrp_rule", default=None)
@@ -154,19 +155,12 @@ def relevance_rules(model: nn.Module, rule: str) -> Iterator[None]:
             forwards[act] = lambda x, plain=plain: plain(x.detach())
         else:
             forwards[act] = lambda x, plain=plain: IdentityRule.apply(x, plain)
-    previous = {m: m.__dict__.get("forward") for m in forwards}
     hooks = [consumer.register_forward_pre_hook(_halve_input) for _, consumer in sites.gates] if rule == "attnlrp" else []
     token = _RULE.set(rule)
     try:
-        for module, forward in forwards.items():
-            module.forward = forward  # type: ignore[method-assign]
-        yield
+        with replaced_forwards(forwards):
+            yield
     finally:
         _RULE.reset(token)
         for hook in hooks:
             hook.remove()
-        for module, old in previous.items():
-            if old is None:
-                del module.forward
-            else:
-                module.forward = old  # type: ignore[method-assign]
