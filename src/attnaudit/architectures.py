@@ -310,8 +310,11 @@ def end_to_end(model_type: str, folder: Path, reviews: Path, data_dir: Path) -> 
     """``attnaudit explain`` and ``attnaudit audit`` command lines for a saved tiny ``model_type`` (placeholders filled)."""
     kind = ARCHITECTURES[model_type]
     if kind == "encoder-decoder":
-        return [f"audit --hf {folder} --task europarl-deen --data-dir {data_dir} --only alignment,identifiability "
-                f"--limit 4 --no-figures --explore 0 --quiet --out {folder}-audit"]
+        return [
+            f"explain --hf {folder} --text 'the film was good' --target 'a good' --out {folder}-explain",
+            f"audit --hf {folder} --task europarl-deen --data-dir {data_dir} --only alignment,identifiability "
+            f"--limit 4 --no-figures --explore 0 --quiet --out {folder}-audit",
+        ]
     zero_shot = f" --prompt '{PROMPT}' --verbalizer '{VERBALIZER}'" if kind == "decoder" else ""
     return [
         f"explain --hf {folder} --text 'the film was good' --out {folder}-explain",

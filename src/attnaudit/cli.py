@@ -280,12 +280,14 @@ def explain(
     prompt: Prompt = None,
     verbalizer: Verbalizer = None,
     dtype: Dtype = None,
+    target: Annotated[Optional[str], typer.Option(help="An encoder-decoder's target prefix, forced on its decoder: the next target token after it is explained (\"\": the first).")] = None,
     data_dir: DataDir = None,
     device: Device = "auto",
     quiet: Quiet = False,
 ) -> None:
-    """Explain one text's decision: a causal LM's next token, a classifier's class (or, without a head,
-    attention only) with every chosen explanation method, plus per-layer/head attention and rollout.
+    """Explain one text's decision: a causal LM's next token, a classifier's class, an encoder-decoder's next
+    target token after --target (or, without a head, attention only) with every chosen explanation method, plus
+    per-layer/head attention and rollout.
 
     Examples:
 
@@ -304,7 +306,7 @@ def explain(
         raise AttnAuditError("--prompt/--verbalizer apply with --hf only")
     result = explain_text(
         hf if hf is not None else _run_dir(run), text, _names(method), out, prompt=prompt, verbalizer=verbalizer,
-        max_length=max_length, seed=seed, steps=steps, device=device, data_dir=data_dir, dtype=dtype,
+        max_length=max_length, seed=seed, steps=steps, device=device, data_dir=data_dir, dtype=dtype, target=target,
     )
     if not quiet:
         print(decision_line(result))

@@ -11,6 +11,8 @@ The decision explained, through the one model interface (:class:`~attnaudit.mode
   mechanism without restricting the ids; not a top-k, which would renormalise ŷ): ŷ is the real
   next-token probability, and gradient, input × gradient, IG, leave-one-out (TVD over the
   vocabulary), ... apply unchanged, interventions included;
+* an encoder-decoder with a forced ``target`` prefix: its next target token after that prefix
+  (:func:`attnaudit.models.zeroshot.forced_decision`), the source tokens the explained items;
 * a headless encoder (``--hf minilm``): no decision; only the attention-based methods apply, and
   the defaults that do not are listed under ``skipped`` with the reason.
 """
@@ -98,6 +100,7 @@ def explain_text(
     device: str = "auto",
     data_dir: str | Path | None = None,
     dtype: str | None = None,
+    target: str | None = None,
 ) -> Explained:
     """Explain ``text``'s decision by ``source``: a :class:`Run`, a run directory, or a Hugging Face
     model (``smollm2``, ``minilm``, a folder, a ``.gguf`` file or a hub name).
@@ -108,6 +111,8 @@ def explain_text(
     the next token. ``max_length`` truncates the input to that many tokens (the last kept one is
     then the explained position of a decoder). ``seed`` seeds every random method; ``steps`` is
     IG's. ``dtype`` (a Hugging Face decoder): ``float32`` (default) or ``bfloat16`` parameters.
+    ``target`` (an encoder-decoder only): the target prefix forced on the decoder; the decision
+    explained is the next target token after it (``""``: the first target token).
     With ``out`` the JSON, CSV and figure are written there (checked before any work).
     """
     from attnaudit.seed import set_seed
@@ -123,9 +128,9 @@ def explain_text(
     folder = check_output_dir(out) if out is not None else None
     run = _load(source, prompt, verbalizer, device, data_dir, dtype)
     set_seed(seed)
-    with _decision(run) as kind:
-        explained = _explain(run, text, kind, methods, max_length, {"seed": seed, "steps": steps})
-    explained.meta.update(seed=seed, max_length=max_length, steps=steps, source=_describe(source, run))
+    with _decision(run, target) as kind:
+        explained = _explain(run, text, kind, methods, max_length, {"seed": seed, "steps": steps}, target)
+    explained.meta.update(seed=seed, max_length=max_length, steps=steps, source=_describe(source, run), target=target)
     if folder is not None:  # everything computed first: a failure above writes nothing
         with locked(folder):
             explained.save(folder)
@@ -155,10 +160,22 @@ def _describe(source: Run | str | Path, run: Run) -> str:
 
 
 @contextlib.contextmanager
-def _decision(run: Run) -> Iterator[str]:
-    """``next_token`` (a causal LM, for the block), ``class`` (a trained head) or ``none``."""
+def _decision(run: Run, target: str | None = None) -> Iterator[str]:
+    """``next_token`` (a causal LM, or an encoder-decoder after a forced ``target``, for the block),
+    ``class`` (a trained head) or ``none``."""
     model = run.model
-    if model.config.extra.get("output") == "next_token":
+    encoder_decoder = getattr(model, "kind", "") == "encoder-decoder"
+    if encoder_decoder != (target is not None):
+        raise AttnAuditError(
+            "an encoder-decoder explains its next target token after a forced prefix: give --target (may be empty)"
+            if encoder_decoder else "--target applies to encoder-decoders (a decoder's prefix is its --text)"
+        )
+    if encoder_decoder:
+        from attnaudit.models.zeroshot import forced_decision
+
+        with forced_decision(model):  # type: ignore[arg-type]
+            yield "next_token"
+    elif model.config.extra.get("output") == "next_token":
         from attnaudit.models.zeroshot import next_token_decision
 
         with next_token_decision(model):  # type: ignore[arg-type]
@@ -184,8 +201,11 @@ def _methods(run: Run, names: Sequence[str] | None) -> tuple[dict[str, Explanati
     return chosen, skipped
 
 
-def _batch(run: Run, text: str, max_length: int | None) -> Batch:
-    """The one-example batch of ``text`` on the run's device (truncated to ``max_length`` tokens)."""
+def _batch(run: Run, text: str, max_length: int | None, target: str | None = None) -> Batch:
+    """The one-example batch of ``text`` on the run's device (truncated to ``max_length`` tokens); an
+    encoder-decoder's with the forced ``target`` prefix after its decoder start token."""
+    if target is not None:
+        return _forced_batch(run, text, target, max_length)
     if run.task.task_type not in ("classification", "pair"):
         raise AttnAuditError(f"explain explains one decision per text; a {run.task.task_type} model makes one per token")
     if run.task.task_type == "pair":
@@ -199,11 +219,30 @@ def _batch(run: Run, text: str, max_length: int | None) -> Batch:
     return collate([Example(tokens=text.split())]).to(run.device)
 
 
-def _explain(run: Run, text: str, kind: str, names: Sequence[str] | None, max_length: int | None, offered: dict[str, Any]) -> Explained:
+def _forced_batch(run: Run, text: str, target: str, max_length: int | None) -> Batch:
+    """Source ``text`` (the tokenizer's specials included) and the decoder start token plus ``target``'s
+    tokens (no end token), each as written; ``max_length`` cuts the source."""
+    model = run.model
+    tokenizer = model.tokenizer  # type: ignore[attr-defined]
+    limit = min(max_length or model.config.max_len, model.config.max_len)
+    source = tokenizer(text, truncation=True, max_length=limit)["input_ids"]
+    prefix = tokenizer(text_target=target, add_special_tokens=False)["input_ids"] if target else []
+    if len(prefix) + 1 > model.config.max_len:
+        raise AttnAuditError(f"--target has {len(prefix)} tokens; this model's decoder reads at most {model.config.max_len - 1}")
+    tokens = torch.tensor([source])
+    batch = Batch(tokens=tokens, mask=torch.ones_like(tokens, dtype=torch.bool), examples=[Example(tokens=text.split())])
+    batch.target = torch.tensor([[model.decoder_start, *prefix]])  # type: ignore[attr-defined]
+    batch.target_mask = torch.ones_like(batch.target, dtype=torch.bool)
+    return batch.to(run.device)
+
+
+def _explain(
+    run: Run, text: str, kind: str, names: Sequence[str] | None, max_length: int | None, offered: dict[str, Any], target: str | None = None
+) -> Explained:
     """Everything for one text, computed before anything is written."""
     model = run.model
     methods, skipped = _methods(run, names)
-    batch = _batch(run, text, max_length)
+    batch = _batch(run, text, max_length, target)
     mask = item_mask(model, batch)[0]
     with evaluation(model), torch.no_grad():
         probs = model(batch).probs[0]

@@ -45,15 +45,16 @@ def attention_per_head(model: AttentionModel, batch: Batch, trace: AttentionTrac
     """Attention of every layer and head over the explained items, ``(B, L, H, K)``.
 
     Mean over real queries. Only layers whose keys are the explained items are included:
-    every layer of a Transformer, the one layer of the single-attention classifiers, and
-    HAN's sentence layer alone (its word layer attends within sentences). ``trace``: that of a
+    every layer of a Transformer, the one layer of the single-attention classifiers,
+    HAN's sentence layer alone (its word layer attends within sentences) and an encoder-decoder's
+    cross-attention layers (their keys are the source). ``trace``: that of a
     forward pass already made on ``batch`` (default: one is made).
     """
     check_task(model)
     if trace is None:
         with evaluation(model), torch.no_grad():
             trace = model(batch).trace
-    layers = [model.explained_layer % len(trace)] if hierarchical(model) else range(len(trace))
+    layers = [model.explained_layer % len(trace)] if hierarchical(model) else (model.cross_layers or range(len(trace)))
     stacked = []
     for index in layers:
         record = trace[index]

@@ -56,18 +56,20 @@ def integrated_gradients(model: AttentionModel, batch: Batch, steps: int = 50, a
         rest = None if nested or embeddings.shape[1] == t else embeddings[:, t:]
 
         def forward(
-            x: Tensor, tokens: Tensor, mask: Tensor, features: Tensor | None,
-            query: Tensor | None, query_mask: Tensor | None, tail: Tensor | None,
+            x: Tensor, tokens: Tensor, mask: Tensor, features: Tensor | None, query: Tensor | None,
+            query_mask: Tensor | None, tail: Tensor | None, target: Tensor | None, target_mask: Tensor | None,
         ) -> Tensor:
             emb = x if tail is None else torch.cat([x, tail], 1)
-            sub = Batch(tokens=tokens, mask=mask, features=features, query=query, query_mask=query_mask)
+            sub = Batch(tokens=tokens, mask=mask, features=features, query=query, query_mask=query_mask,
+                        target=target, target_mask=target_mask)  # an encoder-decoder's forced target
             return model(sub, embeddings=emb).probs
 
         per_pass = max(1, pass_rows(model, t) // max(len(batch), 1))
         attributions = IntegratedGradients(forward).attribute(
             passage,
             target=target,
-            additional_forward_args=(batch.tokens, batch.mask, batch.features, batch.query, batch.query_mask, rest),
+            additional_forward_args=(batch.tokens, batch.mask, batch.features, batch.query, batch.query_mask, rest,
+                                     batch.target, batch.target_mask),
             n_steps=steps,
             internal_batch_size=len(batch) * min(steps, per_pass),
         )

@@ -62,7 +62,7 @@ def compact_items(batch: Batch, index: Tensor, keep: Tensor, pad_id: int) -> Bat
 
     This is what "removing" an item means: later tokens move up one position (the
     Transformer's positions and the CNN's windows change accordingly). Items are tokens,
-    or whole sentences for hierarchical ``(B,S,W)`` tokens. The query is kept unchanged.
+    or whole sentences for hierarchical ``(B,S,W)`` tokens. The query (and a forced target) is kept unchanged.
     """
     tokens, mask = batch.tokens[index], batch.mask[index].bool()
     count = keep.sum(1)
@@ -83,6 +83,8 @@ def compact_items(batch: Batch, index: Tensor, keep: Tensor, pad_id: int) -> Bat
         features=features,
         query=None if batch.query is None else batch.query[index],
         query_mask=None if batch.query_mask is None else batch.query_mask[index],
+        target=None if batch.target is None else batch.target[index],  # an encoder-decoder's forced target stays
+        target_mask=None if batch.target_mask is None else batch.target_mask[index],
     )
 
 

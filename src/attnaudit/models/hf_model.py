@@ -204,7 +204,7 @@ class HFModel(HFCapabilities, HFRestarts, EncoderDecoderLayout, AttentionModel):
     def explanation_rows(self, query_mask: Tensor) -> int | Tensor | None:
         """Decoders: each example's last real token ``(B,)``; encoders: ``[CLS]`` (0); encoder-decoders: the mean."""
         if self.kind != "decoder":
-            return self.explanation_query
+            return self.explanation_query  # [CLS]; an encoder-decoder's forced target: its last position (-1)
         index = torch.arange(query_mask.shape[1], device=query_mask.device)
         return (index * query_mask.bool()).argmax(1)
 

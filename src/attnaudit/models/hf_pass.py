@@ -237,6 +237,8 @@ def decided(
         handles.append(hf.score.register_forward_hook(spread))
 
     def decision(out: Any) -> Tensor:
+        if kind == "encoder-decoder" and output == "next_token" and isinstance(rows, int):
+            return out.logits[:, rows]  # a forced target's next token (:func:`attnaudit.models.zeroshot.forced_decision`)
         if kind == "encoder-decoder" or has_head:
             return out.logits
         if output in ("next_token", "verbalizer"):

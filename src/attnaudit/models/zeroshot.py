@@ -191,3 +191,25 @@ def next_token_decision(model: HFModel) -> Iterator[HFModel]:
         yield model
     finally:
         model.trained_head, model.config.num_labels = saved
+
+
+@contextlib.contextmanager
+def forced_decision(model: HFModel) -> Iterator[HFModel]:
+    """Within the block an encoder-decoder's decision is its next target token after a forced target prefix.
+
+    The batch's target is the decoder start token and the prefix (teacher-forced, unpadded); the
+    output is the logits over the target vocabulary at its last position, the classes are the
+    vocabulary, and the explained items are the source tokens: every explanation method scores what
+    in the source made the model continue the target so (the cross-attention of the last position
+    for the attention methods). This is the per-step decision a generated sequence is made of."""
+    if model.kind != "encoder-decoder":
+        raise AttnAuditError("a forced target applies to encoder-decoders; a decoder's prefix is its --text")
+    config = model.config
+    saved = (model.trained_head, config.num_labels, config.task_type, config.extra["output"], model.explanation_query)
+    model.trained_head, config.task_type, config.extra["output"] = True, "classification", "next_token"
+    config.num_labels = int(getattr(model.hf.config, "decoder_vocab_size", None) or config.vocab_size)
+    model.explanation_query = -1  # the last target position (the target is not padded)
+    try:
+        yield model
+    finally:
+        model.trained_head, config.num_labels, config.task_type, config.extra["output"], model.explanation_query = saved
