@@ -87,3 +87,82 @@ def test_value_zeroing_on_a_llama_equals_hf_forwards_with_a_zeroed_value(tiny_hf
         expected = rolled([m.clamp_min(0) for m in maps])[n - 1]  # the last real token explains a decoder
         torch.testing.assert_close(ours[b, :n], expected, atol=1e-5, rtol=1e-3)
         assert (ours[b, n:] == 0).all()
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma2", "phi", "bert"])
+def test_the_layer_decomposition_re_adds_to_each_layout_s_output(family: str) -> None:
+    """Pre-norm, sandwich norms, parallel attention + MLP and post-norm blocks: the layer's output rebuilt from
+    the attention block's summed input (``layer_output``) is the block's recorded output, and the shares of the
+    attention block sum to what enters the feed-forward residual (pre/sandwich/parallel: ``h_i`` up to constants)."""
+    from attnaudit.architectures import SENTENCES, build_tiny
+    from attnaudit.data.types import Batch
+    from attnaudit.explain.norms_res_ln import attention_block_parts, residual_parts
+    from attnaudit.models.hf_model import HFModel
+
+    hf, tokenizer = build_tiny(family, "classifier" if family == "bert" else "lm")
+    model = HFModel(hf.double(), tokenizer, "classification", family, trained_head=False)  # float64: exact sums
+    encoded = tokenizer(list(SENTENCES[:2]), padding=True, return_tensors="pt")
+    batch = Batch(tokens=encoded["input_ids"], mask=encoded["attention_mask"].bool(), examples=[])
+    with torch.no_grad():
+        trace = model(batch).trace
+        for layer, record in enumerate(trace.layers):
+            norms = model.residual_norms(layer)
+            _, whole = residual_parts(model, record, layer)
+            x = model.residual_stream(record)
+            rebuilt = value_zeroing_module.layer_output(norms, whole.flatten(0, 1), x.flatten(0, 1)).view_as(whole)
+            real = batch.mask[..., None]
+            torch.testing.assert_close(rebuilt * real, record.outputs * real, atol=1e-6, rtol=1e-5)  # RMSNorms compute in float32 even here
+            if norms.placement != "post":
+                shares = attention_block_parts(model, record, layer).sum(2)
+                expected = x + (whole - x if norms.post_norms is None else norms.post_norms[0](whole - x))
+                constant = norms.output_bias if norms.placement != "sandwich" and norms.output_bias is not None else 0.0
+                torch.testing.assert_close((shares + constant) * real, expected * real, atol=1e-6, rtol=1e-5)  # RMSNorms compute in float32 even here
+
+
+@pytest.mark.parametrize("family", ["gemma2", "phi", "cohere"])
+def test_value_zeroing_on_sandwich_and_parallel_blocks_equals_hf_with_a_zeroed_value(family: str) -> None:
+    """Gemma 2 (sandwich norms), Phi and Cohere (parallel attention + MLP): each layer's map equals the cosine
+    distances of HF's own layer outputs with one token's value zeroed by a hook on its value projection."""
+    from attnaudit.architectures import build_tiny
+    from attnaudit.data.types import Batch
+    from attnaudit.explain.value_zeroing import zeroing_map
+    from attnaudit.models.hf_model import HFModel
+
+    hf, tokenizer = build_tiny(family, "lm")
+    reference, _ = build_tiny(family, "lm")
+    model = HFModel(hf.double(), tokenizer, "classification", family, trained_head=False)
+    reference.double()
+    ids = tokenizer("the film was very good", return_tensors="pt")["input_ids"]
+    batch = Batch(tokens=ids, mask=torch.ones_like(ids, dtype=torch.bool), examples=[])
+    blocks = [m for m in reference.modules() if type(m) is type(model.layers[0])]
+
+    def outputs(zero: tuple[int, int] | None = None) -> list[torch.Tensor]:
+        seen: list[torch.Tensor] = []
+        hooks = [block.register_forward_hook(lambda _m, _a, out: seen.append(out[0] if isinstance(out, tuple) else out)) for block in blocks]
+        if zero is not None:
+            value = dict(reference.named_modules())[next(n for n, m in model.hf.named_modules() if m is model.attention_projections(zero[0])[0])]
+
+            def zeroing(_m, _a, out):  # noqa: ANN001, ANN202
+                out = out.clone()
+                out[:, zero[1]] = 0.0
+                return out
+
+            hooks.append(value.register_forward_hook(zeroing))
+        try:
+            with torch.no_grad():
+                reference(input_ids=ids)
+        finally:
+            for hook in hooks:
+                hook.remove()
+        return [o[0] for o in seen]
+
+    n = ids.shape[1]
+    original = outputs()
+    with torch.no_grad():
+        trace = model(batch).trace
+        for layer, record in enumerate(trace.layers):
+            ours = zeroing_map(model, record, layer)[0]
+            zeroed = [outputs((layer, j))[layer] for j in range(n)]
+            expected = torch.tensor([[cosine_distance(original[layer][i], zeroed[j][i]) for j in range(n)] for i in range(n)], dtype=torch.float64)
+            causal = torch.ones(n, n, dtype=torch.bool).tril()
+            torch.testing.assert_close(ours[causal], expected.clamp_min(0)[causal], atol=1e-7, rtol=1e-5)

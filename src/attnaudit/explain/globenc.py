@@ -28,7 +28,7 @@ def layer_shares(model: AttentionModel, record: AttentionLayer, layer: int) -> T
     ``γ₂ ⊙ (T_i(x_j) − mean) / s₂_i`` with ``s₂_i`` the spread of the whole LN₂ input. Pre-LN: the
     second residual passes ``h`` on unchanged, so the shares are those of the attention block."""
     norms = model.residual_norms(layer)
-    if norms.placement == "pre":
+    if norms.placement != "post":  # the second residual passes h on (its feed-forward branch is left out)
         return attention_block_parts(model, record, layer)
     parts, whole = residual_parts(model, record, layer)
     shares = norms.attention_norm.linear(parts, norms.attention_norm.scale(whole)[:, :, None])

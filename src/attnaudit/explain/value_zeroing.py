@@ -36,13 +36,21 @@ ROWS = 8192
 """Vectors taken through a layer's feed-forward map at once, at most: bounds memory."""
 
 
-def layer_output(norms: ResidualNorms, summed: Tensor) -> Tensor:
-    """A layer's output from the attention block's summed input to its first residual ``(..., d)``:
-    post-LN ``LN₂(h + ffn(h))`` with ``h = LN₁(summed)``; pre-LN ``summed + ffn(LN₂(summed))``."""
+def layer_output(norms: ResidualNorms, summed: Tensor, x: Tensor) -> Tensor:
+    """A layer's output from the attention block's summed input to its first residual ``(..., d)`` (``x + o``,
+    ``x`` the residual stream): post-LN ``LN₂(h + ffn(h))`` with ``h = LN₁(summed)``; pre-LN
+    ``summed + ffn(LN₂(summed))``; sandwich ``h + P₂(ffn(LN₂(h)))`` with ``h = x + P₁(summed − x)``;
+    parallel ``summed + ffn(LN₂(x))``."""
     outputs = []
-    for part in summed.split(ROWS):
+    for part, residual in zip(summed.split(ROWS), x.split(ROWS)):
         if norms.placement == "pre":
             outputs.append(part + norms.ffn(norms.ffn_norm(part)))
+        elif norms.placement == "parallel":
+            outputs.append(part + norms.ffn(norms.ffn_norm(residual)))
+        elif norms.placement == "sandwich":
+            assert norms.post_norms is not None
+            h = residual + norms.post_norms[0](part - residual)
+            outputs.append(h + norms.post_norms[1](norms.ffn(norms.ffn_norm(h))))
         else:
             h = norms.attention_norm(part)
             outputs.append(norms.ffn_norm(h + norms.ffn(h)))
@@ -56,8 +64,8 @@ def zeroing_map(model: AttentionModel, record: AttentionLayer, layer: int) -> Te
     x = model.residual_stream(record)
     b, q, k = pair_mask(record).bool().nonzero(as_tuple=True)
     removed = parts[b, q, k] - (q == k).to(x.dtype)[:, None] * x[b, q]  # Σ_h α^h_ij f_h(x_j): what zeroing v_j takes away
-    original = layer_output(norms, whole.reshape(-1, whole.shape[-1])).view_as(whole)
-    changed = layer_output(norms, whole[b, q] - removed)
+    original = layer_output(norms, whole.reshape(-1, whole.shape[-1]), x.reshape(-1, x.shape[-1])).view_as(whole)
+    changed = layer_output(norms, whole[b, q] - removed, x[b, q])
     out = torch.zeros(parts.shape[:3], dtype=parts.dtype, device=parts.device)
     out[b, q, k] = 1.0 - torch.nn.functional.cosine_similarity(original[b, q], changed, dim=-1)
     return out.clamp_min(0.0)

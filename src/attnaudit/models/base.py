@@ -150,17 +150,20 @@ class ResidualNorms:
     ``placement`` ``"post"`` (BERT, our Transformer): ``h = LN₁(x + attn(x) + b_O)``, then
     ``out = LN₂(h + ffn(h))``. ``"pre"`` (Llama, GPT-2): ``h = x + attn(LN₁(x)) + b_O``, then
     ``out = h + ffn(LN₂(h))``; the trace's ``inputs`` are then ``LN₁(x)`` and ``residual`` is ``x``.
-    ``output_bias`` is ``b_O`` (None: no bias); ``ffn`` the feed-forward map alone (no residual,
-    no norm, no dropout); ``ffn_layers`` the same map as dense layers where it is one (empty otherwise,
-    e.g. Llama's gated MLP).
+    ``"sandwich"`` (Gemma 2/3): ``h = x + P₁(attn(LN₁(x)) + b_O)``, ``out = h + P₂(ffn(LN₂(h)))`` with
+    ``post_norms = (P₁, P₂)``. ``"parallel"`` (GPT-J, Phi, GPT-NeoX): ``out = x + attn(LN₁(x)) + b_O +
+    ffn(LN₂(x))``. ``output_bias`` is ``b_O`` (None: no bias); ``ffn`` the feed-forward map alone (no
+    residual, no norm, no dropout); ``ffn_layers`` the same map as dense layers where it is one (empty
+    otherwise, e.g. Llama's gated MLP).
     """
 
-    placement: Literal["post", "pre"]
+    placement: Literal["post", "pre", "sandwich", "parallel"]
     attention_norm: NormParams
     ffn_norm: NormParams
     output_bias: Tensor | None
     ffn: Callable[[Tensor], Tensor]
     ffn_layers: tuple[Dense, ...] = ()
+    post_norms: tuple[NormParams, NormParams] | None = None
 
 
 @dataclass

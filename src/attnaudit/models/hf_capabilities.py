@@ -52,10 +52,9 @@ class HFCapabilities:
             return f"{self.hf_type}: no linear map reproduces the values or takes the output of attention layer {missing[0]}" if missing else None
         if need == "residual_norms":
             reason = self.lacks("value_output") if self.self_attention else f"{self.hf_type} is an encoder-decoder"
-            bad = [v for v in self.structure.layouts.values() if not isinstance(v, BlockLayout) or v.kind not in ("pre", "post")]
+            bad = [v for v in self.structure.layouts.values() if not isinstance(v, BlockLayout)]
             if reason is None and bad:
-                layout = bad[0]
-                reason = f"{self.hf_type}: {layout}" if isinstance(layout, str) else f"{self.hf_type} has {layout.kind} blocks; these methods decompose pre- and post-norm blocks"
+                reason = f"{self.hf_type}: {bad[0]}"
             return reason
         if need == "lrp":
             if not self.supports_lrp:
@@ -110,6 +109,7 @@ class HFCapabilities:
             placement=layout.kind,  # type: ignore[arg-type]
             attention_norm=layout.attention_norm.params(), ffn_norm=layout.ffn_norm.params(),
             output_bias=site.projections.b_o, ffn=layout.ffn, ffn_layers=layout.ffn_layers,
+            post_norms=None if layout.post_norms is None else (layout.post_norms[0].params(), layout.post_norms[1].params()),
         )
 
     def residual_stream(self, record: AttentionLayer) -> Tensor:
