@@ -678,12 +678,21 @@ def _names(values: list[str] | None) -> list[str] | None:
     return names or None
 
 
+INTERRUPTED = 130
+"""The exit status of a command stopped by Ctrl-C (128 + SIGINT), as shells report it."""
+
+
 def main() -> None:
     """Console entry point: one-line errors with exit code 2, one-line warnings."""
     warnings.showwarning = _show_warning  # type: ignore[assignment]
     try:
         register_run_commands()
-        app(standalone_mode=False)
+        # Not standalone, typer *returns* an exit code instead of exiting: Ctrl-C arrives as 130, typer.Exit as its code.
+        code = app(standalone_mode=False)
+        if code == INTERRUPTED:
+            raise KeyboardInterrupt
+        if isinstance(code, int) and code:
+            sys.exit(code)
     except AttnAuditError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(exc.exit_code)
@@ -696,8 +705,8 @@ def main() -> None:
         code = getattr(exc, "exit_code", getattr(exc, "code", 0))
         sys.exit(code)
     except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
-        sys.exit(130)
+        print("error: interrupted (resume with the same command)", file=sys.stderr)
+        sys.exit(INTERRUPTED)
     except typer.Abort:
         print("error: aborted", file=sys.stderr)
         sys.exit(1)

@@ -133,8 +133,8 @@ def locked(directory: str | Path) -> Iterator[Path]:
     folder fails at once with one line naming the holder's pid.
 
     Folders inside one this process already holds need no lock of their own (an audit writes
-    its run, results and report). A folder created here and left empty is removed again, so a
-    command that fails early leaves nothing behind.
+    its run, results and report). The lock file goes with the lock, and a folder created here and
+    left empty is removed again, so a command that fails early leaves nothing behind.
     """
     directory = Path(directory)
     absolute = directory.resolve()
@@ -157,10 +157,12 @@ def locked(directory: str | Path) -> Iterator[Path]:
             yield directory
         finally:
             _HELD.discard(absolute)
+            # Removed while still held, so no lock file outlives the command; a process that opens the path
+            # after this gets a new file (and the lock), as it would a moment later anyway.
+            (directory / LOCK).unlink(missing_ok=True)
             lock.release()
     finally:
-        if created and directory.is_dir() and {p.name for p in directory.iterdir()} <= {LOCK}:
-            (directory / LOCK).unlink(missing_ok=True)
+        if created and directory.is_dir() and not any(directory.iterdir()):
             directory.rmdir()
 
 

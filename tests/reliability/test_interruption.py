@@ -103,3 +103,32 @@ def test_truncated_or_temporary_result_files_are_not_trusted(trained: Run, tmp_p
     statuses = _statuses(damaged)
     assert statuses == {"importance": "done", "permutation": "done", "erasure": "done"}
     _assert_same_results(full, damaged)
+
+
+def test_ctrl_c_is_a_failure_with_one_line(trained: Run, tmp_path: Path) -> None:
+    """SIGINT (what Ctrl-C sends) mid-audit: exit 130 and ``error: interrupted (resume with the same command)``,
+    no summary or report that would look finished, no lock file left; ``cmd && next`` stops."""
+    out = tmp_path / "audit"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    process = subprocess.Popen(
+        [*CLI, "audit", "--run", str(trained.path), "--out", str(out), "--only", ",".join(TESTS), "--limit", str(LIMIT), "--quiet"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # a shell's background job would ignore it
+    )
+    deadline = time.monotonic() + 300
+    while not (out / "results" / "importance.json").exists() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=300)
+    assert process.returncode == 130, err
+    assert [line for line in err.splitlines() if line.strip()] == ["error: interrupted (resume with the same command)"], err
+    assert not (out / "summary.csv").exists() and not (out / "report.html").exists()
+    assert not (out / ".attnaudit.lock").exists()
+
+
+def test_no_lock_file_outlives_a_command(trained: Run, tmp_path: Path) -> None:
+    from .helpers import cli
+
+    done = cli("run", "importance", str(trained.path), "--limit", "4", "--out", tmp_path / "out", "--quiet")
+    assert done.returncode == 0, done.stderr
+    assert not list(tmp_path.rglob(".attnaudit.lock")) and not (trained.path / ".attnaudit.lock").exists()

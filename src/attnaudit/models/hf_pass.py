@@ -223,12 +223,20 @@ def decided(
     ``rows`` only (and the verbalizer's ids of it), a decoder's classification head that row whatever its
     padding id, a bare model its ``[CLS]`` or ``rows`` state; a classifier and an encoder-decoder their own logits."""
     handles = []
-    if output in ("next_token", "verbalizer") and isinstance(rows, Tensor):
+    forwards: dict[nn.Module, Callable[..., Any]] = {}
+    head = hf.get_output_embeddings() if output in ("next_token", "verbalizer") else None
+    narrowed = verbalizer_ids is not None and isinstance(head, nn.Linear)
+    if head is not None and isinstance(rows, Tensor):
         def gather(_module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
             hidden = args[0]
             return (hidden[torch.arange(hidden.shape[0], device=hidden.device), rows.to(hidden.device)][:, None], *args[1:])
 
-        handles.append(hf.get_output_embeddings().register_forward_pre_hook(gather))
+        handles.append(head.register_forward_pre_hook(gather))
+        if narrowed:  # only the verbalizer's rows of the LM head: the same logits without a (B, vocab) product
+            assert isinstance(head, nn.Linear) and verbalizer_ids is not None
+            ids = verbalizer_ids.to(head.weight.device)
+            bias = None if head.bias is None else head.bias[ids]
+            forwards[head] = lambda hidden: nn.functional.linear(hidden, head.weight[ids], bias)
     elif has_head and kind == "decoder" and isinstance(rows, Tensor):
         def spread(_module: nn.Module, _args: tuple[Any, ...], out: Tensor) -> Tensor:
             picked = out[torch.arange(out.shape[0], device=out.device), rows.to(out.device)]
@@ -241,16 +249,17 @@ def decided(
             return out.logits[:, rows]  # a forced target's next token (:func:`attnaudit.models.zeroshot.forced_decision`)
         if kind == "encoder-decoder" or has_head:
             return out.logits
-        if output in ("next_token", "verbalizer"):
+        if head is not None:
             logits = out.logits[:, 0]
-            return logits if verbalizer_ids is None else logits[:, verbalizer_ids.to(logits.device)]
+            return logits if verbalizer_ids is None or narrowed else logits[:, verbalizer_ids.to(logits.device)]
         states = out.last_hidden_state
         if isinstance(rows, Tensor):
             return states[torch.arange(states.shape[0], device=states.device), rows.to(states.device)]
         return states[:, 0]
 
     try:
-        yield decision
+        with replaced_forwards(forwards):
+            yield decision
     finally:
         for handle in handles:
             handle.remove()
