@@ -57,6 +57,13 @@ def machine() -> dict[str, Any]:
     }
 
 
+def add_limit_order(parser: Any) -> None:
+    """``--limit-order``: how a reproduction's ``--limit`` chooses its sentences (``first`` repeats the figures
+    measured before ``--limit`` became a sample stratified by label)."""
+    parser.add_argument("--limit-order", default="stratified", choices=("stratified", "first"),
+                        help="stratified (a seeded sample, each label keeping its share) or first (the first N)")
+
+
 def _relative(word: str) -> str:
     """A command-line word with this checkout's absolute path made relative to it (no machine paths in results)."""
     path = Path(word)

@@ -76,9 +76,11 @@ def pair_stats(instances: list[dict[str, Any]], seed: int, resamples: int) -> di
     return out
 
 
-def importance(run: Run, data_dir: Path, methods: list[str], limit: int | None, seed: int, resamples: int) -> dict[str, Any]:
+def importance(
+    run: Run, data_dir: Path, methods: list[str], limit: int | None, seed: int, resamples: int, limit_order: str = "stratified"
+) -> dict[str, Any]:
     """The importance test on the test split (first ``limit`` sentences), summarised per pair."""
-    result = run_test("importance", run, split="test", data_dir=data_dir, methods=methods, limit=limit, seed=seed)
+    result = run_test("importance", run, split="test", data_dir=data_dir, methods=methods, limit=limit, seed=seed, limit_order=limit_order)
     return {"n": result.summary["n"], "excluded_short": result.summary["excluded_short"],
             "pairs": pair_stats(result.instances, seed, resamples)}
 
@@ -139,7 +141,7 @@ def per_epoch(run: Run, out: Path, args: argparse.Namespace, methods: list[str],
 
         scores = evaluate_examples(run, run.examples("test", data_dir=args.data_dir))
         rows.append({"epoch": int(path.stem.removeprefix("epoch")), "test_accuracy": scores["accuracy"],
-                     **importance(run, args.data_dir, methods, args.epoch_limit, seed, args.bootstrap)})
+                     **importance(run, args.data_dir, methods, args.epoch_limit, seed, args.bootstrap, args.limit_order)})
     load_state_into(run.model, out / "model.safetensors")
     return rows
 
@@ -172,6 +174,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--result", type=Path, default=RESULT, help="JSON to write")
     parser.add_argument("--full-epochs", default="", help="also τ on the whole test set with these epochs' weights (e.g. 8)")
     parser.add_argument("--table", action="store_true", help="print the README table of --result and stop")
+    parser.add_argument("--limit-order", default="stratified", choices=("stratified", "first"),
+                        help="how --epoch-limit chooses its sentences: stratified by label (seeded) or the first N")
     args = parser.parse_args(argv)
     if args.table:
         print(markdown(read_json(args.result)))

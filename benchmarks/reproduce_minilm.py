@@ -36,7 +36,7 @@ from attnaudit.experiments import run_test  # noqa: E402
 from attnaudit.io import read_json  # noqa: E402
 from attnaudit.hf import load_hf  # noqa: E402
 from attnaudit.training.finetune import finetune  # noqa: E402
-from benchmarks.common import RUNS, write_result  # noqa: E402
+from benchmarks.common import RUNS, add_limit_order, write_result  # noqa: E402
 
 
 def _norms_digest(result: Any) -> dict[str, Any]:
@@ -73,6 +73,7 @@ def main() -> dict[str, Any]:
     parser.add_argument("--flow", type=int, default=50, help="of those, sentences to compute attention flow for")
     parser.add_argument("--snli", type=int, default=500, help="SNLI test pairs for the norm analysis")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest on a shared 2-core box)")
+    add_limit_order(parser)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
@@ -93,14 +94,16 @@ def main() -> dict[str, Any]:
     pretrained_sst = load_hf("minilm", task="sst2", data_dir=args.data_dir, device="cpu")
     norms_sst = run_test("norms", pretrained_sst, split="test", out=RUNS / "minilm-norms-sst2", seed=0)
     pretrained_snli = load_hf("minilm", task="snli", data_dir=args.data_dir, device="cpu")
-    norms_snli = run_test("norms", pretrained_snli, split="test", limit=args.snli, out=RUNS / "minilm-norms-snli", seed=0)
+    norms_snli = run_test("norms", pretrained_snli, split="test", limit=args.snli, out=RUNS / "minilm-norms-snli", seed=0,
+                          limit_order=args.limit_order)
     stages["norms"] = time.perf_counter() - tic
 
     tic = time.perf_counter()
-    rollout_cls = run_test("rollout", tuned, split="test", limit=args.rollout, out=out / "results", seed=0, flow_limit=args.flow)
+    rollout_cls = run_test("rollout", tuned, split="test", limit=args.rollout, out=out / "results", seed=0, flow_limit=args.flow,
+                           limit_order=args.limit_order)
     rollout_max = run_test(
         "rollout", tuned, split="test", limit=args.rollout, out=out / "results-max", seed=0, flow_limit=args.flow,
-        query="max", importance=["input_gradient"],
+        query="max", importance=["input_gradient"], limit_order=args.limit_order,
     )
     stages["rollout"] = time.perf_counter() - tic
 

@@ -43,7 +43,7 @@ from attnaudit.io import read_json  # noqa: E402
 from attnaudit.hf import load_hf  # noqa: E402
 from attnaudit.models.hf_loading import HF_DIR  # noqa: E402
 from attnaudit.run import Run, load_run  # noqa: E402
-from benchmarks.common import RUNS, write_result  # noqa: E402
+from benchmarks.common import RUNS, add_limit_order, write_result  # noqa: E402
 
 SMOLLM2_METHODS = "attnlrp,cp_lrp,attention,rollout,alti,globenc,norms,input_gradient,gradient,loo,random"
 KEEP = ("mode", "method", "aopc_comp", "aopc_comp_low", "aopc_comp_high", "aopc_suff", "aopc_suff_low",
@@ -86,7 +86,7 @@ def scoreboard(run: Run, args: argparse.Namespace, out: Path, limit: int, mode: 
     options.update(batch_size=args.batch_size, **extra)
     load = os.getloadavg()
     wall, cpu = time.perf_counter(), time.process_time()
-    result = run_test("faithfulness", run, split="test", limit=limit, out=out, seed=0, mode=mode, **options)
+    result = run_test("faithfulness", run, split="test", limit=limit, out=out, seed=0, mode=mode, limit_order=args.limit_order, **options)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     return from_result({"summary": result.summary, "meta": result.meta, "tables": result.tables}, out, wall, cpu,
                        list(load), list(os.getloadavg()))
@@ -141,6 +141,7 @@ def main() -> dict[str, Any]:
     parser.add_argument("--name", default="scoreboard", help="result file stem: benchmarks/results/NAME.json")
     parser.add_argument("--smollm2-limit", type=int, default=100, help="GLUE-dev sentences for SmolLM2 zero-shot")
     parser.add_argument("--smollm2-methods", default=SMOLLM2_METHODS, help="the methods scored on SmolLM2 (IG is left out: cost)")
+    add_limit_order(parser)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     start = time.perf_counter()

@@ -49,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `benchmarks.comm
 
 from attnaudit.audit import audit, parse_settings  # noqa: E402
 from attnaudit.io import read_json  # noqa: E402
-from benchmarks.common import RUNS, write_result  # noqa: E402
+from benchmarks.common import RUNS, add_limit_order, write_result  # noqa: E402
 
 TAU_PAIRS = ("attention_vs_gradient", "attention_vs_loo", "gradient_vs_loo")
 SUMMARIES = {
@@ -135,6 +135,7 @@ def main() -> dict[str, Any]:
     parser.add_argument("--name", default="smollm2", help="result name: benchmarks/results/NAME.json")
     parser.add_argument("--gather", type=Path, nargs="*", default=[], help="partial audit folders (same command, --only) to reuse")
     parser.add_argument("--time-logs", type=Path, nargs="*", default=[], help="their /usr/bin/time -v reports")
+    add_limit_order(parser)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     out = args.out or RUNS / f"smollm2-sst2-{args.limit}"
@@ -147,7 +148,7 @@ def main() -> dict[str, Any]:
     load_before = list(os.getloadavg())
     start = time.perf_counter()
     outcome = audit(
-        out, task="sst2", hf="smollm2", limit=args.limit, data_dir=args.data_dir, device="cpu", only=only,
+        out, task="sst2", hf="smollm2", limit=args.limit, limit_order=args.limit_order, data_dir=args.data_dir, device="cpu", only=only,
         test_options=parse_settings(args.settings), strict_options=True,
     )
     seconds = time.perf_counter() - start

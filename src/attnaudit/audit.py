@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from attnaudit.data.subsets import check_order
 from attnaudit.errors import AttnAuditError, error_line, os_error_line, storage_full
 from attnaudit.experiments.base import (
     Experiment,
@@ -234,6 +235,7 @@ def audit(
     verbalizer: str | dict[str, str] | None = None,
     max_length: int | None = None,
     dtype: str | None = None,
+    limit_order: str = "stratified",
     **train_options: Any,
 ) -> AuditResult:
     """Audit a model's attention with every applicable test and write ``out/report.html``.
@@ -250,12 +252,14 @@ def audit(
     a preset shared by several audits, such as the demo's, may name more tests).
     ``prompt``/``verbalizer``: zero-shot classification with an ``hf`` causal LM (see :func:`load_hf`);
     ``max_length``: keep at most that many tokens of each text; ``dtype``: a decoder's parameter dtype
-    (``float32`` or ``bfloat16``); both with ``hf`` only.
+    (``float32`` or ``bfloat16``); both with ``hf`` only. ``limit``: audit that many examples of the split,
+    a sample stratified by label drawn with ``seed`` (``limit_order="first"``: the first ones).
     """
     out = Path(out)
     check_seed(seed)
     if limit is not None and limit < 1:
         raise AttnAuditError(f"--limit must be at least 1, got {limit}")
+    check_order(limit_order)
     if heatmap_instances < 0:
         raise AttnAuditError(f"--heatmaps must be >= 0, got {heatmap_instances}")
     if explore < 0:
@@ -278,12 +282,13 @@ def audit(
         remove_stray_tmp(folder, recursive=below)  # left by a killed audit
     target = replace(target, subruns=out / "subruns")  # the audited run directory is only read
     outcome = AuditResult(out=out)
-    settings = {"split": split, "limit": limit, "seed": seed, "figures": figures, "data_dir": data_dir}
+    settings = {"split": split, "limit": limit, "seed": seed, "figures": figures, "data_dir": data_dir, "limit_order": limit_order}
     status(f"auditing {target.family} on {target.task.spec or 'its data'}: {len(order)} test(s) -> {out}")
     with memoised(target.model) as memo:  # the report's explanations reuse the tests' scores
         log, lost = _run_tests(order, options, target, results_dir, outcome, settings, memo)
         outcome.rows = summary_rows(log, outcome.results)
-        _write_record(out, target, log, outcome, lost, (heatmap_instances, explore), split=split, limit=limit, seed=seed, data_dir=data_dir)
+        _write_record(out, target, log, outcome, lost, (heatmap_instances, explore), split=split, limit=limit, seed=seed,
+                      data_dir=data_dir, limit_order=limit_order)
     status(f"report: [bold]{outcome.report}[/]" + (f"; [red]{len(outcome.failed)} test(s) failed[/]" if outcome.failed else ""))
     return outcome
 
@@ -301,6 +306,7 @@ def _run_one(
     seed: int,
     figures: bool,
     data_dir: str | Path | None,
+    limit_order: str,
 ) -> tuple[dict[str, Any], OSError | None]:
     """One test of an audit: skipped (with the reason), reused from a stored result whose
     fingerprint matches, or run and saved. Its ``audit.json`` entry is returned; a failure is
@@ -315,7 +321,8 @@ def _run_one(
             entry.update(status="skipped", reason=reason)
             status(f"{prefix}: [yellow]skipped[/] ({reason})")
             return entry, None
-        stamp = fingerprint(name, target, opts, split=split, limit=limit, seed=seed, figures=figures, data_dir=data_dir)
+        stamp = fingerprint(name, target, opts, split=split, limit=limit, seed=seed, figures=figures, data_dir=data_dir,
+                            limit_order=limit_order)
         cached, stale = _reusable(results_dir / f"{name}.json", name, stamp["hash"])
         if cached is not None:
             outcome.results[name] = cached
@@ -327,7 +334,8 @@ def _run_one(
         # run_test seeds every test with `seed`
         status(f"{prefix}: " + (f"[yellow]stored result not reused[/] ({stale}), running" if stale else "running"))
         result = run_test(
-            name, target, split=split, limit=limit, seed=seed, out=results_dir, data_dir=data_dir, plot=figures, **entry["options"]
+            name, target, split=split, limit=limit, seed=seed, out=results_dir, data_dir=data_dir, plot=figures,
+            limit_order=limit_order, **entry["options"]
         )
         result.meta["audit"] = {"options_hash": stamp["hash"]}
         result.save(results_dir)
@@ -358,6 +366,7 @@ def _write_record(
     limit: int | None,
     seed: int,
     data_dir: str | Path | None,
+    limit_order: str,
 ) -> None:
     """``audit.json`` and the report; after a full disk, as much of them as fits, then one line
     naming the lost test (the finished results stay). ``shown``: heatmap and explorer instances."""
@@ -369,6 +378,7 @@ def _write_record(
         **{key: target.info[key] for key in ("max_length", "dtype") if key in target.info},  # --max-length/--dtype
         "split": split,
         "limit": limit,
+        "limit_order": limit_order,
         "seed": seed,
         "data_dir": str(data_dir) if data_dir else None,
         "tests": log,

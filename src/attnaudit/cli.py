@@ -38,6 +38,7 @@ DataDir = Annotated[
 ]
 Device = Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars or status lines.")]
+LimitOrder = Annotated[str, typer.Option(help="How --limit chooses: stratified (a seeded sample, each label keeping its share of the split) or first (the first N, as the files list them).")]
 Prompt = Annotated[Optional[str], typer.Option(help="--hf causal LM, zero-shot: prompt with {text}, e.g. 'Review: {text}\\nSentiment:'.")]
 Verbalizer = Annotated[Optional[str], typer.Option(help="--hf causal LM, zero-shot: LABEL=\"WORD\",... e.g. positive=\" positive\",negative=\" negative\".")]
 MaxLength = Annotated[Optional[int], typer.Option(help="--hf: keep at most N tokens of each text (special tokens and a prompt's template stay).")]
@@ -411,7 +412,8 @@ def audit(
     skip: Annotated[Optional[list[str]], typer.Option(help="Leave these tests out (repeatable or comma-separated).")] = None,
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="Test option TEST.OPTION=VALUE, e.g. permutation.permutations=20 (repeatable).")] = None,
     split: Annotated[str, typer.Option(help="Split to test on.")] = "test",
-    limit: Annotated[Optional[int], typer.Option(help="Use only the first N instances.")] = None,
+    limit: Annotated[Optional[int], typer.Option(help="Test N instances of the split: a seeded sample stratified by label (see --limit-order).")] = None,
+    limit_order: LimitOrder = "stratified",
     heatmaps: Annotated[int, typer.Option(help="Most and least faithful instances shown as heatmaps (each).")] = 3,
     explore: Annotated[int, typer.Option(help="Instances in the report's interactive explorer (0: none).")] = 50,
     figures: Annotated[bool, typer.Option("--figures/--no-figures", help="Draw each test's figures (slow on a busy CPU).")] = True,
@@ -452,7 +454,7 @@ def audit(
         heatmap_instances=heatmaps, explore=explore, figures=figures, attention=attention, scorer=scorer, layers=layers, heads=heads,
         d_model=d_model, hidden_dim=hidden_dim, embed_dim=embed_dim, epochs=epochs, batch_size=batch_size,
         lr=lr, patience=patience, vectors=vectors, max_vocab=max_vocab, min_freq=min_freq,
-        prompt=prompt, verbalizer=verbalizer, max_length=max_length, dtype=dtype,
+        prompt=prompt, verbalizer=verbalizer, max_length=max_length, dtype=dtype, limit_order=limit_order,
     )
     out_console.print(f"summary: {out / 'summary.csv'}\nreport: [bold]{result.report}[/]")
     if result.failed:
@@ -597,7 +599,7 @@ def _make_run_command(name: str, experiment: Any) -> None:
         zero_shot = {k: v for k, v in zero_shot.items() if v is not None}
         if zero_shot and not hf:
             raise AttnAuditError("--prompt/--verbalizer/--max-length/--dtype apply with --hf only")
-        common = {k: kwargs.pop(k) for k in ("split", "limit", "seed", "out", "data_dir", "device")}
+        common = {k: kwargs.pop(k) for k in ("split", "limit", "limit_order", "seed", "out", "data_dir", "device")}
         for key, annotation in sequences.items():
             if kwargs[key] is None:
                 del kwargs[key]
@@ -626,7 +628,8 @@ def _make_run_command(name: str, experiment: Any) -> None:
         inspect.Parameter("split", inspect.Parameter.KEYWORD_ONLY, default="test",
                           annotation=Annotated[str, typer.Option(help="Split to test on.")]),
         inspect.Parameter("limit", inspect.Parameter.KEYWORD_ONLY, default=None,
-                          annotation=Annotated[Optional[int], typer.Option(help="Use only the first N instances.")]),
+                          annotation=Annotated[Optional[int], typer.Option(help="Test N instances of the split: a seeded sample stratified by label (see --limit-order).")]),
+        inspect.Parameter("limit_order", inspect.Parameter.KEYWORD_ONLY, default="stratified", annotation=LimitOrder),
         inspect.Parameter("seed", inspect.Parameter.KEYWORD_ONLY, default=0,
                           annotation=Annotated[int, typer.Option(**SEED_RANGE, help="Random seed.")]),
         inspect.Parameter("out", inspect.Parameter.KEYWORD_ONLY, default=None,

@@ -117,12 +117,14 @@ class Run:
             self._data = self.task.load(data_dir)
         return self._data
 
-    def examples(self, split: str = "test", limit: int | None = None, data_dir: str | Path | None = None) -> list[Example]:
-        """The first ``limit`` examples of a split (deterministic order)."""
-        if limit is not None and limit < 1:
-            raise AttnAuditError(f"--limit must be at least 1, got {limit}")
-        items = self.data(data_dir).split(split)
-        return items[:limit] if limit else items
+    def examples(
+        self, split: str = "test", limit: int | None = None, data_dir: str | Path | None = None, seed: int = 0, order: str = "stratified"
+    ) -> list[Example]:
+        """A split's examples; with ``limit``, that many chosen by ``order`` (a sample stratified by label
+        with ``seed``, or the first ones: :func:`attnaudit.data.subsets.limited`), in the split's order."""
+        from attnaudit.data.subsets import limited
+
+        return limited(self.data(data_dir).split(split), limit, seed, order)
 
 
 def write_config(directory: Path, config: dict[str, Any]) -> Path:

@@ -198,7 +198,7 @@ def test_rollout_is_causal_and_reads_the_last_token(llama_lm: Path, tiny_hf: Sim
         with torch.no_grad():
             short = rollout(run.model(sub).trace.weights, "mean", 0.5, sub.mask)
         torch.testing.assert_close(short[0], rolled[0, :, :cut, :cut], rtol=1e-5, atol=1e-6)
-    result = run_test("rollout", run, out=tmp_path, device="cpu", plot=False, limit=1, flow_limit=1)
+    result = run_test("rollout", run, out=tmp_path, device="cpu", plot=False, limit=1, limit_order="first", flow_limit=1)
     maps = [m for m in result.tables["maps"] if m["method"] == "rollout" and m["layer"] == 1]
     assert maps[0]["items"] == example.tokens  # text tokens only
     last_row = rolled[0, 1, n - 1]

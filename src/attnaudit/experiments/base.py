@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 
 import pandas as pd
 
+from attnaudit.data.subsets import describe, limited
 from attnaudit.data.types import Example
 from attnaudit.errors import AttnAuditError, InputError
 from attnaudit.io import (
@@ -272,7 +273,8 @@ def file_fingerprint(path: Path) -> dict[str, Any]:
 
 
 def fingerprint(
-    name: str, run: Run, options: Any, *, split: str, limit: int | None, seed: int, figures: bool, data_dir: str | Path | None = None
+    name: str, run: Run, options: Any, *, split: str, limit: int | None, seed: int, figures: bool, data_dir: str | Path | None = None,
+    limit_order: str = "stratified",
 ) -> dict[str, Any]:
     """What a result of test ``name`` on ``run`` depends on, with its ``hash``: the only key an audit resumes by.
 
@@ -291,6 +293,7 @@ def fingerprint(
         "options": asdict(options) if is_dataclass(options) else {},
         "split": split,
         "limit": limit,
+        "limit_order": limit_order,
         "seed": seed,
         "figures": figures,
         "run": run_identity(run),
@@ -313,9 +316,13 @@ def run_test(
     data_dir: str | Path | None = None,
     device: str = "auto",
     plot: bool = True,
+    limit_order: str = "stratified",
     **options: Any,
 ) -> Result:
     """Run test ``name`` on a run (object or directory) and save JSON, CSV and figures.
+
+    ``limit``: test that many examples of ``split``, a sample stratified by label drawn with ``seed``
+    (``limit_order="first"``: the first ones); ``meta["subset"]`` records what was tested.
 
     Results go to ``out`` (default ``RUN/results``); the training-based tests' sub-runs to
     ``run.subruns`` when set (an audit sets ``OUT/subruns``), else ``out/subruns`` when ``out``
@@ -341,10 +348,11 @@ def run_test(
     reason = experiment.why_not(run)
     if reason:
         raise AttnAuditError(f"test {name!r} does not apply to this {run.family} model: {reason}")
-    examples = run.examples(split, limit, data_dir=data_dir)
+    full = run.examples(split, data_dir=data_dir)
+    examples = limited(full, limit, seed, limit_order)
     if not examples:
         raise AttnAuditError(f"split {split!r} has no examples")
-    stamp = fingerprint(name, run, opts, split=split, limit=limit, seed=seed, figures=plot, data_dir=data_dir)
+    stamp = fingerprint(name, run, opts, split=split, limit=limit, seed=seed, figures=plot, data_dir=data_dir, limit_order=limit_order)
     with locked(run.path if out is None and run.path else directory):  # the run directory, or --out
         set_seed(seed)
         start = time.perf_counter()
@@ -356,7 +364,9 @@ def run_test(
                 "task": run.task.spec,
                 "split": split,
                 "limit": limit,
+                "limit_order": limit_order,
                 "n": len(examples),
+                "subset": describe(split, full, examples, limit, limit_order, seed),
                 "seed": seed,
                 "options": asdict(opts) if is_dataclass(opts) else {},
                 "seconds": round(time.perf_counter() - start, 3),

@@ -21,7 +21,14 @@ from torch import Tensor, nn
 
 from attnaudit.errors import AttnAuditError
 from attnaudit.models import hf_attention
-from attnaudit.models.base import AttentionLayer, Cache, Intervention, interventions_for, own_forward, replaced_forwards
+from attnaudit.models.base import (
+    AttentionLayer,
+    Cache,
+    Intervention,
+    interventions_for,
+    own_forward,
+    replaced_forwards,
+)
 from attnaudit.models.hf_attention import LayerCall
 from attnaudit.models.hf_structure import (
     CROSS_INPUTS,

@@ -37,7 +37,7 @@ from attnaudit.report.explorer import (
     load_model_data,
     model_data,
 )
-from attnaudit.report.html import Section, render
+from attnaudit.report.html import Section, render, subset_line
 from attnaudit.report.summary import (
     AUDIT,
     SUMMARY,
@@ -123,6 +123,13 @@ def _find_run(directory: Path, info: dict[str, Any], data_dir: str | Path | None
     return None
 
 
+def audited(run: Run, info: dict[str, Any], split: str, limit: int | None, data_dir: str | Path | None) -> list[Any]:
+    """The examples the tests ran on: the recorded split, limit, seed and choice (results from before the
+    stratified sample chose the first ones)."""
+    return run.examples(info.get("split", split), info.get("limit", limit), data_dir=data_dir, seed=info.get("seed", 0),
+                        order=info.get("limit_order", "first"))
+
+
 def _heatmaps(
     results_dir: Path,
     run: Run | None,
@@ -145,8 +152,7 @@ def _heatmaps(
             return None, "no heatmaps: no run found next to the results to compute them from"
         if run.task.task_type not in ("classification", "pair"):
             return None, f"no heatmaps: a {run.task.task_type} model makes one decision per token, not one per instance"
-        examples = run.examples(info.get("split", split), info.get("limit", limit), data_dir=data_dir)
-        data = heatmaps_for(run, examples, results_dir, instances)
+        data = heatmaps_for(run, audited(run, info, split, limit, data_dir), results_dir, instances)
     except AttnAuditError as exc:
         return None, f"no heatmaps: {exc}"
     except Exception as exc:  # the report must still be written when an explanation method breaks
@@ -179,8 +185,7 @@ def _explorer_data(
         run = run or find()
         if run is None:
             raise AttnAuditError("no run found next to the results to read attention from")
-        examples = run.examples(info.get("split", split), info.get("limit", limit), data_dir=data_dir)
-        data = model_data(run, examples, explore)
+        data = model_data(run, audited(run, info, split, limit, data_dir), explore)
     except Exception as exc:  # the report must still be written when the explorer cannot be computed
         reason = str(exc) if isinstance(exc, AttnAuditError) else f"computing its data failed ({type(exc).__name__}: {exc})"
         if stored is not None:
@@ -250,7 +255,7 @@ def build_report(
     first = next(iter(results.values()), None)
     meta = first.meta if first else {}
     # without an audit.json, the results' own record says which run (split, instances) they came from
-    source = info or {k: meta[k] for k in ("run", "split", "limit") if meta.get(k) is not None}
+    source = info or {k: meta[k] for k in ("run", "split", "limit", "seed", "limit_order") if meta.get(k) is not None}
     find = functools.cache(lambda: _find_run(directory, source, data_dir, device))  # heatmaps and explorer share one load
     heatmaps, heatmap_note = _heatmaps(results_dir, run, find, source, split, limit, data_dir, instances)
     explored, explorer_note = _explorer_data(results_dir, run, find, source, split, limit, data_dir, explore)
@@ -264,6 +269,7 @@ def build_report(
         ("task", task),
         ("split", info.get("split") or meta.get("split")),
         ("instances", meta.get("n")),
+        ("audited", subset_line(meta.get("subset"))),
         ("seed", info.get("seed", meta.get("seed"))),
         ("run", info.get("run") or meta.get("run")),
         ("generated", datetime.datetime.now().strftime("%Y-%m-%d %H:%M")),

@@ -186,6 +186,8 @@ def test_section(section: Section, results_dir: Path) -> str:
         return "".join(parts)
     meta = result.meta
     facts = [f"{k}: {fmt(meta[k])}" for k in ("n", "split", "limit", "seed", "seconds") if meta.get(k) is not None]
+    if meta.get("subset"):
+        facts.append(f"audited: {subset_line(meta['subset'])}")
     if facts:
         parts.append(f'<p class="meta">{" · ".join(facts)}</p>')
     if section.verdict:
@@ -319,6 +321,16 @@ def page(title: str, body: str, bare: bool = False) -> str:
             break
         size = settled
     return document.replace(SIZE, megabytes(size))
+
+
+def subset_line(subset: dict[str, Any] | None) -> str | None:
+    """``200 of 1821 (stratified by label, seed 0); labels 0: 100, 1: 100; split 0: 912, 1: 909`` (None: not recorded)."""
+    if not subset:
+        return None
+    counts = ", ".join(f"{k}: {v}" for k, v in subset["labels"].items())
+    whole = ", ".join(f"{k}: {v}" for k, v in subset["split_labels"].items())
+    line = f"{subset['n']} of {subset['of']} ({subset['chosen']})"
+    return f"{line}; labels {counts}; the split's {whole}" if counts else line
 
 
 def render(
