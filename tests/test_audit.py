@@ -108,7 +108,7 @@ def test_transformer_only_tests_are_skipped_for_rnns(run, tmp_path: Path) -> Non
 def test_bad_arguments_fail_before_any_work(run, tmp_path: Path) -> None:
     with pytest.raises(AttnAuditError, match="unknown test"):
         audit(tmp_path, run=run, only=["nope"])
-    with pytest.raises(AttnAuditError, match="has no option"):
+    with pytest.raises(AttnAuditError, match="unknown option"):
         audit(tmp_path, run=run, only=["permutation"], test_options={"permutation": {"nope": 1}})
     with pytest.raises(AttnAuditError, match="exactly one"):
         audit(tmp_path, run=run, model="bilstm", task="synthetic")
@@ -123,7 +123,7 @@ def test_parse_settings_types_values() -> None:
     for bad, message in [
         ("permutation", "TEST.OPTION=VALUE"),
         ("nope.x=1", "unknown test"),
-        ("permutation.nope=1", "has no option"),
+        ("permutation.nope=1", "unknown option"),
         ("permutation.permutations=many", "expected int"),
     ]:
         with pytest.raises(AttnAuditError, match=message):

@@ -160,7 +160,7 @@ def test_headless_encoder_gets_attention_methods_only(tiny_hf: SimpleNamespace) 
     assert "no trained classification head" in explained.skipped["gradient"]
     with pytest.raises(AttnAuditError, match="--method: gradient does not apply to this model: .*no trained classification head"):
         explain_text(run, TEXT, methods=["gradient"])
-    with pytest.raises(AttnAuditError, match="--method: unknown or missing method"):
+    with pytest.raises(AttnAuditError, match="--method: unknown method"):
         explain_text(run, TEXT, methods=["nope"])
 
 

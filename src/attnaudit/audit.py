@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from attnaudit.data.subsets import check_order
-from attnaudit.errors import AttnAuditError, error_line, os_error_line, storage_full
+from attnaudit.errors import AttnAuditError, error_line, os_error_line, spelled, storage_full, unknown
 from attnaudit.experiments.base import (
     Experiment,
     Result,
@@ -128,11 +128,12 @@ def _plan(
 
     ``decoder``: the audited model is a decoder-only LLM, whose tests take their ``audit_decoder_options``."""
     registry = discover()
-    for label, names in (("--only", only or ()), ("--skip", skip or ()), ("--set", test_options)):
-        unknown = [n for n in names if n not in registry]
-        if unknown:
-            raise AttnAuditError(f"{label}: unknown test(s) {', '.join(unknown)}; available: {', '.join(registry)}")
-    selected = [n for n in registry if (not only or n in only) and n not in (skip or ())]
+    only = [_test_name("--only", n, registry) for n in only or ()]
+    skip = [_test_name("--skip", n, registry) for n in skip or ()]
+    test_options = {_test_name("--set", n, registry): v for n, v in test_options.items()}
+    selected = [n for n in registry if (not only or n in only) and n not in skip]
+    if not selected:
+        raise AttnAuditError(f"no test left to run: --skip removes every test --only names ({', '.join(only)})")
     options = {}
     for name in selected:
         experiment = registry[name]()
@@ -142,6 +143,14 @@ def _plan(
         values.update(test_options.get(name, {}))
         options[name] = make_options(experiment, values)
     return order_tests(selected), options
+
+
+def _test_name(option: str, name: str, registry: typing.Iterable[str]) -> str:
+    """A test's registered name (``-``/``_`` alike), or one line naming ``option`` and the closest test."""
+    found = spelled(name, registry)
+    if found is None:
+        raise AttnAuditError(f"{option}: {unknown('test', name, registry)}")
+    return found
 
 
 def _refuse_unused_settings(target: Run, order: list[str], test_options: dict[str, dict[str, Any]]) -> None:

@@ -29,6 +29,15 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
+_DEBUG = {"on": False}
+"""``attnaudit --debug COMMAND``: an unexpected failure shows its traceback instead of one line."""
+
+
+@app.callback()
+def _root(debug: Annotated[bool, typer.Option("--debug", help="Show the traceback of an unexpected failure (to report it).")] = False) -> None:
+    _DEBUG["on"] = debug
+
+
 run_app = typer.Typer(help="Run one faithfulness test on a trained run (see `attnaudit tests`).", no_args_is_help=True)
 app.add_typer(run_app, name="run")
 out_console = Console()
@@ -271,7 +280,7 @@ def _load_model(
 @app.command()
 def explain(
     text: Annotated[str, typer.Option(help="The text whose decision is explained.")],
-    out: Annotated[Path, typer.Option(help="Folder for explanation.json, explanation.csv and explanation.png/.svg.")],
+    out: Annotated[Optional[Path], typer.Option(help="Folder for explanation.json, explanation.csv and explanation.png/.svg (without it: a table here, nothing written).")] = None,
     hf: Annotated[Optional[str], typer.Option(help="Hugging Face model: smollm2 (next token), minilm, a path or a hub name.")] = None,
     run: Annotated[Optional[Path], typer.Option("--run", help="Run directory (explains its predicted class).")] = None,
     method: Annotated[Optional[list[str]], typer.Option("--method", help="Explanation method(s), repeatable or comma-separated (default: the registry's default methods that apply).")] = None,
@@ -296,7 +305,7 @@ def explain(
 
     attnaudit explain --run runs/sst --text "a gripping , funny film" --out explanations/sst
 
-    attnaudit explain --hf minilm --text "a gripping , funny film" --out explanations/minilm
+    attnaudit explain --hf minilm --text "a gripping , funny film"
     """
     from attnaudit.explained import decision_line, explain_text
 
@@ -316,7 +325,8 @@ def explain(
         for name, reason in result.skipped.items():
             print(f"skipped: {name}: {reason}")
         print(result.frame().to_string(index=False, float_format=lambda v: f"{v:.4g}"))
-    out_console.print(f"explanation: {out / 'explanation.json'} (+ .csv, .png, .svg)", markup=False, highlight=False)
+    if out is not None:
+        out_console.print(f"explanation: {out / 'explanation.json'} (+ .csv, .png, .svg)", markup=False, highlight=False)
 
 
 def _run_dir(path: Path | None) -> Path:
@@ -651,6 +661,8 @@ def _make_run_command(name: str, experiment: Any) -> None:
     examples = "\n\n".join(f"attnaudit run {name} {arguments}" for arguments in experiment.examples)
     command.__doc__ = f"{about}\n\nExamples:\n\n{examples}"
     run_app.command(name=name)(command)
+    if "-" in name:  # names take - and _ alike: `run global_adversary` too (one spelling shown)
+        run_app.command(name=name.replace("-", "_"), hidden=True)(command)
 
 
 def register_run_commands() -> None:
@@ -721,7 +733,14 @@ def main() -> None:
         if isinstance(exc, ClickException):
             print(f"error: {exc.format_message()}", file=sys.stderr)
             sys.exit(2)
-        raise
+        if _DEBUG["on"]:
+            raise
+        # The last resort: a failure no check foresaw is still one line, and says how to see and report it.
+        command = " ".join(word for word in sys.argv[1:3] if not word.startswith("-")) or "attnaudit"
+        message = str(exc).strip().splitlines()
+        print(f"error: attnaudit {command} failed unexpectedly: {type(exc).__name__}: {message[0] if message else ''} "
+              "(run it again with `attnaudit --debug ...` for the traceback, and please report it)", file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

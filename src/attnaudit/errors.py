@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+from collections.abc import Iterable
 from pathlib import Path
 
 
@@ -28,6 +29,32 @@ _CONTROL = {code: f"\\x{code:02x}" for code in (*range(32), 127)}
 
 class AttnAuditWarning(UserWarning):
     """Recoverable input problems (odd encoding, truncation); shown as one line by the CLI."""
+
+
+def spelled(name: str, known: Iterable[str]) -> str | None:
+    """``name`` as ``known`` spells it, ``-`` and ``_`` taken alike and case ignored (``cp-lrp`` is ``cp_lrp``); None if none."""
+    def key(text: str) -> str:
+        return text.replace("-", "_").lower()
+
+    return next((candidate for candidate in known if key(candidate) == key(name)), None)
+
+
+def unknown(what: str, name: str, known: Iterable[str]) -> str:
+    """``unknown test 'permutatoin'; did you mean 'permutation'? (choose from ...)``: an error's words."""
+    import difflib
+
+    choices = list(known)
+    close = difflib.get_close_matches(name.replace("-", "_").lower(), [c.replace("-", "_").lower() for c in choices], n=1, cutoff=0.6)
+    hint = next((f"; did you mean {c!r}?" for c in choices if close and c.replace("-", "_").lower() == close[0]), "")
+    return f"unknown {what} {name!r}{hint} (choose from {', '.join(choices)})"
+
+
+def named(what: str, name: str, known: Iterable[str]) -> str:
+    """The registered spelling of ``name`` (:func:`spelled`), or a one-line error suggesting the closest (:func:`unknown`)."""
+    found = spelled(name, known)
+    if found is None:
+        raise AttnAuditError(unknown(what, name, known))
+    return found
 
 
 def warn(message: str) -> None:

@@ -102,9 +102,12 @@ def load_hf(
     _check_task(model, spec, task is None, source)
     if model.kind == "decoder" and num_labels is None:
         chosen = zeroshot.resolve(spec.spec if isinstance(task, str) else None, prompt, verbalizer)
+        derived = chosen is None and len(spec.labels) >= 2 and spec.task_type == "classification"
+        if derived and model.config.extra.get("output") == "next_token":  # any labelled data: ask by the label names
+            chosen = zeroshot.derive(spec.labels, model.tokenizer)
         if chosen is not None and model.config.extra.get("output") == "next_token":
             spec.labels = spec.labels or list(chosen[1])
-            zeroshot.make_zero_shot(model, chosen[0], chosen[1], spec.labels)
+            zeroshot.make_zero_shot(model, chosen[0], chosen[1], spec.labels, derived=derived)
         elif prompt is not None or verbalizer is not None:
             raise AttnAuditError(f"--prompt/--verbalizer need a causal language model without a classification head; {source} is not one")
     elif prompt is not None or verbalizer is not None:

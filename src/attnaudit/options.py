@@ -14,7 +14,7 @@ import types
 import typing
 from typing import Any
 
-from attnaudit.errors import AttnAuditError
+from attnaudit.errors import AttnAuditError, spelled, unknown
 
 _TRUE = ("true", "1", "yes")
 _FALSE = ("false", "0", "no")
@@ -157,12 +157,14 @@ def parse_assignment(item: str, registry: dict[str, Any]) -> tuple[str, str, Any
     test, dot, option = key.strip().partition(".")
     if not sep or not dot or not option:
         raise AttnAuditError(f"--set expects TEST.OPTION=VALUE, got {item!r}")
-    if test not in registry:
-        raise AttnAuditError(f"--set {key}: unknown test {test!r}; available: {', '.join(registry)}")
-    option = option.strip().replace("-", "_")
+    found = spelled(test.strip(), registry)
+    if found is None:
+        raise AttnAuditError(f"--set {key}: {unknown('test', test.strip(), registry)}")
+    test = found
     hints = option_hints(registry[test].Options)
+    option = spelled(option.strip(), hints) or option.strip()
     if option not in hints:
-        raise AttnAuditError(f"--set {key}: test {test!r} has no option {option!r}; it takes {', '.join(hints) or 'none'}")
+        raise AttnAuditError(f"--set {key}: test {test!r}: {unknown('option', option, hints) if hints else 'takes no options'}")
     return test, option, parse_text(value, hints[option], f"--set {key.strip()}")
 
 

@@ -215,7 +215,7 @@ def test_read_table_errors_name_the_line(tmp_path: Path, body: str, message: str
 
 def test_read_table_column_problems(tmp_path: Path) -> None:
     path = write(tmp_path / "d.csv", "text,label\na,1\n")
-    with pytest.raises(InputError, match="no text column 'review'; columns: text, label"):
+    with pytest.raises(InputError, match=r"no text column: unknown column 'review' \(choose from text, label\)"):
         read_table(path, text_col="review")
     assert [(e.tokens, e.label) for e in read_table(path, header=False)] == [(["text"], "label"), (["a"], "1")]
     with pytest.raises(InputError, match="no header row and 3 columns: give the text and label columns by number"):
@@ -384,3 +384,30 @@ def test_read_hf_failures_are_one_line_errors(monkeypatch: pytest.MonkeyPatch) -
     with pytest.raises(AttnAuditError, match="cannot find the text/label columns among body, y"):
         read_hf("imdb", "train")
     assert read_hf("imdb", "train", text_key="body", label_key="y")[0].label == "1"
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-be", "utf-32"])
+def test_wide_encodings_are_read_by_their_byte_order_mark(tmp_path: Path, encoding: str) -> None:
+    """Excel's "Unicode text" (UTF-16 with a BOM) and UTF-32 files read like UTF-8 ones."""
+    path = tmp_path / "data.csv"
+    bom = {"utf-16-be": "\ufeff"}.get(encoding, "")  # the plain codecs write their own mark; big-endian needs one
+    path.write_bytes((bom + "text,label\ngood film,pos\nbad plot,neg\n").encode(encoding))
+    assert [(ex.tokens, ex.label) for ex in read_table(path)] == [(["good", "film"], "pos"), (["bad", "plot"], "neg")]
+
+
+@pytest.mark.parametrize(("delimiter", "named"), [(";", "';'"), ("\t", "tab")])
+def test_a_csv_without_commas_is_read_with_its_delimiter_and_says_so(tmp_path: Path, delimiter: str, named: str) -> None:
+    path = tmp_path / "data.csv"
+    path.write_text(f"text{delimiter}label\ngood film{delimiter}pos\nbad plot{delimiter}neg\n", encoding="utf-8")
+    with pytest.warns(AttnAuditWarning, match=f"read with {named} as the delimiter"):
+        examples = read_table(path)
+    assert [ex.label for ex in examples] == ["pos", "neg"]
+
+
+def test_an_unknown_column_suggests_the_closest(tmp_path: Path) -> None:
+    path = tmp_path / "data.csv"
+    path.write_text("sentence,label\ngood film,pos\n", encoding="utf-8")
+    with pytest.raises(InputError, match=r"unknown column 'text' \(choose from sentence, label\) \(\?text=NAME picks another\)"):
+        read_table(path)
+    with pytest.raises(InputError, match="did you mean 'sentence'"):
+        read_table(path, text_col="sentense")

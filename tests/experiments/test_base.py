@@ -49,7 +49,7 @@ def test_options_are_validated() -> None:
     try:
         experiment = Toy()
         assert make_options(experiment, {"k": 3}).k == 3
-        with pytest.raises(AttnAuditError, match="has no option"):
+        with pytest.raises(AttnAuditError, match="unknown option"):
             make_options(experiment, {"q": 1})
     finally:
         EXPERIMENTS.pop("toy-options")

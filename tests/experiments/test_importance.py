@@ -116,7 +116,7 @@ def test_tagging_does_not_apply_and_bad_options_fail(bilstm: Run) -> None:
     assert reason and "per token" in reason
     with pytest.raises(AttnAuditError, match="does not apply"):
         run_test("importance", tagger)
-    with pytest.raises(AttnAuditError, match="unknown or missing method"):
+    with pytest.raises(AttnAuditError, match="unknown method"):
         run_test("importance", bilstm, limit=2, methods=["saliency"], plot=False)
     with pytest.raises(AttnAuditError, match="--topk"):
         run_test("importance", bilstm, limit=2, topk=0, plot=False)

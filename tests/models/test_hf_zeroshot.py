@@ -139,3 +139,20 @@ def test_real_smollm2_zero_shot_sentiment() -> None:
         predicted = run.model(batch).logits.argmax(-1)
     accuracy = float((predicted == batch.labels).float().mean())
     assert accuracy > 0.5, accuracy
+
+
+def test_labelled_data_without_a_prompt_is_asked_by_its_label_names(llama_lm: Path, tmp_path: Path) -> None:
+    """Any labelled task: the prompt offers the label names and each is verbalized by itself (distinct first
+    tokens), the notes say so, and every test that needs a prediction applies; names sharing their first token
+    are refused in one line."""
+    data = tmp_path / "reviews.csv"
+    data.write_text("text,label\n" + "the movie was good .,good\nbad plot,bad\nthe plot was fun,good\nnot very fun,bad\n" * 3, encoding="utf-8")
+    run = load_hf(llama_lm, task=f"csv:{data}", device="cpu")
+    extra = run.model.config.extra["zero_shot"]
+    assert extra["verbalizer"] == {"bad": " bad", "good": " good"} and '"bad" or "good"' in extra["prompt"]
+    assert "derived from the label names" in extra["items"]
+    assert get_experiment("importance").why_not(run) is None and get_experiment("erasure").why_not(run) is None
+    clash = tmp_path / "clash.csv"
+    clash.write_text("text,label\n" + "the movie,zebra\nbad plot,yak\n" * 4, encoding="utf-8")  # both unknown: one token id
+    with pytest.raises(AttnAuditError, match="do not start with distinct tokens"):
+        load_hf(llama_lm, task=f"csv:{clash}", device="cpu")

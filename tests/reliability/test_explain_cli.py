@@ -59,7 +59,7 @@ def test_both_or_neither_model(trained: Run, llama_lm: Path, tmp_path: Path) -> 
 
 def test_unknown_method(trained: Run, tmp_path: Path) -> None:
     proc = cli("explain", "--run", trained.path, "--text", TEXT, "--method", "attention,nope", "--out", tmp_path / "out")
-    line = assert_clean_failure(proc, "--method: unknown or missing method(s) nope", out=tmp_path / "out")
+    line = assert_clean_failure(proc, "--method: unknown method 'nope'", out=tmp_path / "out")
     assert "choose from attention" in line
 
 
@@ -108,3 +108,22 @@ def test_audit_skips_the_training_tests_of_a_zero_shot_llm(llama_lm: Path) -> No
     for name in ("uniform", "seeds", "global-adversary", "probe", "diagnostic"):
         reason = skip_reason(registry[name](), run)
         assert reason is not None and f"({size} parameters) that would mean retraining or fine-tuning it" in reason, name
+
+
+def test_explain_without_out_prints_a_table_and_writes_nothing(trained: Run, tmp_path: Path) -> None:
+    """A quick look: tokens × methods and the decision on the terminal; nothing written anywhere."""
+    done = cli("explain", "--run", trained.path, "--text", "a b c", "--method", "attention,input-gradient", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "explained: class" in done.stdout and "input_gradient" in done.stdout and "explanation:" not in done.stdout
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_names_take_dash_and_underscore_alike_and_suggest_the_closest(trained: Run, tmp_path: Path) -> None:
+    done = cli("run", "global_adversary", "--help")
+    assert done.returncode == 0 and "global" in done.stdout.lower()
+    line = assert_clean_failure(cli("audit", "--run", trained.path, "--only", "permutatoin", "--out", tmp_path / "a"), "--only",
+                                out=tmp_path / "a")
+    assert "did you mean 'permutation'?" in line
+    line = assert_clean_failure(cli("audit", "--run", trained.path, "--only", "erasure", "--skip", "erasure", "--out", tmp_path / "b"),
+                                "no test left to run", out=tmp_path / "b")
+    assert not (tmp_path / "b").exists()

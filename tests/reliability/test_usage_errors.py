@@ -180,3 +180,22 @@ def test_set_that_the_audit_would_ignore_is_refused(case: str, run_copy: Path, t
     out = tmp_path / "audit"
     assert_clean_failure(cli("audit", "--run", run_copy, "--out", out, *args, "--quiet"), expected)
     assert written(out) == []
+
+
+def test_an_unforeseen_failure_is_one_line_and_debug_shows_it(monkeypatch, tmp_path) -> None:  # noqa: ANN001
+    """The last resort: an exception no check foresaw is one ``error:`` line naming the command (exit 1);
+    ``attnaudit --debug`` lets the traceback through, to report it."""
+    import attnaudit.explained
+
+    def broken(*_args: object, **_kwargs: object) -> None:
+        raise ZeroDivisionError("division by zero")
+
+    monkeypatch.setattr(attnaudit.explained, "explain_text", broken)
+    done = cli("explain", "--hf", "minilm", "--text", "a film", cwd=tmp_path)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "error: attnaudit explain failed unexpectedly: ZeroDivisionError: division by zero "
+        "(run it again with `attnaudit --debug ...` for the traceback, and please report it)"
+    ]
+    debug = cli("--debug", "explain", "--hf", "minilm", "--text", "a film", cwd=tmp_path)
+    assert debug.returncode == 1 and "Traceback" in debug.stderr and "ZeroDivisionError" in debug.stderr

@@ -8,6 +8,7 @@ Malformed input raises :class:`InputError` with the file and line; recoverable o
 
 from __future__ import annotations
 
+import codecs
 import csv
 import gzip
 import json
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from attnaudit.data.types import Example
-from attnaudit.errors import AttnAuditError, InputError, os_reason, warn
+from attnaudit.errors import AttnAuditError, InputError, os_reason, unknown, warn
 from attnaudit.io import open_input
 
 # Words (keeping inner apostrophes, "don't"), English clitics ("'s", "'re") or single
@@ -120,6 +121,10 @@ def iter_text_lines(path: str | Path) -> Iterator[str]:
     path = Path(path)
     if not path.exists():
         raise InputError(path, "file not found")
+    wide = _wide_encoding(path)
+    if wide is not None:  # UTF-16/UTF-32 (Excel's "Unicode text"): no line is a byte string of its own
+        yield from _wide_lines(path, wide)
+        return
     warned = False
     with open_input(path) as raw_handle:
         handle = gzip.GzipFile(fileobj=raw_handle) if path.suffix == ".gz" else raw_handle
@@ -142,6 +147,30 @@ def iter_text_lines(path: str | Path) -> Iterator[str]:
             raise InputError(path, f"not a valid gzip file ({exc})") from None
         except OSError as exc:  # a read error (EIO), not a format problem
             raise InputError(path, os_reason(exc)) from None
+
+
+_BOMS = ((codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"), (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16"))
+"""Byte-order marks of the wide encodings, UTF-32 first (its little-endian mark begins with UTF-16's)."""
+
+
+def _wide_encoding(path: Path) -> str | None:
+    """``utf-16``/``utf-32`` when the file starts with that byte-order mark (not in a ``.gz``), else None."""
+    if path.suffix == ".gz":
+        return None
+    with open_input(path) as handle:
+        start = handle.read(4)
+    return next((name for bom, name in _BOMS if start.startswith(bom)), None)
+
+
+def _wide_lines(path: Path, encoding: str) -> Iterator[str]:
+    """The lines of a UTF-16/UTF-32 file (read whole: such files are written by hand, not streamed)."""
+    with open_input(path) as handle:
+        data = handle.read(MAX_LINE_BYTES * 64)
+    try:
+        text = data.decode(encoding)
+    except UnicodeDecodeError as exc:
+        raise InputError(path, f"starts as {encoding.upper()} but is not ({exc.reason}); re-save it as UTF-8") from None
+    yield from text.splitlines()
 
 
 def _clean_lines(path: str | Path) -> tuple[list[str], int]:
@@ -363,7 +392,7 @@ def _column_index(
         raise AttnAuditError(f"{path}: {what} column {col!r} given by name but the file has no header")
     names = [h.strip() for h in header]
     if col not in names:
-        raise InputError(path, f"no {what} column {col!r}; columns: {', '.join(names)}", 1)
+        raise InputError(path, f"no {what} column: {unknown('column', str(col), names)} (?{what}=NAME picks another)", 1)
     return names.index(col)
 
 
@@ -434,6 +463,24 @@ def _table_columns(
     }
 
 
+_DELIMITERS = {";": "';'", "\t": "tab"}
+"""What a ``.csv`` that holds no comma is tried with (European spreadsheets save ``;``, others tabs)."""
+
+
+def _delimiter(path: str | Path, sep: str) -> str:
+    """``sep``, or for a comma-separated file whose first line has no comma but a ``;`` or a tab, that (said in a warning)."""
+    if sep != ",":
+        return sep
+    first = next((line for line in iter_text_lines(path) if line.strip()), "")
+    if "," in first:
+        return sep
+    found = next((candidate for candidate in _DELIMITERS if candidate in first), None)
+    if found is None:
+        return sep
+    warn(f"{path}: no comma in its first line: read with {_DELIMITERS[found]} as the delimiter")
+    return found
+
+
 def read_table(
     path: str | Path,
     sep: str = ",",
@@ -451,6 +498,7 @@ def read_table(
     to ``notes``. Text is tokenised with :func:`tokenize`. With ``sep="\\t"`` quotes are
     ordinary characters (the TSV convention, e.g. GLUE); otherwise the CSV quoting rules apply.
     """
+    sep = _delimiter(path, sep)
     rows = list(_csv_rows(path, sep, quoting=sep != "\t"))
     if not rows:
         raise InputError(path, "empty file")

@@ -22,7 +22,7 @@ import pandas as pd
 
 from attnaudit.data.subsets import describe, limited
 from attnaudit.data.types import Example
-from attnaudit.errors import AttnAuditError, InputError
+from attnaudit.errors import AttnAuditError, InputError, named, spelled, unknown
 from attnaudit.io import (
     RESULT_NAMES,
     atomic_write,
@@ -165,7 +165,7 @@ class Experiment:
         if self.needs_prediction and run.config.extra.get("output") == "next_token":
             return (
                 "this causal language model predicts next tokens, not classes, so it makes no prediction for this "
-                "test to explain; classify zero-shot with --prompt/--verbalizer (tasks sst, sst2 and synthetic have default ones)"
+                "test to explain; give it a labelled --task (it then classifies zero-shot by the label names) or --prompt/--verbalizer"
             )
         if self.needs_prediction and not run.model.trained_head:
             return (
@@ -239,19 +239,16 @@ def applicability(run: Run) -> dict[str, str | None]:
 def get_experiment(name: str) -> Experiment:
     """A fresh instance of the registered test ``name`` (one-line error listing the tests otherwise)."""
     registry = discover()
-    if name not in registry:
-        raise AttnAuditError(f"unknown test {name!r}; available: {', '.join(registry)}")
-    return registry[name]()
+    return registry[named("test", name, registry)]()
 
 
 def make_options(experiment: Experiment, values: dict[str, Any]) -> Any:
     """Build the experiment's Options dataclass, rejecting unknown names."""
-    known = {f.name for f in fields(experiment.Options)}
-    unknown = set(values) - known
-    if unknown:
-        raise AttnAuditError(
-            f"test {experiment.name!r} has no option(s) {', '.join(sorted(unknown))}; it takes {', '.join(sorted(known)) or 'none'}"
-        )
+    known = [f.name for f in fields(experiment.Options)]
+    values = {spelled(key, known) or key: value for key, value in values.items()}
+    strays = sorted(set(values) - set(known))
+    if strays:
+        raise AttnAuditError(f"test {experiment.name!r}: {unknown('option', strays[0], known) if known else 'takes no options'}")
     for name, value in values.items():
         numbers = value if isinstance(value, (list, tuple)) else [value]
         if any(isinstance(v, float) and not math.isfinite(v) for v in numbers):

@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 from torch import Tensor
 
 from attnaudit.data.types import Batch
-from attnaudit.errors import AttnAuditError
+from attnaudit.errors import AttnAuditError, spelled, unknown
 from attnaudit.models.base import AttentionModel, take_rows
 from attnaudit.models.han import HierarchicalAttentionNetwork
 from attnaudit.run import Run
@@ -270,10 +270,12 @@ def choose(
     """The methods ``names`` (order kept, repeats dropped), each registered, in ``allowed`` (default:
     all) and, given a ``model``, applying to it; a one-line error naming ``option`` otherwise."""
     choices = list(EXPLANATIONS if allowed is None else allowed)
-    wanted = list(dict.fromkeys(names))
-    unknown = [n for n in wanted if n not in choices]
-    if unknown or not wanted:
-        raise AttnAuditError(f"{option}: unknown or missing method(s) {', '.join(unknown)}; choose from {', '.join(choices)}")
+    wanted = list(dict.fromkeys(spelled(n, choices) or n for n in names))
+    strays = [n for n in wanted if n not in choices]
+    if strays:
+        raise AttnAuditError(f"{option}: {unknown('method', strays[0], choices)}")
+    if not wanted:
+        raise AttnAuditError(f"{option}: no method given; choose from {', '.join(choices)}")
     chosen = {n: EXPLANATIONS[n] for n in wanted}
     for method in chosen.values() if model is not None else ():
         reason = method.applies(model)

@@ -98,7 +98,7 @@ class Pass(hf_attention.Capture):
         super().__init__(prefix=cache.extra.get("prefix"))
         self.structure, self.cache, self.start, self.masks, self.label, self.name = structure, cache, start, masks, label, name
         self.first_block = structure.sites[start].block
-        self.next_block = first_block_call
+        self.next_block = self.first_call = first_block_call
         self.block, self.within = -1, 0
         n = len(structure.sites)
         self.interventions = {layer: interventions_for(interventions, layer, n) for layer in range(n)}
@@ -121,10 +121,19 @@ def wrapped(state: Pass, finished: Finished) -> Iterator[None]:
         attention_hooks.append(module.register_forward_pre_hook(_pre(state), with_kwargs=True))
         attention_hooks.append(module.register_forward_hook(_post(state), with_kwargs=True))
     blocks = {id(m): m for m in structure.blocks}.values()
+    plain_dropout = torch.nn.functional.dropout
+
+    def dropout(input: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+        # Before the first block the pass recomputes embeddings it then discards (the cache holds them, dropped
+        # out once by encode): drawing their dropout masks again would only move every later mask of training.
+        return input if state.next_block == state.first_call else plain_dropout(input, *args, **kwargs)
+
+    torch.nn.functional.dropout = dropout  # type: ignore[assignment]
     try:
         with replaced_forwards({m: _block_forward(state, own_forward(m), finished) for m in blocks}):
             yield
     finally:
+        torch.nn.functional.dropout = plain_dropout
         for hook in attention_hooks:
             hook.remove()
 

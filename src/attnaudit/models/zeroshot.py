@@ -160,8 +160,32 @@ def resolve(task: str | None, prompt: str | None, verbalizer: str | dict[str, st
     return prompt, verbalizer
 
 
-def make_zero_shot(model: HFModel, prompt: str, verbalizer: dict[str, str], labels: Sequence[str]) -> None:
-    """Turn a causal LM into a zero-shot classifier over ``labels`` (its outputs become the verbalizer logits)."""
+DERIVED_PROMPT = "Text: {text}\nQuestion: {choices}?\nAnswer:"
+"""The prompt made from a task's label names when it has no default and none is given (``{choices}``: the names)."""
+
+
+def derive(labels: Sequence[str], tokenizer: Any) -> tuple[str, dict[str, str]]:
+    """A prompt and verbalizer from the task's label names, so that an LLM classifies any labelled data zero-shot:
+    the names offered as the answer, each verbalized by itself after a space (then capitalized, where the first
+    tokens clash); a one-line error when no spelling gives every label its own first token."""
+    if len(labels) < 2:
+        raise AttnAuditError("zero-shot classification needs at least two labels")
+    choices = ", ".join(f'"{label}"' for label in labels[:-1]) + f' or "{labels[-1]}"'
+    prompt = DERIVED_PROMPT.replace("{choices}", choices)
+    for spell in (str, str.capitalize, str.upper):
+        verbalizer = {label: " " + spell(str(label)) for label in labels}
+        with contextlib.suppress(AttnAuditError):
+            verbalizer_ids(tokenizer, verbalizer, labels)
+            return prompt, verbalizer
+    raise AttnAuditError(
+        f"the label names {', '.join(labels)} do not start with distinct tokens for this tokenizer; "
+        'give --verbalizer LABEL="WORD",... (and --prompt) yourself'
+    )
+
+
+def make_zero_shot(model: HFModel, prompt: str, verbalizer: dict[str, str], labels: Sequence[str], derived: bool = False) -> None:
+    """Turn a causal LM into a zero-shot classifier over ``labels`` (its outputs become the verbalizer logits);
+    ``derived``: the prompt and verbalizer were made from the label names (:func:`derive`), which the notes say."""
     if model.config.extra.get("output") != "next_token":
         raise AttnAuditError("--prompt/--verbalizer need a causal language model without a classification head")
     ids = verbalizer_ids(model.tokenizer, verbalizer, labels)
@@ -170,7 +194,8 @@ def make_zero_shot(model: HFModel, prompt: str, verbalizer: dict[str, str], labe
     model.config.num_labels = len(ids)
     model.config.extra.update(
         trained_head=True, output="verbalizer",
-        zero_shot={"prompt": prompt, "verbalizer": {label: verbalizer[label] for label in labels}, "token_ids": ids, "items": ITEMS_NOTE},
+        zero_shot={"prompt": prompt, "verbalizer": {label: verbalizer[label] for label in labels}, "token_ids": ids,
+                   "items": ITEMS_NOTE + ("; prompt and verbalizer derived from the label names (--prompt/--verbalizer override them)" if derived else "")},
     )
 
 
