@@ -625,6 +625,8 @@ def _make_run_command(name: str, experiment: Any) -> None:
             target: Any = load_hf(hf, task=task, data_dir=common["data_dir"], device=common["device"], **zero_shot)
         elif run_dir is None:
             raise AttnAuditError("give a run directory, or --hf MODEL --task T --out DIR")
+        elif task:
+            raise AttnAuditError("--task applies with --hf; a run directory tests the task it was trained on")
         else:
             target = run_dir
         result = run_test(name, target, **common, **kwargs)

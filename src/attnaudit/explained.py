@@ -244,6 +244,7 @@ def _explain(
     methods, skipped = _methods(run, names)
     batch = _batch(run, text, max_length, target)
     mask = item_mask(model, batch)[0]
+    _refuse_unknown_words(run, batch, mask)
     with evaluation(model), torch.no_grad():
         probs = model(batch).probs[0]
     scores = {name: method(run, batch, **offered)[0][mask].tolist() for name, method in methods.items()}
@@ -269,6 +270,28 @@ def _explain(
             "explained_position_note": _position_note(model),
         },
     )
+
+
+def _refuse_unknown_words(run: Run, batch: Batch, items: torch.Tensor) -> None:
+    """A text whose every word is unknown to a word-level vocabulary reaches the model as ``<unk>`` alone: any
+    decision it makes says nothing about the text, so it is refused (subword tokenizers have no such case)."""
+    probe = run.collate([Example(tokens=["\u2603unseen\u2603"])])  # a word no vocabulary holds
+    if probe.tokens.dim() != 2:
+        return
+    unknown_ids = probe.tokens[0][probe.mask[0].bool()]
+    real = probe.mask[0].bool() & ~torch.isin(probe.tokens[0], torch.tensor(sorted(_special_ids(run))))
+    if int(real.sum()) != 1 or batch.tokens.dim() != 2:
+        return  # split into several pieces: not a word-level vocabulary
+    unk = unknown_ids[real[probe.mask[0].bool()]]
+    words = batch.tokens[0][items.to(batch.tokens.device)]
+    if words.numel() and bool((words == unk.to(words.device)).all()):
+        raise AttnAuditError("none of the words of --text is in the model's vocabulary (all read as unknown): nothing to explain")
+
+
+def _special_ids(run: Run) -> set[int]:
+    """Ids a tokenizer adds around a text (none for word-level vocabularies)."""
+    tokenizer = getattr(run.model, "tokenizer", None)
+    return set(getattr(tokenizer, "all_special_ids", []) or []) if tokenizer is not None else set()
 
 
 def _position_note(model: Any) -> str:

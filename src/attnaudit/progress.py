@@ -34,9 +34,9 @@ def is_quiet() -> bool:
 
 
 def track(items: Iterable[T], description: str, total: int | None = None) -> Iterator[T]:
-    """Iterate with a progress bar on stderr unless quiet; off a terminal the bar is removed
-    when done (rich draws nothing between refreshes there), so logs keep only status lines."""
-    if _quiet:
+    """Iterate with a progress bar on stderr unless quiet; off a terminal there is no bar (a log would
+    keep only a blank line where it was), so logs hold the status lines alone."""
+    if _quiet or not sys.stderr.isatty():
         yield from items
         return
     if total is None and hasattr(items, "__len__"):
@@ -48,7 +48,6 @@ def track(items: Iterable[T], description: str, total: int | None = None) -> Ite
         TimeElapsedColumn(),
         TimeRemainingColumn(),
         console=console,
-        transient=not sys.stderr.isatty(),
     ) as progress:
         task = progress.add_task(description, total=total)
         for item in items:

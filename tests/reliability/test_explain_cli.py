@@ -37,7 +37,7 @@ def test_explain_next_token_cli(llama_lm: Path, tmp_path: Path) -> None:  # noqa
 
 def test_explain_run_cli(trained: Run, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    proc = cli("explain", "--run", trained.path, "--text", "a b c", "--out", out)
+    proc = cli("explain", "--run", trained.path, "--text", "w130 pos0 w122", "--out", out)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "explained: class" in proc.stdout
     assert "skipped: rollout:" in proc.stdout and "skipped: norms:" in proc.stdout  # defaults a BiLSTM cannot take
@@ -112,7 +112,7 @@ def test_audit_skips_the_training_tests_of_a_zero_shot_llm(llama_lm: Path) -> No
 
 def test_explain_without_out_prints_a_table_and_writes_nothing(trained: Run, tmp_path: Path) -> None:
     """A quick look: tokens × methods and the decision on the terminal; nothing written anywhere."""
-    done = cli("explain", "--run", trained.path, "--text", "a b c", "--method", "attention,input-gradient", cwd=tmp_path)
+    done = cli("explain", "--run", trained.path, "--text", "w130 pos0 w122", "--method", "attention,input-gradient", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert "explained: class" in done.stdout and "input_gradient" in done.stdout and "explanation:" not in done.stdout
     assert list(tmp_path.iterdir()) == []

@@ -120,7 +120,7 @@ def iter_text_lines(path: str | Path) -> Iterator[str]:
     """
     path = Path(path)
     if not path.exists():
-        raise InputError(path, "file not found")
+        raise InputError(path, "is a symbolic link that leads nowhere (or in a loop)" if path.is_symlink() else "file not found")
     wide = _wide_encoding(path)
     if wide is not None:  # UTF-16/UTF-32 (Excel's "Unicode text"): no line is a byte string of its own
         yield from _wide_lines(path, wide)
@@ -349,6 +349,8 @@ def _csv_rows(path: str | Path, delimiter: str, quoting: bool) -> Iterator[tuple
                 yield start, row
             start = reader.line_num + 1
     except csv.Error as exc:
+        if reader.line_num >= len(lines):  # the file ended inside a quoted cell: name the line the row began on
+            raise InputError(path, f"malformed CSV: a quote opened in this row is never closed ({exc})", start) from None
         raise InputError(path, f"malformed CSV: {exc}", reader.line_num) from None
 
 

@@ -8,6 +8,7 @@ the training data with a fixed seed, and every such choice is written to ``TaskD
 
 from __future__ import annotations
 
+import math
 import os
 import random
 from collections.abc import Callable
@@ -103,6 +104,15 @@ def _tenth(n: int) -> int:
     return max(1, round(n * SPLIT_FRACTION))
 
 
+def _is_fraction(label: str) -> bool:
+    """Whether a label is a number with a fractional part (``0.5``; not ``1`` or ``pos``)."""
+    try:
+        value = float(label)
+    except ValueError:
+        return False
+    return math.isfinite(value) and not value.is_integer()
+
+
 def _labels(
     task_type: TaskType, train: list[Example], rest: list[Example], notes: list[str] | None = None
 ) -> list[str]:
@@ -118,6 +128,10 @@ def _labels(
         return {ex.label for ex in examples if ex.label is not None}
 
     seen, other = names(train), names(rest)
+    fractions = sorted(label for label in seen | other if _is_fraction(label))
+    if task_type != "tagging" and fractions:  # 0.5, 1.7, 2.25 are scores more often than class names
+        warn(f"labels {', '.join(fractions[:5])} are fractional numbers; each distinct value is read as a class "
+             "(classification), not as a score to regress")
     if other - seen:
         message = f"labels {', '.join(sorted(other - seen))} occur in dev/test but not in training data"
         if notes is None:

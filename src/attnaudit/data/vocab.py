@@ -59,6 +59,11 @@ class Vocab:
         )
         if max_size is not None:
             ranked = ranked[:max_size]
+        if not ranked and counts:  # a model over [PAD]/[UNK] alone sees every text as the same: refuse it
+            most = max(counts.values())
+            raise AttnAuditError(
+                f"--min-freq {min_freq} leaves no word in the vocabulary (the most frequent word occurs {most} times); lower it"
+            )
         return cls(ranked, specials)
 
     def __len__(self) -> int:

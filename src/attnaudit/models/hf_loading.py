@@ -33,6 +33,11 @@ GGUF_INSTALL = "pip install gguf==0.19.0 accelerate==1.15.0"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 """Parameter dtypes a model can be loaded in (``--dtype``); float32 is the default and the reference."""
 HUB_EXAMPLE = "Helsinki-NLP/opus-mt-de-en"
+TOKENIZER_FILES = (
+    "tokenizer.json", "vocab.txt", "vocab.json", "spiece.model", "tokenizer.model", "sentencepiece.bpe.model", "source.spm",
+    "merges.txt", "sentencepiece.model", "vocab.model", "spm.model",
+)
+"""The files a saved tokenizer consists of (by family); a model folder with none of them has no tokenizer."""
 
 
 @contextlib.contextmanager
@@ -210,6 +215,11 @@ def _tokenizer(folder: str, gguf: dict[str, str]) -> Any:
     fast tokenizer gets exactly that (transformers would otherwise rebuild some families' own class)."""
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
+    if not gguf and Path(folder).is_dir() and not any((Path(folder) / name).exists() for name in TOKENIZER_FILES):
+        raise InputError(
+            folder, f"holds no tokenizer ({', '.join(TOKENIZER_FILES[:4])}, ...): save the tokenizer beside the model "
+            "(tokenizer.save_pretrained(folder)); transformers would build an empty one"
+        )
     settings = Path(folder) / "tokenizer_config.json"
     if not gguf and settings.is_file():
         with contextlib.suppress(OSError, ValueError):
