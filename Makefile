@@ -6,7 +6,7 @@ PYTHON ?= python3
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 DATA ?= ../shared/data
 
-.PHONY: install test test-all demo bench reproduce clean
+.PHONY: install test test-all demo bench docs reproduce clean
 
 $(STAMP): pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -19,6 +19,9 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 test: $(STAMP)
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/mypy src/attnaudit
+	@echo "type: ignore comments: $$(grep -rEo --include='*.py' '# type: ?ignore' src/attnaudit | wc -l)"
 	OMP_NUM_THREADS=1 $(VENV)/bin/pytest -n 2 --dist worksteal -q -p no:cacheprovider
 
 test-all: $(STAMP)
@@ -31,5 +34,8 @@ bench: $(STAMP)
 	ATTNAUDIT_DATA=$(DATA) $(VENV)/bin/python -m benchmarks
 	$(VENV)/bin/python -m benchmarks.table
 
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
 clean:
-	rm -rf $(VENV) build src/*.egg-info
+	rm -rf $(VENV) build site src/*.egg-info

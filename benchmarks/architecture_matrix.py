@@ -20,9 +20,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from attnaudit.architectures import CHECKS, TOLERANCE, check, end_to_end, list_architectures, save_tiny, write_reviews
 from benchmarks.common import RESULTS, write_result
 
-from attnaudit.architectures import CHECKS, TOLERANCE, check, end_to_end, list_architectures, save_tiny, write_reviews
 
 def run_command(line: str) -> str | None:
     """Run one ``attnaudit`` command line in this process; None when it exits 0, else its last line of output."""

@@ -27,6 +27,7 @@ import argparse
 import os
 import sys
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -145,7 +146,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     summary: dict[str, Any] = {}
     for encoder in ENCODERS:
         run, batch = make_run(encoder, examples)
-        loo = compare(run, batch, lambda: loo_importance(run, batch), lambda: loo_importance_reference(run, batch), args.repeats)
+        loo = compare(run, batch, partial(loo_importance, run, batch), partial(loo_importance_reference, run, batch), args.repeats)
         result = {
             **loo,
             "peer": "captum.attr.FeatureAblation, one ablated item position per forward pass",
@@ -159,7 +160,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             f"max|diff| {loo['max_abs_diff']:.1e}  forward passes "
             f"{loo['forward_pass_equivalents_ours']:.1f} vs {loo['forward_pass_equivalents_peer']:.1f}"
         )
-        grad = compare(run, batch, lambda: gradient_importance(run, batch), lambda: saliency_gradient(run, batch), args.repeats)
+        grad = compare(run, batch, partial(gradient_importance, run, batch), partial(saliency_gradient, run, batch), args.repeats)
         gradient_rows[encoder] = grad
         print(f"gradient {encoder:7s} ratio {ratio_span(grad['timing']['ratio'])}  agree={grad['agree']}  "
               f"max|diff| {grad['max_abs_diff']:.1e}")

@@ -27,8 +27,8 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from attnaudit.explain import item_mask, loo  # noqa: E402
-from attnaudit.models.base import evaluation  # noqa: E402
 from attnaudit.hf import load_hf  # noqa: E402
+from attnaudit.models.base import evaluation  # noqa: E402
 from benchmarks.common import REPEATS, stats, time_interleaved, write_result  # noqa: E402
 
 TOLERANCE = 1e-5  # |Δŷ| of float32 passes that differ only in how the prefix's keys and values were computed

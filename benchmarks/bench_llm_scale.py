@@ -44,7 +44,7 @@ the second a float32 companion. CPU, as run here (real weights, 1 thread of 2 sh
     PYTHONPATH=src nice -n 5 python benchmarks/bench_llm_scale.py --device cpu --lengths 32,128,512,2048 --repeats 5 --threads 1
 
 ``--replot FILE.json`` redraws a result's figure without measuring.
-"""
+"""  # noqa: E501 (the GPU command lines stay copyable)
 
 from __future__ import annotations
 

@@ -18,7 +18,6 @@ from typing import Any
 
 from attnaudit.hf import load_hf
 from attnaudit.report.explorer import EXPLORE, explorer_payload, model_data, script_json
-
 from benchmarks.common import write_result
 
 

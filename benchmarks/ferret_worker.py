@@ -145,8 +145,8 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
     with torch.no_grad():
         logits = [model(**tokenizer(text, return_tensors="pt")).logits[0].tolist() for text in texts]
     out: dict[str, Any] = {
-        "versions": {"ferret-xai": version("ferret-xai"), "ferret.__version__": ferret.__version__, "transformers": transformers.__version__, "numpy": np.__version__,
-                     "torch": torch.__version__},
+        "versions": {"ferret-xai": version("ferret-xai"), "ferret.__version__": ferret.__version__,
+                     "transformers": transformers.__version__, "numpy": np.__version__, "torch": torch.__version__},
         "attn_implementation": model.config._attn_implementation,
         "ids": [tokenizer(text)["input_ids"] for text in texts],
         "logits": logits,

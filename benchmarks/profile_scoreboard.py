@@ -31,12 +31,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `benchmarks.comm
 from attnaudit.data.types import Batch  # noqa: E402
 from attnaudit.experiments.faithfulness import grid  # noqa: E402
 from attnaudit.explain import list_explanations  # noqa: E402
+from attnaudit.explain.base import on_items, query_row  # noqa: E402
 from attnaudit.explain.flow import flow_importance  # noqa: E402
 from attnaudit.explain.norms_res_ln import layers_up_to, pair_mask, rolled_contributions  # noqa: E402
 from attnaudit.explain.rollout import explained_record, layer_weights  # noqa: E402
 from attnaudit.explain.value_zeroing import value_zeroing  # noqa: E402
 from attnaudit.faithfulness import BINS, MODES, perturbation_probs  # noqa: E402
-from attnaudit.explain.base import on_items, query_row  # noqa: E402
 from attnaudit.flow import flow  # noqa: E402
 from attnaudit.models.base import AttentionModel, Cache, Intervention, evaluation  # noqa: E402
 from attnaudit.run import Run, load_run  # noqa: E402

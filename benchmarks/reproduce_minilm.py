@@ -33,8 +33,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `benchmarks.common` when run as a script
 
 from attnaudit.experiments import run_test  # noqa: E402
-from attnaudit.io import read_json  # noqa: E402
 from attnaudit.hf import load_hf  # noqa: E402
+from attnaudit.io import read_json  # noqa: E402
 from attnaudit.training.finetune import finetune  # noqa: E402
 from benchmarks.common import RUNS, add_limit_order, write_result  # noqa: E402
 

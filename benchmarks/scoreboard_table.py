@@ -1,11 +1,11 @@
-"""``python -m benchmarks.scoreboard_table``: write the README's faithfulness scoreboard tables from
+"""``python -m benchmarks.scoreboard_table``: write the reproductions page's faithfulness scoreboard tables from
 ``benchmarks/results/scoreboard.json`` (``benchmarks/reproduce_scoreboard.py``).
 
 Everything between ``<!-- scoreboard-table:start -->`` and ``<!-- scoreboard-table:end -->`` in
-README.md is generated here, so the numbers cannot drift from the result file: the fine-tuned MiniLM
+docs/sections/results.md is generated here, so the numbers cannot drift from the result file: the fine-tuned MiniLM
 scoreboard in both removal modes with the SST phrase plausibility and the two published tables beside
 it, then the SST BiLSTM and Transformer scoreboards, then SmolLM2 zero-shot beside MiniLM, each with
-the wall and CPU seconds and load average it ran under. ``--check`` writes nothing and exits 1 when README.md is stale.
+the wall and CPU seconds and load average it ran under. ``--check`` writes nothing and exits 1 when that page is stale.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `benchmarks.comm
 from attnaudit.io import atomic_write_text  # noqa: E402
 from benchmarks.common import RESULTS, ROOT  # noqa: E402
 
-README = ROOT / "README.md"
+README = ROOT / "docs" / "sections" / "results.md"
+"""The page holding the scoreboard block (the README before it became a landing page; the name stayed)."""
 RESULT = RESULTS / "scoreboard.json"
 SMALL = RESULTS / "scoreboard_sst.json"
 """The BiLSTM and Transformer scoreboards when run apart (``reproduce_scoreboard.py --parts bilstm,transformer --name scoreboard_sst``)."""

@@ -1,9 +1,9 @@
-"""``python -m benchmarks.table``: write the README's benchmark table from ``benchmarks/results/*.json``.
+"""``python -m benchmarks.table``: write the benchmark page's tables and the README's models table from ``benchmarks/results/*.json``.
 
-Everything between ``<!-- bench-table:start -->`` and ``<!-- bench-table:end -->`` in README.md
+Everything between ``<!-- bench-table:start -->`` and ``<!-- bench-table:end -->`` in docs/sections/benchmarks.md
 is generated here (and, between ``<!-- llm-scale-table:start -->`` and ``<!-- llm-scale-table:end -->``,
-the decoder-LLM scale tables of ``benchmarks/results/llm_scale_<device>.json``): one row per speed benchmark (ratio peer / ours and both times as median
-(min–max) over the interleaved rounds of :func:`benchmarks.common.time_interleaved`), the
+the decoder-LLM scale tables of ``benchmarks/results/llm_scale_<device>.json``): one row per speed benchmark
+(ratio peer / ours and both times as median (min–max) over the interleaved rounds of :func:`benchmarks.common.time_interleaved`), the
 training throughput, the cost in forward-pass equivalents, and the machine, load and command
 the numbers were taken under. ``--check`` writes nothing and exits 1 when README.md is stale
 (``tests/test_bench_table.py`` checks the same).
@@ -21,6 +21,11 @@ from typing import Any
 from benchmarks.common import RESULTS, ROOT, ratio_span, span
 
 README = ROOT / "README.md"
+"""Holds the models block (``architectures.json``)."""
+PAGE = ROOT / "docs" / "sections" / "benchmarks.md"
+"""Holds the benchmark table and the decoder-LLM scale tables."""
+TO_ROOT = "../../"
+"""The repository's root seen from :data:`PAGE` (its figure links)."""
 START = "<!-- bench-table:start -->"
 END = "<!-- bench-table:end -->"
 LLM_START = "<!-- llm-scale-table:start -->"
@@ -134,7 +139,8 @@ def table_rows(results: dict[str, dict[str, Any]]) -> list[str]:
             ratio += f"; our pass costs {ratio_span(timing['cost'])} the peer's"
         seconds = timing["seconds"]
         lines.append(
-            f"| {row.label.format(**data, encoder_name=ENCODER_NAMES.get(data.get('encoder', ''), ''))} | {ratio} | {_seconds(seconds['ours'])} | {_seconds(seconds['peer'])} "
+            f"| {row.label.format(**data, encoder_name=ENCODER_NAMES.get(data.get('encoder', ''), ''))} | {ratio} "
+            f"| {_seconds(seconds['ours'])} | {_seconds(seconds['peer'])} "
             f"| {timing['repeats']} | {_agree(data)} | {row.peer} |"
         )
     return lines
@@ -234,7 +240,7 @@ def llm_scale_table(data: dict[str, Any]) -> list[str]:
     lines += ["", *streaming_line(data)]
     lines += ["", f"Agree with HF's eager forward and the all-layers rollout: {'yes' if data['agree'] else '**no**'} "
               f"(max abs {diffs})." + (f" Skipped for memory: {'; '.join(skipped)}." if skipped else ""),
-              "", f"![time and peak memory against T](benchmarks/results/{data['name']}.png)"]
+              "", f"![time and peak memory against T]({TO_ROOT}benchmarks/results/{data['name']}.png)"]
     return lines
 
 
@@ -301,29 +307,37 @@ def replace_block(readme: str, block: str, start_marker: str = START, end_marker
     return readme[:start] + block + readme[end + len(end_marker):]
 
 
-def updated_readme(readme: str) -> str:
-    """``readme`` with the generated blocks rewritten (the models and decoder-LLM blocks where README has their markers)."""
-    text = replace_block(readme, render(load()))
-    text = replace_block(text, render_models(), MODELS_START, MODELS_END) if MODELS_START in text else text
+def updated_page(page: str) -> str:
+    """The benchmark page with its benchmark table rewritten (and the decoder-LLM block where it has its markers)."""
+    text = replace_block(page, render(load()))
     return replace_block(text, render_llm(), LLM_START, LLM_END) if LLM_START in text else text
+
+
+def updated_readme(readme: str) -> str:
+    """The README with its models block rewritten, where it has its markers."""
+    return replace_block(readme, render_models(), MODELS_START, MODELS_END) if MODELS_START in readme else readme
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--check", action="store_true", help="write nothing; exit 1 when README.md is stale")
+    parser.add_argument("--check", action="store_true", help="write nothing; exit 1 when a generated block is stale")
     args = parser.parse_args(argv)
-    readme = README.read_text(encoding="utf-8")
-    updated = updated_readme(readme)
-    if args.check:
-        if updated != readme:
-            print(f"{README}: benchmark table differs from benchmarks/results; run python -m benchmarks.table")
-            return 1
-        return 0
-    if updated != readme:
-        from attnaudit.io import atomic_write_text
+    stale = []
+    for path, update in ((PAGE, updated_page), (README, updated_readme)):
+        text = path.read_text(encoding="utf-8")
+        updated = update(text)
+        if updated == text:
+            continue
+        stale.append(path)
+        if not args.check:
+            from attnaudit.io import atomic_write_text
 
-        atomic_write_text(README, updated)
-    print(render(load()))
+            atomic_write_text(path, updated)
+    if args.check and stale:
+        print(f"{', '.join(map(str, stale))}: a generated table differs from benchmarks/results; run python -m benchmarks.table")
+        return 1
+    if not args.check:
+        print(render(load()))
     return 0
 
 

@@ -17,8 +17,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from attnaudit.data.types import Batch
-from attnaudit.models.hf_model import HFModel
 from attnaudit.architectures import (
     ARCHITECTURES,
     CHECKS,
@@ -30,6 +28,8 @@ from attnaudit.architectures import (
     save_tiny,
     write_reviews,
 )
+from attnaudit.data.types import Batch
+from attnaudit.models.hf_model import HFModel
 from tests.fake_data import make_fake_data
 from tests.reliability.helpers import cli
 

@@ -1,4 +1,4 @@
-"""The README benchmark table is generated from ``benchmarks/results/*.json`` and must match it;
+"""The benchmark page's table is generated from ``benchmarks/results/*.json`` and must match it;
 the timing statistics behind it (min / median / max, ratio per round, interleaving) are checked
 on hand-made numbers."""
 
@@ -17,15 +17,15 @@ from benchmarks import common, table
 
 
 def test_readme_block_equals_the_table_generated_from_the_results() -> None:
-    readme = table.README.read_text(encoding="utf-8")
+    readme = table.PAGE.read_text(encoding="utf-8")
     block = readme[readme.index(table.START): readme.index(table.END) + len(table.END)]
     assert block == table.render(table.load())
 
 
 def test_check_flags_a_stale_readme(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
-    stale = tmp_path / "README.md"
+    stale = tmp_path / "benchmarks.md"
     stale.write_text(f"intro\n{table.START}\n| old | 2.7× |\n{table.END}\nrest\n", encoding="utf-8")
-    monkeypatch.setattr(table, "README", stale)
+    monkeypatch.setattr(table, "PAGE", stale)
     assert table.main(["--check"]) == 1
     assert "differs" in capsys.readouterr().out
     assert table.main([]) == 0  # writes the generated block between the markers, keeps the rest
@@ -118,7 +118,7 @@ def test_spans_read_as_median_and_range() -> None:
 
 
 def test_readme_llm_scale_block_equals_the_tables_generated_from_the_results() -> None:
-    readme = table.README.read_text(encoding="utf-8")
+    readme = table.PAGE.read_text(encoding="utf-8")
     block = readme[readme.index(table.LLM_START): readme.index(table.LLM_END) + len(table.LLM_END)]
     assert block == table.render_llm()
 
@@ -160,4 +160,4 @@ def test_llm_scale_table_of_a_hand_made_result(tmp_path: Path) -> None:
     assert "| 2048 | skipped | skipped | skipped | skipped | 45.0 s (40.0–50.0 s) | – | 4,096 / – / – / 600 |" in lines
     assert "Streaming rollout at T = 2048: peak 600 MiB against 4,096 MiB for HF's eager forward (7× less)." in lines
     assert "capture at T=2048 (too big); rollout at T=2048 (too big)" in text
-    assert "![time and peak memory against T](benchmarks/results/llm_scale_cpu.png)" in lines
+    assert "![time and peak memory against T](../../benchmarks/results/llm_scale_cpu.png)" in lines

@@ -20,9 +20,9 @@ from transformers import (
 
 from attnaudit.data.types import Batch, Example, TaskData
 from attnaudit.errors import AttnAuditError, InputError
+from attnaudit.hf import HFCollator, HFModel, load_hf, save_hf_run
 from attnaudit.models.attention import normalise
 from attnaudit.models.base import Intervention
-from attnaudit.hf import HFModel, HFCollator, load_hf, save_hf_run
 from attnaudit.run import Run, load_run
 
 
@@ -193,7 +193,9 @@ def test_other_families_match_their_own_forward(tiny_hf: SimpleNamespace, family
         hf = DistilBertForSequenceClassification(DistilBertConfig(vocab_size=len(tiny_hf.vocab), dim=32, n_layers=2, n_heads=4, hidden_dim=64))
     else:
         hf = RobertaForSequenceClassification(
-            RobertaConfig(vocab_size=len(tiny_hf.vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, pad_token_id=0)
+            RobertaConfig(
+                vocab_size=len(tiny_hf.vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, pad_token_id=0
+            )
         )
     model = HFModel(hf.eval(), tiny_hf.tokenizer(), "classification", family, trained_head=False).eval()
     batch = HFCollator(tiny_hf.tokenizer(), ["neg", "pos"], "classification", 32, token_types=False)(tiny_hf.task().test)

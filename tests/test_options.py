@@ -73,8 +73,9 @@ def _sweep_value(tmp_path: Path, test: str, option: str, value: object) -> objec
        integer=st.integers(min_value=1, max_value=500))
 def test_entry_points_agree(tmp_path_factory: pytest.TempPathFactory, values: list[float], integer: int) -> None:
     """The same values through the CLI text reader, --set and a sweep file give the same Options values."""
-    from attnaudit.cli import _cli_type  # noqa: F401  (the CLI types sequences as text for parse_text)
     import typing
+
+    from attnaudit.cli import _cli_type  # noqa: F401  (the CLI types sequences as text for parse_text)
 
     tmp = tmp_path_factory.mktemp("sweep")
     hints = typing.get_type_hints(discover()["global-adversary"].Options)

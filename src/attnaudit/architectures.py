@@ -337,6 +337,7 @@ def check(model_type: str, seed: int = 0) -> dict[str, Any]:
     from attnaudit.models.base import Intervention
     from attnaudit.models.hf_layouts import BlockLayout
     from attnaudit.models.hf_model import HFModel
+    from attnaudit.models.hf_pass import HFLayer
 
     kind = _kind(model_type)
     head = "classifier" if kind == "encoder" else "lm"
@@ -351,7 +352,9 @@ def check(model_type: str, seed: int = 0) -> dict[str, Any]:
         cache = model.encode(batch)
         ours = model.decode(cache)
         theirs = reference(**inputs, output_attentions=True)
-        given = _distributions(ours.trace[layer].allowed, ours.trace[layer].weights.shape, seed)
+        record = ours.trace[layer]
+        assert isinstance(record, HFLayer) and record.allowed is not None  # an HF pass records the pairs each query may read
+        given = _distributions(record.allowed, record.weights.shape, seed)
         changed = model(batch, [Intervention(layer=layer, weights=given)])
         by_hand = _replaced(reference, inputs, layer, given)
         restarts = [model.decode(model.cache_at(ours.trace, at, cache)).logits for at in {middle, decoder}]
@@ -405,7 +408,7 @@ def _replaced(reference: PreTrainedModel, inputs: dict[str, Tensor], layer: int,
                 return given.to(out.dtype)
         return out
 
-    torch.nn.functional.softmax = softmax  # type: ignore[assignment]
+    torch.nn.functional.softmax = softmax
     try:
         return reference(**inputs)
     finally:

@@ -321,7 +321,7 @@ def _run_one(
     fingerprint matches, or run and saved. Its ``audit.json`` entry is returned; a failure is
     recorded in ``outcome`` and the audit goes on, except after a full disk, which is returned."""
     experiment = discover()[name]()
-    entry: dict[str, Any] = {"test": name, "options": asdict(opts) if is_dataclass(opts) else {}}
+    entry: dict[str, Any] = {"test": name, "options": asdict(opts) if is_dataclass(opts) and not isinstance(opts, type) else {}}
     start = time.perf_counter()
     try:
         reason = skip_reason(experiment, target)
@@ -379,7 +379,7 @@ def _write_record(
 ) -> None:
     """``audit.json`` and the report; after a full disk, as much of them as fits, then one line
     naming the lost test (the finished results stay). ``shown``: heatmap and explorer instances."""
-    record = {
+    record: dict[str, Any] = {
         "run": str(target.path) if target.path else None,
         "model": target.family,
         "task": target.task.spec,

@@ -11,7 +11,7 @@ import typing
 import warnings
 from dataclasses import MISSING, fields
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any, TypedDict
 
 import typer
 from rich.console import Console
@@ -43,16 +43,33 @@ app.add_typer(run_app, name="run")
 out_console = Console()
 
 DataDir = Annotated[
-    Optional[Path], typer.Option("--data-dir", envvar="ATTNAUDIT_DATA", help="Folder with the named datasets.")
+    Path | None, typer.Option("--data-dir", envvar="ATTNAUDIT_DATA", help="Folder with the named datasets.")
 ]
 Device = Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars or status lines.")]
-LimitOrder = Annotated[str, typer.Option(help="How --limit chooses: stratified (a seeded sample, each label keeping its share of the split) or first (the first N, as the files list them).")]
-Prompt = Annotated[Optional[str], typer.Option(help="--hf causal LM, zero-shot: prompt with {text}, e.g. 'Review: {text}\\nSentiment:'.")]
-Verbalizer = Annotated[Optional[str], typer.Option(help="--hf causal LM, zero-shot: LABEL=\"WORD\",... e.g. positive=\" positive\",negative=\" negative\".")]
-MaxLength = Annotated[Optional[int], typer.Option(help="--hf: keep at most N tokens of each text (special tokens and a prompt's template stay).")]
-Dtype = Annotated[Optional[str], typer.Option(help="--hf decoder LLM parameter dtype: float32 (default, the reference) or bfloat16.")]
-SEED_RANGE = {"min": 0, "max": SEED_MAX}
+LimitOrder = Annotated[
+    str,
+    typer.Option(
+        help="How --limit chooses: stratified (a seeded sample, each label keeping its share of the split) "
+        "or first (the first N, as the files list them)."
+    ),
+]
+Prompt = Annotated[str | None, typer.Option(help="--hf causal LM, zero-shot: prompt with {text}, e.g. 'Review: {text}\\nSentiment:'.")]
+Verbalizer = Annotated[
+    str | None, typer.Option(help="--hf causal LM, zero-shot: LABEL=\"WORD\",... e.g. positive=\" positive\",negative=\" negative\".")
+]
+MaxLength = Annotated[int | None, typer.Option(help="--hf: keep at most N tokens of each text (special tokens and a prompt's template stay).")]
+Dtype = Annotated[str | None, typer.Option(help="--hf decoder LLM parameter dtype: float32 (default, the reference) or bfloat16.")]
+
+
+class _Range(TypedDict):
+    """An integer option's bounds, spread into ``typer.Option`` (typed, so the spread type-checks)."""
+
+    min: int
+    max: int
+
+
+SEED_RANGE: _Range = {"min": 0, "max": SEED_MAX}
 
 
 def _print_table(title: str, rows: list[dict[str, Any]]) -> None:
@@ -74,35 +91,41 @@ def train(
     out: Annotated[Path, typer.Option(help="Run directory to write.")],
     attention: Annotated[str, typer.Option(help="Normaliser: softmax, entmax15, sparsemax or entmax:<alpha>.")] = "softmax",
     scorer: Annotated[str, typer.Option(help="Attention scorer of the RNN family: tanh or dot.")] = "tanh",
-    layers: Annotated[Optional[int], typer.Option(help="Transformer layers.")] = None,
-    heads: Annotated[Optional[int], typer.Option(help="Transformer heads.")] = None,
-    d_model: Annotated[Optional[int], typer.Option(help="Transformer width.")] = None,
-    hidden_dim: Annotated[Optional[int], typer.Option(help="RNN/CNN hidden size.")] = None,
-    embed_dim: Annotated[Optional[int], typer.Option(help="Word embedding size.")] = None,
-    preset: Annotated[Optional[str], typer.Option(help="Named option set: jain-wallace (Jain & Wallace 2019's protocol); explicit options override it.")] = None,
-    epochs: Annotated[Optional[int], typer.Option(help="Maximum epochs (early stopping on dev).")] = None,
-    batch_size: Annotated[Optional[int], typer.Option(help="Batch size.")] = None,
-    lr: Annotated[Optional[float], typer.Option(help="Learning rate.")] = None,
-    optimizer: Annotated[Optional[str], typer.Option(help="adam, amsgrad, adamw or sgd.")] = None,
-    weight_decay: Annotated[Optional[float], typer.Option(help="Weight decay.")] = None,
-    no_decay: Annotated[Optional[str], typer.Option(help="Parameter-name patterns without weight decay, comma-separated (e.g. 'scorer.*').")] = None,
-    dropout: Annotated[Optional[float], typer.Option(help="Dropout probability (embeddings; Transformer layers).")] = None,
-    loss: Annotated[Optional[str], typer.Option(help="Cross-entropy over a batch: mean or sum.")] = None,
-    select: Annotated[Optional[str], typer.Option(help="Dev score the kept epoch is chosen on: dev-accuracy, dev-roc-auc, dev-macro-f1, dev-f1...")] = None,
-    min_epoch: Annotated[Optional[int], typer.Option(help="Epochs before this one are never kept.")] = None,
-    patience: Annotated[Optional[str], typer.Option(help="Epochs without dev improvement before stopping; none: train every epoch.")] = None,
-    warmup: Annotated[Optional[int], typer.Option(help="Linear lr warmup steps, then linear decay (0: constant lr).")] = None,
-    word_dropout: Annotated[Optional[float], typer.Option(help="Probability of replacing a training word by <unk>.")] = None,
-    clip: Annotated[Optional[str], typer.Option(help="Gradient-norm clipping threshold; none or 0: no clipping.")] = None,
-    wrap: Annotated[Optional[bool], typer.Option("--wrap/--no-wrap", help="Read each sentence between <s> and </s> (never attended to or explained).")] = None,
-    min_length: Annotated[Optional[int], typer.Option(help="Drop examples with fewer tokens from every split.")] = None,
+    layers: Annotated[int | None, typer.Option(help="Transformer layers.")] = None,
+    heads: Annotated[int | None, typer.Option(help="Transformer heads.")] = None,
+    d_model: Annotated[int | None, typer.Option(help="Transformer width.")] = None,
+    hidden_dim: Annotated[int | None, typer.Option(help="RNN/CNN hidden size.")] = None,
+    embed_dim: Annotated[int | None, typer.Option(help="Word embedding size.")] = None,
+    preset: Annotated[
+        str | None, typer.Option(help="Named option set: jain-wallace (Jain & Wallace 2019's protocol); explicit options override it.")
+    ] = None,
+    epochs: Annotated[int | None, typer.Option(help="Maximum epochs (early stopping on dev).")] = None,
+    batch_size: Annotated[int | None, typer.Option(help="Batch size.")] = None,
+    lr: Annotated[float | None, typer.Option(help="Learning rate.")] = None,
+    optimizer: Annotated[str | None, typer.Option(help="adam, amsgrad, adamw or sgd.")] = None,
+    weight_decay: Annotated[float | None, typer.Option(help="Weight decay.")] = None,
+    no_decay: Annotated[str | None, typer.Option(help="Parameter-name patterns without weight decay, comma-separated (e.g. 'scorer.*').")] = None,
+    dropout: Annotated[float | None, typer.Option(help="Dropout probability (embeddings; Transformer layers).")] = None,
+    loss: Annotated[str | None, typer.Option(help="Cross-entropy over a batch: mean or sum.")] = None,
+    select: Annotated[
+        str | None, typer.Option(help="Dev score the kept epoch is chosen on: dev-accuracy, dev-roc-auc, dev-macro-f1, dev-f1...")
+    ] = None,
+    min_epoch: Annotated[int | None, typer.Option(help="Epochs before this one are never kept.")] = None,
+    patience: Annotated[str | None, typer.Option(help="Epochs without dev improvement before stopping; none: train every epoch.")] = None,
+    warmup: Annotated[int | None, typer.Option(help="Linear lr warmup steps, then linear decay (0: constant lr).")] = None,
+    word_dropout: Annotated[float | None, typer.Option(help="Probability of replacing a training word by <unk>.")] = None,
+    clip: Annotated[str | None, typer.Option(help="Gradient-norm clipping threshold; none or 0: no clipping.")] = None,
+    wrap: Annotated[
+        bool | None, typer.Option("--wrap/--no-wrap", help="Read each sentence between <s> and </s> (never attended to or explained).")
+    ] = None,
+    min_length: Annotated[int | None, typer.Option(help="Drop examples with fewer tokens from every split.")] = None,
     seed: Annotated[int, typer.Option(**SEED_RANGE, help="Random seed (initialisation, shuffling, dropout).")] = 0,
-    vectors: Annotated[Optional[str], typer.Option(help="Pretrained word vectors (word2vec/GloVe text file).")] = None,
+    vectors: Annotated[str | None, typer.Option(help="Pretrained word vectors (word2vec/GloVe text file).")] = None,
     features: Annotated[bool, typer.Option(help="Use the per-token feature column (CoNLL POS tags).")] = False,
-    max_vocab: Annotated[Optional[int], typer.Option(help="Keep at most this many words.")] = None,
-    min_freq: Annotated[Optional[int], typer.Option(help="Drop words seen fewer times.")] = None,
-    dev: Annotated[Optional[str], typer.Option(help="Dev file as FORMAT:PATH (default: split off train).")] = None,
-    test: Annotated[Optional[str], typer.Option(help="Test file as FORMAT:PATH (default: split off train).")] = None,
+    max_vocab: Annotated[int | None, typer.Option(help="Keep at most this many words.")] = None,
+    min_freq: Annotated[int | None, typer.Option(help="Drop words seen fewer times.")] = None,
+    dev: Annotated[str | None, typer.Option(help="Dev file as FORMAT:PATH (default: split off train).")] = None,
+    test: Annotated[str | None, typer.Option(help="Test file as FORMAT:PATH (default: split off train).")] = None,
     data_dir: DataDir = None,
     device: Device = "auto",
     quiet: Quiet = False,
@@ -122,12 +145,12 @@ def train(
     attnaudit train --task sst --model bilstm --preset jain-wallace --out runs/sst-jw --data-dir ../shared/data
 
     attnaudit train --task sst --model bilstm --preset jain-wallace --patience 2 --select dev-accuracy --clip none --out runs/sst-jw-acc --data-dir ../shared/data
-    """
+    """  # noqa: E501 (example commands stay on one line)
     from attnaudit.training.trainer import train as train_fn
 
     set_quiet(quiet)
-    stop = None if patience is None else parse_text(patience, Optional[int], "--patience")
-    clip_value = None if clip is None else parse_text(clip, Optional[float], "--clip") or 0.0
+    stop = None if patience is None else parse_text(patience, int | None, "--patience")
+    clip_value = None if clip is None else parse_text(clip, float | None, "--clip") or 0.0
     run = train_fn(
         task,
         model,
@@ -222,9 +245,9 @@ def models() -> None:
 
 @app.command()
 def tests(
-    hf: Annotated[Optional[str], typer.Option(help="List which tests run on this Hugging Face model (smollm2, minilm, a path or hub name).")] = None,
-    run: Annotated[Optional[Path], typer.Option("--run", help="List which tests run on this run directory.")] = None,
-    task: Annotated[Optional[str], typer.Option(help="With --hf: the task (labels, zero-shot defaults).")] = None,
+    hf: Annotated[str | None, typer.Option(help="List which tests run on this Hugging Face model (smollm2, minilm, a path or hub name).")] = None,
+    run: Annotated[Path | None, typer.Option("--run", help="List which tests run on this run directory.")] = None,
+    task: Annotated[str | None, typer.Option(help="With --hf: the task (labels, zero-shot defaults).")] = None,
     prompt: Prompt = None,
     verbalizer: Verbalizer = None,
     data_dir: DataDir = None,
@@ -274,23 +297,35 @@ def _load_model(
         return load_run(run, device=device, data_dir=data_dir)
     from attnaudit.hf import load_hf
 
+    assert hf is not None  # exactly one of hf and run is given (checked above)
     return load_hf(hf, task=task, data_dir=data_dir, device=device, prompt=prompt, verbalizer=verbalizer)
 
 
 @app.command()
 def explain(
     text: Annotated[str, typer.Option(help="The text whose decision is explained.")],
-    out: Annotated[Optional[Path], typer.Option(help="Folder for explanation.json, explanation.csv and explanation.png/.svg (without it: a table here, nothing written).")] = None,
-    hf: Annotated[Optional[str], typer.Option(help="Hugging Face model: smollm2 (next token), minilm, a path or a hub name.")] = None,
-    run: Annotated[Optional[Path], typer.Option("--run", help="Run directory (explains its predicted class).")] = None,
-    method: Annotated[Optional[list[str]], typer.Option("--method", help="Explanation method(s), repeatable or comma-separated (default: the registry's default methods that apply).")] = None,
-    max_length: Annotated[Optional[int], typer.Option(help="Truncate the input to N tokens.")] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(help="Folder for explanation.json, explanation.csv and explanation.png/.svg (without it: a table here, nothing written)."),
+    ] = None,
+    hf: Annotated[str | None, typer.Option(help="Hugging Face model: smollm2 (next token), minilm, a path or a hub name.")] = None,
+    run: Annotated[Path | None, typer.Option("--run", help="Run directory (explains its predicted class).")] = None,
+    method: Annotated[
+        list[str] | None,
+        typer.Option("--method", help="Explanation method(s), repeatable or comma-separated (default: the registry's default methods that apply)."),
+    ] = None,
+    max_length: Annotated[int | None, typer.Option(help="Truncate the input to N tokens.")] = None,
     steps: Annotated[int, typer.Option(min=1, help="Integrated-gradients steps.")] = 50,
     seed: Annotated[int, typer.Option(**SEED_RANGE, help="Random seed (random baselines).")] = 0,
     prompt: Prompt = None,
     verbalizer: Verbalizer = None,
     dtype: Dtype = None,
-    target: Annotated[Optional[str], typer.Option(help="An encoder-decoder's target prefix, forced on its decoder: the next target token after it is explained (\"\": the first).")] = None,
+    target: Annotated[
+        str | None,
+        typer.Option(
+            help="An encoder-decoder's target prefix, forced on its decoder: the next target token after it is explained (\"\": the first)."
+        ),
+    ] = None,
     data_dir: DataDir = None,
     device: Device = "auto",
     quiet: Quiet = False,
@@ -306,7 +341,7 @@ def explain(
     attnaudit explain --run runs/sst --text "a gripping , funny film" --out explanations/sst
 
     attnaudit explain --hf minilm --text "a gripping , funny film"
-    """
+    """  # noqa: E501 (example commands stay on one line)
     from attnaudit.explained import decision_line, explain_text
 
     set_quiet(quiet)
@@ -340,9 +375,11 @@ def _run_dir(path: Path | None) -> Path:
 
 @app.command()
 def explanations(
-    run: Annotated[Optional[Path], typer.Argument(help="Run directory: list only the methods that apply to its model.")] = None,
-    hf: Annotated[Optional[str], typer.Option(help="List the methods that apply to this Hugging Face model (smollm2, minilm, a path or hub name).")] = None,
-    task: Annotated[Optional[str], typer.Option(help="With --hf: the task (labels, zero-shot defaults).")] = None,
+    run: Annotated[Path | None, typer.Argument(help="Run directory: list only the methods that apply to its model.")] = None,
+    hf: Annotated[
+        str | None, typer.Option(help="List the methods that apply to this Hugging Face model (smollm2, minilm, a path or hub name).")
+    ] = None,
+    task: Annotated[str | None, typer.Option(help="With --hf: the task (labels, zero-shot defaults).")] = None,
     prompt: Prompt = None,
     verbalizer: Verbalizer = None,
     data_dir: DataDir = None,
@@ -371,23 +408,26 @@ def explanations(
         for m in shown
     ]
     _print_table("explanations" if model is None else f"explanations for {run or hf}", rows)
-    for method in EXPLANATIONS.values() if model is not None else ():
-        reason = method.applies(model)
-        if reason:
-            out_console.print(f"not for this model: {method.name}: {reason}", markup=False, highlight=False)
+    if model is not None:
+        for method in EXPLANATIONS.values():
+            reason = method.applies(model)
+            if reason:
+                out_console.print(f"not for this model: {method.name}: {reason}", markup=False, highlight=False)
 
 
 @app.command()
 def finetune(
     task: Annotated[str, typer.Option(help="Classification or pair dataset (e.g. sst2, snli, csv:PATH).")],
     out: Annotated[Path, typer.Option(help="Run directory to write.")],
-    hf: Annotated[str, typer.Option(help="Hugging Face encoder or decoder: minilm, smollm2 (embedded), a local directory, .gguf file or hub name.")] = "minilm",
+    hf: Annotated[
+        str, typer.Option(help="Hugging Face encoder or decoder: minilm, smollm2 (embedded), a local directory, .gguf file or hub name.")
+    ] = "minilm",
     epochs: Annotated[int, typer.Option(help="Epochs (the best dev-accuracy epoch is kept).")] = 1,
     lr: Annotated[float, typer.Option(help="AdamW peak learning rate (linear warm-up and decay).")] = 2e-5,
     batch_size: Annotated[int, typer.Option(help="Batch size.")] = 16,
-    limit: Annotated[Optional[int], typer.Option(help="Train on a seeded random sample of N training examples.")] = None,
-    max_len: Annotated[Optional[int], typer.Option(help="Truncate inputs to N wordpieces.")] = None,
-    train_layers: Annotated[Optional[int], typer.Option(help="Train only the head and the last N layers (default: all parameters).")] = None,
+    limit: Annotated[int | None, typer.Option(help="Train on a seeded random sample of N training examples.")] = None,
+    max_len: Annotated[int | None, typer.Option(help="Truncate inputs to N wordpieces.")] = None,
+    train_layers: Annotated[int | None, typer.Option(help="Train only the head and the last N layers (default: all parameters).")] = None,
     seed: Annotated[int, typer.Option(**SEED_RANGE, help="Random seed (head initialisation, sampling, shuffling, dropout).")] = 0,
     data_dir: DataDir = None,
     device: Device = "auto",
@@ -400,7 +440,7 @@ def finetune(
     attnaudit finetune --task sst2 --out runs/minilm-sst2 --limit 2000 --data-dir ../shared/data
 
     attnaudit finetune --hf smollm2 --task sst2 --out runs/smollm2-sst2 --limit 200 --train-layers 2 --lr 3e-4 --max-len 64 --data-dir ../shared/data
-    """
+    """  # noqa: E501 (the --help summary line and example commands stay unwrapped)
     from attnaudit.training.finetune import finetune as finetune_fn
 
     set_quiet(quiet)
@@ -414,33 +454,35 @@ def finetune(
 @app.command()
 def audit(
     out: Annotated[Path, typer.Option(help="Folder for results/, summary.csv and report.html.")],
-    task: Annotated[Optional[str], typer.Option(help="Task to train on (with --model) or to run --hf on.")] = None,
-    model: Annotated[Optional[str], typer.Option(help="Model family to train: bilstm, cnn, average, han, flat, transformer.")] = None,
-    run: Annotated[Optional[Path], typer.Option("--run", help="Audit an existing run directory.")] = None,
-    hf: Annotated[Optional[str], typer.Option(help="Hugging Face model: minilm, a local path or a hub name (needs --task).")] = None,
-    only: Annotated[Optional[list[str]], typer.Option(help="Run only these tests (repeatable or comma-separated).")] = None,
-    skip: Annotated[Optional[list[str]], typer.Option(help="Leave these tests out (repeatable or comma-separated).")] = None,
-    set_: Annotated[Optional[list[str]], typer.Option("--set", help="Test option TEST.OPTION=VALUE, e.g. permutation.permutations=20 (repeatable).")] = None,
+    task: Annotated[str | None, typer.Option(help="Task to train on (with --model) or to run --hf on.")] = None,
+    model: Annotated[str | None, typer.Option(help="Model family to train: bilstm, cnn, average, han, flat, transformer.")] = None,
+    run: Annotated[Path | None, typer.Option("--run", help="Audit an existing run directory.")] = None,
+    hf: Annotated[str | None, typer.Option(help="Hugging Face model: minilm, a local path or a hub name (needs --task).")] = None,
+    only: Annotated[list[str] | None, typer.Option(help="Run only these tests (repeatable or comma-separated).")] = None,
+    skip: Annotated[list[str] | None, typer.Option(help="Leave these tests out (repeatable or comma-separated).")] = None,
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", help="Test option TEST.OPTION=VALUE, e.g. permutation.permutations=20 (repeatable).")
+    ] = None,
     split: Annotated[str, typer.Option(help="Split to test on.")] = "test",
-    limit: Annotated[Optional[int], typer.Option(help="Test N instances of the split: a seeded sample stratified by label (see --limit-order).")] = None,
+    limit: Annotated[int | None, typer.Option(help="Test N instances of the split: a seeded sample stratified by label (see --limit-order).")] = None,
     limit_order: LimitOrder = "stratified",
     heatmaps: Annotated[int, typer.Option(help="Most and least faithful instances shown as heatmaps (each).")] = 3,
     explore: Annotated[int, typer.Option(help="Instances in the report's interactive explorer (0: none).")] = 50,
     figures: Annotated[bool, typer.Option("--figures/--no-figures", help="Draw each test's figures (slow on a busy CPU).")] = True,
-    attention: Annotated[Optional[str], typer.Option(help="Training: softmax, entmax15, sparsemax or entmax:<alpha>.")] = None,
-    scorer: Annotated[Optional[str], typer.Option(help="Training: RNN attention scorer, tanh or dot.")] = None,
-    layers: Annotated[Optional[int], typer.Option(help="Training: Transformer layers.")] = None,
-    heads: Annotated[Optional[int], typer.Option(help="Training: Transformer heads.")] = None,
-    d_model: Annotated[Optional[int], typer.Option(help="Training: Transformer width.")] = None,
-    hidden_dim: Annotated[Optional[int], typer.Option(help="Training: RNN/CNN hidden size.")] = None,
-    embed_dim: Annotated[Optional[int], typer.Option(help="Training: word embedding size.")] = None,
-    epochs: Annotated[Optional[int], typer.Option(help="Training: maximum epochs.")] = None,
-    batch_size: Annotated[Optional[int], typer.Option(help="Training: batch size.")] = None,
-    lr: Annotated[Optional[float], typer.Option(help="Training: Adam learning rate.")] = None,
-    patience: Annotated[Optional[int], typer.Option(help="Training: epochs without dev improvement before stopping.")] = None,
-    vectors: Annotated[Optional[str], typer.Option(help="Training: pretrained word vectors file.")] = None,
-    max_vocab: Annotated[Optional[int], typer.Option(help="Training: keep at most this many words.")] = None,
-    min_freq: Annotated[Optional[int], typer.Option(help="Training: drop words seen fewer times.")] = None,
+    attention: Annotated[str | None, typer.Option(help="Training: softmax, entmax15, sparsemax or entmax:<alpha>.")] = None,
+    scorer: Annotated[str | None, typer.Option(help="Training: RNN attention scorer, tanh or dot.")] = None,
+    layers: Annotated[int | None, typer.Option(help="Training: Transformer layers.")] = None,
+    heads: Annotated[int | None, typer.Option(help="Training: Transformer heads.")] = None,
+    d_model: Annotated[int | None, typer.Option(help="Training: Transformer width.")] = None,
+    hidden_dim: Annotated[int | None, typer.Option(help="Training: RNN/CNN hidden size.")] = None,
+    embed_dim: Annotated[int | None, typer.Option(help="Training: word embedding size.")] = None,
+    epochs: Annotated[int | None, typer.Option(help="Training: maximum epochs.")] = None,
+    batch_size: Annotated[int | None, typer.Option(help="Training: batch size.")] = None,
+    lr: Annotated[float | None, typer.Option(help="Training: Adam learning rate.")] = None,
+    patience: Annotated[int | None, typer.Option(help="Training: epochs without dev improvement before stopping.")] = None,
+    vectors: Annotated[str | None, typer.Option(help="Training: pretrained word vectors file.")] = None,
+    max_vocab: Annotated[int | None, typer.Option(help="Training: keep at most this many words.")] = None,
+    min_freq: Annotated[int | None, typer.Option(help="Training: drop words seen fewer times.")] = None,
     seed: Annotated[int, typer.Option(**SEED_RANGE, help="Random seed (training and tests).")] = 0,
     prompt: Prompt = None,
     verbalizer: Verbalizer = None,
@@ -512,10 +554,12 @@ def demo(
 def sweep(
     config: Annotated[Path, typer.Argument(help="Sweep YAML file (format: examples/sweep.yaml).")],
     engine: Annotated[str, typer.Option(help="local (process pool) or ray.")] = "local",
-    address: Annotated[Optional[str], typer.Option(help="Ray address for --engine ray (default: start a local Ray).")] = None,
-    workers: Annotated[Optional[int], typer.Option(help="Jobs run at once (default: one per CPU core).")] = None,
-    out: Annotated[Optional[Path], typer.Option(help="Sweep folder (default: the file's `out`).")] = None,
-    data_dir: Annotated[Optional[Path], typer.Option("--data-dir", help="Datasets folder (default: the file's `data_dir`, else $ATTNAUDIT_DATA).")] = None,
+    address: Annotated[str | None, typer.Option(help="Ray address for --engine ray (default: start a local Ray).")] = None,
+    workers: Annotated[int | None, typer.Option(help="Jobs run at once (default: one per CPU core).")] = None,
+    out: Annotated[Path | None, typer.Option(help="Sweep folder (default: the file's `out`).")] = None,
+    data_dir: Annotated[
+        Path | None, typer.Option("--data-dir", help="Datasets folder (default: the file's `data_dir`, else $ATTNAUDIT_DATA).")
+    ] = None,
     quiet: Quiet = False,
 ) -> None:
     """Train and audit a grid (datasets x models x normalisers x seeds x lambda); one table OUT/sweep.csv.
@@ -538,18 +582,18 @@ def train_nmt_command(
     out: Annotated[Path, typer.Option(help="Run directory to write.")],
     task: Annotated[str, typer.Option(help="Seq2seq task: europarl-deen or synthetic-translation.")] = "europarl-deen",
     arch: Annotated[str, typer.Option(help="nmt (our Transformer) or a Hugging Face encoder-decoder trained from scratch: marian, bart.")] = "nmt",
-    layers: Annotated[Optional[int], typer.Option(help="Encoder and decoder layers (each).")] = None,
-    heads: Annotated[Optional[int], typer.Option(help="Attention heads.")] = None,
-    d_model: Annotated[Optional[int], typer.Option(help="Model width.")] = None,
-    d_ff: Annotated[Optional[int], typer.Option(help="Feed-forward width.")] = None,
-    source_vocab: Annotated[Optional[int], typer.Option(help="Source BPE vocabulary size (--arch marian|bart: the one joint vocabulary).")] = None,
-    target_vocab: Annotated[Optional[int], typer.Option(help="Target BPE vocabulary size.")] = None,
-    epochs: Annotated[Optional[int], typer.Option(help="Maximum epochs (best dev loss kept).")] = None,
-    max_steps: Annotated[Optional[int], typer.Option(help="Stop after this many optimiser steps.")] = None,
-    batch_size: Annotated[Optional[int], typer.Option(help="Sentence pairs per batch.")] = None,
-    lr: Annotated[Optional[float], typer.Option(help="Peak Adam learning rate (after warm-up).")] = None,
-    warmup: Annotated[Optional[int], typer.Option(help="Warm-up steps.")] = None,
-    max_train_len: Annotated[Optional[int], typer.Option(help="Drop training pairs longer than N subwords.")] = None,
+    layers: Annotated[int | None, typer.Option(help="Encoder and decoder layers (each).")] = None,
+    heads: Annotated[int | None, typer.Option(help="Attention heads.")] = None,
+    d_model: Annotated[int | None, typer.Option(help="Model width.")] = None,
+    d_ff: Annotated[int | None, typer.Option(help="Feed-forward width.")] = None,
+    source_vocab: Annotated[int | None, typer.Option(help="Source BPE vocabulary size (--arch marian|bart: the one joint vocabulary).")] = None,
+    target_vocab: Annotated[int | None, typer.Option(help="Target BPE vocabulary size.")] = None,
+    epochs: Annotated[int | None, typer.Option(help="Maximum epochs (best dev loss kept).")] = None,
+    max_steps: Annotated[int | None, typer.Option(help="Stop after this many optimiser steps.")] = None,
+    batch_size: Annotated[int | None, typer.Option(help="Sentence pairs per batch.")] = None,
+    lr: Annotated[float | None, typer.Option(help="Peak Adam learning rate (after warm-up).")] = None,
+    warmup: Annotated[int | None, typer.Option(help="Warm-up steps.")] = None,
+    max_train_len: Annotated[int | None, typer.Option(help="Drop training pairs longer than N subwords.")] = None,
     seed: Annotated[int, typer.Option(**SEED_RANGE, help="Random seed.")] = 0,
     data_dir: DataDir = None,
     device: Device = "auto",
@@ -578,7 +622,7 @@ def train_nmt_command(
 def _cli_type(hint: Any) -> Any:
     """The CLI type of an Options field: sequences are typed as comma-separated text, read by
     :func:`attnaudit.options.parse_text` (one reader for the CLI, ``--set`` and sweeps)."""
-    return Optional[str] if sequence_item(hint) is not None else hint
+    return str | None if sequence_item(hint) is not None else hint
 
 
 def _make_run_command(name: str, experiment: Any) -> None:
@@ -587,7 +631,11 @@ def _make_run_command(name: str, experiment: Any) -> None:
     own: list[inspect.Parameter] = []
     sequences: dict[str, Any] = {}
     for f in fields(experiment.Options):
-        default = f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc]
+        if f.default is not MISSING:
+            default = f.default
+        else:
+            assert f.default_factory is not MISSING  # every Options field has a default
+            default = f.default_factory()
         flag = "--" + f.name.replace("_", "-")
         help_text = f.metadata.get("help", "")
         if sequence_item(hints[f.name]) is not None:
@@ -636,20 +684,22 @@ def _make_run_command(name: str, experiment: Any) -> None:
 
     common_params = [
         inspect.Parameter("run_dir", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None,
-                          annotation=Annotated[Optional[Path], typer.Argument(help="Run directory (from `attnaudit train`).")]),
+                          annotation=Annotated[Path | None, typer.Argument(help="Run directory (from `attnaudit train`).")]),
         inspect.Parameter("split", inspect.Parameter.KEYWORD_ONLY, default="test",
                           annotation=Annotated[str, typer.Option(help="Split to test on.")]),
         inspect.Parameter("limit", inspect.Parameter.KEYWORD_ONLY, default=None,
-                          annotation=Annotated[Optional[int], typer.Option(help="Test N instances of the split: a seeded sample stratified by label (see --limit-order).")]),
+                          annotation=Annotated[
+                              int | None, typer.Option(help="Test N instances of the split: a seeded sample stratified by label (see --limit-order).")
+                          ]),
         inspect.Parameter("limit_order", inspect.Parameter.KEYWORD_ONLY, default="stratified", annotation=LimitOrder),
         inspect.Parameter("seed", inspect.Parameter.KEYWORD_ONLY, default=0,
                           annotation=Annotated[int, typer.Option(**SEED_RANGE, help="Random seed.")]),
         inspect.Parameter("out", inspect.Parameter.KEYWORD_ONLY, default=None,
-                          annotation=Annotated[Optional[Path], typer.Option(help="Results folder (default RUN/results).")]),
+                          annotation=Annotated[Path | None, typer.Option(help="Results folder (default RUN/results).")]),
         inspect.Parameter("hf", inspect.Parameter.KEYWORD_ONLY, default=None,
-                          annotation=Annotated[Optional[str], typer.Option(help="Hugging Face model: minilm, a local path or a hub name.")]),
+                          annotation=Annotated[str | None, typer.Option(help="Hugging Face model: minilm, a local path or a hub name.")]),
         inspect.Parameter("task", inspect.Parameter.KEYWORD_ONLY, default=None,
-                          annotation=Annotated[Optional[str], typer.Option(help="Data for --hf models.")]),
+                          annotation=Annotated[str | None, typer.Option(help="Data for --hf models.")]),
         inspect.Parameter("prompt", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Prompt),
         inspect.Parameter("verbalizer", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Verbalizer),
         inspect.Parameter("max_length", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=MaxLength),
@@ -701,7 +751,7 @@ INTERRUPTED = 130
 
 def main() -> None:
     """Console entry point: one-line errors with exit code 2, one-line warnings."""
-    warnings.showwarning = _show_warning  # type: ignore[assignment]
+    warnings.showwarning = _show_warning
     try:
         register_run_commands()
         # Not standalone, typer *returns* an exit code instead of exiting: Ctrl-C arrives as 130, typer.Exit as its code.

@@ -24,7 +24,7 @@ import copy
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import pandas as pd
 import torch
@@ -42,6 +42,9 @@ from attnaudit.io import (
 )
 from attnaudit.models.base import evaluation
 from attnaudit.run import Run
+
+if TYPE_CHECKING:
+    from attnaudit.models.hf_model import HFModel
 
 TOP_TOKENS = 5
 """How many most probable next tokens the explanation lists."""
@@ -173,12 +176,12 @@ def _decision(run: Run, target: str | None = None) -> Iterator[str]:
     if encoder_decoder:
         from attnaudit.models.zeroshot import forced_decision
 
-        with forced_decision(model):  # type: ignore[arg-type]
+        with forced_decision(cast("HFModel", model)):  # an encoder-decoder here is a Hugging Face one
             yield "next_token"
     elif model.config.extra.get("output") == "next_token":
         from attnaudit.models.zeroshot import next_token_decision
 
-        with next_token_decision(model):  # type: ignore[arg-type]
+        with next_token_decision(cast("HFModel", model)):  # only a Hugging Face causal LM outputs next tokens
             yield "next_token"
     else:
         yield "class" if model.trained_head else "none"
@@ -215,15 +218,15 @@ def _batch(run: Run, text: str, max_length: int | None, target: str | None = Non
         if not hasattr(collate, "max_len"):
             raise AttnAuditError(f"--max-length: the {run.family} model's input cannot be truncated here")
         collate = copy.copy(collate)
-        collate.max_len = min(max_length, collate.max_len or max_length)  # type: ignore[attr-defined]
+        collate.max_len = min(max_length, collate.max_len or max_length)
     return collate([Example(tokens=text.split())]).to(run.device)
 
 
 def _forced_batch(run: Run, text: str, target: str, max_length: int | None) -> Batch:
     """Source ``text`` (the tokenizer's specials included) and the decoder start token plus ``target``'s
     tokens (no end token), each as written; ``max_length`` cuts the source."""
-    model = run.model
-    tokenizer = model.tokenizer  # type: ignore[attr-defined]
+    model = cast("HFModel", run.model)  # a forced target: a Hugging Face encoder-decoder (see _decision)
+    tokenizer = model.tokenizer
     limit = min(max_length or model.config.max_len, model.config.max_len)
     source = tokenizer(text, truncation=True, max_length=limit)["input_ids"]
     prefix = tokenizer(text_target=target, add_special_tokens=False)["input_ids"] if target else []
@@ -231,7 +234,7 @@ def _forced_batch(run: Run, text: str, target: str, max_length: int | None) -> B
         raise AttnAuditError(f"--target has {len(prefix)} tokens; this model's decoder reads at most {model.config.max_len - 1}")
     tokens = torch.tensor([source])
     batch = Batch(tokens=tokens, mask=torch.ones_like(tokens, dtype=torch.bool), examples=[Example(tokens=text.split())])
-    batch.target = torch.tensor([[model.decoder_start, *prefix]])  # type: ignore[attr-defined]
+    batch.target = torch.tensor([[model.decoder_start, *prefix]])
     batch.target_mask = torch.ones_like(batch.target, dtype=torch.bool)
     return batch.to(run.device)
 
@@ -330,7 +333,7 @@ def _decision_record(run: Run, kind: str, probs: torch.Tensor) -> dict[str, Any]
     top = probs.topk(min(TOP_TOKENS, probs.numel()))
     index = int(top.indices[0])
     if kind == "next_token":
-        decode = run.model.tokenizer.decode  # type: ignore[attr-defined]
+        decode = cast("HFModel", run.model).tokenizer.decode  # next tokens: a Hugging Face model's
         ranked = [{"token": decode([int(i)]), "id": int(i), "probability": float(p)} for p, i in zip(top.values, top.indices)]
         return {"kind": "next_token", "token": ranked[0]["token"], "id": index, "probability": float(top.values[0]), "top": ranked}
     labels = run.labels or [str(i) for i in range(probs.numel())]

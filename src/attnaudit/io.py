@@ -19,7 +19,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Any, TypeVar
+from typing import IO, Any, TypeVar, cast
 
 from filelock import FileLock, Timeout
 
@@ -205,13 +205,13 @@ def writes_folder(parameter: str, existing: bool = False) -> Callable[[F], F]:
             with locked(check_output_dir(folder)):
                 return function(*args, **kwargs)
 
-        return wrapper  # type: ignore[return-value]
+        return cast(F, wrapper)
 
     return decorate
 
 
-def atomic_write(path: str | Path, writer: Callable[[Path], None]) -> Path:
-    """Call ``writer(tmp_path)`` then rename the temporary file onto ``path``.
+def atomic_write(path: str | Path, writer: Callable[[Path], object]) -> Path:
+    """Call ``writer(tmp_path)`` (its return value is ignored) then rename the temporary file onto ``path``.
 
     The rename is atomic on POSIX, so a reader never sees a half-written file and a
     killed process leaves only a stray ``.tmp`` file behind, never a truncated result.

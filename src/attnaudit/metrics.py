@@ -25,6 +25,9 @@ from torch import Tensor
 
 LN2 = math.log(2.0)
 
+Labels = Sequence[Any] | np.ndarray
+"""One label per instance, as a list or a 1-d array (what the classification scores take)."""
+
 
 def _float(x: Tensor) -> Tensor:
     """Integer/bool inputs become the default float dtype; float dtypes are kept."""
@@ -260,14 +263,14 @@ def entropy_rows(scores: ArrayLike | Tensor) -> np.ndarray:
     return out
 
 
-def accuracy(y_true: ArrayLike, y_pred: ArrayLike) -> float:
+def accuracy(y_true: Labels, y_pred: Labels) -> float:
     """Fraction of exact matches; NaN for empty input."""
     if len(y_true) == 0:
         return math.nan
     return float(sk_metrics.accuracy_score(y_true, y_pred))
 
 
-def macro_f1(y_true: ArrayLike, y_pred: ArrayLike, labels: Sequence[Any] | None = None) -> float:
+def macro_f1(y_true: Labels, y_pred: Labels, labels: Sequence[Any] | None = None) -> float:
     """Unweighted mean of per-class F1 over ``labels`` (default: classes present).
 
     A class never predicted nor present scores 0 (sklearn ``zero_division=0``);
@@ -316,8 +319,8 @@ def _check_tag_shapes(gold: list[list[str]], pred: list[list[str]]) -> None:
 
 
 def score_classification(
-    y_true: ArrayLike,
-    y_pred: ArrayLike,
+    y_true: Labels,
+    y_pred: Labels,
     probs: ArrayLike | None,
     labels: Sequence[Any],
 ) -> dict[str, float]:

@@ -34,7 +34,7 @@ def optional_inner(hint: Any) -> tuple[Any, bool]:
     origin, args = _parts(hint)
     if _is_union(origin) and type(None) in args:
         rest = [a for a in args if a is not type(None)]
-        return (rest[0] if len(rest) == 1 else typing.Union[tuple(rest)]), True
+        return (rest[0] if len(rest) == 1 else typing.Union[tuple(rest)]), True  # noqa: UP007 (a Union built from a tuple at run time)
     return hint, False
 
 
@@ -184,7 +184,7 @@ DTYPE_NAMES = ("float32", "bfloat16")
 
 def check_dtype(name: str, where: str = "--dtype") -> str:
     """A ``--dtype`` name, refused in one line unless it is one of :data:`DTYPE_NAMES`."""
-    return _scalar(str(name), typing.Literal[DTYPE_NAMES], where)  # type: ignore[valid-type]
+    return _scalar(str(name), typing.Literal[DTYPE_NAMES], where)
 
 
 def check_max_length(value: int | None, where: str = "--max-length") -> int | None:

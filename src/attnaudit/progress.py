@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sized
 from typing import TypeVar
 
 from rich.console import Console
@@ -39,8 +39,8 @@ def track(items: Iterable[T], description: str, total: int | None = None) -> Ite
     if _quiet or not sys.stderr.isatty():
         yield from items
         return
-    if total is None and hasattr(items, "__len__"):
-        total = len(items)  # type: ignore[arg-type]
+    if total is None and isinstance(items, Sized):
+        total = len(items)
     with Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),

@@ -22,7 +22,7 @@ import torch
 
 from attnaudit.data.types import Batch, Example, TaskData
 from attnaudit.errors import AttnAuditError, InputError
-from attnaudit.io import atomic_write_json, check_fields, read_json
+from attnaudit.io import JsonKinds, atomic_write_json, check_fields, read_json
 from attnaudit.models.base import AttentionModel, ModelConfig
 from attnaudit.weights import load_tensors
 
@@ -133,7 +133,7 @@ def write_config(directory: Path, config: dict[str, Any]) -> Path:
 
 
 # The optional fields of a run config's ``task`` (``TaskSpec``) and their JSON types.
-TASK_OPTIONAL = {
+TASK_OPTIONAL: dict[str, JsonKinds] = {
     "data_dir": (str, type(None)), "seed": int, "dev": (str, type(None)), "test": (str, type(None)), "min_length": int,
 }
 

@@ -333,12 +333,13 @@ def plan(config: SweepConfig, out: str | Path, data_dir: str | Path | None = Non
     axes = {param: config.grid.get(key) for key, param in GRID_KEYS.items()}
     axes["attention"] = axes["attention"] or ["softmax"]
     axes["seed"] = axes["seed"] or [0]
-    names = [k for k, v in axes.items() if v is not None]
+    present = {k: v for k, v in axes.items() if v is not None}
+    names = list(present)
     takers = lambda_tests(config) if axes.get("lambda") else []
     out = Path(out).resolve()
     jobs: list[Job] = []
     seen: set[str] = set()
-    for values in itertools.product(*(axes[k] for k in names)):
+    for values in itertools.product(*(present[k] for k in names)):
         params = dict(zip(names, values))
         test_options = {k: dict(v) for k, v in config.test_options.items()}
         for test in takers:

@@ -34,7 +34,7 @@ def test_read_lines_falls_back_to_latin1_and_drops_trailing_blank_lines(tmp_path
     path = tmp_path / "de"
     path.write_bytes("daß Abhängiger\nzwei\n\n".encode("latin-1"))
     assert read_lines(path) == ["daß Abhängiger", "zwei"]
-    path.write_bytes("daß\n".encode("utf-8"))
+    path.write_bytes("daß\n".encode())
     assert read_lines(path) == ["daß"]
 
 

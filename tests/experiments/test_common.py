@@ -24,10 +24,10 @@ from attnaudit.experiments.common import (
     resolve_layers,
     row_mean,
     seeded_generator,
+    self_attention_classifier_reason,
     single_attention_reason,
     spearman_rho,
     take_rows,
-    self_attention_classifier_reason,
     transformer_classifier_reason,
     weighted_mean,
 )

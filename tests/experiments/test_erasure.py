@@ -17,8 +17,8 @@ from attnaudit.data.vocab import Vocab
 from attnaudit.errors import AttnAuditError
 from attnaudit.experiments.base import Result, get_experiment, run_test
 from attnaudit.experiments.erasure import (
-    Erasure,
     RANDOM,
+    Erasure,
     erase_items,
     flip_steps,
     order_by,

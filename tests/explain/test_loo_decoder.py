@@ -18,8 +18,7 @@ import torch
 
 from attnaudit.data.types import Batch
 from attnaudit.errors import AttnAuditError
-from attnaudit.explain import item_mask
-from attnaudit.explain import loo
+from attnaudit.explain import item_mask, loo
 from attnaudit.explain.loo import _loo_decoder, _loo_method, loo_importance
 from attnaudit.metrics import output_change
 from attnaudit.models.base import Cache

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnaudit.data.types import Batch
 import attnaudit.explain.norms_res_ln as norms_res_ln_module
+from attnaudit.data.types import Batch
 from attnaudit.explain import EXPLANATIONS
 from attnaudit.explain.norms_res_ln import attention_block_parts, norms_res_ln
 from attnaudit.models import ModelConfig, build_model
@@ -69,7 +69,7 @@ def test_pre_rmsnorm_llama_shares_add_up_to_hfs_residual_stream_after_attention(
     for b in range(len(batch)):
         n = int(batch.mask[b].sum())
         seen: list[torch.Tensor] = []
-        hooks = [layer.post_attention_layernorm.register_forward_pre_hook(lambda _m, args: seen.append(args[0][0]))
+        hooks = [layer.post_attention_layernorm.register_forward_pre_hook(lambda _m, args, seen=seen: seen.append(args[0][0]))
                  for layer in reference.model.layers]
         try:
             with torch.no_grad():

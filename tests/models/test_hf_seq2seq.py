@@ -35,12 +35,11 @@ from transformers.models.t5 import modeling_t5
 from attnaudit.data.alignment import SubwordTokenizer, synthetic_translation
 from attnaudit.data.types import Batch
 from attnaudit.errors import AttnAuditError
-from attnaudit.models.base import Intervention, freeze_uniform
 from attnaudit.hf import load_hf
-from attnaudit.models.hf_model import causal_allowed
+from attnaudit.models.base import Intervention, freeze_uniform
 from attnaudit.models.hf_batches import HFSubwords, collator
 from attnaudit.models.hf_fresh import fresh_tokenizer
-from attnaudit.models.hf_model import HFModel
+from attnaudit.models.hf_model import HFModel, causal_allowed
 from tests.models.test_hf_decoder import real_rows
 
 FAMILIES = ("marian", "bart", "t5")

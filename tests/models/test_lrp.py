@@ -10,8 +10,8 @@ import torch
 from torch import nn
 
 from attnaudit.errors import AttnAuditError
-from attnaudit.models.base import ModelConfig
 from attnaudit.hf import load_hf
+from attnaudit.models.base import ModelConfig
 from attnaudit.models.lrp import IdentityRule, ScaleGradient, attention_operands, frozen_norm, relevance_rules
 from attnaudit.models.transformer import TransformerClassifier
 from tests.models.test_hf_decoder import wrap

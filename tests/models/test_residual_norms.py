@@ -25,9 +25,9 @@ from transformers import (
 
 from attnaudit.data.types import Batch
 from attnaudit.errors import AttnAuditError
+from attnaudit.hf import HFCollator
 from attnaudit.models import ModelConfig, build_model
 from attnaudit.models.base import AttentionModel, Intervention
-from attnaudit.hf import HFCollator
 from attnaudit.models.hf_model import HFModel
 
 FAMILIES = ("transformer", "bert", "distilbert", "llama", "qwen2", "gpt2")

@@ -198,7 +198,7 @@ def test_detach_weights_blocks_gradient_through_attention(task: str, encoder: st
         model.zero_grad()
         seen: dict[str, Tensor] = {}
 
-        def record(w: Tensor, _mask: Tensor) -> Tensor:
+        def record(w: Tensor, _mask: Tensor, seen: dict[str, Tensor] = seen) -> Tensor:
             w.retain_grad()
             seen["w"] = w
             return w

@@ -24,9 +24,12 @@ from .helpers import in_process
 
 REPO = Path(__file__).resolve().parents[2]
 TINY_SITE = Path(__file__).with_name("tiny_site")
-# Words that stand for "your run / your folder" in prose; such a command is run on the run its
-# test's own examples name (see Experiment.examples).
-PLACEHOLDERS = ("RUN", "RUN_DIR", "DIR")
+# Words that stand for "your run / your folder / your value" in prose. A shown command holding one
+# (as a word or a part of a path such as RUN/results) is a pattern and is not run: the convention
+# the docs follow to mark a fragment (CONTRIBUTING.md). A prose mention of a command that is not a
+# whole command is written without its `attnaudit` prefix (`run norms`), so it is not taken for one.
+PLACEHOLDERS = ("RUN", "RUN_DIR", "DIR", "DIR0", "DIR1", "TEST", "TESTS", "NAME", "X", "FOLDER", "SOURCE", "TARGET",
+                "PREFIX", "S", "FILE", "PATH", "M", "N", "OUT")
 PRODUCERS = ("train", "finetune", "train-nmt")
 # Runs the README names that a reproduction script writes (python -m benchmarks.reproduce_base_models
 # trains the SST BiLSTM into benchmarks/runs/sst-bilstm): stood in for by the documented run of
@@ -53,6 +56,11 @@ class Documented:
 WRAPPER = re.compile(r"^(?:[A-Z_]+=\S+\s+|nice\s+-n\s*-?\d+\s+|(?:/usr/bin/)?time(?:\s+-v)?\s+)+")
 
 
+def _placeholder(word: str) -> bool:
+    """Whether a word is, or holds as a path or value part, one of :data:`PLACEHOLDERS`."""
+    return any(part in PLACEHOLDERS for part in re.split(r"[/=,]", word))
+
+
 def _words(line: str) -> list[str] | None:
     """The words after ``attnaudit`` in a shell line (comment dropped), or None when it is prose."""
     line = WRAPPER.sub("", line.split(" # ")[0].split("\t#")[0].strip())
@@ -62,8 +70,8 @@ def _words(line: str) -> list[str] | None:
         words = shlex.split(line)[1:]
     except ValueError:
         return None
-    if not words or any(w in ("...", "<test>", "[NAME", "NAME", "TESTS") or w.startswith("<") for w in words):
-        return None  # a pattern such as `attnaudit run <test>`, not a command
+    if not words or any(w in ("...", "[NAME") or w.startswith("<") or _placeholder(w) for w in words):
+        return None  # a pattern such as `attnaudit run <test>` or `attnaudit report DIR`, not a command
     return words
 
 
@@ -124,7 +132,8 @@ def help_commands() -> list[Documented]:
             if words is not None:
                 found.append(Documented(f"{path} --help", tuple(words)))
         for name, sub in sorted(getattr(command, "commands", {}).items()):
-            visit(sub, f"{path} {name}")
+            if not getattr(sub, "hidden", False):  # a hidden alias (run global_adversary) shows the same text
+                visit(sub, f"{path} {name}")
 
     visit(typer.main.get_command(cli.app), "attnaudit")
     return found
@@ -184,6 +193,10 @@ def tiny_environment() -> dict[str, str]:
     return {"PYTHONPATH": path, "ATTNAUDIT_TEST_TINY_SYNTHETIC": "1"}
 
 
+DOCS = REPO / "docs"
+
+
 def documented_commands() -> list[Documented]:
-    """The README's commands, then every ``--help`` example, in the order shown."""
-    return markdown_commands(REPO / "README.md") + help_commands()
+    """The README's commands, the docs pages', then every ``--help`` example, in the order shown."""
+    pages = [REPO / "README.md", REPO / "CONTRIBUTING.md", *sorted(DOCS.rglob("*.md"))]
+    return [c for page in pages if page.exists() for c in markdown_commands(page)] + help_commands()

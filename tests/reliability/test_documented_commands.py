@@ -16,13 +16,9 @@ COMMANDS = documented_commands()
 
 
 def _resolve(command: Documented) -> list[str]:
-    """A prose placeholder (``attnaudit run uniform RUN``) becomes the run that test's own
-    examples name; nothing else changes."""
-    args = list(command.args)
-    if args[0] == "run" and any(a in PLACEHOLDERS for a in args):
-        run = discover()[args[1]].examples[0].split()[0]
-        args = [run if a in PLACEHOLDERS else a for a in args]
-    return args
+    """The command's words (commands holding a placeholder are patterns, never collected)."""
+    assert not any(a in PLACEHOLDERS for a in command.args), command
+    return list(command.args)
 
 
 def _outputs(args: list[str]) -> list[str]:

@@ -48,7 +48,8 @@ def test_a_model_that_is_no_text_transformer_is_one_line(tmp_path: Path) -> None
     from transformers import ViTConfig, ViTModel
 
     folder = tmp_path / "vit"
-    ViTModel(ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64, image_size=32, patch_size=16)).save_pretrained(folder)
+    vit = ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64, image_size=32, patch_size=16)
+    ViTModel(vit).save_pretrained(folder)
     bert = save_tiny("bert", tmp_path / "bert")
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(bert / name, folder / name)

@@ -80,7 +80,9 @@ def test_loaders_refuse_pickles_without_unpickling(protocol: int | str, tmp_path
     assert not marker.exists()
 
 
-@pytest.mark.parametrize(("target", "protocol"), [("model.safetensors", 4), ("model.safetensors", 0), ("model.safetensors", "torch"), ("vocab.json", 4)])
+@pytest.mark.parametrize(
+    ("target", "protocol"), [("model.safetensors", 4), ("model.safetensors", 0), ("model.safetensors", "torch"), ("vocab.json", 4)]
+)
 def test_cli_refuses_a_pickle_inside_a_run(target: str, protocol: int | str, run_copy: Path, tmp_path: Path) -> None:
     marker = tmp_path / "unpickled"
     (run_copy / target).write_bytes(_pickle(marker, protocol))

@@ -24,18 +24,17 @@ from attnaudit.errors import AttnAuditError
 from attnaudit.experiments.base import Result
 from attnaudit.explain import get_explanation, item_mask
 from attnaudit.report import build_report
-from attnaudit.report.heatmaps import IG_STEPS
 from attnaudit.report.explorer import (
     dequantise,
     faithfulness_scores,
+    instance_rows,
     pack,
     quantise,
     script_json,
-    instance_rows,
     unpack,
 )
+from attnaudit.report.heatmaps import IG_STEPS
 from attnaudit.run import Run
-
 from tests.report.conftest import HOSTILE
 
 

@@ -25,6 +25,7 @@ import random
 import unicodedata
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import cast
 
 import torch
 
@@ -417,7 +418,8 @@ class SubwordTokenizer:
         if not words:
             return [], []
         encoding = self.tokenizer.encode(list(words), is_pretokenized=True, add_special_tokens=False)
-        return list(encoding.ids), [int(w) for w in encoding.word_ids]
+        word_of = cast("list[int]", encoding.word_ids)  # no special tokens added: every subword is in a word
+        return list(encoding.ids), [int(w) for w in word_of]
 
     def pieces(self, ids: Sequence[int]) -> list[str]:
         return [self.tokenizer.id_to_token(int(i)) or UNK for i in ids]

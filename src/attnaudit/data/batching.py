@@ -176,7 +176,7 @@ class Collator:
 
 def iterate_batches(
     examples: Sequence[Example],
-    collate: Callable[[Sequence[Example]], Batch],
+    collate: Callable[[list[Example]], Batch],
     batch_size: int,
     shuffle: bool = False,
     seed: int = 0,

@@ -433,7 +433,8 @@ def _sniff_header(
             return None
 
     label = name(first[index])
-    others = {name(row[index]) for _, row in rows[1:] if -len(row) <= index < len(row)} - {None}
+    named = (name(row[index]) for _, row in rows[1:] if -len(row) <= index < len(row))
+    others = {other for other in named if other is not None}
     if label is None:
         return False, "its label cell is empty"
     if label in others:

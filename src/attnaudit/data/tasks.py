@@ -13,6 +13,7 @@ import os
 import random
 from collections.abc import Callable
 from pathlib import Path
+from typing import overload
 from urllib.parse import parse_qsl
 
 from attnaudit.data import readers
@@ -231,6 +232,10 @@ def _parse_spec(spec: str) -> tuple[str, str, dict[str, str]]:
     return fmt, path, options
 
 
+@overload
+def absolute_spec(spec: str) -> str: ...
+@overload
+def absolute_spec(spec: None) -> None: ...
 def absolute_spec(spec: str | None) -> str | None:
     """``FORMAT:PATH`` with its file path(s) made absolute, so a run directory trained from
     one folder still finds its data from another; names and ``hf:`` specs are unchanged."""

@@ -248,7 +248,7 @@ def adversarial_loop(
             batch = run.collate([example]).to(run.device)
             explained = prepare(model, batch, [layer])
 
-            def decode(weights: Tensor, batch: Batch = batch) -> Tensor:
+            def decode(weights: Tensor, batch: Batch = batch, explained: Explained = explained) -> Tensor:
                 outs = [
                     model(batch, [Intervention(layer=layer, weights=full_rows(explained, weights[:, a]))]).probs
                     for a in range(weights.shape[1])

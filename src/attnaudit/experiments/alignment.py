@@ -212,12 +212,12 @@ class Alignment(Experiment):
             raise AttnAuditError("alignment needs sentence pairs (examples with a target)")
         _check_options(options)
         scores = alignment_scores(run, examples, options.batch_size)
-        blocks = len(run.model.cross_layers)  # type: ignore[attr-defined]
+        blocks = len(run.model.cross_layers)
         sure = [_links(ex, "sure") for ex in examples]
         possible = [_links(ex, "possible") for ex in examples]
         gold_sure = {(n, *link) for n, links in enumerate(sure) for link in links}
         gold_possible = {(n, *link) for n, links in enumerate(possible) for link in links}
-        instances = [
+        instances: list[dict[str, Any]] = [
             {"index": n, "source_words": len(ex.tokens), "target_words": len(ex.target or [])}
             for n, ex in enumerate(examples)
         ]

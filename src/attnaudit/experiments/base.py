@@ -65,7 +65,11 @@ class Result:
         for stem, rows in frames.items():
             if rows:
                 frame = pd.DataFrame(rows)
-                atomic_write(directory / f"{stem}.csv", lambda tmp, frame=frame: frame.to_csv(tmp, index=False))
+
+                def write(tmp: Path, frame: pd.DataFrame = frame) -> None:
+                    frame.to_csv(tmp, index=False)
+
+                atomic_write(directory / f"{stem}.csv", write)
         return atomic_write_json(directory / f"{self.test}.json", self.to_dict())
 
     @classmethod
@@ -287,7 +291,7 @@ def fingerprint(
     weights = sorted(Path(run.path).glob("*.safetensors")) + sorted(Path(run.path).glob("hf/*.safetensors")) if run.path else []
     body = {
         "test": name,
-        "options": asdict(options) if is_dataclass(options) else {},
+        "options": asdict(options) if is_dataclass(options) and not isinstance(options, type) else {},
         "split": split,
         "limit": limit,
         "limit_order": limit_order,
@@ -340,8 +344,10 @@ def run_test(
     elif run.subruns is None and run.path is not None:
         run = replace(run, subruns=directory / "subruns")  # --out: the run directory is only read
     remove_stray_tmp(directory)  # what a killed earlier run left half-written, here and in its sub-runs
-    if run.subruns is not None or run.path is not None:
-        remove_stray_tmp(run.subruns or Path(run.path) / "subruns", recursive=True)
+    if run.subruns is not None:
+        remove_stray_tmp(run.subruns, recursive=True)
+    elif run.path is not None:
+        remove_stray_tmp(Path(run.path) / "subruns", recursive=True)
     reason = experiment.why_not(run)
     if reason:
         raise AttnAuditError(f"test {name!r} does not apply to this {run.family} model: {reason}")
@@ -365,7 +371,7 @@ def run_test(
                 "n": len(examples),
                 "subset": describe(split, full, examples, limit, limit_order, seed),
                 "seed": seed,
-                "options": asdict(opts) if is_dataclass(opts) else {},
+                "options": asdict(opts) if is_dataclass(opts) and not isinstance(opts, type) else {},
                 "seconds": round(time.perf_counter() - start, 3),
                 "fingerprint": stamp,
             }
@@ -387,7 +393,11 @@ def save_figure(fig: Any, directory: Path, stem: str) -> list[Path]:
     paths = []
     for ext in ("png", "svg"):
         path = Path(directory) / f"{stem}.{ext}"
-        atomic_write(path, lambda tmp, ext=ext: fig.savefig(tmp, format=ext, dpi=130, bbox_inches="tight"))
+
+        def write(tmp: Path, ext: str = ext) -> None:
+            fig.savefig(tmp, format=ext, dpi=130, bbox_inches="tight")
+
+        atomic_write(path, write)
         paths.append(path)
     plt.close(fig)
     return paths

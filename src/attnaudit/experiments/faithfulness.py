@@ -195,11 +195,14 @@ class Faithfulness(Experiment):
         with evaluation(model):  # the decisions, and the attention read from the same (shared) pass
             prepared = prepare(model, batch, [model.explained_layer % model.num_attention_layers])
         pred, full = decisions(prepared.probs)
-        scores = {
-            m: (prepared.attention if m == "attention"
-                else EXPLANATIONS[m](model, batch, steps=options.ig_steps, seed=seed)).detach().double().cpu()
-            for m in methods
-        }
+        scores: dict[str, Tensor] = {}
+        for m in methods:
+            if m == "attention":
+                assert prepared.attention is not None  # prepare() reads it when the explained layer is the only one
+                score = prepared.attention
+            else:
+                score = EXPLANATIONS[m](model, batch, steps=options.ig_steps, seed=seed)
+            scores[m] = score.detach().double().cpu()
         removable = removable_items(model, batch).cpu()
         n = removable.sum(1)
         keep = (n >= 2).numpy()

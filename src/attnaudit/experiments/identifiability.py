@@ -98,7 +98,10 @@ class Identifiability(Experiment):
     needs_prediction = False  # reads attention and weights only
     description = "Rank / null space of each head's value-output map and raw vs effective attention"
     paper = "Brunner et al. 2020, On Identifiability in Transformers (ICLR)"
-    examples = ("runs/sst2-transformer --limit 200 --data-dir ../shared/data", "--hf minilm --task sst2 --out results/minilm-identifiability --data-dir ../shared/data")
+    examples = (
+        "runs/sst2-transformer --limit 200 --data-dir ../shared/data",
+        "--hf minilm --task sst2 --out results/minilm-identifiability --data-dir ../shared/data",
+    )
 
     @dataclass
     class Options:

@@ -38,7 +38,7 @@ from attnaudit.run import Run
 
 SIGNIFICANCE = 0.05
 REFERENCE = ("gradient", "loo")
-PUBLISHED = {
+PUBLISHED: dict[str, Any] = {
     "source": "Jain & Wallace (NAACL 2019), SST, BiLSTM encoder with additive (tanh) attention",
     "attention_vs_gradient": {"mean": 0.351, "std": 0.211, "significant": 0.49},
     "attention_vs_loo": {"mean": 0.291, "std": 0.191},
@@ -224,7 +224,7 @@ class ImportanceCorrelation(Experiment):
                     "significant": significant,
                     "topk_mean": top["mean"],
                     "topk_std": top["std"],
-                    **{f"published_{k}": v for k, v in published.items()},  # type: ignore[union-attr]
+                    **{f"published_{k}": v for k, v in published.items()},
                 }
             )
             for label in sorted({r["pred"] for r in instances}):

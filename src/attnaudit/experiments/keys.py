@@ -83,7 +83,8 @@ def stacked_keys(trace: AttentionTrace) -> Tensor:
     missing = [i for i, layer in enumerate(trace.layers) if layer.keys is None]
     if missing:
         raise AttnAuditError(f"attention layer(s) {missing} record no keys; the key tests need them")
-    return torch.stack([merge_heads(layer.keys) for layer in trace.layers], dim=1)  # type: ignore[arg-type]
+    keys = [layer.keys for layer in trace.layers if layer.keys is not None]  # every layer's, after the check
+    return torch.stack([merge_heads(k) for k in keys], dim=1)
 
 
 def key_interventions(keys: Tensor, heads: int) -> list[Intervention]:
@@ -122,7 +123,7 @@ def frozen(model: AttentionModel) -> Iterator[None]:
 
 
 @dataclass
-class KeyOptions:
+class KeyOptions(Experiment.Options):
     """Options every key test shares."""
 
     epochs: int = field(default=3, metadata={"help": "Epochs over the training subset."})
@@ -189,7 +190,9 @@ class KeyTest(Experiment):
             clean = model.decode(cache)
         keys = stacked_keys(clean.trace)
         new_keys = adversary(self._inputs(keys, generator))
-        attacked = model.decode(cache, key_interventions(new_keys, clean.trace.layers[0].keys.shape[1]))
+        first_keys = clean.trace.layers[0].keys
+        assert first_keys is not None  # a Transformer records its keys
+        attacked = model.decode(cache, key_interventions(new_keys, first_keys.shape[1]))
         return clean, attacked, keys, new_keys
 
     def train_adversary(self, run: Run, options: Any, seed: int) -> tuple[KeyAdversary, list[dict[str, float]]]:
@@ -294,7 +297,7 @@ class KeyTest(Experiment):
         """What learned keys do to accuracy and attention, read per key test (sparse-attention study, Table 1)."""
         s = result.summary
         before, after, moved = s.get("accuracy_original"), s.get("accuracy_attacked"), s.get("jsd_mean")
-        if not all(isinstance(v, (int, float)) for v in (before, after, moved)):
+        if not (isinstance(before, (int, float)) and isinstance(after, (int, float)) and isinstance(moved, (int, float))):
             return super().verdict(result)
         change = f"accuracy {before:.3f} → {after:.3f}, attention moved by JSD {moved:.3f} nats"
         if self.opposite:

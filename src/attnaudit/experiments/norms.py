@@ -19,7 +19,7 @@ import math
 import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 import torch
@@ -36,6 +36,10 @@ from attnaudit.progress import track
 from attnaudit.run import Run
 
 CATEGORIES = ("[CLS]", "[SEP]", "punct", "other")
+
+
+def _finite(value: Any) -> TypeGuard[float]:
+    return isinstance(value, (int, float)) and math.isfinite(value)
 
 
 def is_punctuation(token: str) -> bool:
@@ -136,7 +140,10 @@ class Norms(Experiment):
     needs_prediction = False  # reads attention and weights only
     description = "attention weight vs norm of the weighted transformed vector, per token category (Kobayashi et al.)"
     paper = "Kobayashi et al. 2020"
-    examples = ("runs/sst2-transformer --limit 200 --data-dir ../shared/data", "--hf minilm --task sst2 --out results/minilm-norms --data-dir ../shared/data")
+    examples = (
+        "runs/sst2-transformer --limit 200 --data-dir ../shared/data",
+        "--hf minilm --task sst2 --out results/minilm-norms --data-dir ../shared/data",
+    )
 
     @dataclass
     class Options:
@@ -394,7 +401,7 @@ class Norms(Experiment):
             )
         for category in CATEGORIES:
             weight, norm = s.get(f"{category}_weight_share"), s.get(f"{category}_norm_share")
-            if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in (weight, norm)) or category == "other":
+            if not (_finite(weight) and _finite(norm)) or category == "other":
                 continue
             if weight > 1.5 * norm and weight >= 0.05:
                 meaning = f"{category} gets {weight:.0%} of the attention weight but {norm:.0%} of ‖αf(x)‖: weights overstate its role"

@@ -42,7 +42,7 @@ from attnaudit.experiments.common import (
     take_rows,
 )
 from attnaudit.metrics import output_change
-from attnaudit.models.base import AttentionModel, Intervention, evaluation
+from attnaudit.models.base import AttentionModel, Intervention, WeightsFn, evaluation
 from attnaudit.progress import track
 from attnaudit.run import Run
 
@@ -95,10 +95,12 @@ def permutation_interventions(explained: Explained, instances: Tensor, sources: 
     if len(explained.layers) == 1:
         original = explained.weights[0].index_select(0, instances)
         return [Intervention(layer=explained.layers[0], weights=original.gather(-1, sources[:, 0]))]
-    return [
-        Intervention(layer=layer, weights=lambda w, _m, src=sources[:, j]: w.gather(-1, src))
-        for j, layer in enumerate(explained.layers)
-    ]
+    return [Intervention(layer=layer, weights=_permuted(sources[:, j])) for j, layer in enumerate(explained.layers)]
+
+
+def _permuted(src: Tensor) -> WeightsFn:
+    """A weights intervention permuting the layer's computed weights by ``src`` (its own closure per layer)."""
+    return lambda w, _m: w.gather(-1, src)
 
 
 @dataclass
@@ -183,8 +185,11 @@ def permutation_loop(
             p = 0
             for block in permutation_blocks(key_mask, query_rows, heads, len(layers), permutations, generator):
                 for src in block.to(run.device):
-                    ivs = permutation_interventions(explained, zero, src[None])
-                    out = model(batch, [Intervention(layer=iv.layer, weights=full_rows(explained, iv.weights)) for iv in ivs])
+                    ivs = []
+                    for iv in permutation_interventions(explained, zero, src[None]):
+                        assert iv.weights is not None  # permutation_interventions sets the weights of each
+                        ivs.append(Intervention(layer=iv.layer, weights=full_rows(explained, iv.weights)))
+                    out = model(batch, ivs)
                     changes[index, p] = float(output_change(out.probs, explained.probs)[0])
                     p += 1
     return changes

@@ -213,7 +213,7 @@ class AttentionProbe(Experiment):
                     )
                 summary[f"{source}/{variant}"] = sum(scores) / len(scores)
         published = PUBLISHED if run.task.task_type == "tagging" else {}
-        meta = {
+        meta: dict[str, Any] = {
             "notes": [
                 "each probe is scored on the whole test split with the source's attention on the test instances "
                 "(the --split/--limit options do not apply)",

@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 from sklearn.metrics import average_precision_score, roc_auc_score
@@ -41,6 +41,9 @@ from attnaudit.experiments.base import (
 from attnaudit.explain import EXPLANATIONS, default_names, list_explanations
 from attnaudit.progress import track
 from attnaudit.run import Run
+
+if TYPE_CHECKING:
+    from attnaudit.models.hf_model import HFModel
 
 METRICS = ("ap", "auc", "precision_at_k")
 
@@ -68,7 +71,7 @@ class Units:
 
 def _hf_word_ids(run: Run, ex: Example, ids: list[int]) -> np.ndarray | None:
     """Word index of each wordpiece of ``ex`` (-1 for special tokens and the query), or None if it cannot be aligned."""
-    tokenizer = run.model.tokenizer  # type: ignore[attr-defined]
+    tokenizer = cast("HFModel", run.model).tokenizer  # called for the hf family only
     if not getattr(tokenizer, "is_fast", False):
         return None
     pair = [ex.query] if run.task.task_type == "pair" and ex.query else None
@@ -242,7 +245,7 @@ class Rationale(Experiment):
     def _result(
         self, run: Run, rows: list[dict[str, Any]], methods: list[str], options: Any, without: int, unaligned: int
     ) -> Result:
-        table = []
+        table: list[dict[str, Any]] = []
         summary: dict[str, Any] = {"n": len(rows)}
         for m in methods:
             stats = {metric: summarise([r[f"{m}_{metric}"] for r in rows]) for metric in METRICS}

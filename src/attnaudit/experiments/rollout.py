@@ -27,7 +27,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 import torch
@@ -133,7 +133,7 @@ def layer_table(instances: list[dict[str, Any]], n_layers: int, names: list[str]
     return table
 
 
-def _finite(value: Any) -> bool:
+def _finite(value: Any) -> TypeGuard[float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
@@ -152,7 +152,10 @@ class Rollout(Experiment):
         "predicts (Abnar & Zuidema)"
     )
     paper = "Abnar & Zuidema 2020"
-    examples = ("runs/minilm-sst2 --limit 100 --data-dir ../shared/data", "--hf minilm --task sst2 --out results/minilm-rollout --data-dir ../shared/data")
+    examples = (
+        "runs/minilm-sst2 --limit 100 --data-dir ../shared/data",
+        "--hf minilm --task sst2 --out results/minilm-rollout --data-dir ../shared/data",
+    )
     needs_prediction = False  # the maps need attention only; importance is compared when there is a prediction
 
     @dataclass

@@ -277,10 +277,11 @@ def choose(
     if not wanted:
         raise AttnAuditError(f"{option}: no method given; choose from {', '.join(choices)}")
     chosen = {n: EXPLANATIONS[n] for n in wanted}
-    for method in chosen.values() if model is not None else ():
-        reason = method.applies(model)
-        if reason:
-            raise AttnAuditError(f"{option}: {method.name} does not apply to this model: {reason}")
+    if model is not None:
+        for method in chosen.values():
+            reason = method.applies(model)
+            if reason:
+                raise AttnAuditError(f"{option}: {method.name} does not apply to this model: {reason}")
     return chosen
 
 

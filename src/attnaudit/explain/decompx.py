@@ -67,7 +67,7 @@ def through_layer(model: AttentionModel, record: AttentionLayer, layer: int, par
     b, t, k, _ = parts.shape
     values = (parts @ w_v).view(b, t, k, heads, -1)
     mixed = torch.einsum("bhij,bjkhe->bikhe", record.weights, values).reshape(b, t, k, -1) @ w_o
-    bias = b_v @ w_o
+    bias: Tensor | None = b_v @ w_o
     if layer == 0:  # each input token's own value bias is its own, as the token's value is (the authors' code)
         per_head = torch.einsum("he,hed->hd", b_v.view(heads, -1), w_o.view(heads, -1, w_o.shape[1]))
         mixed, bias = mixed + torch.einsum("bhik,hd->bikd", record.weights, per_head), None
@@ -89,6 +89,7 @@ def decomposed_logits(model: AttentionModel, records: list[AttentionLayer]) -> T
     for layer, record in enumerate(records):
         parts = through_layer(model, record, layer, parts)
     head = model.head_layers()
+    assert head is not None  # _check refuses a model without one
     if head.pool == "first":
         pooled = parts[:, 0]
     else:

@@ -10,7 +10,7 @@ used to check them.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -32,6 +32,9 @@ from attnaudit.models.rnn import (
     PairAttentionClassifier,
     RecurrentEncoder,
 )
+
+if TYPE_CHECKING:
+    from attnaudit.models.hf_model import HFModel
 
 # Elements (floats) one chunk of leave-one-out rows may occupy in its largest tensor:
 # 2**23 floats = 32 MB keeps memory bounded for long documents without slowing short ones.
@@ -139,6 +142,7 @@ def _loo_decoder(
     batch run together, longest first, in passes of :data:`_PASS_ELEMENTS`; the template of a
     prompt stays, as in :func:`_loo_recompute`.
     """
+    hf = cast("HFModel", model)  # _loo_method picks this for a model that continues_prefix: an HFModel
     lengths = batch.mask.sum(1)
     n = lengths[rows[:, 0]]
     start = torch.minimum(rows[:, 1], n - 2).clamp_min(0)  # first rerun position; the prefix is [0, start)
@@ -158,9 +162,9 @@ def _loo_decoder(
         source = (source + (source >= i[:, None]).long()).clamp_max(t - 1)  # skip the removed token
         valid = steps < span[sub][:, None]
         tokens = batch.tokens[b].gather(1, source).masked_fill(~valid, model.config.pad_id)
-        rest = model.encode(Batch(tokens=tokens, mask=valid))
-        rest.extra["prefix"] = model.prefix_from(output.trace, b, first)  # type: ignore[attr-defined]
-        out.append(model.decode(rest, keep_layers=()).probs)
+        rest = hf.encode(Batch(tokens=tokens, mask=valid))
+        rest.extra["prefix"] = hf.prefix_from(output.trace, b, first)
+        out.append(hf.decode(rest, keep_layers=()).probs)
     probs = torch.cat(out)
     return probs[torch.argsort(order)]
 
@@ -179,6 +183,7 @@ def _loo_context_free(
     output layers on it.
     """
     record = output.trace[0]
+    assert record.scores is not None  # the single-attention models record their scores
     scores, values = record.scores[:, 0, 0], record.inputs
     b_size, k = mask.shape
     others = ~torch.eye(k, dtype=torch.bool, device=mask.device)
@@ -253,7 +258,8 @@ def _loo_bilstm(
     Then attention and the output layers run on the new states with ``i`` masked out
     (attention is order-free, so a masked key is a removed one).
     """
-    lstm = model.encoder.rnn  # type: ignore[union-attr]
+    lstm = cast(RecurrentEncoder, model.encoder).rnn  # _loo_method picks this for a 1-layer biLSTM encoder only
+    assert isinstance(lstm, nn.LSTM)
     hidden = lstm.hidden_size
     emb = model.embed(batch)
     b_size, t = mask.shape
@@ -269,7 +275,7 @@ def _loo_bilstm(
         return states.reshape(b_size * t, hidden)
 
     pf, pb = projection(""), projection("_reverse")
-    w_f, w_b = lstm.weight_hh_l0, lstm.weight_hh_l0_reverse
+    w_f, w_b = (getattr(lstm, f"weight_hh_l0{suffix}") for suffix in ("", "_reverse"))
     zeros = emb.new_zeros(b_size, hidden)
     hf, cf = _lstm_run(pf, base + steps, lengths, w_f, zeros, zeros, keep_cells=True)
     # The backward direction reads each instance from its own last real token.

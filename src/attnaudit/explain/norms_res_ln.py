@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import fields, replace
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -87,7 +88,8 @@ def token_map(
 def rows(record: AttentionLayer, part: slice) -> AttentionLayer:
     """The record of examples ``part`` of the batch (every tensor field sliced on its first axis)."""
     values = {f.name: getattr(record, f.name) for f in fields(record)}
-    return replace(record, **{k: v[part] for k, v in values.items() if isinstance(v, Tensor)})
+    sliced: dict[str, Any] = {k: v[part] for k, v in values.items() if isinstance(v, Tensor)}
+    return replace(record, **sliced)
 
 
 def layers_up_to(trace: AttentionTrace, index: int) -> list[tuple[int, AttentionLayer]]:

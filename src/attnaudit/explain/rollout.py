@@ -3,7 +3,7 @@ read at the explanation query; the algorithm is :func:`attnaudit.flow.rollout`."
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import Tensor
@@ -12,6 +12,9 @@ from attnaudit.data.types import Batch
 from attnaudit.explain.base import explanation, on_items, query_row
 from attnaudit.flow import StreamingRollout, rollout
 from attnaudit.models.base import AttentionLayer, AttentionModel, AttentionTrace
+
+if TYPE_CHECKING:
+    from attnaudit.models.hf_model import HFModel
 
 
 def explained_record(model: AttentionModel, batch: Batch) -> tuple[AttentionTrace, int, AttentionLayer]:
@@ -32,7 +35,8 @@ def streamed_rollout(model: AttentionModel, batch: Batch, index: int) -> tuple[T
             rolled.add(record.weights, record.mask)
 
     with torch.no_grad():
-        trace = model.decode(model.encode(batch), keep_layers=[index], on_layer=fold).trace  # type: ignore[call-arg]
+        streaming = cast("HFModel", model)  # the model that streams its layers
+        trace = streaming.decode(streaming.encode(batch), keep_layers=[index], on_layer=fold).trace
     return rolled.result, trace[0]
 
 

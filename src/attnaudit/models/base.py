@@ -183,6 +183,9 @@ class AttentionTrace:
     def __getitem__(self, i: int) -> AttentionLayer:
         return self.layers[i]
 
+    def __iter__(self) -> Iterator[AttentionLayer]:
+        return iter(self.layers)
+
     def thinned(self, keep: Collection[int]) -> AttentionTrace:
         """This trace with only the weights and masks of the layers not in ``keep`` (indices): what
         tests reading attention distributions need, in a fraction of the memory (their states, keys,
@@ -192,7 +195,7 @@ class AttentionTrace:
             if index in keep:
                 layers.append(layer)
                 continue
-            dropped = {f.name: None for f in fields(layer) if f.name in _THINNED}
+            dropped: dict[str, Any] = {f.name: None for f in fields(layer) if f.name in _THINNED}
             layers.append(replace(layer, inputs=layer.inputs.new_empty((*layer.inputs.shape[:-1], 0)), **dropped))
         return AttentionTrace(layers)
 
@@ -313,13 +316,20 @@ class AttentionModel(nn.Module):
     streams_layers: bool = False
     """Whether ``decode`` takes ``keep_layers`` and ``on_layer`` (see :meth:`~attnaudit.models.hf_model.HFModel.decode`): each
     layer's record is handed over as it finishes and only the named layers stay in the trace."""
-    has_value_output: bool = False
-    """Whether :meth:`value_output_maps` exists: multi-head attention with per-head value and output
-    projections (the norm analysis and identifiability need them)."""
+    # The two capability flags below are read-only properties so that a family may compute them
+    # (HFModel does); the others override them with a plain class attribute (``= True``).
 
-    has_residual_norms: bool = False
-    """Whether :meth:`residual_norms` exists and the trace records each layer's ``outputs``: what
-    the attention + residual + layer-norm decompositions (Kobayashi et al. 2021, GlobEnc, ALTI) need."""
+    @property
+    def has_value_output(self) -> bool:
+        """Whether :meth:`value_output_maps` exists: multi-head attention with per-head value and output
+        projections (the norm analysis and identifiability need them)."""
+        return False
+
+    @property
+    def has_residual_norms(self) -> bool:
+        """Whether :meth:`residual_norms` exists and the trace records each layer's ``outputs``: what
+        the attention + residual + layer-norm decompositions (Kobayashi et al. 2021, GlobEnc, ALTI) need."""
+        return False
     value_interventions: bool = False
     """Whether ``Intervention(values=...)`` reaches every self-attention layer (Value Zeroing)."""
     supports_lrp: bool = False
@@ -428,7 +438,7 @@ class AttentionModel(nn.Module):
         entry = trace[layer]
         return Cache(states=entry.inputs, mask=entry.mask, layer=layer, extra=dict(base.extra))
 
-    def forward(  # type: ignore[override]
+    def forward(
         self,
         batch: Any,
         interventions: Sequence[Intervention] = (),
@@ -444,14 +454,14 @@ def replaced_forwards(forwards: dict[nn.Module, Callable[..., Any]]) -> Iterator
     previous = {module: module.__dict__.get("forward") for module in forwards}
     try:
         for module, forward in forwards.items():
-            module.forward = forward  # type: ignore[method-assign]
+            module.forward = forward
         yield
     finally:
         for module, old in previous.items():
             if old is None:
                 del module.forward
             else:
-                module.forward = old  # type: ignore[method-assign]
+                module.forward = old
 
 
 def own_forward(module: nn.Module) -> Callable[..., Any]:

@@ -182,7 +182,7 @@ def capturing(state: Capture) -> Iterator[Capture]:
     global _INSTALLED
     token = _ACTIVE.set(state)
     if _INSTALLED == 0:
-        torch.nn.functional.softmax = _softmax  # type: ignore[assignment]
+        torch.nn.functional.softmax = _softmax
     _INSTALLED += 1
     try:
         yield state
@@ -216,7 +216,7 @@ def _groups_of_one(module: nn.Module, expanded: bool) -> Iterator[None]:
     """Keys and values already repeated per query head: the eager code must not repeat them again."""
     saved = getattr(module, "num_key_value_groups", None)
     if expanded and saved is not None:
-        module.num_key_value_groups = 1
+        module.num_key_value_groups = 1  # type: ignore[assignment]  # torch types module attributes as Tensor | Module
     try:
         yield
     finally:

@@ -41,13 +41,17 @@ class HFCapabilities:
     has_head: bool
     self_attention: bool
     supports_lrp: bool
-    num_attention_layers: int
+
+    @property
+    def num_attention_layers(self) -> int:
+        raise NotImplementedError
 
     def lacks(self, need: str) -> str | None:
         """Why this model lacks a structural need (:data:`attnaudit.explain.base.NEEDS`), or None."""
         if need == "value_output":
             if self.structure.route != "interface":
-                return f"{self.hf_type}: attention is computed inside {type(self.structure.sites[0].module).__name__}, not through the attention interface, so its values are not seen"
+                inside = type(self.structure.sites[0].module).__name__
+                return f"{self.hf_type}: attention is computed inside {inside}, not through the attention interface, so its values are not seen"
             missing = [i for i, s in enumerate(self.structure.sites) if s.projections is None]
             return f"{self.hf_type}: no linear map reproduces the values or takes the output of attention layer {missing[0]}" if missing else None
         if need == "residual_norms":
@@ -58,16 +62,16 @@ class HFCapabilities:
             return reason
         if need == "lrp":
             if not self.supports_lrp:
-                return f"{self.hf_type}: relevance rules need the attention interface and a single stack" 
+                return f"{self.hf_type}: relevance rules need the attention interface and a single stack"
             return None
         return super().lacks(need)  # type: ignore[misc]
 
     @property
-    def has_value_output(self) -> bool:  # type: ignore[override]
+    def has_value_output(self) -> bool:
         return self.lacks("value_output") is None
 
     @property
-    def has_residual_norms(self) -> bool:  # type: ignore[override]
+    def has_residual_norms(self) -> bool:
         return self.lacks("residual_norms") is None
 
     def value_output_maps(self, layer: int) -> tuple[Tensor, Tensor, Tensor, int]:
@@ -106,7 +110,7 @@ class HFCapabilities:
         layout = self.structure.layouts[site.block]
         assert isinstance(layout, BlockLayout) and site.projections is not None
         return ResidualNorms(
-            placement=layout.kind,  # type: ignore[arg-type]
+            placement=layout.kind,
             attention_norm=layout.attention_norm.params(), ffn_norm=layout.ffn_norm.params(),
             output_bias=site.projections.b_o, ffn=layout.ffn, ffn_layers=layout.ffn_layers,
             post_norms=None if layout.post_norms is None else (layout.post_norms[0].params(), layout.post_norms[1].params()),
@@ -135,19 +139,23 @@ class HFCapabilities:
             return None
         classifier = getattr(hf, "classifier", None)
         if hasattr(hf, "pre_classifier"):
+            assert classifier is not None  # DistilBERT: pre_classifier, then classifier
             return HeadLayers("first", (dense(hf.pre_classifier, nn.ReLU()), dense(classifier)))
         pooler = getattr(hf.base_model, "pooler", None)
         pooler = getattr(pooler, "dense", pooler)  # BERT's pooler module holds its Linear; ALBERT's is one
         if isinstance(pooler, nn.Linear) and isinstance(classifier, nn.Linear):
             return HeadLayers("first", (dense(pooler, nn.Tanh()), dense(classifier)))
-        if isinstance(getattr(classifier, "dense", None), nn.Linear) and isinstance(getattr(classifier, "out_proj", None), nn.Linear):
-            return HeadLayers("first", (dense(classifier.dense, nn.Tanh()), dense(classifier.out_proj)))
+        hidden, out = getattr(classifier, "dense", None), getattr(classifier, "out_proj", None)
+        if isinstance(hidden, nn.Linear) and isinstance(out, nn.Linear):
+            return HeadLayers("first", (dense(hidden, nn.Tanh()), dense(out)))
         return None
 
     @property
     def special_tokens(self) -> dict[str, str]:
         """Marker tokens the tokenizer adds: ``[CLS]``/``[SEP]`` (encoders), begin/end of sequence (decoders), end and pad."""
-        names = {"encoder": ("cls_token", "sep_token"), "decoder": ("bos_token", "eos_token"), "encoder-decoder": ("eos_token", "pad_token")}[self.kind]
+        names = {
+            "encoder": ("cls_token", "sep_token"), "decoder": ("bos_token", "eos_token"), "encoder-decoder": ("eos_token", "pad_token")
+        }[self.kind]
         tokens = {name.removesuffix("_token"): getattr(self.tokenizer, name, None) for name in names}
         return {name: str(token) for name, token in tokens.items() if token}
 

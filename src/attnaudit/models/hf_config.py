@@ -6,9 +6,10 @@ The differences between families here are data: the names under which configs st
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from torch import nn
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 WIDTH_NAMES = ("hidden_size", "d_model", "n_embd", "dim")
 FFN_NAMES = ("intermediate_size", "ffn_dim", "encoder_ffn_dim", "d_ff", "n_inner", "hidden_dim")
@@ -40,7 +41,7 @@ def first_of(config: Any, names: Sequence[str], default: Any = None) -> Any:
     return default
 
 
-def output_kind(hf: nn.Module, has_head: bool) -> str:
+def output_kind(hf: PreTrainedModel, has_head: bool) -> str:
     """What the model's output is: ``classes`` (a classification head), ``translation``, ``next_token`` (an LM head) or ``states``."""
     if has_head:
         return "classes"
@@ -49,7 +50,7 @@ def output_kind(hf: nn.Module, has_head: bool) -> str:
     return "next_token" if hf.get_output_embeddings() is not None else "states"
 
 
-def max_length(hf: nn.Module, tokenizer: Any) -> int:
+def max_length(hf: PreTrainedModel, tokenizer: Any) -> int:
     """The longest input: the model's position table (less RoBERTa's padding offset) and the tokenizer's limit."""
     positions = first_of(hf.config, POSITION_NAMES)
     embeddings = getattr(hf.base_model, "embeddings", None)
@@ -67,7 +68,7 @@ def heads(config: Any) -> int:
     return int(first_of(config, HEAD_NAMES, 0) or 0)
 
 
-def decoder_start(hf: nn.Module, pad_id: int) -> int:
+def decoder_start(hf: PreTrainedModel, pad_id: int) -> int:
     """An encoder-decoder's decoder start token (its config's; else the pad token, as Marian and T5 use)."""
     start = getattr(hf.config, "decoder_start_token_id", None)
     if start is None:

@@ -4,12 +4,13 @@ vocabulary, wrapped like any loaded model (:class:`~attnaudit.models.hf_model.HF
 
 from __future__ import annotations
 
-from typing import Any
-
-from torch import nn
+from typing import TYPE_CHECKING, Any
 
 from attnaudit.errors import AttnAuditError
 from attnaudit.models.hf_model import HFModel
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 ARCHITECTURES = ("marian", "bart")
 """Encoder-decoder configurations ``train-nmt --arch`` builds from scratch (beside our own ``nmt``)."""
@@ -54,7 +55,7 @@ def fresh_seq2seq(arch: str, tokenizer: Any, layers: int, heads: int, d_model: i
         "forced_eos_token_id": tokenizer.eos_token_id, "scale_embedding": True, "tie_word_embeddings": True,
     }
     if arch == "marian":
-        hf: nn.Module = MarianMTModel(MarianConfig(decoder_vocab_size=len(tokenizer), **size))
+        hf: PreTrainedModel = MarianMTModel(MarianConfig(decoder_vocab_size=len(tokenizer), **size))
     else:
         hf = BartForConditionalGeneration(BartConfig(**size))
     hf.config.architectures = [type(hf).__name__]

@@ -164,7 +164,7 @@ def _read_layout(structure: Structure, calls: list[Call], block: int, number: in
     if x is None or y is None or o is None:
         return "its block input, output or attention output could not be read"
     for kind in ("pre", "sandwich", "parallel", "post"):
-        layout = _try_layout(kind, calls, norms, outside_attention, x, y, o, attention.hidden, calls[block].module)  # type: ignore[arg-type]
+        layout = _try_layout(kind, calls, norms, outside_attention, x, y, o, attention.hidden, calls[block].module)
         if layout is not None:
             return layout
     return "no pre-norm, post-norm, sandwich or parallel layout re-adds to the block's output"
@@ -188,6 +188,9 @@ def _try_layout(
     kind: Layout, calls: list[Call], norms: list[int], inside: list[int], x: Tensor, y: Tensor, o: Tensor, a_in: Tensor | None, block: nn.Module
 ) -> BlockLayout | None:
     """One layout's equations checked on the dry run; the layout with its norms and feed-forward map if they hold."""
+    ffn_in: Tensor | None
+    ffn_out: Tensor | None
+    wrap: tuple[int | None, ...]
     if kind == "post":
         first = _norm_with(calls, norms, given=x + o)
         if first is None or not close(a_in, x):

@@ -16,16 +16,18 @@ import struct
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from torch import nn
 
 from attnaudit.errors import AttnAuditError, InputError
 from attnaudit.models import gguf_cache
 from attnaudit.models.hf_config import model_kind
 from attnaudit.models.hf_model import HFModel
 from attnaudit.weights import checked_weight
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 HF_DIR = "hf"
 """Sub-directory of a run directory holding ``save_pretrained`` output (its own config.json)."""
@@ -125,7 +127,7 @@ def _weights_folder(source: str) -> Path | None:
         return None
 
 
-def _check_weights(source: str, hf: nn.Module) -> None:
+def _check_weights(source: str, hf: PreTrainedModel) -> None:
     """Refuse checkpoint tensors that the load cast silently: int/bool values for a floating
     parameter, or NaN/Inf (:func:`~attnaudit.weights.checked_weight`).
 
@@ -188,11 +190,11 @@ def _load_gguf(loader: Any, folder: str, path: Path, gguf: dict[str, str], **kwa
         raise InputError(path, f"cannot be loaded as a GGUF model: {message[0] if message else type(exc).__name__}") from None
 
 
-def _detach_gguf_quantizer(hf: nn.Module) -> None:
+def _detach_gguf_quantizer(hf: PreTrainedModel) -> None:
     """Forget that a model came from GGUF. Its weights are already de-quantised to float32, but
     transformers keeps the GGUF quantizer attached, and that refuses ``save_pretrained``; without
     it a fine-tuned model saves as plain safetensors (and reloads as an ordinary checkpoint)."""
-    hf.hf_quantizer = None
+    hf.hf_quantizer = None  # type: ignore[assignment]  # set by from_pretrained, not declared by transformers
     if hasattr(hf.config, "quantization_config"):
         del hf.config.quantization_config
 
@@ -301,7 +303,7 @@ def _pretrained_config_gguf(folder: str, gguf: dict[str, str]) -> Any:
     return _load(AutoConfig, folder, gguf)
 
 
-def wrap(hf: nn.Module, tokenizer: Any, task_type: str, source: str, trained_head: bool) -> HFModel:
+def wrap(hf: PreTrainedModel, tokenizer: Any, task_type: str, source: str, trained_head: bool) -> HFModel:
     """:class:`HFModel` around a loaded model; a family the adapter cannot run is one line, never a traceback."""
     try:
         return HFModel(hf, tokenizer, task_type, source, trained_head)

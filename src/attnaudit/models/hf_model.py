@@ -29,7 +29,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 from collections.abc import Callable, Collection, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
@@ -74,6 +74,9 @@ from attnaudit.models.hf_restarts import HFRestarts
 from attnaudit.models.hf_structure import Structure, discover, hidden_argument
 from attnaudit.models.seq2seq import EncoderDecoderLayout
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
 LayerCallback = Callable[[int, AttentionLayer], None]
 class HFModel(HFCapabilities, HFRestarts, EncoderDecoderLayout, AttentionModel):
     """A Hugging Face model (encoder, decoder-only or encoder-decoder; with a classification head,
@@ -81,7 +84,7 @@ class HFModel(HFCapabilities, HFRestarts, EncoderDecoderLayout, AttentionModel):
 
     streams_layers = True
 
-    def __init__(self, hf: nn.Module, tokenizer: Any, task_type: str, source: str, trained_head: bool) -> None:
+    def __init__(self, hf: PreTrainedModel, tokenizer: Any, task_type: str, source: str, trained_head: bool) -> None:
         cfg = hf.config
         if not isinstance(getattr(cfg, "vocab_size", None), int):
             raise AttnAuditError("its config has no vocabulary: not a text transformer (attnaudit explains text models)")
@@ -92,9 +95,11 @@ class HFModel(HFCapabilities, HFRestarts, EncoderDecoderLayout, AttentionModel):
         has_head = any(hasattr(hf, name) for name in ("score", "classifier")) and self.kind != "encoder-decoder"
         output = output_kind(hf, has_head)
         width = int(first_of(cfg, WIDTH_NAMES, 0))
+        num_labels = cfg.num_labels if has_head else 0
+        assert num_labels is not None  # a classification head's config has its labels (id2label)
         config = ModelConfig(
             model="hf", task_type="seq2seq" if self.kind == "encoder-decoder" else task_type,  # type: ignore[arg-type]
-            vocab_size=int(cfg.vocab_size), num_labels=int(cfg.num_labels) if has_head else 0,
+            vocab_size=int(cfg.vocab_size), num_labels=int(num_labels),
             embed_dim=width, hidden_dim=width, attention="softmax", layers=0, heads=0, d_model=width,
             d_ff=int(first_of(cfg, FFN_NAMES, 4 * width) or 4 * width),
             dropout=float(first_of(cfg, DROPOUT_NAMES, 0.0) or 0.0), max_len=max_length(hf, tokenizer),
@@ -226,7 +231,9 @@ class HFModel(HFCapabilities, HFRestarts, EncoderDecoderLayout, AttentionModel):
         inputs = HFInputs(input_ids=batch.tokens, attention_mask=batch.mask.long())
         if self.uses_token_types and batch.features is not None:
             if batch.features.shape != batch.tokens.shape:
-                raise AttnAuditError(f"token type ids (batch.features) shape {tuple(batch.features.shape)} differs from tokens {tuple(batch.tokens.shape)}")
+                raise AttnAuditError(
+                    f"token type ids (batch.features) shape {tuple(batch.features.shape)} differs from tokens {tuple(batch.tokens.shape)}"
+                )
             inputs["token_type_ids"] = batch.features
         if self.kind == "decoder" and self._takes("position_ids"):
             inputs["position_ids"] = real_positions(batch.mask)
@@ -317,7 +324,12 @@ class HFModel(HFCapabilities, HFRestarts, EncoderDecoderLayout, AttentionModel):
             if kept is None or layer in kept:
                 trace.layers.append(record)
 
-        with hf_attention.capturing(state), wrapped(state, finished), decided(self.hf, self.kind, self.has_head, self.config.extra["output"], self.verbalizer_ids, self.explanation_rows(inputs["attention_mask"].bool())) as decision:
+        rows = self.explanation_rows(inputs["attention_mask"].bool())
+        with (
+            hf_attention.capturing(state),
+            wrapped(state, finished),
+            decided(self.hf, self.kind, self.has_head, self.config.extra["output"], self.verbalizer_ids, rows) as decision,
+        ):
             out = self.hf(**inputs, use_cache=False)
         return ModelOutput(logits=decision(out), trace=trace)
 

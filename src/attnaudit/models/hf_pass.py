@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -38,6 +38,9 @@ from attnaudit.models.hf_structure import (
     hidden_argument,
 )
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
 Masks = Callable[[int], "tuple[Tensor, Tensor, Tensor | None]"]
 """``masks(layer) -> (key mask (B,K), query mask (B,Q), allowed (B,1,Q,K) or None)`` of a pass."""
 Finished = Callable[[int, "HFLayer"], None]
@@ -54,14 +57,14 @@ class HFLayer(AttentionLayer):
     extras: tuple[Any, ...] | None = None
 
 
-class HFInputs(dict):  # type: ignore[type-arg]
+class HFInputs(dict):
     """The keyword arguments of the model's forward for a batch; rows selectable like a cache's extras."""
 
     def select_rows(self, rows: Tensor) -> HFInputs:
         return HFInputs({k: v.index_select(0, rows) if isinstance(v, Tensor) and v.dim() else v for k, v in self.items()})
 
 
-class LayerTensors(dict):  # type: ignore[type-arg]
+class LayerTensors(dict):
     """Per attention layer, a tensor of the batch (which keys each rerun query reads); rows selectable."""
 
     def select_rows(self, rows: Tensor) -> LayerTensors:
@@ -128,7 +131,7 @@ def wrapped(state: Pass, finished: Finished) -> Iterator[None]:
         # out once by encode): drawing their dropout masks again would only move every later mask of training.
         return input if state.next_block == state.first_call else plain_dropout(input, *args, **kwargs)
 
-    torch.nn.functional.dropout = dropout  # type: ignore[assignment]
+    torch.nn.functional.dropout = dropout
     try:
         with replaced_forwards({m: _block_forward(state, own_forward(m), finished) for m in blocks}):
             yield
@@ -233,7 +236,7 @@ def _finish_block(state: Pass, number: int, hidden: Tensor | None, out: Any, fin
 
 @contextlib.contextmanager
 def decided(
-    hf: nn.Module, kind: str, has_head: bool, output: str, verbalizer_ids: Tensor | None, rows: int | Tensor | None
+    hf: PreTrainedModel, kind: str, has_head: bool, output: str, verbalizer_ids: Tensor | None, rows: int | Tensor | None
 ) -> Iterator[Callable[[Any], Tensor]]:
     """How the model's output becomes the decision's logits: a causal LM's head reads each example's row
     ``rows`` only (and the verbalizer's ids of it), a decoder's classification head that row whatever its
@@ -258,7 +261,7 @@ def decided(
             picked = out[torch.arange(out.shape[0], device=out.device), rows.to(out.device)]
             return picked[:, None].expand_as(out)  # whichever position the model pools, it reads our row
 
-        handles.append(hf.score.register_forward_hook(spread))
+        handles.append(cast(nn.Module, hf.score).register_forward_hook(spread))  # a decoder classifier's head
 
     def decision(out: Any) -> Tensor:
         if kind == "encoder-decoder" and output == "next_token" and isinstance(rows, int):

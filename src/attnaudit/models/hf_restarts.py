@@ -19,7 +19,7 @@ from attnaudit.data.types import Batch
 from attnaudit.errors import AttnAuditError
 from attnaudit.models.base import AttentionTrace, Cache, ModelConfig
 from attnaudit.models.hf_attention import KeyValuePrefix
-from attnaudit.models.hf_pass import HFInputs, LayerTensors, real_positions
+from attnaudit.models.hf_pass import HFInputs, HFLayer, LayerTensors, real_positions
 from attnaudit.models.hf_structure import Structure
 
 
@@ -32,7 +32,10 @@ class HFRestarts:
     causal: bool
     kv_heads: int
     hf: Any
-    num_attention_layers: int
+
+    @property
+    def num_attention_layers(self) -> int:
+        raise NotImplementedError
 
     def _takes(self, name: str) -> bool:
         raise NotImplementedError
@@ -60,7 +63,9 @@ class HFRestarts:
         residual = getattr(entry, "residual", None)
         if residual is None:
             first = self.structure.layers_of(self.structure.sites[layer].block)[0]
-            raise AttnAuditError(f"cannot restart at attention layer {layer}: it is not the first attention layer of its block; restart at layer {first}")
+            raise AttnAuditError(
+                f"cannot restart at attention layer {layer}: it is not the first attention layer of its block; restart at layer {first}"
+            )
         extra = {**base.extra, "extras": self._extras(trace)}
         mask = entry.mask
         if self.structure.sites[layer].side == "decoder":
@@ -94,7 +99,8 @@ class HFRestarts:
             raise AttnAuditError("rerun_cache needs the trace of every layer")
         first = layer % n
         entry = trace[first]
-        if getattr(entry, "residual", None) is None or any(getattr(r, "allowed", None) is None for r in trace.layers[first:]):
+        allowed_at = [r.allowed for r in trace.layers[first:] if isinstance(r, HFLayer) and r.allowed is not None]
+        if not isinstance(entry, HFLayer) or entry.residual is None or len(allowed_at) < n - first:
             return None
         groups = self.config.heads // self.kv_heads
         at = rows.to(entry.mask.device)[:, None]
@@ -104,10 +110,10 @@ class HFRestarts:
             mask=entry.mask.bool(), positions=at,
         )
         pick = torch.arange(len(at), device=at.device)
-        allowed = LayerTensors({i: trace[i].allowed[pick, :, rows][:, :, None] for i in range(first, n)})  # type: ignore[index]
+        allowed = LayerTensors({first + j: a[pick, :, rows][:, :, None] for j, a in enumerate(allowed_at)})
         inputs: HFInputs = base.extra["inputs"]
         ids = inputs["input_ids"].gather(1, at)
-        states = entry.residual.gather(1, at[:, :, None].expand(-1, -1, entry.residual.shape[-1]))  # type: ignore[union-attr]
+        states = entry.residual.gather(1, at[:, :, None].expand(-1, -1, entry.residual.shape[-1]))
         positions = real_positions(entry.mask).gather(1, at)
         rerun = HFInputs(input_ids=ids, attention_mask=torch.ones_like(ids), position_ids=positions)
         return Cache(states=states, mask=torch.ones_like(at, dtype=torch.bool), layer=first,
@@ -150,7 +156,11 @@ class HFRestarts:
             raise AttnAuditError("prefix_from needs the trace of every layer")
         groups = self.config.heads // self.kv_heads
         width = int(lengths.max()) if len(lengths) else 0
-        keys = [layer.keys[rows, ::groups, :width] for layer in trace]  # type: ignore[index]
-        values = [layer.values[rows, ::groups, :width] for layer in trace]  # type: ignore[index]
+        keys: list[Tensor | None] = []
+        values: list[Tensor | None] = []
+        for layer in trace:
+            assert layer.keys is not None and layer.values is not None  # an interface-route pass records both
+            keys.append(layer.keys[rows, ::groups, :width])
+            values.append(layer.values[rows, ::groups, :width])
         mask = torch.arange(width, device=lengths.device)[None, :] < lengths[:, None]
         return KeyValuePrefix(keys=keys, values=values, mask=mask)

@@ -163,7 +163,7 @@ class _Discovery(hf_attention.Capture):
                 return self.found[index]
         return None
 
-    @property  # type: ignore[override]
+    @property
     def running(self) -> hf_attention.LayerCall | None:
         return self._current()
 
@@ -171,7 +171,7 @@ class _Discovery(hf_attention.Capture):
     def running(self, value: Any) -> None:
         pass
 
-    @property  # type: ignore[override]
+    @property
     def armed(self) -> hf_attention.LayerCall | None:
         call = self._current()
         return None if call is None or call.weights is not None else call
@@ -256,8 +256,9 @@ def linear_map(module: nn.Module) -> tuple[Tensor, Tensor | None] | None:
     """``(W, b)`` with ``y = x @ W + b`` for an ``nn.Linear`` or transformers' ``Conv1D``; None otherwise."""
     if isinstance(module, nn.Linear):
         return module.weight.t(), module.bias
-    if type(module).__name__ == "Conv1D" and isinstance(getattr(module, "weight", None), Tensor):
-        return module.weight, getattr(module, "bias", None)
+    weight = getattr(module, "weight", None)
+    if type(module).__name__ == "Conv1D" and isinstance(weight, Tensor):
+        return weight, getattr(module, "bias", None)
     return None
 
 

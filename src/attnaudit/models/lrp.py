@@ -36,7 +36,7 @@ from torch import Tensor, nn
 from torch.autograd import Function
 
 from attnaudit.errors import AttnAuditError
-from attnaudit.models.base import replaced_forwards
+from attnaudit.models.base import AttentionModel, replaced_forwards
 
 RULES = ("attnlrp", "cp_lrp")
 _RULE: ContextVar[str | None] = ContextVar("attnaudit_lrp_rule", default=None)
@@ -48,13 +48,13 @@ class IdentityRule(Function):
     output's relevance ``fn(x) · grad`` on unchanged (AttnLRP's identity rule for elementwise maps)."""
 
     @staticmethod
-    def forward(ctx: Any, x: Tensor, fn: Callable[[Tensor], Tensor]) -> Tensor:  # type: ignore[override]
+    def forward(ctx: Any, x: Tensor, fn: Callable[[Tensor], Tensor]) -> Tensor:
         out = fn(x)
         ctx.save_for_backward(torch.where(x == 0, torch.zeros_like(out), out / torch.where(x == 0, torch.ones_like(x), x)))
         return out
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:  # type: ignore[override]
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
         (ratio,) = ctx.saved_tensors
         return grad * ratio, None
 
@@ -63,12 +63,12 @@ class ScaleGradient(Function):
     """The identity forward; backward multiplies the gradient by ``factor`` (the uniform rule's share)."""
 
     @staticmethod
-    def forward(ctx: Any, x: Tensor, factor: float) -> Tensor:  # type: ignore[override]
+    def forward(ctx: Any, x: Tensor, factor: float) -> Tensor:
         ctx.factor = factor
         return x.view_as(x)
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:  # type: ignore[override]
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
         return grad * ctx.factor, None
 
 
@@ -138,23 +138,27 @@ def _halve_input(_module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
 
 
 @contextmanager
-def relevance_rules(model: nn.Module, rule: str) -> Iterator[None]:
+def relevance_rules(model: AttentionModel, rule: str) -> Iterator[None]:
     """Within the block, ``model``'s forward passes carry ``rule``'s backward pass (see the module
     docstring); every change is undone on exit. ``model`` must offer ``relevance_sites()``."""
     if rule not in RULES:
         raise AttnAuditError(f"unknown LRP rule {rule!r}; choose {', '.join(RULES)}")
     if _RULE.get() is not None:
         raise AttnAuditError("LRP rules are already active; they do not nest")
-    sites: RelevanceSites = model.relevance_sites()  # type: ignore[operator]
+    sites: RelevanceSites = model.relevance_sites()
     gate_acts = {id(act) for act, _ in sites.gates}
     forwards: dict[nn.Module, Callable[[Tensor], Tensor]] = {m: frozen_norm(m) for m in sites.norms}
     listed = {id(act) for act in sites.activations}
     for act in [*sites.activations, *(a for a, _ in sites.gates if id(a) not in listed)]:
-        plain = type(act).forward.__get__(act)
-        if rule == "cp_lrp" and id(act) in gate_acts:
-            forwards[act] = lambda x, plain=plain: plain(x.detach())
-        else:
-            forwards[act] = lambda x, plain=plain: IdentityRule.apply(x, plain)
+        plain: Callable[[Tensor], Tensor] = type(act).forward.__get__(act)
+
+        def detached(x: Tensor, plain: Callable[[Tensor], Tensor] = plain) -> Tensor:
+            return plain(x.detach())
+
+        def identity_rule(x: Tensor, plain: Callable[[Tensor], Tensor] = plain) -> Tensor:
+            return IdentityRule.apply(x, plain)
+
+        forwards[act] = detached if rule == "cp_lrp" and id(act) in gate_acts else identity_rule
     hooks = [consumer.register_forward_pre_hook(_halve_input) for _, consumer in sites.gates] if rule == "attnlrp" else []
     token = _RULE.set(rule)
     try:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -97,7 +97,9 @@ class EncoderDecoderLayout:
     its self-attention (``E + 2l``) and cross-attention (``E + 2l + 1``). Shared by our NMT
     model and the Hugging Face encoder-decoders; ``_layout()`` gives ``(E, decoder blocks)``."""
 
-    num_attention_layers: int
+    @property
+    def num_attention_layers(self) -> int:
+        raise NotImplementedError
 
     def _layout(self) -> tuple[int, int]:
         raise NotImplementedError
@@ -130,6 +132,8 @@ class Seq2SeqTransformer(EncoderDecoderLayout, AttentionModel):
     Logits are ``(B, T_tgt, V_tgt)``: position ``p`` predicts ``batch.labels[:, p]``.
     ``explained_layer`` is the last cross-attention layer.
     """
+
+    positions: Tensor  # the sinusoidal table, a non-persistent buffer
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config)
@@ -170,11 +174,13 @@ class Seq2SeqTransformer(EncoderDecoderLayout, AttentionModel):
         :meth:`~attnaudit.models.transformer.TransformerEncoderModel.value_output_maps`)."""
         n = len(self.encoder)
         index = self._resolve(layer)
+        block: EncoderLayer | CrossAttention
         if index < n:
-            block: nn.Module = self.encoder[index]
+            block = cast(EncoderLayer, self.encoder[index])
         else:
             number, kind = divmod(index - n, 2)
-            block = self.decoder[number].cross if kind else self.decoder[number]
+            decoder = cast(DecoderLayer, self.decoder[number])
+            block = decoder.cross if kind else decoder
         return block.v_proj.weight.t(), block.v_proj.bias, block.out_proj.weight.t(), self.config.heads
 
     # --- embeddings ------------------------------------------------------------------
@@ -286,6 +292,7 @@ class Seq2SeqTransformer(EncoderDecoderLayout, AttentionModel):
             raise AttnAuditError(f"cannot restart at cross-attention layer {layer}; restart at layer {layer - 1}")
         cross = trace[layer + 1]
         extra = {**base.extra, "memory": cross.inputs, "memory_mask": cross.mask}
+        assert entry.query_mask is not None  # multi_head_attention records it on every layer
         return Cache(states=entry.inputs, mask=entry.query_mask, layer=layer, extra=extra)
 
     @torch.no_grad()

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Protocol, cast
 
 import torch
 from torch import Tensor, nn
@@ -80,8 +81,19 @@ def sinusoidal_positions(length: int, dim: int) -> Tensor:
     return table
 
 
+class AttentionProjections(Protocol):
+    """What :func:`multi_head_attention` reads from a block (an encoder layer, a cross-attention)."""
+
+    heads: int
+    normaliser: str
+    q_proj: nn.Linear
+    k_proj: nn.Linear
+    v_proj: nn.Linear
+    out_proj: nn.Linear
+
+
 def multi_head_attention(
-    block: nn.Module,
+    block: AttentionProjections,
     x: Tensor,
     mask: Tensor,
     interventions: Sequence[Intervention] = (),
@@ -171,6 +183,7 @@ class TransformerEncoderModel(AttentionModel):
 
     explained_layer = -1
     self_attention = True
+    positions: Tensor  # the sinusoidal table, a non-persistent buffer
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config)
@@ -208,6 +221,10 @@ class TransformerEncoderModel(AttentionModel):
     @property
     def num_attention_layers(self) -> int:
         return len(self.layers)
+
+    def encoder_layer(self, index: int) -> EncoderLayer:
+        """Encoder layer ``index`` (``nn.ModuleList`` indexes to a plain ``nn.Module``)."""
+        return cast(EncoderLayer, self.layers[index])
 
     def split_heads(self, x: Tensor) -> Tensor:
         """``(B,T,d_model)`` -> ``(B,H,T,dh)`` with this model's head count."""
@@ -283,7 +300,7 @@ class TransformerEncoderModel(AttentionModel):
         x, mask = cache.states, cache.mask.bool()
         trace = AttentionTrace()
         for index in indices:
-            x, record = self.layers[index](x, mask, interventions_for(interventions, index, len(self.layers)), f"layer{index}")
+            x, record = self.encoder_layer(index)(x, mask, interventions_for(interventions, index, len(self.layers)), f"layer{index}")
             record.outputs = x
             trace.layers.append(record)
         return ModelOutput(logits=self.head(x, mask), trace=trace)
@@ -303,7 +320,7 @@ class TransformerEncoderModel(AttentionModel):
         ``out_proj.bias``) is shared by all tokens, so norm-based analyses (Kobayashi et al.
         2020) and identifiability (Brunner et al. 2020) do not need it.
         """
-        block = self.layers[layer]
+        block = self.encoder_layer(layer)
         return block.v_proj.weight.t(), block.v_proj.bias, block.out_proj.weight.t(), self.config.heads
 
     has_residual_norms = True
@@ -316,14 +333,14 @@ class TransformerEncoderModel(AttentionModel):
 
     def residual_norms(self, layer: int) -> ResidualNorms:
         """Post-LN: ``h = attention_norm(x + attn(x) + b_O)``, ``out = ffn_norm(h + ffn(h))``."""
-        block = self.layers[layer]
+        block = self.encoder_layer(layer)
         return ResidualNorms(
             placement="post",
             attention_norm=layer_norm(block.attention_norm),
             ffn_norm=layer_norm(block.ffn_norm),
             output_bias=block.out_proj.bias,
             ffn=block.ffn,
-            ffn_layers=(dense(block.ffn[0], block.ffn[1]), dense(block.ffn[2])),
+            ffn_layers=(dense(cast(nn.Linear, block.ffn[0]), block.ffn[1]), dense(cast(nn.Linear, block.ffn[2]))),
         )
 
 

@@ -195,7 +195,9 @@ def make_zero_shot(model: HFModel, prompt: str, verbalizer: dict[str, str], labe
     model.config.extra.update(
         trained_head=True, output="verbalizer",
         zero_shot={"prompt": prompt, "verbalizer": {label: verbalizer[label] for label in labels}, "token_ids": ids,
-                   "items": ITEMS_NOTE + ("; prompt and verbalizer derived from the label names (--prompt/--verbalizer override them)" if derived else "")},
+                   "items": ITEMS_NOTE + (
+                       "; prompt and verbalizer derived from the label names (--prompt/--verbalizer override them)" if derived else ""
+                   )},
     )
 
 

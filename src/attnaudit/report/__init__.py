@@ -22,6 +22,7 @@ from typing import Any
 from attnaudit.errors import AttnAuditError, InputError, warn
 from attnaudit.experiments.base import Result, discover
 from attnaudit.io import (
+    JsonKinds,
     atomic_write_json,
     atomic_write_text,
     check_fields,
@@ -71,12 +72,12 @@ def _load_results(results_dir: Path) -> tuple[dict[str, Result], list[str]]:
 
 _TEXT = (str, type(None))
 # The fields of audit.json and heatmaps.json the report reads, with their JSON types.
-_AUDIT_FIELDS = {
+_AUDIT_FIELDS: dict[str, JsonKinds] = {
     "tests": list, "run": _TEXT, "hf": _TEXT, "model": _TEXT, "task": _TEXT, "split": _TEXT, "data_dir": _TEXT,
     "limit": (int, type(None)), "seed": (int, type(None)),
 }
-_AUDIT_ENTRY = {"status": str, "reason": _TEXT, "error": _TEXT, "traceback": _TEXT}
-_HEATMAP_FIELDS = {"items": list, "scores": dict, "rationale": (list, type(None)), "tau": (float, type(None))}
+_AUDIT_ENTRY: dict[str, JsonKinds] = {"status": str, "reason": _TEXT, "error": _TEXT, "traceback": _TEXT}
+_HEATMAP_FIELDS: dict[str, JsonKinds] = {"items": list, "scores": dict, "rationale": (list, type(None)), "tau": (float, type(None))}
 
 
 def _read_audit(path: Path) -> dict[str, Any]:
@@ -302,6 +303,7 @@ def show(
     if explore < 1:
         raise AttnAuditError(f"explore must be at least 1, got {explore}")
     results: dict[str, Result] = {}
+    data: dict[str, Any] | None
     if isinstance(source, Run):
         data = model_data(source, source.examples(split, limit, data_dir=data_dir), explore)
         title = f"attnaudit explorer: {source.family}"

@@ -101,7 +101,7 @@ def round_sig(value: float, digits: int = 4) -> float | None:
 def readable(run: Run, pieces: list[str]) -> list[str]:
     """Byte-level BPE pieces of a decoder as text (``Ġcharming`` -> `` charming``); others unchanged."""
     tokenizer = getattr(run.model, "tokenizer", None)
-    if not run.model.causal or not hasattr(tokenizer, "convert_tokens_to_string"):
+    if not run.model.causal or tokenizer is None or not hasattr(tokenizer, "convert_tokens_to_string"):
         return [str(p) for p in pieces]
     return [tokenizer.convert_tokens_to_string([str(p)]) for p in pieces]
 
@@ -197,7 +197,9 @@ def model_data(run: Run, examples: list[Example], explore: int, budget: int = BU
 
     indices = list(range(min(explore, len(examples))))
     explained = _explanations(run, examples, indices[:explain])
-    instances, used, notes = [], 0, []
+    instances: list[dict[str, Any]] = []
+    notes: list[str] = []
+    used = 0
     for start in range(0, len(indices), CHUNK):
         chunk = indices[start : start + CHUNK]
         batch = next(iter(run.batches([examples[i] for i in chunk], batch_size=len(chunk))))
@@ -259,7 +261,8 @@ def instance_rows(results: dict[str, Result], shown: set[int]) -> tuple[list[dic
     """Each test with per-instance rows (one row per instance index): its headline columns
     (``instance_effects``), and its row for every shown instance."""
     registry = discover()
-    tests, rows = [], {}
+    tests: list[dict[str, Any]] = []
+    rows: dict[int, dict[str, dict[str, Any]]] = {}
     for name, result in results.items():
         indexed = [r for r in result.instances if isinstance(r.get("index"), int)]
         by_index = {r["index"]: r for r in indexed}

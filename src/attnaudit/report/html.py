@@ -45,9 +45,11 @@ details{margin:6px 0}summary{cursor:pointer;color:#0b57d0}
 pre{background:#f6f6f6;padding:8px;overflow-x:auto;font-size:12px}
 .instance{border:1px solid #e3e3e3;border-radius:4px;padding:8px 10px;margin:10px 0}
 .instance .head{font-size:13px;color:#333;margin-bottom:4px}
-table.heat{border:none;margin:0}table.heat th{background:none;border:none;font-weight:600;white-space:nowrap;padding:4px 8px 4px 0;font-size:12px;color:#444}
+table.heat{border:none;margin:0}
+table.heat th{background:none;border:none;font-weight:600;white-space:nowrap;padding:4px 8px 4px 0;font-size:12px;color:#444}
 table.heat td{border:none;padding:2px 0;line-height:1.9}
-.tok{display:inline-block;padding:0 3px;margin:1px 1px;border-radius:2px;font-family:ui-monospace,Menlo,Consolas,monospace;font-size:12px;color:#111;white-space:pre}
+.tok{display:inline-block;padding:0 3px;margin:1px 1px;border-radius:2px;
+font-family:ui-monospace,Menlo,Consolas,monospace;font-size:12px;color:#111;white-space:pre}
 .tok.rat{box-shadow:inset 0 -2px 0 #0b57d0}
 .legend .tok{margin-right:6px}
 """

@@ -36,7 +36,7 @@ import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -70,6 +70,9 @@ from attnaudit.training.trainer import (
     run_summary,
     train,
 )
+
+if TYPE_CHECKING:
+    from attnaudit.data.batching import Collator
 
 LossFn = Callable[[Batch, ModelOutput], Tensor]
 """``loss(batch, output) -> scalar``: the mean loss of one batch given the model's output on it."""
@@ -196,7 +199,8 @@ def standard_options(run: Run, **changes: Any) -> dict[str, Any]:
 
 def check_same_inputs(base: Run, other: Run) -> None:
     """Two runs must share vocabulary and labels to be fed the same batches."""
-    if base.collate.vocab.itos != other.collate.vocab.itos or list(base.labels) != list(other.labels):
+    mine, theirs = cast("Collator", base.collate), cast("Collator", other.collate)  # word-level runs
+    if mine.vocab.itos != theirs.vocab.itos or list(base.labels) != list(other.labels):
         raise AttnAuditError(
             f"{other.path} does not share the base run's vocabulary and labels, so the two cannot be compared "
             "instance by instance; retrain it from the base run's data"
@@ -346,9 +350,10 @@ def _resumable(out: Path, digest: str) -> bool:
 
 
 def _save_vocabs(base: Run, folder: Path) -> None:
-    base.collate.vocab.save(folder / VOCAB)
-    if base.collate.feature_vocab is not None:
-        base.collate.feature_vocab.save(folder / FEATURE_VOCAB)
+    collate = cast("Collator", base.collate)  # a word-level run's
+    collate.vocab.save(folder / VOCAB)
+    if collate.feature_vocab is not None:
+        collate.feature_vocab.save(folder / FEATURE_VOCAB)
 
 
 def _variant_hooks(sub: Run, cfg: TrainConfig, variant: Variant, dev: list[Example], label: str) -> Hooks:

@@ -15,7 +15,7 @@ from torch import nn
 from attnaudit.data.batching import Collator
 from attnaudit.data.vocab import Vocab
 from attnaudit.errors import AttnAuditError, InputError
-from attnaudit.io import atomic_write_json, check_fields, read_json, read_json_object
+from attnaudit.io import JsonKinds, atomic_write_json, check_fields, read_json, read_json_object
 from attnaudit.models import ModelConfig, build_model
 from attnaudit.run import CONFIG, Run, TaskSpec, absolute_dir, read_config, write_config
 from attnaudit.seed import resolve_device
@@ -130,7 +130,7 @@ def _checked_state(path: Path, state: dict[str, Any], fresh: dict[str, Any]) -> 
     A float field may be null: JSON has no infinity, so the ±inf a best score starts at was
     written as null; it is restored as that starting value.
     """
-    kinds = {key: (float, type(None)) if isinstance(value, float) else type(value) for key, value in fresh.items()}
+    kinds: dict[str, JsonKinds] = {key: (float, type(None)) if isinstance(value, float) else type(value) for key, value in fresh.items()}
     check_fields(path, state, kinds)
     return {**state, **{key: fresh[key] for key in kinds if state[key] is None}}
 

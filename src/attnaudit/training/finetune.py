@@ -25,7 +25,7 @@ from __future__ import annotations
 import random
 from fnmatch import fnmatchcase
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from torch import nn
 
@@ -47,7 +47,11 @@ from attnaudit.training.loop import (
 from attnaudit.training.trainer import cross_entropy, evaluate_examples
 
 if TYPE_CHECKING:
+    from torch import Tensor
+
+    from attnaudit.data.types import Batch
     from attnaudit.hf import HFModel
+    from attnaudit.models.hf_batches import HFCollator
 
 AFTER_LAYERS = ("norm", "ln_f", "pooler")
 """Base-model modules that run after the layers (decoders' final norm, BERT's pooler): trained with the head."""
@@ -103,8 +107,12 @@ def _hooks(run: Run, data: TaskData, out: Path, extra: dict[str, Any]) -> Hooks:
         run.model.config.extra["trained_head"] = True
         save_hf_run(run, out, extra)
 
+    def loss(net: nn.Module, batch: Batch) -> Tensor:
+        assert batch.labels is not None  # training examples are labelled
+        return cross_entropy()(net(batch).logits, batch.labels)
+
     return Hooks(
-        loss=lambda net, batch: cross_entropy()(net(batch).logits, batch.labels),
+        loss=loss,
         evaluate=lambda: {"dev": evaluate_examples(run, data.dev)},
         save_best=save_best,
         label="fine-tune ",
@@ -151,7 +159,11 @@ def finetune(
         settings["train_layers"] = train_layers
     digest = _settings_hash(settings)
     config_file = out / "config.json"
-    if (out / METRICS).exists() and config_file.exists() and read_json_object(config_file, optional={"finetune": dict}).get("finetune", {}).get("hash") == digest:
+    if (
+        (out / METRICS).exists()
+        and config_file.exists()
+        and read_json_object(config_file, optional={"finetune": dict}).get("finetune", {}).get("hash") == digest
+    ):
         status(f"[green]{out}[/]: already fine-tuned with these settings, loading it")
         return load_hf_run(out, device=device, data_dir=data_dir)
     if not data.train or not data.dev:
@@ -163,11 +175,11 @@ def finetune(
         spec=spec_name, task_type=data.task_type, labels=list(data.labels), data_dir=absolute_dir(data_dir)
     )
     if max_len is not None:
-        run.collate.max_len = min(max_len, run.model.config.max_len)
+        cast("HFCollator", run.collate).max_len = min(max_len, run.model.config.max_len)  # a classification run's
     train_set = list(data.train)
     if limit is not None and limit < len(train_set):
         train_set = random.Random(seed).sample(train_set, limit)
-    frozen = frozen_patterns(run.model, train_layers)
+    frozen = frozen_patterns(cast("HFModel", run.model), train_layers)  # load_hf's
     trained = freeze(run.model, frozen)
     extra = {"finetune": {**settings, "hash": digest, "train_examples": len(train_set), "trained_parameters": trained}}
     steps = epochs * -(-len(train_set) // batch_size)

@@ -12,7 +12,7 @@ import shutil
 import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
@@ -20,7 +20,7 @@ from torch import nn
 from attnaudit import __version__
 from attnaudit.data.alignment import PAD_ID, Seq2SeqCollator, SubwordTokenizer
 from attnaudit.data.tasks import load_task
-from attnaudit.data.types import Example, TaskData
+from attnaudit.data.types import Batch, Example, TaskData
 from attnaudit.errors import AttnAuditError, InputError
 from attnaudit.io import atomic_write_json, digest, read_json_object, writes_folder
 from attnaudit.models.attention import check_normaliser
@@ -45,6 +45,9 @@ from attnaudit.training.loop import (
     notes,
     seeded,
 )
+
+if TYPE_CHECKING:
+    from attnaudit.models.hf_model import HFModel
 
 SOURCE_BPE = "source_bpe.json"
 TARGET_BPE = "target_bpe.json"
@@ -80,9 +83,9 @@ class NMTConfig:
 
 def translate(run: Run, examples: list[Example], batch_size: int = 64, desc: str | None = None) -> list[list[str]]:
     """Greedy translations (target words) of ``examples``, in order."""
-    model = run.model
-    if not hasattr(model, "greedy"):
+    if not hasattr(run.model, "greedy"):
         raise AttnAuditError(f"translate needs an encoder-decoder run, got a {run.family} model")
+    model = cast("Seq2SeqTransformer | HFModel", run.model)  # the encoder-decoders: ours and Hugging Face's
     # Sorted by length so that a batch stops decoding soon after its longest sentence.
     order = sorted(range(len(examples)), key=lambda i: len(examples[i].tokens))
     stripped = [Example(tokens=examples[i].tokens, meta=examples[i].meta) for i in order]
@@ -106,6 +109,7 @@ def evaluate_nmt(run: Run, examples: list[Example], batch_size: int = 64) -> dic
         for batch in run.batches(examples, batch_size):
             logits = model(batch).logits
             labels = batch.labels
+            assert labels is not None  # translation pairs have targets
             real = labels != -100
             total += float(nn.functional.cross_entropy(logits[real], labels[real], reduction="sum"))
             correct += int((logits.argmax(-1)[real] == labels[real]).sum())
@@ -190,7 +194,12 @@ def train_nmt(
     }
     config_hash = digest({k: v for k, v in run_config.items() if k != "version"})
     run_config["hash"] = config_hash
-    if resume and (out / METRICS).exists() and (out / CONFIG).exists() and read_json_object(out / CONFIG, optional={"hash": str}).get("hash") == config_hash:
+    if (
+        resume
+        and (out / METRICS).exists()
+        and (out / CONFIG).exists()
+        and read_json_object(out / CONFIG, optional={"hash": str}).get("hash") == config_hash
+    ):
         status(f"[green]{out}[/]: already trained with this config, loading it")
         return load_nmt_run(out, device=device, data_dir=data_dir)
     refuse_other_run(out, config_hash)
@@ -234,7 +243,12 @@ def train_hf_nmt(
 
     settings = {"kind": "hf", "arch": arch, "train": asdict(cfg), "task": spec.to_dict()}
     config_hash = digest(settings)
-    if resume and (out / METRICS).exists() and (out / CONFIG).exists() and read_json_object(out / CONFIG, optional={"hash": str}).get("hash") == config_hash:
+    if (
+        resume
+        and (out / METRICS).exists()
+        and (out / CONFIG).exists()
+        and read_json_object(out / CONFIG, optional={"hash": str}).get("hash") == config_hash
+    ):
         status(f"[green]{out}[/]: already trained with this config, loading it")
         return load_hf_run(out, device=device, data_dir=spec.data_dir)
     refuse_other_run(out, config_hash)
@@ -248,7 +262,11 @@ def train_hf_nmt(
     train_pairs = [ex for ex in data.train if fits_length(run.collate, ex, cfg.max_train_len)]
     extra = {"hash": config_hash, "train_nmt": {"arch": arch, **asdict(cfg)}}
     loop = nmt_loop(cfg)
-    hooks = replace(nmt_hooks(run, data.dev, cfg), save_best=lambda: save_hf_run(run, out, extra))
+
+    def save_best() -> None:
+        save_hf_run(run, out, extra)
+
+    hooks = replace(nmt_hooks(run, data.dev, cfg), save_best=save_best)
     state = fit(net, run, train_pairs, loop, hooks)
     best = load_hf_run(out, device=device, data_dir=spec.data_dir)
     best._data = data
@@ -296,11 +314,11 @@ def nmt_hooks(run: Run, dev_pairs: list[Example], cfg: NMTConfig) -> Hooks:
         logits = model(batch).logits
         return loss_fn(logits.reshape(-1, logits.shape[-1]), batch.labels.reshape(-1))
 
-    return Hooks(
-        loss=loss,
-        evaluate=lambda: {"dev": evaluate_nmt(run, dev_pairs)},
-        weight=lambda batch: int((batch.labels != -100).sum()),
-    )
+    def weight(batch: Batch) -> float:
+        assert batch.labels is not None  # training pairs have targets
+        return int((batch.labels != -100).sum())
+
+    return Hooks(loss=loss, evaluate=lambda: {"dev": evaluate_nmt(run, dev_pairs)}, weight=weight)
 
 
 def _final_metrics(

@@ -15,7 +15,7 @@ import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -53,6 +53,9 @@ from attnaudit.training.loop import (
     notes,
     seeded,
 )
+
+if TYPE_CHECKING:
+    from attnaudit.data.batching import Collator
 
 # Per-family defaults (the literature's settings where they exist); CLI flags override.
 FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -227,7 +230,9 @@ def drop_words(batch: Batch, p: float, unk_id: int, first_word_id: int, generato
         hit = (torch.rand(ids.shape, generator=generator) < p).to(ids.device) & mask & (ids >= first_word_id)
         return ids.masked_fill(hit, unk_id)
 
-    return replace(batch, tokens=drop(batch.tokens, batch.mask), query=drop(batch.query, batch.query_mask))
+    tokens = drop(batch.tokens, batch.mask)
+    assert tokens is not None  # a batch always has tokens
+    return replace(batch, tokens=tokens, query=drop(batch.query, batch.query_mask))
 
 
 def predict(
@@ -382,7 +387,7 @@ def _model_config(model: str, merged: dict[str, Any], data: TaskData, vocab: Any
     derived = ("model", "task_type", "vocab_size", "num_labels", "extra")
     return ModelConfig(
         model=model,
-        task_type=data.task_type,  # type: ignore[arg-type]
+        task_type=data.task_type,
         vocab_size=len(vocab),
         num_labels=len(data.labels),
         extra=extra,
@@ -398,7 +403,7 @@ def classifier_hooks(
     settings' word dropout unless ``word_dropout`` is False), scores on ``dev`` at the end of
     every epoch; ``interventions(batch)`` are applied in every forward, training and evaluation."""
     loss_fn = cross_entropy(cfg.loss)
-    vocab = run.collate.vocab
+    vocab = cast("Collator", run.collate).vocab  # a word-level run's
     words = [torch.Generator()]
 
     def epoch_start(epoch: int) -> None:  # seeded like the shuffle: a resumed run drops the same words
@@ -457,11 +462,18 @@ def train(
     vocab, feature_vocab = _build_vocabs(data, cfg, bool(merged.get("wrap")))
     vectors = load_vectors(cfg.vectors, vocab, seed=cfg.seed) if cfg.vectors else None
     config = _model_config(model, merged, data, vocab, feature_vocab, vectors)
-    run_config = {"kind": "attnaudit", "version": __version__, "model": config.to_dict(), "train": cfg.to_dict(), "task": spec.to_dict()}
+    run_config: dict[str, Any] = {
+        "kind": "attnaudit", "version": __version__, "model": config.to_dict(), "train": cfg.to_dict(), "task": spec.to_dict()
+    }
     run_config["hash"] = _config_hash({k: v for k, v in run_config.items() if k != "version"})
 
     existing = out / CONFIG
-    if resume and (out / METRICS).exists() and existing.exists() and read_json_object(existing, optional={"hash": str}).get("hash") == run_config["hash"]:
+    if (
+        resume
+        and (out / METRICS).exists()
+        and existing.exists()
+        and read_json_object(existing, optional={"hash": str}).get("hash") == run_config["hash"]
+    ):
         status(f"[green]{out}[/]: already trained with this config, loading it")
         return load_run(out, device=device, data_dir=data_dir)
     refuse_other_run(out, run_config["hash"])
@@ -470,7 +482,7 @@ def train(
         status(line)
     net = seeded(cfg.seed, lambda: build_model(config))
     if vectors is not None:
-        net.embedding.weight.data.copy_(vectors)
+        cast(nn.Embedding, net.embedding).weight.data.copy_(vectors)  # the word-level families' table
     net.to(resolve_device(device))
     collate = Collator(
         vocab, data.labels, data.task_type, hierarchical=model == "han", max_len=config.max_len, feature_vocab=feature_vocab
