@@ -39,7 +39,8 @@ from attnaudit.hf import load_hf
 from attnaudit.models.base import Intervention, freeze_uniform
 from attnaudit.models.hf_batches import HFSubwords, collator
 from attnaudit.models.hf_fresh import fresh_tokenizer
-from attnaudit.models.hf_model import HFModel, causal_allowed
+from attnaudit.models.hf_inputs import causal_allowed
+from attnaudit.models.hf_model import HFModel
 from tests.models.test_hf_decoder import real_rows
 
 FAMILIES = ("marian", "bart", "t5")

@@ -46,7 +46,7 @@ from attnaudit.models.base import (
     ModelConfig,
     ModelOutput,
 )
-from attnaudit.models.hf_attention import ATTN_IMPLEMENTATION, KeyValuePrefix
+from attnaudit.models.hf_attention import ATTN_IMPLEMENTATION
 from attnaudit.models.hf_capabilities import HFCapabilities
 from attnaudit.models.hf_config import (
     DROPOUT_NAMES,
@@ -59,19 +59,12 @@ from attnaudit.models.hf_config import (
     output_kind,
 )
 from attnaudit.models.hf_config import heads as attention_heads
+from attnaudit.models.hf_inputs import HFInputs, pass_inputs, pass_masks, real_positions, states_entering
 from attnaudit.models.hf_layouts import read_layouts
-from attnaudit.models.hf_pass import (
-    HFInputs,
-    HFLayer,
-    Pass,
-    causal_allowed,
-    decided,
-    real_positions,
-    wrapped,
-)
+from attnaudit.models.hf_pass import HFLayer, Pass, decided, wrapped
 from attnaudit.models.hf_projections import read_projections
 from attnaudit.models.hf_restarts import HFRestarts
-from attnaudit.models.hf_structure import Structure, discover, hidden_argument
+from attnaudit.models.hf_structure import Structure, discover
 from attnaudit.models.seq2seq import EncoderDecoderLayout
 
 if TYPE_CHECKING:
@@ -255,36 +248,8 @@ class HFModel(HFCapabilities, HFRestarts, EncoderDecoderLayout, AttentionModel):
             raise AttnAuditError("an encoder-decoder's forward is teacher-forced: the batch needs a target")
         inputs = self._inputs(batch)
         given = embeddings if embeddings is not None else self.embed(batch)
-        states = self._states_entering(inputs, given)
+        states = states_entering(self.hf, self.structure.blocks[0], self._embedding(), inputs, given)
         return Cache(states=states, mask=batch.mask.bool(), layer=0, extra={"inputs": inputs})
-
-    def _states_entering(self, inputs: dict[str, Any], embeddings: Tensor) -> Tensor:
-        """Run the model until its first block is called, with ``embeddings`` as the token embeddings."""
-        reached: list[Tensor] = []
-
-        def stop(_module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-            hidden = hidden_argument(args, kwargs)
-            assert hidden is not None
-            reached.append(hidden)
-            raise _Reached
-
-        used = [False]
-
-        def replace(_module: nn.Module, _args: tuple[Any, ...], output: Tensor) -> Tensor:
-            if used[0]:
-                return output
-            used[0] = True
-            return embeddings
-
-        handles = [self.structure.blocks[0].register_forward_pre_hook(stop, with_kwargs=True), self._embedding().register_forward_hook(replace)]
-        try:
-            self.hf(**inputs, use_cache=False)
-        except _Reached:
-            return reached[0]
-        finally:
-            for handle in handles:
-                handle.remove()
-        raise AttnAuditError(f"{self.hf_type}: the first block was never called")
 
     def decode(
         self,
@@ -314,8 +279,8 @@ class HFModel(HFCapabilities, HFRestarts, EncoderDecoderLayout, AttentionModel):
         kept = None if keep_layers is None else {layer % n for layer in keep_layers}
         decoder_side = self.structure.sites[start].side == "decoder"
         first_call = self.structure.sites[self.first_decoder_layer].block if decoder_side else 0
-        state = Pass(self.structure, cache, start, interventions, self.pass_masks(cache), self.layer_label, first_call, self.hf_type)
-        inputs = self._pass_inputs(cache, start)
+        state = Pass(self.structure, cache, start, interventions, pass_masks(self.structure, cache), self.layer_label, first_call, self.hf_type)
+        inputs = pass_inputs(self.structure, cache, start, lambda: self.continues_prefix, self.hf_type)
         trace = AttentionTrace()
 
         def finished(layer: int, record: HFLayer) -> None:
@@ -333,51 +298,6 @@ class HFModel(HFCapabilities, HFRestarts, EncoderDecoderLayout, AttentionModel):
             out = self.hf(**inputs, use_cache=False)
         return ModelOutput(logits=decision(out), trace=trace)
 
-    def _pass_inputs(self, cache: Cache, start: int) -> dict[str, Any]:
-        """The forward's arguments for a pass from ``cache``: an encoder-decoder restarting in its decoder
-        skips the encoder (its output given); a continuation's tokens take the positions after its prefix."""
-        prefix: KeyValuePrefix | None = cache.extra.get("prefix")
-        if prefix is not None and prefix.positions is None and not self.continues_prefix:
-            raise AttnAuditError(
-                f"{self.hf_type} decoder cannot continue from a key/value prefix (positions added before its first block, "
-                "sliding windows, or attention outside the interface)"
-            )
-        inputs = dict(cache.extra.get("inputs") or {})
-        if not inputs:
-            raise AttnAuditError("this cache was not made by HFModel.encode")
-        if self.structure.sites[start].side == "decoder":
-            inputs["encoder_outputs"] = (cache.extra["memory"],)
-        if prefix is not None and prefix.positions is None:
-            inputs["position_ids"] = real_positions(cache.mask) + prefix.mask.sum(1, keepdim=True)
-            inputs["attention_mask"] = cache.mask.long()
-        return inputs
-
-    def pass_masks(self, cache: Cache) -> Callable[[int], tuple[Tensor, Tensor, Tensor | None]]:
-        """``masks(layer) -> (key mask (B,K), query mask (B,Q), allowed (B,1,Q,K) or None)`` for a pass from ``cache``."""
-        inputs = cache.extra.get("inputs") or {}
-        prefix: KeyValuePrefix | None = cache.extra.get("prefix")
-        given: dict[int, Tensor] = cache.extra.get("allowed") or {}
-        source = inputs["attention_mask"].bool() if "attention_mask" in inputs else cache.mask.bool()
-        target = inputs["decoder_attention_mask"].bool() if "decoder_attention_mask" in inputs else None
-        mask = cache.mask.bool()
-        if prefix is not None and prefix.positions is None:
-            keys = torch.cat([prefix.mask, mask], 1)
-            joined = torch.cat([prefix.mask[:, None, :].expand(-1, mask.shape[1], -1), causal_allowed(mask)], 2)[:, None]
-        sites = self.structure.sites
-
-        def masks(layer: int) -> tuple[Tensor, Tensor, Tensor | None]:
-            site = sites[layer]
-            if prefix is not None and prefix.positions is not None:
-                return prefix.mask, mask, given[layer]
-            if prefix is not None:
-                return keys, mask, joined
-            if site.side == "decoder":
-                assert target is not None
-                return (source if site.kind == "cross" else target), target, None
-            return source, source, None
-
-        return masks
-
     @torch.no_grad()
     def greedy(self, batch: Batch, max_len_a: float = 1.5, max_len_b: int = 10) -> list[list[int]]:
         """An encoder-decoder's greedy translation with the model's ``generate`` (one beam): target ids per
@@ -394,7 +314,3 @@ class HFModel(HFCapabilities, HFRestarts, EncoderDecoderLayout, AttentionModel):
             row = row[: row.index(eos)] if eos in row else row
             result.append([i for i in row if i not in specials])
         return result
-
-
-class _Reached(Exception):
-    """Raised by a pre-hook on the first block: the states entering it were read."""

@@ -57,37 +57,6 @@ class HFLayer(AttentionLayer):
     extras: tuple[Any, ...] | None = None
 
 
-class HFInputs(dict):
-    """The keyword arguments of the model's forward for a batch; rows selectable like a cache's extras."""
-
-    def select_rows(self, rows: Tensor) -> HFInputs:
-        return HFInputs({k: v.index_select(0, rows) if isinstance(v, Tensor) and v.dim() else v for k, v in self.items()})
-
-
-class LayerTensors(dict):
-    """Per attention layer, a tensor of the batch (which keys each rerun query reads); rows selectable."""
-
-    def select_rows(self, rows: Tensor) -> LayerTensors:
-        return LayerTensors({k: v.index_select(0, rows) for k, v in self.items()})
-
-
-def real_positions(mask: Tensor) -> Tensor:
-    """Position ids ``(B,T)`` counting real tokens only (0 for leading pads)."""
-    return (mask.long().cumsum(1) - 1).clamp_min(0)
-
-
-def causal_allowed(mask: Tensor, window: int | None = None, queries: Tensor | None = None) -> Tensor:
-    """``(B,Q,K)``: query ``i`` may read key ``j`` when ``j <= i`` (and ``i - j < window``) and ``j`` is real;
-    ``queries`` ``(B,Q)``: the key positions of the queries (default: every position)."""
-    index = torch.arange(mask.shape[1], device=mask.device)
-    at = index[None, :, None] if queries is None else queries[:, :, None]
-    distance = at - index[None, None, :]
-    allowed = distance >= 0
-    if window is not None:
-        allowed = allowed & (distance < window)
-    return allowed & mask[:, None, :].bool()
-
-
 class Pass(hf_attention.Capture):
     """One ``decode``: which block call comes next, the records made so far, what each layer gets.
 

@@ -19,7 +19,8 @@ from attnaudit.data.types import Batch
 from attnaudit.errors import AttnAuditError
 from attnaudit.models.base import AttentionTrace, Cache, ModelConfig
 from attnaudit.models.hf_attention import KeyValuePrefix
-from attnaudit.models.hf_pass import HFInputs, HFLayer, LayerTensors, real_positions
+from attnaudit.models.hf_inputs import HFInputs, LayerTensors, real_positions, states_entering
+from attnaudit.models.hf_pass import HFLayer
 from attnaudit.models.hf_structure import Structure
 
 
@@ -46,7 +47,7 @@ class HFRestarts:
     def _inputs(self, batch: Batch) -> HFInputs:
         raise NotImplementedError
 
-    def _states_entering(self, inputs: dict[str, Any], embeddings: Tensor) -> Tensor:
+    def _embedding(self) -> Any:
         raise NotImplementedError
 
     def embed(self, batch: Batch) -> Tensor:
@@ -142,9 +143,9 @@ class HFRestarts:
             batch = self._dry_batch()
             with torch.no_grad():
                 inputs = self._inputs(batch)
-                plain = self._states_entering(inputs, self.embed(batch))
+                plain = states_entering(self.hf, self.structure.blocks[0], self._embedding(), inputs, self.embed(batch))
                 inputs["position_ids"] = inputs["position_ids"] + 3
-                moved = self._states_entering(inputs, self.embed(batch))
+                moved = states_entering(self.hf, self.structure.blocks[0], self._embedding(), inputs, self.embed(batch))
             cached = bool(torch.equal(plain, moved))
             self.__dict__["_position_free_value"] = cached
         return cached
