@@ -37,7 +37,7 @@ from attnaudit.experiments.adversarial import (  # noqa: E402
     max_valid_jsd,
     search_batch,
 )
-from attnaudit.experiments.base import summarise  # noqa: E402
+from attnaudit.experiments.experiment import summarise  # noqa: E402
 from attnaudit.progress import set_quiet  # noqa: E402
 from attnaudit.training.trainer import train  # noqa: E402
 from benchmarks.bench_permutation import decode_fraction, read_accuracy  # noqa: E402

@@ -1,4 +1,4 @@
-"""Attention flow: :func:`attnaudit.flow.flow` against the per-pair networkx reference.
+"""Attention flow: :func:`attnaudit.algorithms.attention_graph.flow` against the per-pair networkx reference.
 
 Both run in this process on the same random attention (1 sentence, 6 layers, 12 heads
 fused by mean, 12 tokens), timed in ``--repeats`` interleaved rounds
@@ -17,7 +17,7 @@ import torch
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from attnaudit.flow import flow, flow_networkx  # noqa: E402
+from attnaudit.algorithms.attention_graph import flow, flow_networkx  # noqa: E402
 from benchmarks.common import REPEATS, headline, time_interleaved, write_result  # noqa: E402
 
 SHAPE = {"batch": 1, "layers": 6, "heads": 12, "tokens": 12}

@@ -28,7 +28,7 @@ if __package__ in (None, ""):
 
 from attnaudit.explain import item_mask, loo  # noqa: E402
 from attnaudit.hf import load_hf  # noqa: E402
-from attnaudit.models.base import evaluation  # noqa: E402
+from attnaudit.models.interface import evaluation  # noqa: E402
 from benchmarks.common import REPEATS, stats, time_interleaved, write_result  # noqa: E402
 
 TOLERANCE = 1e-5  # |Δŷ| of float32 passes that differ only in how the prefix's keys and values were computed

@@ -8,10 +8,10 @@ padding) five operations run side by side in ``--repeats`` interleaved rounds
   same model with ``attn_implementation="eager"``): the cheapest way to get every layer's weights;
 * ``capture``: our traced forward (:class:`~attnaudit.models.hf_model.HFModel`, the
   AttentionModel interface), every layer's weights, scores, keys, values and inputs kept;
-* ``norms``: capture plus ‖Σ_h α f_h(x)‖ of every layer (:func:`attnaudit.explain.norms.layer_norms`);
-* ``rollout``: capture plus attention rollout over all layers (:func:`attnaudit.flow.rollout`);
+* ``norms``: capture plus ‖Σ_h α f_h(x)‖ of every layer (:func:`attnaudit.explain.attention_norms.layer_norms`);
+* ``rollout``: capture plus attention rollout over all layers (:func:`attnaudit.algorithms.attention_graph.rollout`);
 * ``rollout_streaming``: the same rollout folded in layer by layer as the model runs
-  (``decode(keep_layers=(), on_layer=...)`` + :class:`attnaudit.flow.StreamingRollout`): one
+  (``decode(keep_layers=(), on_layer=...)`` + :class:`attnaudit.algorithms.attention_graph.StreamingRollout`): one
   layer's ``(H,T,T)`` weights alive at a time instead of all 30.
 
 ``capture_cost`` = capture time / peer time per round (target ≤ 1.3). Agreement, per T: our
@@ -30,7 +30,7 @@ Q4_1 GGUF dequantised; needs ``gguf``); ``--weights random`` builds the same arc
 depend on the weights' values. Result: ``benchmarks/results/llm_scale_<device>.json`` and a
 figure ``llm_scale_<device>.png``/``.svg`` (time and peak memory against T per operation).
 
-Needs torch, transformers, numpy, matplotlib, networkx and scipy (``attnaudit.flow``), and
+Needs torch, transformers, numpy, matplotlib, networkx and scipy (``attnaudit.algorithms.attention_graph``), and
 this checkout on the path; not captum, entmax, seqeval or (with ``--weights random``) gguf.
 
 GPU (from the repository root; then copy ``benchmarks/results/llm_scale_cuda*`` back, e.g. to ``$OUT``)::
@@ -63,9 +63,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `benchmarks.common` when run as a script
 
+from attnaudit.algorithms.attention_graph import StreamingRollout, rollout  # noqa: E402
 from attnaudit.data.types import Batch  # noqa: E402
-from attnaudit.explain.norms import layer_norms  # noqa: E402
-from attnaudit.flow import StreamingRollout, rollout  # noqa: E402
+from attnaudit.explain.attention_norms import layer_norms  # noqa: E402
 from attnaudit.models.hf_loading import DTYPES
 from attnaudit.models.hf_model import HFModel  # noqa: E402
 from attnaudit.seed import resolve_device  # noqa: E402

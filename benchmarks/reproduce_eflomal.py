@@ -26,11 +26,11 @@ from types import SimpleNamespace
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from attnaudit.data.alignment import SubwordTokenizer, read_rwth  # noqa: E402
+from attnaudit.algorithms.metrics import aer  # noqa: E402
 from attnaudit.data.tasks import load_task  # noqa: E402
+from attnaudit.data.word_alignments import SubwordTokenizer, read_rwth  # noqa: E402
 from attnaudit.experiments.aligner_baseline import eflomal_baseline, training_pairs  # noqa: E402
 from attnaudit.experiments.alignment import diagonal_links  # noqa: E402
-from attnaudit.metrics import aer  # noqa: E402
 from attnaudit.run import load_run  # noqa: E402
 from benchmarks.common import ROOT, RUNS, write_result  # noqa: E402
 from benchmarks.reproduce_alignment import SIZE  # noqa: E402
@@ -80,7 +80,7 @@ def main() -> None:
                 (f"eflomal 2.0.0, default settings (HMM + fertility, 3 samplers), trained on the {len(train)} pairs "
                  f"plus the {len(gold)} RWTH gold sentences without their links (standard for unsupervised aligners); "
                  "words lower-cased by eflomal"),
-                "AER in percent, corpus level, sure/possible (the alignment test's attnaudit.metrics.aer)",
+                "AER in percent, corpus level, sure/possible (the alignment test's attnaudit.algorithms.metrics.aer)",
                 ("fwd: each English word to at most one German word; rev: each German word to at most one English "
                  "word; grow-diag-final: Koehn et al. 2003"),
                 f"eflomal seeds itself from /dev/urandom: mean, min and max over {args.runs} runs",

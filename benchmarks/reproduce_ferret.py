@@ -45,8 +45,8 @@ from scipy import stats as sstats
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `benchmarks.common` when run as a script
 
 from attnaudit.data.types import Batch, Example  # noqa: E402
+from attnaudit.experiments.eraser_metrics import BINS, perturbation_probs, perturbed_probs, predictions, removable_items, top_count  # noqa: E402
 from attnaudit.explain import EXPLANATIONS  # noqa: E402
-from attnaudit.faithfulness import BINS, perturbation_probs, perturbed_probs, predictions, removable_items, top_count  # noqa: E402
 from attnaudit.io import read_json  # noqa: E402
 from attnaudit.run import Run, load_run  # noqa: E402
 from benchmarks.common import RUNS, headline, time_interleaved, write_result  # noqa: E402

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from attnaudit.experiments.base import run_test
+from attnaudit.experiments.experiment import run_test
 from attnaudit.experiments.importance import PUBLISHED, pair_name
 from attnaudit.io import atomic_write_json, read_json
 from attnaudit.run import Run, load_run

@@ -36,9 +36,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `benchmarks.common` when run as a script
 
 from attnaudit.experiments import run_test  # noqa: E402
+from attnaudit.experiments.eraser_metrics import BINS, MODES, perturbation_probs  # noqa: E402
 from attnaudit.experiments.faithfulness import grid  # noqa: E402
 from attnaudit.explain import list_explanations  # noqa: E402
-from attnaudit.faithfulness import BINS, MODES, perturbation_probs  # noqa: E402
 from attnaudit.hf import load_hf  # noqa: E402
 from attnaudit.io import read_json  # noqa: E402
 from attnaudit.models.hf_loading import HF_DIR  # noqa: E402

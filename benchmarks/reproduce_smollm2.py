@@ -4,7 +4,7 @@ Runs ``attnaudit audit --hf smollm2 --task sst2 --limit N --out OUT --data-dir D
 process, CPU, 1 torch thread) on the first ``--limit`` GLUE SST-2 dev sentences (our ``sst2``
 task's ``test`` split) with the default prompt ``"Review: {text}\\nSentiment:"`` and verbalizer
 ``" negative"``/``" positive"``; the ranked items are the sentence's tokens only. The tests take
-their decoder defaults (``Experiment.audit_decoder_options``: fewer permutations and adversarial
+their decoder defaults (``AuditSettings.decoder_options``: fewer permutations and adversarial
 steps, flow for 2 instances, rollout against gradients only, erasure by attention and random
 orders). Then it digests the report's figures:
 

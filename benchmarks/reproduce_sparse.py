@@ -38,8 +38,8 @@ if __package__ in (None, ""):
 
 from attnaudit.data.tasks import load_task  # noqa: E402
 from attnaudit.data.types import TaskData  # noqa: E402
-from attnaudit.experiments.base import Result, run_test  # noqa: E402
 from attnaudit.experiments.common import ATTENTION_TABLE  # noqa: E402
+from attnaudit.experiments.experiment import Result, run_test  # noqa: E402
 from attnaudit.io import atomic_write_json  # noqa: E402
 from attnaudit.run import Run  # noqa: E402
 from attnaudit.training.trainer import train  # noqa: E402
@@ -187,7 +187,7 @@ def heatmap(first_seed: dict[str, dict[str, Result]], path: Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from attnaudit.experiments.base import save_figure
+    from attnaudit.plotting import save_figure
 
     columns = [("original", "shuffle", "original"), ("shuffled", "shuffle", "shuffled (all layers)")]
     columns += [(label, test, None) for label, test in KEY_TESTS.items()]

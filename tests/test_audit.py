@@ -14,10 +14,10 @@ import torch
 from attnaudit.audit import audit, parse_settings
 from attnaudit.data.synthetic import synthetic_task
 from attnaudit.errors import AttnAuditError
-from attnaudit.experiments.base import EXPERIMENTS, Experiment, Result, register
+from attnaudit.experiments.experiment import EXPERIMENTS, AuditSettings, Experiment, Result, register
 from attnaudit.explain import EXPLANATIONS
-from attnaudit.explain.base import _MEMOS
 from attnaudit.explain.gradient import gradient_importance as explain_gradient
+from attnaudit.explain.registry import _MEMOS
 from attnaudit.progress import set_quiet
 from attnaudit.report.summary import SUMMARY_COLUMNS, order_tests, verdict_rows
 from attnaudit.training.trainer import train
@@ -206,7 +206,7 @@ def test_tests_share_scores_until_one_changes_the_weights(run, tmp_path: Path) -
                         next(run.model.parameters()).add_(1.0)
                 return Result(test=self.name, summary={"n": len(examples)})
 
-        Reader.name, Reader.audit_rank = name, rank
+        Reader.name, Reader.settings = name, AuditSettings(rank=rank)
         return register(Reader)
 
     tests = [("zz-first", 1, False), ("zz-spoiler", 2, True), ("zz-after", 3, False)]

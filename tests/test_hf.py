@@ -21,8 +21,8 @@ from transformers import (
 from attnaudit.data.types import Batch, Example, TaskData
 from attnaudit.errors import AttnAuditError, InputError
 from attnaudit.hf import HFCollator, HFModel, load_hf, save_hf_run
-from attnaudit.models.attention import normalise
-from attnaudit.models.base import Intervention
+from attnaudit.models.interface import Intervention
+from attnaudit.models.normalisers import normalise
 from attnaudit.run import Run, load_run
 
 

@@ -42,7 +42,7 @@ def test_ferret_sets_are_growing_top_positive_prefixes(values: list[float]) -> N
 
 
 def test_ferret_default_on_a_tiny_bert_equals_single_forwards(tiny_hf) -> None:  # type: ignore[no-untyped-def]
-    from attnaudit.faithfulness import predictions
+    from attnaudit.experiments.eraser_metrics import predictions
     from attnaudit.hf import load_hf
 
     run = load_hf(tiny_hf.dir, task=tiny_hf.task(), device="cpu")

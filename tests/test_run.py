@@ -64,4 +64,4 @@ def test_run_module_imports_no_model_family_nor_trainer() -> None:
     modules = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split())
     assert "attnaudit.run" in modules
     loaded = {m for m in modules if m.startswith(("attnaudit.models.", "attnaudit.training", "transformers"))}
-    assert loaded == {"attnaudit.models.base"}, loaded  # the interface a Run holds, and nothing else
+    assert loaded == {"attnaudit.models.interface"}, loaded  # the interface a Run holds, and nothing else

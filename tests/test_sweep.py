@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from attnaudit.errors import AttnAuditError, InputError
-from attnaudit.experiments.base import EXPERIMENTS, Experiment, register
+from attnaudit.experiments.experiment import EXPERIMENTS, Experiment, register
 from attnaudit.progress import set_quiet
 from attnaudit.sweep import JOB_FILE, load_config, plan, sweep, table_rows
 

@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from attnaudit.data.synthetic import synthetic_task
 from attnaudit.errors import AttnAuditError
-from attnaudit.experiments.base import run_test
+from attnaudit.experiments.experiment import run_test
 from attnaudit.progress import set_quiet
 from attnaudit.training import loop
 from attnaudit.training.loop import Hooks, LoopConfig, Optimiser, Selection, fit
@@ -243,7 +243,7 @@ def epochs_seen(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
 
 
 def test_every_family_trains_through_the_loop(epochs_seen: list[tuple[str, str]], tmp_path: Path, tiny_hf: SimpleNamespace) -> None:
-    from attnaudit.data.alignment import synthetic_translation
+    from attnaudit.data.word_alignments import synthetic_translation
     from attnaudit.training.finetune import finetune
     from attnaudit.training.nmt import train_nmt
 

@@ -334,10 +334,10 @@ def check(model_type: str, seed: int = 0) -> dict[str, Any]:
     replacing them by hand inside eager's softmax; ``restart``, restarting at that layer against the
     full pass. Also what the dry run found (route, causal, layouts) and which explanation methods apply."""
     from attnaudit.explain import EXPLANATIONS
-    from attnaudit.models.base import Intervention
     from attnaudit.models.hf_layouts import BlockLayout
     from attnaudit.models.hf_model import HFModel
     from attnaudit.models.hf_pass import HFLayer
+    from attnaudit.models.interface import Intervention
 
     kind = _kind(model_type)
     head = "classifier" if kind == "encoder" else "lm"

@@ -12,7 +12,7 @@ applies to it, cheap tests first, and writes
 * ``OUT/report.html`` — the self-contained report (:mod:`attnaudit.report`).
 
 Re-running resumes: a stored result is loaded, not rerun, only when it names the same test
-and its ``meta["fingerprint"]`` (:func:`~attnaudit.experiments.base.fingerprint`: options,
+and its ``meta["fingerprint"]`` (:func:`~attnaudit.experiments.experiment.fingerprint`: options,
 split, limit, seed, the run's identity and weights, its data files, the package version)
 recomputes to the same hash; any other stored result is recomputed, and the status line and
 ``audit.json`` say why. Every test starts from the same model weights and seed, so a resumed
@@ -35,7 +35,7 @@ import torch
 
 from attnaudit.data.subsets import check_order
 from attnaudit.errors import AttnAuditError, error_line, os_error_line, spelled, storage_full, unknown
-from attnaudit.experiments.base import (
+from attnaudit.experiments.experiment import (
     Experiment,
     Result,
     discover,
@@ -43,7 +43,7 @@ from attnaudit.experiments.base import (
     make_options,
     run_test,
 )
-from attnaudit.explain.base import Memo, memoised
+from attnaudit.explain.registry import Memo, memoised
 from attnaudit.io import atomic_write_json, remove_stray_tmp, writes_folder
 from attnaudit.options import check_max_length, check_seed, parse_assignment
 from attnaudit.progress import status
@@ -126,7 +126,7 @@ def _plan(
 ) -> tuple[list[str], dict[str, Any]]:
     """Selected tests in order and their Options objects; rejects unknown names and options up front.
 
-    ``decoder``: the audited model is a decoder-only LLM, whose tests take their ``audit_decoder_options``."""
+    ``decoder``: the audited model is a decoder-only LLM, whose tests take their ``settings.decoder_options``."""
     registry = discover()
     only = [_test_name("--only", n, registry) for n in only or ()]
     skip = [_test_name("--skip", n, registry) for n in skip or ()]
@@ -138,7 +138,7 @@ def _plan(
     for name in selected:
         experiment = registry[name]()
         known = {f.name for f in fields(experiment.Options)}
-        defaults = {**experiment.audit_options, **(experiment.audit_decoder_options if decoder else {})}
+        defaults = {**experiment.settings.options, **(experiment.settings.decoder_options if decoder else {})}
         values = {k: v for k, v in defaults.items() if k in known}
         values.update(test_options.get(name, {}))
         options[name] = make_options(experiment, values)
@@ -171,7 +171,7 @@ def _run_tests(
     settings: dict[str, Any], memo: Memo,
 ) -> tuple[list[dict[str, Any]], tuple[str, OSError] | None]:
     """Run the tests in ``order``, each from the trained weights, sharing explanation scores in
-    ``memo`` (:func:`~attnaudit.explain.base.memoised`); the log, and the test whose result a full
+    ``memo`` (:func:`~attnaudit.explain.registry.memoised`); the log, and the test whose result a full
     disk lost (the audit stops there)."""
     snapshot = {k: v.detach().clone() for k, v in target.model.state_dict().items()}
     log: list[dict[str, Any]] = []
@@ -194,7 +194,7 @@ def _run_tests(
 
 def skip_reason(experiment: Experiment, target: Run) -> str | None:
     """Why the audit skips ``experiment`` on ``target`` (None when it runs)."""
-    if experiment.audit_transformers_only and not target.model.self_attention:
+    if experiment.settings.transformers_only and not target.model.self_attention:
         return "the audit runs the activation and key tests on Transformers only"
     return experiment.why_not(target)
 

@@ -11,7 +11,7 @@ import typing
 import warnings
 from dataclasses import MISSING, fields
 from pathlib import Path
-from typing import Annotated, Any, TypedDict
+from typing import TYPE_CHECKING, Annotated, Any, TypedDict
 
 import typer
 from rich.console import Console
@@ -20,6 +20,9 @@ from rich.table import Table
 from attnaudit.errors import AttnAuditError, AttnAuditWarning
 from attnaudit.options import SEED_MAX, parse_text, sequence_item
 from attnaudit.progress import set_quiet
+
+if TYPE_CHECKING:
+    from attnaudit.explain.generation import Generated
 
 app = typer.Typer(
     help="Is this model's attention a faithful explanation of its predictions?\n\n"
@@ -275,7 +278,7 @@ def tests(
         ]
         _print_table("tests", rows)
         return
-    from attnaudit.experiments.base import applicability
+    from attnaudit.experiments.experiment import applicability
 
     target = _load_model(hf, run, task, prompt, verbalizer, data_dir, device)
     for name, reason in applicability(target).items():
@@ -320,19 +323,29 @@ def explain(
     prompt: Prompt = None,
     verbalizer: Verbalizer = None,
     dtype: Dtype = None,
+    generate: Annotated[
+        int | None, typer.Option(help="Generate N tokens after the text (a decoder or encoder-decoder) and explain each one.")
+    ] = None,
     target: Annotated[
-        str | None,
-        typer.Option(
-            help="An encoder-decoder's target prefix, forced on its decoder: the next target token after it is explained (\"\": the first)."
-        ),
+        str | None, typer.Option(help="A continuation forced on the model (decoder or encoder-decoder): each of its tokens is explained.")
+    ] = None,
+    contrast: Annotated[
+        str | None, typer.Option(help="A continuation of as many tokens: each step explains p(token) - p(contrast token).")
+    ] = None,
+    sample: Annotated[
+        bool, typer.Option("--sample", help="With --generate: draw each token (seeded by --seed) instead of the most probable.")
+    ] = False,
+    aggregate: Annotated[
+        str | None, typer.Option(help="With --generate/--target: also merge each word's subword scores by sum, mean or max (generation-words.csv).")
     ] = None,
     data_dir: DataDir = None,
     device: Device = "auto",
     quiet: Quiet = False,
 ) -> None:
-    """Explain one text's decision: a causal LM's next token, a classifier's class, an encoder-decoder's next
-    target token after --target (or, without a head, attention only) with every chosen explanation method, plus
-    per-layer/head attention and rollout.
+    """Explain one text's decision (a causal LM's next token, a classifier's class; without a head, attention
+    only) or a generated sequence token by token (--generate N or --target TEXT, decoders and encoder-decoders)
+    with every chosen explanation method, plus per-layer/head attention and rollout. A causal LM reads --text
+    as written; \\n in it is a newline.
 
     Examples:
 
@@ -341,8 +354,13 @@ def explain(
     attnaudit explain --run runs/sst --text "a gripping , funny film" --out explanations/sst
 
     attnaudit explain --hf minilm --text "a gripping , funny film"
+
+    attnaudit explain --hf smollm2 --text "The capital of France is" --generate 5 --method attention,input_gradient --out explanations/generated
+
+    attnaudit explain --hf smollm2 --text "The capital of France is" --target " Paris" --contrast " Lyon" --method gradient
     """  # noqa: E501 (example commands stay on one line)
-    from attnaudit.explained import decision_line, explain_text
+    from attnaudit.explain.generation import Generated
+    from attnaudit.explain.text import decision_line, explain_text
 
     set_quiet(quiet)
     if (hf is None) == (run is None):
@@ -350,9 +368,13 @@ def explain(
     if run is not None and (prompt or verbalizer):
         raise AttnAuditError("--prompt/--verbalizer apply with --hf only")
     result = explain_text(
-        hf if hf is not None else _run_dir(run), text, _names(method), out, prompt=prompt, verbalizer=verbalizer,
+        hf if hf is not None else _run_dir(run), text.replace("\\n", "\n"), _names(method), out, prompt=prompt, verbalizer=verbalizer,
         max_length=max_length, seed=seed, steps=steps, device=device, data_dir=data_dir, dtype=dtype, target=target,
+        generate=generate, contrast=contrast, sample=sample, aggregate=aggregate,
     )
+    if isinstance(result, Generated):
+        _print_generated(result, quiet, out, aggregate)
+        return
     if not quiet:
         print(decision_line(result))
         if result.decision["kind"] == "next_token":
@@ -362,6 +384,17 @@ def explain(
         print(result.frame().to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     if out is not None:
         out_console.print(f"explanation: {out / 'explanation.json'} (+ .csv, .png, .svg)", markup=False, highlight=False)
+
+
+def _print_generated(result: Generated, quiet: bool, out: Path | None, aggregate: str | None) -> None:
+    """The terminal view of a generated sequence: what was generated, the skipped methods, a row per step."""
+    if not quiet:
+        print(f"{result.meta['mode']}: {result.meta['generated_text']!r} ({len(result.target)} tokens; explained: {result.meta['explained']})")
+        for name, reason in result.skipped.items():
+            print(f"skipped: {name}: {reason}")
+        print(result.table(aggregate).to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    if out is not None:
+        out_console.print(f"explanation: {out / 'generation.json'} (+ generation.csv, a heatmap per method)", markup=False, highlight=False)
 
 
 def _run_dir(path: Path | None) -> Path:

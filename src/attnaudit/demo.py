@@ -19,7 +19,7 @@ from typing import Any
 from attnaudit.audit import AuditResult, audit, runnable_tests
 from attnaudit.data.types import Example, TaskData
 from attnaudit.errors import AttnAuditError
-from attnaudit.experiments.base import discover
+from attnaudit.experiments.experiment import discover
 from attnaudit.io import (
     atomic_write_json,
     atomic_write_text,
@@ -55,12 +55,12 @@ SENTENCES: list[tuple[str, str, list[int]]] = [
 
 
 def demo_options(size: str) -> dict[str, dict[str, Any]]:
-    """The demo's per-test options at ``size`` (each test's ``demo_options``), restricted to the option names that exist."""
+    """The demo's per-test options at ``size`` (each test's ``settings.demo``), restricted to the option names that exist."""
     chosen = {}
     for name, cls in discover().items():
-        if size in cls.demo_options:
+        if size in cls.settings.demo:
             known = {f.name for f in fields(cls.Options)}
-            chosen[name] = {k: v for k, v in cls.demo_options[size].items() if k in known}
+            chosen[name] = {k: v for k, v in cls.settings.demo[size].items() if k in known}
     return chosen
 
 

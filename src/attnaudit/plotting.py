@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import ModuleType
+from typing import Any
+
+from attnaudit.io import atomic_write
 
 
 def pyplot() -> ModuleType:
@@ -19,3 +23,19 @@ def pyplot() -> ModuleType:
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def save_figure(fig: Any, directory: Path, stem: str) -> list[Path]:
+    """Save a matplotlib figure as PNG and SVG (atomically) and close it."""
+    plt = pyplot()
+    paths = []
+    for ext in ("png", "svg"):
+        path = Path(directory) / f"{stem}.{ext}"
+
+        def write(tmp: Path, ext: str = ext) -> None:
+            fig.savefig(tmp, format=ext, dpi=130, bbox_inches="tight")
+
+        atomic_write(path, write)
+        paths.append(path)
+    plt.close(fig)
+    return paths

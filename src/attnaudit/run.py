@@ -23,7 +23,7 @@ import torch
 from attnaudit.data.types import Batch, Example, TaskData
 from attnaudit.errors import AttnAuditError, InputError
 from attnaudit.io import JsonKinds, atomic_write_json, check_fields, read_json
-from attnaudit.models.base import AttentionModel, ModelConfig
+from attnaudit.models.interface import AttentionModel, ModelConfig
 from attnaudit.weights import load_tensors
 
 CONFIG = "config.json"

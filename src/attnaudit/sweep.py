@@ -178,7 +178,7 @@ class _Reader:
 def _axis(reader: _Reader, node: yaml.Node, key: str) -> list[Any]:
     """One grid axis, each item checked (names, normalisers, seeds, λ values); no duplicates."""
     from attnaudit.models import MODELS
-    from attnaudit.models.attention import check_normaliser
+    from attnaudit.models.normalisers import check_normaliser
 
     what = f"grid.{key}"
     values: list[Any] = []
@@ -204,7 +204,7 @@ def _axis(reader: _Reader, node: yaml.Node, key: str) -> list[Any]:
 
 def _train_hints() -> dict[str, Any]:
     """Options of ``train`` a sweep may set, with their types."""
-    from attnaudit.models.base import ModelConfig
+    from attnaudit.models.interface import ModelConfig
     from attnaudit.training.trainer import TrainConfig
 
     hints: dict[str, Any] = {}
@@ -225,7 +225,7 @@ def _test_list(reader: _Reader, node: yaml.Node, what: str, registry: dict[str, 
 
 def _audit_section(reader: _Reader, node: yaml.Node, config: SweepConfig) -> None:
     """``audit:`` — only, skip, split, limit and per-test options (``set``), checked against each test's Options."""
-    from attnaudit.experiments.base import discover
+    from attnaudit.experiments.experiment import discover
 
     registry = discover()
     section = reader.mapping(node, "audit", AUDIT_KEYS)
@@ -263,7 +263,7 @@ def _audit_section(reader: _Reader, node: yaml.Node, config: SweepConfig) -> Non
 
 def lambda_tests(config: SweepConfig) -> list[str]:
     """The selected tests that take a ``lambdas`` option (they receive the grid's λ)."""
-    from attnaudit.experiments.base import discover
+    from attnaudit.experiments.experiment import discover
 
     registry = discover()
     selected = [n for n in registry if (not config.only or n in config.only) and n not in (config.skip or ())]

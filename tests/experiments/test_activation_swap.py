@@ -9,15 +9,15 @@ import torch
 
 from attnaudit.errors import AttnAuditError
 from attnaudit.experiments.activation_swap import ActivationSwap, zero_fraction
-from attnaudit.experiments.base import make_options, run_test
 from attnaudit.experiments.common import (
     ATTENTION_TABLE,
     row_mean,
     self_attention_classifier_reason,
     transformer_classifier_reason,
 )
+from attnaudit.experiments.experiment import make_options, run_test
 from attnaudit.models import ModelConfig, build_model
-from attnaudit.models.base import AttentionLayer, AttentionTrace
+from attnaudit.models.interface import AttentionLayer, AttentionTrace
 from attnaudit.run import Run, TaskSpec
 from attnaudit.training.trainer import evaluate_examples
 

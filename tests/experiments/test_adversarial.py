@@ -12,6 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from attnaudit.algorithms.metrics import LN2, jsd
 from attnaudit.errors import AttnAuditError
 from attnaudit.experiments.adversarial import (
     Search,
@@ -23,9 +24,8 @@ from attnaudit.experiments.adversarial import (
     pairwise_divergence,
     search_batch,
 )
-from attnaudit.experiments.base import Result, run_test
 from attnaudit.experiments.common import resolve_layers, seeded_generator
-from attnaudit.metrics import LN2, jsd
+from attnaudit.experiments.experiment import Result, run_test
 from attnaudit.progress import set_quiet
 from attnaudit.run import Run
 

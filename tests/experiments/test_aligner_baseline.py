@@ -9,8 +9,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from attnaudit.data.alignment import synthetic_translation
+from attnaudit.algorithms.metrics import aer
 from attnaudit.data.types import Example
+from attnaudit.data.word_alignments import synthetic_translation
 from attnaudit.errors import AttnAuditError
 from attnaudit.experiments.aligner_baseline import (
     INSTALL,
@@ -21,7 +22,6 @@ from attnaudit.experiments.aligner_baseline import (
     training_pairs,
 )
 from attnaudit.experiments.alignment import Alignment, diagonal_links
-from attnaudit.metrics import aer
 
 NEEDS_EFLOMAL = f"eflomal is not installed: {INSTALL}"
 

@@ -9,10 +9,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from attnaudit.data.alignment import synthetic_translation
+from attnaudit.algorithms.metrics import aer
+from attnaudit.data.word_alignments import synthetic_translation
 from attnaudit.experiments import run_test
 from attnaudit.experiments.alignment import Alignment, argmax_links, diagonal_links, word_scores
-from attnaudit.metrics import aer
 from attnaudit.progress import set_quiet
 
 

@@ -15,7 +15,6 @@ import torch
 from attnaudit.data.types import Example
 from attnaudit.errors import AttnAuditError
 from attnaudit.experiments import common
-from attnaudit.experiments.base import discover
 from attnaudit.experiments.common import (
     Explained,
     instance_rows,
@@ -31,7 +30,8 @@ from attnaudit.experiments.common import (
     transformer_classifier_reason,
     weighted_mean,
 )
-from attnaudit.models.base import Cache
+from attnaudit.experiments.experiment import discover
+from attnaudit.models.interface import Cache
 
 
 def _draws(*keys: int) -> torch.Tensor:
@@ -180,7 +180,7 @@ def test_encoder_last_layer_interventions_change_the_cls_row_only(tiny_hf: Simpl
 def test_the_prepared_pass_is_shared_within_an_audit_only(tiny_attention_run: Any) -> None:
     """Within :func:`memoised` a batch's prepared pass is computed once (permutation, faithfulness, erasure
     and adversarial share it); outside, every call makes its own."""
-    from attnaudit.explain.base import memoised
+    from attnaudit.explain.registry import memoised
 
     run = tiny_attention_run("transformer")
     batch = run.collate(run.examples("test", 4))
@@ -201,7 +201,7 @@ def test_the_base_pass_keeps_weights_and_the_explained_record_within_a_budget(
 ) -> None:
     """The shared plain pass equals ``model(batch)``: every layer's weights and masks, the explained layer's
     whole record, the other layers' states dropped; past the byte budget nothing more is kept."""
-    from attnaudit.explain.base import memoised
+    from attnaudit.explain.registry import memoised
 
     run = tiny_attention_run("transformer")
     model = run.model

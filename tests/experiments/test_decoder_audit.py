@@ -15,23 +15,23 @@ import numpy as np
 import pytest
 import torch
 
+from attnaudit.algorithms.attention_graph import rollout
 from attnaudit.audit import _plan
 from attnaudit.data.types import Example
 from attnaudit.experiments import run_test
 from attnaudit.experiments.adversarial import Search, adversarial_loop, search_batch
-from attnaudit.experiments.base import get_experiment
 from attnaudit.experiments.common import prepare, resolve_layers, seeded_generator
 from attnaudit.experiments.erasure import decode_erased, erase_items
 from attnaudit.experiments.erasure import prepare as erasure_prepare
+from attnaudit.experiments.experiment import get_experiment
 from attnaudit.experiments.norms import position_shares
 from attnaudit.experiments.permutation import permutation_loop, permute_batch
 from attnaudit.experiments.shuffle import permute_rows
 from attnaudit.explain import item_mask, list_explanations
 from attnaudit.explain.attention import attention_importance
-from attnaudit.explain.norms import layer_norms
-from attnaudit.flow import rollout
+from attnaudit.explain.attention_norms import layer_norms
 from attnaudit.hf import load_hf
-from attnaudit.models.base import AttentionLayer, Intervention
+from attnaudit.models.interface import AttentionLayer, Intervention
 from attnaudit.models.zeroshot import ZeroShotCollator, text_items
 from attnaudit.run import Run
 from tests.models.test_hf_decoder import save_llama_lm

@@ -15,7 +15,6 @@ from attnaudit.data.synthetic import synthetic_task
 from attnaudit.data.types import Example, TaskData
 from attnaudit.data.vocab import Vocab
 from attnaudit.errors import AttnAuditError
-from attnaudit.experiments.base import Result, get_experiment, run_test
 from attnaudit.experiments.erasure import (
     RANDOM,
     Erasure,
@@ -27,6 +26,7 @@ from attnaudit.experiments.erasure import (
     random_other,
     stacked_flip_steps,
 )
+from attnaudit.experiments.experiment import Result, get_experiment, run_test
 from attnaudit.models import ModelConfig, build_model
 from attnaudit.run import Run, TaskSpec
 from attnaudit.training.trainer import train

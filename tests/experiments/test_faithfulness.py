@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from attnaudit.errors import AttnAuditError
-from attnaudit.experiments.base import Result, run_test
+from attnaudit.experiments.eraser_metrics import describe
+from attnaudit.experiments.experiment import Result, run_test
 from attnaudit.explain import Explanation, item_mask, list_explanations, register, unregister
-from attnaudit.faithfulness import describe
 from tests.reliability.helpers import assert_clean_failure, cli
 
 FAST = {"ig_steps": 2, "resamples": 50, "curve_steps": 4}

@@ -14,24 +14,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
+from attnaudit.algorithms.metrics import kl
 from attnaudit.data.synthetic import synthetic_task
 from attnaudit.data.types import Batch
 from attnaudit.errors import AttnAuditError
-from attnaudit.experiments.base import run_test
-from attnaudit.experiments.global_adversary import (
-    adversary_variant,
-    breakpoint_fit,
-    classification_loss,
-    differentiable_kl,
-    entry_scale,
-    nll_breakpoint,
-    tagging_loss,
-)
-from attnaudit.metrics import kl
-from attnaudit.models.base import AttentionLayer, AttentionTrace, ModelOutput
+from attnaudit.experiments.experiment import run_test
+from attnaudit.experiments.global_adversary import breakpoint_fit, entry_scale, nll_breakpoint
+from attnaudit.models.interface import AttentionLayer, AttentionTrace, ModelOutput
 from attnaudit.progress import set_quiet
 from attnaudit.run import Run
 from attnaudit.training.adversary import train_variant
+from attnaudit.training.attention_adversaries import adversary_variant, classification_loss, differentiable_kl, tagging_loss
 from attnaudit.training.trainer import train
 
 set_quiet(True)

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from scipy.linalg import null_space
 
 from attnaudit.errors import AttnAuditError
-from attnaudit.experiments.base import get_experiment, run_test
+from attnaudit.experiments.experiment import get_experiment, run_test
 from attnaudit.experiments.identifiability import clipped_distribution, effective_attention, value_output_products
 from attnaudit.models import ModelConfig, build_model
 from attnaudit.run import Run, TaskSpec
@@ -107,7 +107,7 @@ def test_an_llm_figure_colours_its_thirty_layers_without_a_collapsed_layout(tmp_
     """30 layers (SmolLM2): one colour bar instead of 90 legend entries, and no layout warning."""
     import warnings
 
-    from attnaudit.experiments.base import Result
+    from attnaudit.experiments.experiment import Result
 
     rows = [
         {"layer": layer, "seq_len": n, "l1_mean": 0.1 * layer / n, "jsd_clipped_mean": 0.01 * n, "null_dim_mean": max(0, n - 64)}

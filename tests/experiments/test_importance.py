@@ -13,7 +13,7 @@ from scipy import stats
 from attnaudit.data.synthetic import synthetic_task
 from attnaudit.data.types import Example
 from attnaudit.errors import AttnAuditError
-from attnaudit.experiments.base import Result, make_options, run_test
+from attnaudit.experiments.experiment import Result, make_options, run_test
 from attnaudit.experiments.importance import PUBLISHED, ImportanceCorrelation
 from attnaudit.explain import item_mask
 from attnaudit.explain.attention import attention_importance

@@ -10,8 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from attnaudit.errors import AttnAuditError
-from attnaudit.experiments.base import get_experiment, make_options, run_test
 from attnaudit.experiments.common import seeded_generator
+from attnaudit.experiments.experiment import get_experiment, make_options, run_test
 from attnaudit.experiments.keys import (
     KeyAdversary,
     OppositeKeys,

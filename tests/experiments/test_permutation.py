@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 from attnaudit.data.types import Example
 from attnaudit.errors import AttnAuditError
-from attnaudit.experiments.base import Result, get_experiment, make_options, run_test
 from attnaudit.experiments.common import resolve_layers, seeded_generator
+from attnaudit.experiments.experiment import Result, get_experiment, make_options, run_test
 from attnaudit.experiments.permutation import (
     permutation_blocks,
     permutation_loop,

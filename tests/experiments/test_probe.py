@@ -10,10 +10,10 @@ import torch
 
 from attnaudit.data.synthetic import synthetic_task
 from attnaudit.errors import AttnAuditError
-from attnaudit.experiments.base import get_experiment, run_test
+from attnaudit.experiments.experiment import get_experiment, run_test
 from attnaudit.experiments.probe import ContextLayer, build_context_probe
 from attnaudit.models import ModelConfig, build_model
-from attnaudit.models.base import freeze_to
+from attnaudit.models.interface import freeze_to
 from attnaudit.models.transformer import merge_heads, split_heads
 from attnaudit.progress import set_quiet
 from attnaudit.run import Run

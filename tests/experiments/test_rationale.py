@@ -14,20 +14,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sklearn.metrics import average_precision_score
 
+from attnaudit.algorithms.metrics import precision_at_k, random_average_precision, score_against
 from attnaudit.data.synthetic import synthetic_task
 from attnaudit.data.types import TaskData
 from attnaudit.errors import AttnAuditError
 from attnaudit.experiments import run_test
-from attnaudit.experiments.rationale import (
-    Rationale,
-    Units,
-    instance_units,
-    precision_at_k,
-    random_average_precision,
-    score_against,
-)
+from attnaudit.experiments.common import Units, instance_units
+from attnaudit.experiments.rationale import Rationale
 from attnaudit.explain import explanation, unregister
-from attnaudit.explain.rollout import rollout_importance
+from attnaudit.explain.attention_rollout import rollout_importance
 from attnaudit.progress import set_quiet
 from attnaudit.training.trainer import train
 

@@ -13,12 +13,12 @@ import torch
 from scipy.stats import entropy, spearmanr
 from transformers import BertModel
 
+from attnaudit.algorithms.attention_graph import flow, rollout
 from attnaudit.data.synthetic import synthetic_task
 from attnaudit.errors import AttnAuditError
 from attnaudit.experiments import run_test
 from attnaudit.experiments.rollout import Rollout, explanation_rows
 from attnaudit.explain.gradient import gradient_importance
-from attnaudit.flow import flow, rollout
 from attnaudit.hf import load_hf
 from attnaudit.run import Run
 from tests.reliability.helpers import cli

@@ -10,12 +10,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from attnaudit.algorithms.metrics import tvd
 from attnaudit.data.synthetic import synthetic_task
 from attnaudit.errors import AttnAuditError
-from attnaudit.experiments.base import run_test
-from attnaudit.experiments.common import weighted_mean
-from attnaudit.experiments.seeds import compare
-from attnaudit.metrics import tvd
+from attnaudit.experiments.common import compare, weighted_mean
+from attnaudit.experiments.experiment import run_test
 from attnaudit.models import build_model
 from attnaudit.progress import set_quiet
 from attnaudit.run import Run

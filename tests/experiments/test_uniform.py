@@ -8,15 +8,15 @@ from pathlib import Path
 import pytest
 import torch
 
+from attnaudit.algorithms.metrics import jsd, output_change
 from attnaudit.data.synthetic import synthetic_task
-from attnaudit.experiments.base import get_experiment, run_test
-from attnaudit.experiments.seeds import compare
-from attnaudit.experiments.uniform import UNIFORM, frozen_uniform
-from attnaudit.metrics import jsd, output_change
-from attnaudit.models.base import freeze_uniform, uniform_weights
+from attnaudit.experiments.common import compare
+from attnaudit.experiments.experiment import get_experiment, run_test
+from attnaudit.experiments.uniform import UNIFORM
+from attnaudit.models.interface import freeze_uniform, uniform_weights
 from attnaudit.progress import set_quiet
 from attnaudit.run import Run, load_run
-from attnaudit.training.adversary import Variant, train_variant
+from attnaudit.training.adversary import Variant, frozen_uniform, train_variant
 from attnaudit.training.trainer import predict, train
 
 set_quiet(True)

@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from attnaudit.data.types import Batch, Example
 from attnaudit.explain.attnlrp import attnlrp, lrp_relevance
 from attnaudit.explain.cp_lrp import cp_lrp
-from attnaudit.models.base import ModelConfig
+from attnaudit.models.interface import ModelConfig
 from attnaudit.models.transformer import TransformerClassifier
 
 

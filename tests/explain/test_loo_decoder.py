@@ -16,13 +16,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from attnaudit.algorithms.metrics import output_change
 from attnaudit.data.types import Batch
 from attnaudit.errors import AttnAuditError
 from attnaudit.explain import item_mask, loo
 from attnaudit.explain.loo import _loo_decoder, _loo_method, loo_importance
-from attnaudit.metrics import output_change
-from attnaudit.models.base import Cache
 from attnaudit.models.hf_model import HFModel
+from attnaudit.models.interface import Cache
 from attnaudit.models.zeroshot import ZeroShotCollator, make_zero_shot
 from tests.models.test_hf_decoder import build, tokenizer
 

@@ -11,7 +11,7 @@ import torch
 from typer.testing import CliRunner
 
 from attnaudit.cli import app
-from attnaudit.experiments.base import discover
+from attnaudit.experiments.experiment import discover
 from attnaudit.explain import explanation, item_mask, list_explanations, unregister
 from attnaudit.report.heatmaps import compute_heatmaps, heatmap_methods
 

@@ -12,7 +12,8 @@ from torch import Tensor
 
 from attnaudit.data.types import Batch
 from attnaudit.errors import AttnAuditError
-from attnaudit.models.base import (
+from attnaudit.models.han import FlatAttentionClassifier, HierarchicalAttentionNetwork, build_han_model
+from attnaudit.models.interface import (
     AttentionModel,
     Intervention,
     ModelConfig,
@@ -20,7 +21,6 @@ from attnaudit.models.base import (
     freeze_uniform,
     uniform_weights,
 )
-from attnaudit.models.han import FlatAttentionClassifier, HierarchicalAttentionNetwork, build_han_model
 from attnaudit.models.rnn import SCORERS, AdditiveScorer
 
 VOCAB, LABELS = 50, 3

@@ -43,11 +43,11 @@ from attnaudit.errors import AttnAuditError, InputError
 from attnaudit.explain.attention import attention_importance
 from attnaudit.explain.gradient import gradient_importance
 from attnaudit.hf import HFCollator, load_hf, resolve_source, save_hf_run
-from attnaudit.models.attention import normalise
-from attnaudit.models.base import Intervention, freeze_uniform
 from attnaudit.models.gguf_cache import cache_folder
 from attnaudit.models.hf_inputs import causal_allowed, real_positions
 from attnaudit.models.hf_model import HFModel
+from attnaudit.models.interface import Intervention, freeze_uniform
+from attnaudit.models.normalisers import normalise
 from attnaudit.pretrained import SMOLLM2_INSTALL, smollm2_path
 from attnaudit.run import load_run
 

@@ -24,10 +24,10 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import AutoConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from attnaudit.algorithms.attention_graph import StreamingRollout, rollout
 from attnaudit.data.types import Batch
 from attnaudit.errors import AttnAuditError
-from attnaudit.explain.rollout import layer_weights, rollout_importance
-from attnaudit.flow import StreamingRollout, rollout
+from attnaudit.explain.attention_rollout import layer_weights, rollout_importance
 from attnaudit.hf import HFCollator, build_hf_model
 from attnaudit.models.hf_model import HFModel
 

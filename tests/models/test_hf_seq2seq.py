@@ -32,15 +32,15 @@ from transformers.models.bart import modeling_bart
 from transformers.models.marian import modeling_marian
 from transformers.models.t5 import modeling_t5
 
-from attnaudit.data.alignment import SubwordTokenizer, synthetic_translation
 from attnaudit.data.types import Batch
+from attnaudit.data.word_alignments import SubwordTokenizer, synthetic_translation
 from attnaudit.errors import AttnAuditError
 from attnaudit.hf import load_hf
-from attnaudit.models.base import Intervention, freeze_uniform
 from attnaudit.models.hf_batches import HFSubwords, collator
 from attnaudit.models.hf_fresh import fresh_tokenizer
 from attnaudit.models.hf_inputs import causal_allowed
 from attnaudit.models.hf_model import HFModel
+from attnaudit.models.interface import Intervention, freeze_uniform
 from tests.models.test_hf_decoder import real_rows
 
 FAMILIES = ("marian", "bart", "t5")
@@ -359,9 +359,9 @@ def test_teacher_forcing_is_hfs_own(family: str, pairs: SimpleNamespace) -> None
 def test_applicability_matches_our_nmt(pairs: SimpleNamespace) -> None:
     """Every test answers an HF encoder-decoder as it answers our own NMT model (both translate):
     alignment and identifiability run, the one-decision-per-instance tests and rollout say why not."""
-    from attnaudit.data.alignment import Seq2SeqCollator
-    from attnaudit.experiments.base import applicability
-    from attnaudit.models.base import ModelConfig
+    from attnaudit.data.word_alignments import Seq2SeqCollator
+    from attnaudit.experiments.experiment import applicability
+    from attnaudit.models.interface import ModelConfig
     from attnaudit.models.seq2seq import Seq2SeqTransformer
     from attnaudit.run import Run, TaskSpec
 

@@ -19,7 +19,7 @@ from transformers import AutoModelForCausalLM
 from attnaudit.data.types import Example, TaskData
 from attnaudit.errors import AttnAuditError
 from attnaudit.experiments import run_test
-from attnaudit.experiments.base import get_experiment
+from attnaudit.experiments.experiment import get_experiment
 from attnaudit.hf import load_hf, save_hf_run
 from attnaudit.models.hf_model import HFModel
 from attnaudit.models.zeroshot import (

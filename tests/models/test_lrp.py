@@ -11,7 +11,7 @@ from torch import nn
 
 from attnaudit.errors import AttnAuditError
 from attnaudit.hf import load_hf
-from attnaudit.models.base import ModelConfig
+from attnaudit.models.interface import ModelConfig
 from attnaudit.models.lrp import IdentityRule, ScaleGradient, attention_operands, frozen_norm, relevance_rules
 from attnaudit.models.transformer import TransformerClassifier
 from tests.models.test_hf_decoder import wrap

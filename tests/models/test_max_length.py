@@ -18,7 +18,7 @@ import torch
 from attnaudit.data.types import Example
 from attnaudit.errors import AttnAuditError
 from attnaudit.explain import item_mask
-from attnaudit.explained import explain_text
+from attnaudit.explain.text import explain_text
 from attnaudit.hf import load_hf
 from tests.models.test_hf_decoder import save_llama_lm
 from tests.reliability.helpers import assert_clean_failure, cli

@@ -27,8 +27,8 @@ from attnaudit.data.types import Batch
 from attnaudit.errors import AttnAuditError
 from attnaudit.hf import HFCollator
 from attnaudit.models import ModelConfig, build_model
-from attnaudit.models.base import AttentionModel, Intervention
 from attnaudit.models.hf_model import HFModel
+from attnaudit.models.interface import AttentionModel, Intervention
 
 FAMILIES = ("transformer", "bert", "distilbert", "llama", "qwen2", "gpt2")
 

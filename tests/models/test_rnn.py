@@ -14,7 +14,7 @@ from torch import Tensor
 
 from attnaudit.data.types import Batch
 from attnaudit.errors import AttnAuditError
-from attnaudit.models.base import (
+from attnaudit.models.interface import (
     AttentionModel,
     Intervention,
     ModelConfig,

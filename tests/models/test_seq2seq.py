@@ -7,10 +7,10 @@ import json
 import pytest
 import torch
 
-from attnaudit.data.alignment import EOS_ID, Seq2SeqCollator, SubwordTokenizer, synthetic_translation
+from attnaudit.data.word_alignments import EOS_ID, Seq2SeqCollator, SubwordTokenizer, synthetic_translation
 from attnaudit.errors import AttnAuditError
-from attnaudit.explain.norms import transformed_inputs
-from attnaudit.models.base import ModelConfig, freeze_uniform
+from attnaudit.explain.attention_norms import transformed_inputs
+from attnaudit.models.interface import ModelConfig, freeze_uniform
 from attnaudit.models.seq2seq import Seq2SeqTransformer
 from attnaudit.models.transformer import merge_heads
 from attnaudit.progress import set_quiet

@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 
 from attnaudit.data.types import Batch
 from attnaudit.errors import AttnAuditError
-from attnaudit.models.attention import normalise
-from attnaudit.models.base import Intervention, ModelConfig, detach_weights, freeze_uniform, uniform_weights
+from attnaudit.models.interface import Intervention, ModelConfig, detach_weights, freeze_uniform, uniform_weights
+from attnaudit.models.normalisers import normalise
 from attnaudit.models.transformer import (
     CONTENT_GAIN,
     TransformerClassifier,

@@ -15,8 +15,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from attnaudit.algorithms.metrics import LN2
 from attnaudit.experiments.adversarial import adversary_weights, max_valid_jsd
-from attnaudit.metrics import LN2
 
 change_value = st.one_of(st.floats(0.0, 1.0), st.just(math.nan))
 

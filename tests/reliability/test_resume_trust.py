@@ -19,7 +19,7 @@ import pytest
 
 import attnaudit
 from attnaudit.audit import audit
-from attnaudit.experiments.base import Result, run_test
+from attnaudit.experiments.experiment import Result, run_test
 from attnaudit.progress import set_quiet
 from attnaudit.run import Run
 from attnaudit.training.trainer import train

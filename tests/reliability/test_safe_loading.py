@@ -288,7 +288,7 @@ def test_hugging_face_bad_weights_are_refused(kind: str, tiny_hf: SimpleNamespac
 @pytest.mark.parametrize(("umask", "mode"), [(0o022, 0o644), (0o077, 0o600)], ids=["umask022", "umask077"])
 def test_written_files_follow_the_umask(umask: int, mode: int, tiny_hf: SimpleNamespace, tmp_path: Path) -> None:
     """safetensors' ``save_file`` writes its own 0600 file; every result must still get ``0o666 & ~umask``."""
-    from attnaudit.experiments.base import Result
+    from attnaudit.experiments.experiment import Result
     from attnaudit.hf import load_hf, save_hf_run
 
     write_table(tmp_path / "train.csv", synthetic_rows(40))

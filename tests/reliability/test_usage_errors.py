@@ -92,7 +92,7 @@ def test_audit_checks_limit_and_split_before_running_tests(run_copy: Path, tmp_p
 
 def test_non_finite_lambda_is_refused_before_training(tmp_path: Path) -> None:
     from attnaudit.errors import AttnAuditError
-    from attnaudit.experiments.global_adversary import check_lambdas
+    from attnaudit.training.attention_adversaries import check_lambdas
 
     check_lambdas([0.0, 0.5, 3])
     for bad in (float("nan"), float("inf"), -1.0):
@@ -185,12 +185,12 @@ def test_set_that_the_audit_would_ignore_is_refused(case: str, run_copy: Path, t
 def test_an_unforeseen_failure_is_one_line_and_debug_shows_it(monkeypatch, tmp_path) -> None:  # noqa: ANN001
     """The last resort: an exception no check foresaw is one ``error:`` line naming the command (exit 1);
     ``attnaudit --debug`` lets the traceback through, to report it."""
-    import attnaudit.explained
+    import attnaudit.explain.text
 
     def broken(*_args: object, **_kwargs: object) -> None:
         raise ZeroDivisionError("division by zero")
 
-    monkeypatch.setattr(attnaudit.explained, "explain_text", broken)
+    monkeypatch.setattr(attnaudit.explain.text, "explain_text", broken)
     done = cli("explain", "--hf", "minilm", "--text", "a film", cwd=tmp_path)
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert done.stderr.strip().splitlines() == [

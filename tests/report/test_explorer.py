@@ -21,7 +21,7 @@ from hypothesis.extra.numpy import arrays
 import attnaudit
 from attnaudit.cli import app
 from attnaudit.errors import AttnAuditError
-from attnaudit.experiments.base import Result
+from attnaudit.experiments.experiment import Result
 from attnaudit.explain import get_explanation, item_mask
 from attnaudit.report import build_report
 from attnaudit.report.explorer import (

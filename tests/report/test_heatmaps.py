@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from attnaudit.experiments.base import Result
+from attnaudit.experiments.experiment import Result
 from attnaudit.experiments.importance import ImportanceCorrelation
 from attnaudit.explain.attention import attention_importance
 from attnaudit.report.heatmaps import compute_heatmaps, ranking_result, select_instances
@@ -14,7 +14,7 @@ def test_selection_takes_most_and_least_faithful_by_tau() -> None:
     rows = [{"index": i, "tau_attention_vs_gradient": t, "p_attention_vs_gradient": 0.0}
             for i, t in enumerate([0.1, 0.9, None, -0.5, 0.4, -0.2])]
     importance = Result(test="importance", instances=rows)
-    column = ImportanceCorrelation.ranks_instances  # the test says which of its columns ranks instances
+    column = ImportanceCorrelation.settings.ranks_instances  # the test says which of its columns ranks instances
     assert column == "tau_attention_vs_gradient"
     chosen, taus, how = select_instances(importance, column, 6, 2)
     assert chosen == [1, 4, 3, 5]  # two highest τ, then the lowest and the next lowest

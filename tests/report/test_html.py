@@ -14,8 +14,9 @@ import pytest
 
 from attnaudit.errors import AttnAuditError
 from attnaudit.experiments import run_test
-from attnaudit.experiments.base import Result, save_figure
+from attnaudit.experiments.experiment import Result
 from attnaudit.io import atomic_write_json
+from attnaudit.plotting import save_figure
 from attnaudit.report import build_report
 from attnaudit.report.html import esc, fmt, heatmap_block, table
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from attnaudit.data.alignment import synthetic_translation
+from attnaudit.data.word_alignments import synthetic_translation
 from attnaudit.io import read_json
 from attnaudit.models.hf_model import HFModel
 from attnaudit.run import load_run

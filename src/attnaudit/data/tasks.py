@@ -45,7 +45,7 @@ def register_task(name: str, description: str, folder: str | None = None) -> Cal
 
 
 # Modules that register more tasks; imported on first use (they import this module).
-_TASK_MODULES = ("attnaudit.data.alignment",)
+_TASK_MODULES = ("attnaudit.data.word_alignments",)
 
 
 def _discover() -> None:

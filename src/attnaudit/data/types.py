@@ -60,7 +60,9 @@ class Batch:
     per-token feature (POS tags for CoNLL); ``query``/``query_mask`` (B,Q) for the
     pair/QA models; ``target``/``target_mask`` for seq2seq; ``examples`` the originals;
     ``items`` (B,T) bool, True at the tokens an explanation ranks when those are only part of
-    the real tokens (a zero-shot prompt's ``{text}`` span), None when every real token is one.
+    the real tokens (a zero-shot prompt's ``{text}`` span), None when every real token is one;
+    ``explained`` (B,) the class each row's explanation is of (a generated or forced token; None:
+    the predicted class) and ``contrast`` (B,) a foil: then ``p(explained) − p(contrast)`` is explained.
     """
 
     tokens: Tensor
@@ -73,6 +75,8 @@ class Batch:
     target_mask: Tensor | None = None
     examples: list[Example] = field(default_factory=list)
     items: Tensor | None = None
+    explained: Tensor | None = None
+    contrast: Tensor | None = None
 
     def to(self, device: torch.device | str) -> Batch:
         def move(t: Tensor | None) -> Tensor | None:
@@ -89,6 +93,8 @@ class Batch:
             target_mask=move(self.target_mask),
             examples=self.examples,
             items=move(self.items),
+            explained=move(self.explained),
+            contrast=move(self.contrast),
         )
 
     def __len__(self) -> int:

@@ -1,6 +1,6 @@
 """Faithfulness tests: one module per test, registered by name (see ``base``)."""
 
-from attnaudit.experiments.base import (
+from attnaudit.experiments.experiment import (
     EXPERIMENTS,
     Experiment,
     Result,

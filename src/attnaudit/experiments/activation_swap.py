@@ -20,13 +20,6 @@ import torch
 from torch import Tensor
 
 from attnaudit.data.types import Example
-from attnaudit.experiments.base import (
-    Experiment,
-    Result,
-    register,
-    save_figure,
-    summarise,
-)
 from attnaudit.experiments.common import (
     ATTENTION_TABLE,
     attention_rows,
@@ -36,8 +29,10 @@ from attnaudit.experiments.common import (
     plot_attention_rows,
     self_attention_classifier_reason,
 )
-from attnaudit.models.attention import check_normaliser
-from attnaudit.models.base import AttentionTrace, Intervention
+from attnaudit.experiments.experiment import AuditSettings, Experiment, Result, register, summarise
+from attnaudit.models.interface import AttentionTrace, Intervention
+from attnaudit.models.normalisers import check_normaliser
+from attnaudit.plotting import save_figure
 from attnaudit.progress import track
 from attnaudit.run import Run
 
@@ -66,16 +61,18 @@ class ActivationSwap(Experiment):
     """The test of this module (its docstring gives the method, options and outputs)."""
 
     name = "activation-swap"
-    instance_effects = {
+    settings = AuditSettings(
+        instance_effects={
         "jsd_sparsemax": ("attention JSD with sparsemax swapped in for the trained normaliser", "desc"),
         "correct_sparsemax": ("right with sparsemax swapped in (1) or not (0)", "asc"),
         "jsd_entmax15": ("attention JSD with 1.5-entmax swapped in", "desc"),
         "correct_entmax15": ("right with 1.5-entmax swapped in (1) or not (0)", "asc"),
         "jsd_softmax": ("attention JSD with softmax swapped in", "desc"),
-    }
-    audit_rank = 7
-    audit_transformers_only = True
-    audit_decoder_options = {"batch_size": 8}  # LLM prompts differ in length: small batches pad less
+    },
+        rank=7,
+        transformers_only=True,
+        decoder_options={"batch_size": 8},
+    )
     description = "Accuracy of a Transformer classifier evaluated with softmax / entmax15 / sparsemax swapped in"
     paper = "Drozdyuk et al., Is Sparse Attention a Better Explanation? (Table 1: change of activation)"
     examples = ("runs/sst2-transformer --limit 200 --data-dir ../shared/data",)

@@ -7,7 +7,7 @@ prediction (nearly) unchanged. Each adversary is parameterised as logits over th
 
     −Σ_k JSD(α_k, α) + λ · Σ_k ReLU(Δŷ_k − ε) − mean_{i<j} JSD(α_i, α_j),
 
-with ``Δŷ_k`` = :func:`attnaudit.metrics.output_change` between the output under ``α_k`` and
+with ``Δŷ_k`` = :func:`attnaudit.algorithms.metrics.output_change` between the output under ``α_k`` and
 the original output, λ = 500 and ε = 0.01 (classification) / 0.05 (pair / QA tasks). The
 encoder states are fixed: the batch is encoded once and each step is ONE ``decode`` call
 for all instances × adversaries. The penalty is soft, so the bound is checked afterwards
@@ -27,9 +27,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from attnaudit.algorithms.metrics import LN2, jsd, output_change
 from attnaudit.data.types import Batch, Example
 from attnaudit.errors import AttnAuditError
-from attnaudit.experiments.base import Experiment, Result, register, summarise
 from attnaudit.experiments.common import (
     Explained,
     full_rows,
@@ -43,8 +43,8 @@ from attnaudit.experiments.common import (
     single_attention_reason,
     take_rows,
 )
-from attnaudit.metrics import LN2, jsd, output_change
-from attnaudit.models.base import AttentionModel, Intervention, evaluation
+from attnaudit.experiments.experiment import AuditSettings, Experiment, Result, register, summarise
+from attnaudit.models.interface import AttentionModel, Intervention, evaluation
 from attnaudit.progress import track
 from attnaudit.run import Run
 
@@ -86,7 +86,7 @@ def adversary_weights(theta: Tensor, key_mask: Tensor, query_rows: Tensor, origi
 def differentiable_jsd(p: Tensor, q: Tensor) -> Tensor:
     """JSD in nats along the last axis, with finite gradients at zero probabilities.
 
-    Same value as :func:`attnaudit.metrics.jsd` (used for everything reported), but that one's
+    Same value as :func:`attnaudit.algorithms.metrics.jsd` (used for everything reported), but that one's
     ``xlogy`` has an infinite derivative at exact zeros (padding, softmax underflow), which
     the softmax backward turns into NaN (0·∞); clamping inside the logarithms keeps every
     ``0·log 0`` term at 0 with a finite derivative.
@@ -267,15 +267,17 @@ class Adversarial(Experiment):
     """Jain & Wallace's per-instance adversarial attention search on the explained layer."""
 
     name = "adversarial"
-    audit_rank = 10
-    # each step: a decode and backward of an LLM's last layer at the predicting token (~0.45 s for 500 prompts)
-    audit_decoder_options = {"adversaries": 2, "steps": 25, "batch_size": 8}
-    demo_options = {"full": {"adversaries": 3, "steps": 150}, "quick": {"adversaries": 1, "steps": 5}}
-    instance_attention = "best_adversary"
-    instance_effects = {
+    settings = AuditSettings(
+        rank=10,
+        decoder_options={"adversaries": 2, "steps": 25, "batch_size": 8},
+        demo={"full": {"adversaries": 3, "steps": 150}, "quick": {"adversaries": 1, "steps": 5}},
+        instance_attention="best_adversary",
+        instance_effects={
         "max_jsd": ("JSD of the most different adversarial attention that keeps the output", "desc"),
         "best_output_change": ("output change (TVD) under that adversarial attention", "desc"),
-    }
+    },
+    )
+    # each step: a decode and backward of an LLM's last layer at the predicting token (~0.45 s for 500 prompts)
     description = (
         "Search K attention distributions per instance that differ most (JSD) from the model's "
         "while keeping the output within epsilon; report the largest JSD found."
@@ -304,7 +306,7 @@ class Adversarial(Experiment):
     def applies(self, run: Run) -> str | None:
         return single_attention_reason(run)
 
-    def settings(self, run: Run, options: Any) -> Search:
+    def search(self, run: Run, options: Any) -> Search:
         """The search settings, with ε defaulted by task type and validated."""
         epsilon = options.epsilon if options.epsilon is not None else EPSILON.get(run.task.task_type, 0.01)
         report = options.report_epsilon if options.report_epsilon is not None else epsilon
@@ -315,7 +317,7 @@ class Adversarial(Experiment):
         return Search(options.adversaries, options.steps, options.lr, options.penalty, epsilon, report)
 
     def run(self, run: Run, examples: list[Example], options: Any, seed: int = 0) -> Result:
-        search = self.settings(run, options)
+        search = self.search(run, options)
         (layer,) = resolve_layers(run.model, options.layer, allow_all=False)
         rows: list[dict[str, Any]] = []
         adversaries: list[dict[str, Any]] = []

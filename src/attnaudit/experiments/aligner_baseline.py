@@ -19,9 +19,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from attnaudit.algorithms.metrics import aer
 from attnaudit.data.types import Example
 from attnaudit.errors import AttnAuditError
-from attnaudit.metrics import aer
 from attnaudit.run import Run
 from attnaudit.training.nmt import fits_length
 

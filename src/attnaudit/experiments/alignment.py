@@ -5,7 +5,7 @@ every (target, source) pair two ways:
 
 * weight: ``α_ij`` averaged over heads;
 * norm: ``‖Σ_h α^h_ij f_h(x_j)‖`` — the head-summed vector that source position ``j``
-  adds to the output (:func:`attnaudit.experiments.norms.layer_norms`), as in the paper.
+  adds to the output (:func:`attnaudit.explain.attention_norms.layer_norms`), as in the paper.
 
 Subword scores are merged into word scores by averaging over the subwords of the source
 word and over the subwords of the target word. The source ``</s>`` is not a word and never
@@ -17,7 +17,7 @@ two settings (Ding et al. 2019; Kobayashi et al. 2020):
 * input: the attention of the step whose decoder *input* is that word (position ``p + 1``),
   i.e. shifted by one step.
 
-AER (Och & Ney 2003, :func:`attnaudit.metrics.aer`) is computed over the whole corpus from
+AER (Och & Ney 2003, :func:`attnaudit.algorithms.metrics.aer`) is computed over the whole corpus from
 the sure/possible gold links, per layer, and reported in percent like the paper.
 
 ``--baseline eflomal`` adds the statistical aligner a reader would use instead (trained on the
@@ -38,12 +38,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from attnaudit.algorithms.metrics import aer
 from attnaudit.data.tasks import DATA_ENV
 from attnaudit.data.types import Example
 from attnaudit.errors import AttnAuditError
-from attnaudit.experiments.base import Experiment, Result, register, save_figure
-from attnaudit.experiments.norms import layer_norms
-from attnaudit.metrics import aer
+from attnaudit.experiments.experiment import Experiment, Result, register
+from attnaudit.explain.attention_norms import layer_norms
+from attnaudit.plotting import save_figure
 from attnaudit.progress import track
 from attnaudit.run import Run
 
@@ -63,7 +64,7 @@ PUBLISHED = {
 def word_scores(scores: Tensor, target_words: list[int], source_words: list[int]) -> Tensor:
     """Merge a subword score matrix ``(T_sub, S_sub)`` into words ``(T_words, S_words)``:
     mean over the target word's subwords of the mean over the source word's subwords."""
-    from attnaudit.data.alignment import word_groups
+    from attnaudit.data.word_alignments import word_groups
 
     rows = word_groups(target_words, max(target_words) + 1).to(scores)
     cols = word_groups(source_words, max(source_words) + 1).to(scores)
@@ -201,7 +202,7 @@ class Alignment(Experiment):
         ]
         gold = options.gold or (_default_gold(run) if not all("sure" in ex.meta for ex in examples) else "")
         if gold:
-            from attnaudit.data.alignment import read_rwth
+            from attnaudit.data.word_alignments import read_rwth
 
             examples = read_rwth(gold, options.source_lang, options.target_lang)
             how = "" if options.gold else " (the RWTH set of the run's data directory: no --gold given)"

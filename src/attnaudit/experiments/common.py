@@ -3,30 +3,31 @@
 Only generic pieces live here, each used by more than one test module: seeded generators,
 attention-only reruns (layer resolution, a prepared batch, cache rows), means over heads and
 real query rows, the identifying columns of per-instance rows, the reasons why a family of
-tests does not apply, and figures drawn the same way by several tests. A test that reuses
-another test's measure or sub-runs (``seeds.compare``, ``global_adversary.adversary``,
-``uniform.frozen_uniform``, ``norms.layer_norms``) imports it from that test's module.
-This module registers no test.
+tests does not apply, and figures drawn the same way by several tests. What several tests reuse
+lives here too (``compare``: two models' attention and outputs, per instance; a rationale's scoring
+units; the tagging study's published figures) or below the tests (the adversary sub-runs in
+:mod:`attnaudit.training.attention_adversaries`): tests never import each other. This module
+registers no test.
 """
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from attnaudit.algorithms.metrics import jsd, kl, row_mean, spearman, tvd
 from attnaudit.data.types import Batch, Example
 from attnaudit.errors import AttnAuditError
-from attnaudit.experiments.base import save_figure
 from attnaudit.explain.attention import explained_attention
-from attnaudit.explain.base import remembered
-from attnaudit.metrics import jsd, spearman
-from attnaudit.models.base import (
+from attnaudit.explain.registry import remembered
+from attnaudit.models.interface import (
     AttentionModel,
     AttentionTrace,
     Cache,
@@ -34,11 +35,16 @@ from attnaudit.models.base import (
     WeightsFn,
     evaluation,
 )
-from attnaudit.models.base import (
+from attnaudit.models.interface import (
     take_rows as take_query_rows,
 )
+from attnaudit.plotting import save_figure
 from attnaudit.run import Run
 from attnaudit.training.adversary import EVAL_BATCH
+from attnaudit.training.trainer import InterventionsFn
+
+if TYPE_CHECKING:
+    from attnaudit.models.hf_model import HFModel
 
 ATTENTION_TABLE = "attention_examples"
 """Name of the result table holding the heatmap rows of :func:`attention_rows`."""
@@ -161,7 +167,7 @@ test makes its own (500 SST-2 prompts through SmolLM2 take ~0.6 GB)."""
 
 def base_pass(model: AttentionModel, batch: Batch) -> ModelOutput:
     """``model(batch)`` without interventions (no gradient), once per batch within an audit
-    (:func:`~attnaudit.explain.base.remembered`, up to :data:`BASE_PASS_BUDGET`): its output and every
+    (:func:`~attnaudit.explain.registry.remembered`, up to :data:`BASE_PASS_BUDGET`): its output and every
     layer's weights and masks, with the explained layer's whole record (:meth:`AttentionTrace.thinned`).
     Importance, rollout, the normaliser swap, the shuffle and the prepared pass of the single-attention
     tests read it. The result is shared: callers must not change it in place."""
@@ -179,7 +185,7 @@ def base_pass(model: AttentionModel, batch: Batch) -> ModelOutput:
 
 def prepare(model: AttentionModel, batch: Batch, layers: Sequence[int]) -> Explained:
     """:func:`prepare_pass`, once per batch and layers within an audit
-    (:func:`~attnaudit.explain.base.memoised`: permutation, faithfulness, erasure and adversarial
+    (:func:`~attnaudit.explain.registry.memoised`: permutation, faithfulness, erasure and adversarial
     share it). The result is shared: callers must not change it in place."""
     return remembered(model, ("prepared", tuple(layers)), batch, lambda: prepare_pass(model, batch, layers))
 
@@ -268,13 +274,6 @@ def take_rows(cache: Cache, rows: Tensor, size: int) -> Cache:
 
 
 # --------------------------------------------------------------------------- means and statistics
-
-
-def row_mean(values: Tensor, query_rows: Tensor) -> Tensor:
-    """Mean of ``values`` (..., H, Q) over heads and real query rows; ``query_rows`` (B,Q) leads."""
-    rows = query_rows.view(query_rows.shape[0], *([1] * (values.dim() - 3)), 1, query_rows.shape[1])
-    rows = rows.expand_as(values).to(values.dtype)
-    return (values * rows).sum((-1, -2)) / rows.sum((-1, -2)).clamp_min(1.0)
 
 
 def max_attention(weights: Tensor, query_rows: Tensor) -> Tensor:
@@ -523,3 +522,120 @@ def plot_attention_rows(rows: Sequence[Mapping[str, Any]], directory: Path, stem
     fig.colorbar(image, ax=axes, shrink=0.6)
     fig.suptitle(title + " (last layer, mean over heads; rows = queries, columns = keys)", fontsize=10)
     return save_figure(fig, directory, stem)
+
+
+PUBLISHED_TAGGING = {
+    "base_test_f1": 0.90,
+    "f1@0.2": 0.90,
+    "f1@3": 0.75,
+    "breakpoint_kl": 0.33,
+    "source": "CoNLL-2000 sequence-tagging attention study, 1-layer 4-head Transformer: Table 1 "
+    "(original 0.90; adversary λ=0.2 0.90, λ=3 0.75) and the NLL-vs-KL figure (steep rise near KL ≈ 0.33)",
+}
+
+
+def compare(
+    base: Run,
+    other: AttentionModel,
+    examples: Sequence[Example],
+    interventions: InterventionsFn | None = None,
+    batch_size: int = EVAL_BATCH,
+) -> dict[str, np.ndarray]:
+    """``other`` against the base model, one value per instance (both in eval mode, no gradient).
+
+    Attention at the base's explained layer (same index in ``other``), averaged over heads
+    and real query rows: ``jsd``, ``kl_base_other`` = KL(α_base ‖ α_other), ``kl_other_base``.
+    Outputs (a tagger's averaged over real tokens): ``tvd`` of the predicted distributions,
+    ``nll`` = −log p_other(base's predicted label), ``agreement`` = fraction of equal
+    predicted labels. Also the base's and the other's ``max_attention`` / ``max_attention_other``
+    (mean peak weight per row: 1 means one-hot attention), ``rows`` (real query rows) and
+    ``outputs`` (predictions per instance: 1, or the tokens of a tagged sentence), the
+    weights for token-level means.
+    """
+    layer = base.model.explained_layer
+    tagging = base.task.task_type == "tagging"
+    columns: dict[str, list[torch.Tensor]] = defaultdict(list)
+    with evaluation(base.model), evaluation(other), torch.no_grad():
+        for batch in base.batches(list(examples), batch_size):
+            ours = base.model(batch)
+            theirs = other(batch, interventions(batch) if interventions else ())
+            mine, yours = ours.trace[layer], theirs.trace[layer]
+            size, _, q, _ = mine.weights.shape
+            rows = mine.query_mask.bool() if mine.query_mask is not None else mine.mask.new_ones(size, q, dtype=torch.bool)
+            columns["jsd"].append(row_mean(jsd(yours.weights, mine.weights), rows))
+            columns["kl_base_other"].append(row_mean(kl(mine.weights, yours.weights), rows))
+            columns["kl_other_base"].append(row_mean(kl(yours.weights, mine.weights), rows))
+            columns["max_attention"].append(max_attention(mine.weights, rows))
+            columns["max_attention_other"].append(max_attention(yours.weights, rows))
+            columns["rows"].append(rows.sum(-1).to(torch.float64))
+            target = ours.logits.argmax(-1)
+            nll = -theirs.logits.log_softmax(-1).gather(-1, target[..., None]).squeeze(-1)
+            change = tvd(theirs.probs, ours.probs)
+            agree = (theirs.logits.argmax(-1) == target).to(nll.dtype)
+            if tagging:
+                real = batch.mask.bool().to(nll.dtype)
+                count = real.sum(-1).clamp_min(1.0)
+                nll, change, agree = ((v * real).sum(-1) / count for v in (nll, change, agree))
+                outputs = real.sum(-1)
+            else:
+                outputs = torch.ones_like(nll)
+            columns["nll"].append(nll)
+            columns["tvd"].append(change)
+            columns["agreement"].append(agree)
+            columns["outputs"].append(outputs.to(torch.float64))
+    return {name: torch.cat(values).double().cpu().numpy() for name, values in columns.items()}
+
+
+@dataclass
+class Units:
+    """How the items of one instance map onto scoring units and which units are rationale.
+
+    ``item_unit[i]``: the unit of item ``i`` (-1: none, e.g. ``[CLS]``); ``positive``: bool per unit.
+    """
+
+    item_unit: np.ndarray
+    positive: np.ndarray
+
+    def scores(self, item_scores: np.ndarray) -> np.ndarray:
+        """Per-unit magnitude: ``|score|`` summed over the unit's items."""
+        out = np.zeros(self.positive.size)
+        keep = self.item_unit >= 0
+        np.add.at(out, self.item_unit[keep], np.abs(item_scores[: self.item_unit.size][keep]))
+        return out
+
+
+def _hf_word_ids(run: Run, ex: Example, ids: list[int]) -> np.ndarray | None:
+    """Word index of each wordpiece of ``ex`` (-1 for special tokens and the query), or None if it cannot be aligned."""
+    tokenizer = cast("HFModel", run.model).tokenizer  # called for the hf family only
+    if not getattr(tokenizer, "is_fast", False):
+        return None
+    pair = [ex.query] if run.task.task_type == "pair" and ex.query else None
+    enc = tokenizer([ex.tokens], pair, is_split_into_words=True, truncation=True, max_length=len(ids))
+    if enc["input_ids"][0] != ids:
+        return None  # the collator's space-joined text tokenised differently; no safe alignment
+    sequence = enc.sequence_ids(0)
+    return np.array([w if w is not None and s == 0 else -1 for w, s in zip(enc.word_ids(0), sequence)], dtype=int)
+
+
+def instance_units(run: Run, batch: Batch, row: int) -> Units | None:
+    """Scoring units of instance ``row`` of ``batch``; None when the example has no usable rationale."""
+    ex = batch.examples[row]
+    rationale = set(ex.rationale or [])
+    if not rationale:
+        return None
+    mask = batch.mask[row]
+    if run.family == "han":
+        n_sent = int(mask.any(-1).sum())
+        lengths = [len(s) for s in (ex.sentences or [ex.tokens])][:n_sent]
+        starts = np.cumsum([0, *lengths])
+        positive = np.array([any(a <= r < b for r in rationale) for a, b in zip(starts[:-1], starts[1:])])
+        return Units(np.arange(n_sent), positive)
+    n_items = int(mask.sum())
+    if run.family == "hf":
+        word_of = _hf_word_ids(run, ex, batch.tokens[row, :n_items].tolist())
+        if word_of is None:
+            return None
+        n_words = int(word_of.max()) + 1 if (word_of >= 0).any() else 0
+        return Units(word_of, np.isin(np.arange(n_words), list(rationale)))
+    n_words = min(n_items, len(ex.tokens))
+    return Units(np.arange(n_words), np.isin(np.arange(n_words), list(rationale)))

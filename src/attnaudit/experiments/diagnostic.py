@@ -24,9 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from attnaudit.data.types import Example
-from attnaudit.experiments.base import Experiment, Result, register, save_figure
-from attnaudit.experiments.global_adversary import adversary, resolve_init
-from attnaudit.experiments.uniform import frozen_uniform
+from attnaudit.experiments.experiment import AuditSettings, Experiment, Result, register
+from attnaudit.plotting import save_figure
 from attnaudit.progress import status
 from attnaudit.run import Run
 from attnaudit.training.adversary import (
@@ -34,10 +33,12 @@ from attnaudit.training.adversary import (
     attention_of,
     base_scores,
     base_seed,
+    frozen_uniform,
     subrun_dir,
     train_variant,
     trainable_reason,
 )
+from attnaudit.training.attention_adversaries import adversary, resolve_init
 from attnaudit.training.trainer import score_key
 
 SETTINGS = ("learned", "uniform", "base", "adversary")
@@ -50,9 +51,11 @@ class Diagnostic(Experiment):
 
     name = "diagnostic"
     retrains = True
-    audit_rank = 62
-    audit_options = {"epochs": 3}
-    demo_options = {"full": {"epochs": 2}, "quick": {"epochs": 1}}
+    settings = AuditSettings(
+        rank=62,
+        options={"epochs": 3},
+        demo={"full": {"epochs": 2}, "quick": {"epochs": 1}},
+    )
     description = "context-free (average) model with learned / uniform / base-model / adversary attention imposed: test scores"
     paper = "Wiegreffe & Pinter 2019, §3.3"
 

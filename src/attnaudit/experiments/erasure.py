@@ -25,24 +25,19 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from attnaudit.algorithms.metrics import jsd
 from attnaudit.errors import AttnAuditError
-from attnaudit.experiments.base import (
-    Experiment,
-    Result,
-    register,
-    save_figure,
-    summarise,
-)
 from attnaudit.experiments.common import prepare as prepare_layers
+from attnaudit.experiments.experiment import AuditSettings, Experiment, Result, register, summarise
 from attnaudit.explain import EXPLANATIONS, Explanation, choose, item_mask
-from attnaudit.metrics import jsd
-from attnaudit.models.base import (
+from attnaudit.models.interface import (
     AttentionModel,
     Cache,
     Intervention,
     WeightsFn,
     evaluation,
 )
+from attnaudit.plotting import save_figure
 from attnaudit.progress import track
 from attnaudit.run import Run
 
@@ -270,15 +265,17 @@ class Erasure(Experiment):
     """Serrano & Smith's single-weight and erase-until-flip tests at the explained attention layer."""
 
     name = "erasure"
-    audit_rank = 9
-    # an LLM: no ranking that needs extra passes per token (loo, ig, attention gradients)
-    audit_decoder_options = {"rankings": ["attention", "random"], "random_orders": 2, "batch_size": 8}
-    demo_options = {"full": {"random_orders": 3}, "quick": {"random_orders": 1, "rankings": ["random", "attention", "gradient"]}}
-    instance_effects = {
+    settings = AuditSettings(
+        rank=9,
+        decoder_options={"rankings": ["attention", "random"], "random_orders": 2, "batch_size": 8},
+        demo={"full": {"random_orders": 3}, "quick": {"random_orders": 1, "rankings": ["random", "attention", "gradient"]}},
+        instance_effects={
         "removed_attention": ("items erased in attention order until the decision flipped (empty: never)", "asc"),
         "fraction_attention": ("share of items erased in attention order until the flip (1: never)", "asc"),
         "jsd_max": ("output change (JSD) after erasing the top-attended item", "desc"),
-    }
+    },
+    )
+    # an LLM: no ranking that needs extra passes per token (loo, ig, attention gradients)
     description = (
         "Erase attention at the explained layer: top vs random single item (JSD, flips), and items "
         "removed in ranking order until the decision flips"

@@ -5,7 +5,7 @@ with ``--methods``) is scored per instance by comprehensiveness and sufficiency 
 and their AOPC (DeYoung et al. 2020), by the areas under the deletion and insertion curves,
 against the known rationale where the task has one (AUPRC, token F1 of the top-k words), and
 against each other (mean Kendall τ, top-k overlap). The metrics and the batched perturbations
-are in :mod:`attnaudit.faithfulness`. Each headline number comes with a seeded 95 % percentile
+are in :mod:`attnaudit.experiments.eraser_metrics`. Each headline number comes with a seeded 95 % percentile
 bootstrap interval over instances; the per-instance values are in the CSV.
 
 Outputs: ``faithfulness.json`` (everything), ``faithfulness.csv`` (per instance),
@@ -24,13 +24,11 @@ from typing import Any
 import numpy as np
 from torch import Tensor
 
+from attnaudit.algorithms.metrics import score_against
 from attnaudit.data.types import Batch, Example
 from attnaudit.errors import AttnAuditError
-from attnaudit.experiments.base import Experiment, Result, register, save_figure
-from attnaudit.experiments.common import prepare
-from attnaudit.experiments.rationale import instance_units, score_against
-from attnaudit.explain import EXPLANATIONS, choose, list_explanations
-from attnaudit.faithfulness import (
+from attnaudit.experiments.common import instance_units, prepare
+from attnaudit.experiments.eraser_metrics import (
     BINS,
     MODES,
     agreement,
@@ -42,7 +40,10 @@ from attnaudit.faithfulness import (
     token_f1,
     top_units,
 )
-from attnaudit.models.base import evaluation
+from attnaudit.experiments.experiment import AuditSettings, Experiment, Result, register
+from attnaudit.explain import EXPLANATIONS, choose, list_explanations
+from attnaudit.models.interface import evaluation
+from attnaudit.plotting import save_figure
 from attnaudit.progress import track
 from attnaudit.run import Run
 
@@ -102,18 +103,20 @@ class Faithfulness(Experiment):
     """The test of this module (its docstring gives the metrics and the outputs)."""
 
     name = "faithfulness"
-    audit_rank = 8
+    settings = AuditSettings(
+        rank=8,
+        decoder_options={
+        "methods": ["attention", "gradient", "random"], "mode": "delete", "bins": [20.0, 50.0], "curve_steps": 0, "batch_size": 8,
+    },
+        demo={
+        "full": {"ig_steps": 10, "mode": "delete"},
+        "quick": {"methods": ["attention", "gradient", "random"], "mode": "delete", "curve_steps": 0, "resamples": 100},
+    },
+    )
     # An LLM: every method and both modes held ~20 GB and ran >15 min on 20 SST-2 sentences (SmolLM2-135M);
     # the audit scores attention and gradient against random by deletion at two bins, 8 sentences a batch
     # (the importance and rollout tests' batches: their gradients are reused, see explain.base.memoised;
     # each batch's perturbations run in passes of bounded size, ~1 GB).
-    audit_decoder_options = {
-        "methods": ["attention", "gradient", "random"], "mode": "delete", "bins": [20.0, 50.0], "curve_steps": 0, "batch_size": 8,
-    }
-    demo_options = {
-        "full": {"ig_steps": 10, "mode": "delete"},
-        "quick": {"methods": ["attention", "gradient", "random"], "mode": "delete", "curve_steps": 0, "resamples": 100},
-    }
     description = (
         "ERASER scoreboard of every explanation (`attnaudit explanations`): comprehensiveness and sufficiency "
         "(AOPC over bins), deletion/insertion curves, plausibility against known rationales, agreement between "
@@ -402,7 +405,7 @@ class Faithfulness(Experiment):
 
 
 def _prefixed(prefix: str, stats: dict[str, Any]) -> dict[str, Any]:
-    """``{prefix}_mean``, ``{prefix}_low``, ``{prefix}_high`` from :func:`~attnaudit.faithfulness.describe`."""
+    """``{prefix}_mean``, ``{prefix}_low``, ``{prefix}_high`` from :func:`~attnaudit.experiments.eraser_metrics.describe`."""
     return {f"{prefix}_mean": stats["mean"], f"{prefix}_low": stats["ci_low"], f"{prefix}_high": stats["ci_high"]}
 
 

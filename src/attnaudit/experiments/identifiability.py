@@ -33,10 +33,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from attnaudit.algorithms.metrics import jsd
 from attnaudit.data.types import Example
 from attnaudit.errors import AttnAuditError
-from attnaudit.experiments.base import Experiment, Result, register, save_figure
-from attnaudit.metrics import jsd
+from attnaudit.experiments.experiment import AuditSettings, Experiment, Result, register
+from attnaudit.plotting import save_figure
 from attnaudit.progress import track
 from attnaudit.run import Run
 
@@ -93,8 +94,10 @@ class Identifiability(Experiment):
     """The test of this module (its docstring gives the method, options and outputs)."""
 
     name = "identifiability"
-    audit_rank = 1
-    audit_decoder_options = {"max_instances": 5}  # SmolLM2: ~10 CPU-s per instance (30 layers × 9 heads of SVDs)
+    settings = AuditSettings(
+        rank=1,
+        decoder_options={"max_instances": 5},
+    )
     needs_prediction = False  # reads attention and weights only
     description = "Rank / null space of each head's value-output map and raw vs effective attention"
     paper = "Brunner et al. 2020, On Identifiability in Transformers (ICLR)"

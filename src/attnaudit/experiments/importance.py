@@ -18,21 +18,16 @@ from typing import Any
 
 import numpy as np
 
+from attnaudit.algorithms.metrics import kendall_tau, kendall_tau_rows, kendall_tau_topk
 from attnaudit.data.types import Example
 from attnaudit.errors import AttnAuditError
-from attnaudit.experiments.base import (
-    Experiment,
-    Result,
-    register,
-    save_figure,
-    summarise,
-)
 from attnaudit.experiments.common import base_pass
+from attnaudit.experiments.experiment import AuditSettings, Experiment, Result, register, summarise
 from attnaudit.explain import EXPLANATIONS, choose, item_mask
 from attnaudit.explain.attention import attention_per_head, explained_attention
-from attnaudit.explain.base import hierarchical
-from attnaudit.metrics import kendall_tau, kendall_tau_rows, kendall_tau_topk
-from attnaudit.models.base import evaluation
+from attnaudit.explain.registry import hierarchical
+from attnaudit.models.interface import evaluation
+from attnaudit.plotting import save_figure
 from attnaudit.progress import track
 from attnaudit.run import Run
 
@@ -62,11 +57,13 @@ class ImportanceCorrelation(Experiment):
     """Jain & Wallace's attention-vs-importance rank correlation test."""
 
     name = "importance"
-    audit_rank = 3
-    audit_decoder_options = {"batch_size": 8}  # LLM prompts differ in length: small batches pad less
-    demo_options = {"full": {"methods": ["gradient", "loo", "ig"], "ig_steps": 20}, "quick": {"methods": ["gradient"]}}
-    ranks_instances = "tau_attention_vs_gradient"
-    instance_effects = {"tau_attention_vs_gradient": ("Kendall τ of attention and gradient (lowest: most disagreement)", "asc")}
+    settings = AuditSettings(
+        rank=3,
+        decoder_options={"batch_size": 8},
+        demo={"full": {"methods": ["gradient", "loo", "ig"], "ig_steps": 20}, "quick": {"methods": ["gradient"]}},
+        ranks_instances="tau_attention_vs_gradient",
+        instance_effects={"tau_attention_vs_gradient": ("Kendall τ of attention and gradient (lowest: most disagreement)", "asc")},
+    )
     description = "Kendall τ between attention and gradient / leave-one-out / IG importance, per instance"
     paper = "Jain & Wallace 2019"
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -36,13 +36,6 @@ from torch import Tensor, nn
 
 from attnaudit.data.types import Batch, Example
 from attnaudit.errors import AttnAuditError
-from attnaudit.experiments.base import (
-    Experiment,
-    Result,
-    register,
-    save_figure,
-    summarise,
-)
 from attnaudit.experiments.common import (
     ATTENTION_TABLE,
     attention_rows,
@@ -52,8 +45,10 @@ from attnaudit.experiments.common import (
     seeded_generator,
     transformer_classifier_reason,
 )
-from attnaudit.models.base import AttentionModel, AttentionTrace, Intervention
+from attnaudit.experiments.experiment import AuditSettings, Experiment, Result, register, summarise
+from attnaudit.models.interface import AttentionModel, AttentionTrace, Intervention
 from attnaudit.models.transformer import merge_heads, split_heads
+from attnaudit.plotting import save_figure
 from attnaudit.progress import track
 from attnaudit.run import Run
 from attnaudit.training.loop import Hooks, LoopConfig, Optimiser, fit
@@ -149,9 +144,11 @@ class OppositeOptions(KeyOptions):
 class KeyTest(Experiment):
     """Shared training and evaluation; subclasses set ``source`` and ``opposite``."""
 
-    audit_options = {"epochs": 2, "train_limit": 2000}
-    audit_transformers_only = True
-    demo_options = {"full": {"epochs": 1, "train_limit": 500}, "quick": {"epochs": 1, "train_limit": 16, "hidden": 8}}
+    settings = AuditSettings(
+        options={"epochs": 2, "train_limit": 2000},
+        transformers_only=True,
+        demo={"full": {"epochs": 1, "train_limit": 500}, "quick": {"epochs": 1, "train_limit": 16, "hidden": 8}},
+    )
 
     source: ClassVar[str] = "keys"  # "keys": the MLP sees the real keys; "noise": uniform noise
     opposite: ClassVar[bool] = False
@@ -338,7 +335,7 @@ class AdversarialKeys(KeyTest):
     """One of the key tests of this module (its docstring gives the method)."""
 
     name = "key-adversary"
-    audit_rank = 13
+    settings = replace(KeyTest.settings, rank=13)
     description = "An MLP over all layers' keys trained to keep the prediction while moving the keys (alpha trade-off)"
     paper = "Drozdyuk et al., Is Sparse Attention a Better Explanation? (Table 1: adversarial)"
     source = "keys"
@@ -358,7 +355,7 @@ class RandomKeys(KeyTest):
     """One of the key tests of this module (its docstring gives the method)."""
 
     name = "random-keys"
-    audit_rank = 11
+    settings = replace(KeyTest.settings, rank=11)
     description = "The key MLP fed uniform noise instead of the keys, trained on cross-entropy alone"
     paper = "Drozdyuk et al., Is Sparse Attention a Better Explanation? (Table 1: random keys)"
     source = "noise"
@@ -376,7 +373,7 @@ class OppositeKeys(KeyTest):
     """One of the key tests of this module (its docstring gives the method)."""
 
     name = "opposite-keys"
-    audit_rank = 12
+    settings = replace(KeyTest.settings, rank=12)
     description = "The key MLP trained so that the model predicts the other label; accuracy vs the swapped labels"
     paper = "Drozdyuk et al., Is Sparse Attention a Better Explanation? (Table 1: opposite)"
     source = "keys"

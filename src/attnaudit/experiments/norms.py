@@ -27,11 +27,12 @@ from torch import Tensor
 
 from attnaudit.data.types import Example
 from attnaudit.errors import AttnAuditError
-from attnaudit.experiments.base import Experiment, Result, register, save_figure
 from attnaudit.experiments.common import key_tokens, spearman_rho
+from attnaudit.experiments.experiment import AuditSettings, Experiment, Result, register
 from attnaudit.explain import item_mask
-from attnaudit.explain.norms import LayerNorms, layer_norms
-from attnaudit.models.base import AttentionLayer, AttentionModel, take_rows
+from attnaudit.explain.attention_norms import LayerNorms, layer_norms
+from attnaudit.models.interface import AttentionLayer, AttentionModel, take_rows
+from attnaudit.plotting import save_figure
 from attnaudit.progress import track
 from attnaudit.run import Run
 
@@ -134,9 +135,11 @@ class Norms(Experiment):
     """The test of this module (its docstring gives the method, options and outputs)."""
 
     name = "norms"
-    audit_rank = 4
-    audit_decoder_options = {"batch_size": 8}
-    demo_options = {"quick": {"max_pairs": 2000}}
+    settings = AuditSettings(
+        rank=4,
+        decoder_options={"batch_size": 8},
+        demo={"quick": {"max_pairs": 2000}},
+    )
     needs_prediction = False  # reads attention and weights only
     description = "attention weight vs norm of the weighted transformed vector, per token category (Kobayashi et al.)"
     paper = "Kobayashi et al. 2020"

@@ -5,7 +5,7 @@ at zero) ``--permutations`` times while everything before attention is held fixe
 batch is encoded once (:meth:`AttentionModel.encode`) and only the attention layer and what
 follows it is rerun (:meth:`AttentionModel.decode`) with ``Intervention(weights=permuted)``.
 All permutations of a batch of instances go through a few large ``decode`` calls. The
-statistic per instance is the median output change (:func:`attnaudit.metrics.output_change`)
+statistic per instance is the median output change (:func:`attnaudit.algorithms.metrics.output_change`)
 over its permutations; a small median means the prediction does not depend on *which* item
 received which weight.
 
@@ -26,9 +26,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from attnaudit.algorithms.metrics import output_change
 from attnaudit.data.types import Batch, Example
 from attnaudit.errors import AttnAuditError
-from attnaudit.experiments.base import Experiment, Result, register, summarise
 from attnaudit.experiments.common import (
     Explained,
     full_rows,
@@ -41,8 +41,8 @@ from attnaudit.experiments.common import (
     single_attention_reason,
     take_rows,
 )
-from attnaudit.metrics import output_change
-from attnaudit.models.base import AttentionModel, Intervention, WeightsFn, evaluation
+from attnaudit.experiments.experiment import AuditSettings, Experiment, Result, register, summarise
+from attnaudit.models.interface import AttentionModel, Intervention, WeightsFn, evaluation
 from attnaudit.progress import track
 from attnaudit.run import Run
 
@@ -200,14 +200,16 @@ class Permutation(Experiment):
     """Jain & Wallace's permutation test on the explained attention layer."""
 
     name = "permutation"
-    audit_rank = 6
-    audit_decoder_options = {"permutations": 10, "batch_size": 8}  # each permutation decodes the last of 30 layers
-    demo_options = {"full": {"permutations": 30}, "quick": {"permutations": 3}}
-    instance_effects = {
+    settings = AuditSettings(
+        rank=6,
+        decoder_options={"permutations": 10, "batch_size": 8},
+        demo={"full": {"permutations": 30}, "quick": {"permutations": 3}},
+        instance_effects={
         "median_change": ("median output change (TVD) when the attention is permuted", "desc"),
         "max_change": ("largest output change over the permutations", "desc"),
         "flip_rate": ("share of permutations that change the decision", "desc"),
-    }
+    },
+    )
     description = (
         "Shuffle the explained attention over the real items (encoder states fixed) many times per "
         "instance; report the median output change."

@@ -30,22 +30,18 @@ from torch import Tensor, nn
 
 from attnaudit.data.types import Example
 from attnaudit.errors import AttnAuditError
-from attnaudit.experiments.base import Experiment, Result, register, save_figure
-from attnaudit.experiments.global_adversary import (
-    PUBLISHED_TAGGING,
-    adversary,
-    check_lambdas,
-    resolve_init,
-)
+from attnaudit.experiments.common import PUBLISHED_TAGGING
+from attnaudit.experiments.experiment import AuditSettings, Experiment, Result, register
 from attnaudit.models import ModelConfig, build_model
-from attnaudit.models.attention import apply_weight_interventions
-from attnaudit.models.base import (
+from attnaudit.models.interface import (
     AttentionLayer,
     AttentionModel,
     Intervention,
     uniform_weights,
 )
+from attnaudit.models.normalisers import apply_weight_interventions
 from attnaudit.models.transformer import merge_heads, split_heads
+from attnaudit.plotting import save_figure
 from attnaudit.progress import status
 from attnaudit.run import Run
 from attnaudit.training.adversary import (
@@ -57,6 +53,7 @@ from attnaudit.training.adversary import (
     train_variant,
     trainable_reason,
 )
+from attnaudit.training.attention_adversaries import adversary, check_lambdas, resolve_init
 from attnaudit.training.trainer import score_key
 
 VARIANTS = ("frozen", "context")
@@ -116,9 +113,11 @@ class AttentionProbe(Experiment):
 
     name = "probe"
     retrains = True
-    audit_rank = 61
-    audit_options = {"epochs": 3}
-    demo_options = {"full": {"lambdas": [1.0], "variants": ["frozen"], "epochs": 2}, "quick": {"lambdas": [0.2], "variants": ["frozen"], "epochs": 1}}
+    settings = AuditSettings(
+        rank=61,
+        options={"epochs": 3},
+        demo={"full": {"lambdas": [1.0], "variants": ["frozen"], "epochs": 2}, "quick": {"lambdas": [0.2], "variants": ["frozen"], "epochs": 1}},
+    )
     description = "fresh Transformer trained on another model's attention (original / adversaries): test score per source x variant"
     paper = "CoNLL-2000 sequence-tagging attention study (Table 2)"
     examples = ("runs/conll --limit 200 --data-dir ../shared/data",)

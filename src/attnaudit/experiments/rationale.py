@@ -24,133 +24,29 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from sklearn.metrics import average_precision_score, roc_auc_score
 
-from attnaudit.data.types import Batch, Example
+from attnaudit.algorithms.metrics import RATIONALE_METRICS as METRICS
+from attnaudit.algorithms.metrics import random_average_precision, score_against
+from attnaudit.data.types import Example
 from attnaudit.errors import AttnAuditError
-from attnaudit.experiments.base import (
-    Experiment,
-    Result,
-    register,
-    save_figure,
-    summarise,
-)
+from attnaudit.experiments.common import instance_units
+from attnaudit.experiments.experiment import AuditSettings, Experiment, Result, register, summarise
 from attnaudit.explain import EXPLANATIONS, default_names, list_explanations
+from attnaudit.plotting import save_figure
 from attnaudit.progress import track
 from attnaudit.run import Run
 
 if TYPE_CHECKING:
-    from attnaudit.models.hf_model import HFModel
-
-METRICS = ("ap", "auc", "precision_at_k")
+    pass
 
 
 # --------------------------------------------------------------------------- units
 
 
-@dataclass
-class Units:
-    """How the items of one instance map onto scoring units and which units are rationale.
-
-    ``item_unit[i]``: the unit of item ``i`` (-1: none, e.g. ``[CLS]``); ``positive``: bool per unit.
-    """
-
-    item_unit: np.ndarray
-    positive: np.ndarray
-
-    def scores(self, item_scores: np.ndarray) -> np.ndarray:
-        """Per-unit magnitude: ``|score|`` summed over the unit's items."""
-        out = np.zeros(self.positive.size)
-        keep = self.item_unit >= 0
-        np.add.at(out, self.item_unit[keep], np.abs(item_scores[: self.item_unit.size][keep]))
-        return out
-
-
-def _hf_word_ids(run: Run, ex: Example, ids: list[int]) -> np.ndarray | None:
-    """Word index of each wordpiece of ``ex`` (-1 for special tokens and the query), or None if it cannot be aligned."""
-    tokenizer = cast("HFModel", run.model).tokenizer  # called for the hf family only
-    if not getattr(tokenizer, "is_fast", False):
-        return None
-    pair = [ex.query] if run.task.task_type == "pair" and ex.query else None
-    enc = tokenizer([ex.tokens], pair, is_split_into_words=True, truncation=True, max_length=len(ids))
-    if enc["input_ids"][0] != ids:
-        return None  # the collator's space-joined text tokenised differently; no safe alignment
-    sequence = enc.sequence_ids(0)
-    return np.array([w if w is not None and s == 0 else -1 for w, s in zip(enc.word_ids(0), sequence)], dtype=int)
-
-
-def instance_units(run: Run, batch: Batch, row: int) -> Units | None:
-    """Scoring units of instance ``row`` of ``batch``; None when the example has no usable rationale."""
-    ex = batch.examples[row]
-    rationale = set(ex.rationale or [])
-    if not rationale:
-        return None
-    mask = batch.mask[row]
-    if run.family == "han":
-        n_sent = int(mask.any(-1).sum())
-        lengths = [len(s) for s in (ex.sentences or [ex.tokens])][:n_sent]
-        starts = np.cumsum([0, *lengths])
-        positive = np.array([any(a <= r < b for r in rationale) for a, b in zip(starts[:-1], starts[1:])])
-        return Units(np.arange(n_sent), positive)
-    n_items = int(mask.sum())
-    if run.family == "hf":
-        word_of = _hf_word_ids(run, ex, batch.tokens[row, :n_items].tolist())
-        if word_of is None:
-            return None
-        n_words = int(word_of.max()) + 1 if (word_of >= 0).any() else 0
-        return Units(word_of, np.isin(np.arange(n_words), list(rationale)))
-    n_words = min(n_items, len(ex.tokens))
-    return Units(np.arange(n_words), np.isin(np.arange(n_words), list(rationale)))
-
-
 # --------------------------------------------------------------------------- scores
-
-
-def precision_at_k(scores: np.ndarray, positive: np.ndarray, k: int) -> float:
-    """Share of the ``k`` highest scores that are positive, ties at the cut-off shared out in expectation.
-
-    Items tied with the k-th largest score fill the remaining places at random, so they
-    contribute their positive fraction times the number of places left.
-    """
-    if k < 1 or scores.size == 0:
-        return math.nan
-    k = min(k, scores.size)
-    cut = np.sort(scores)[::-1][k - 1]
-    above = scores > cut
-    tied = scores == cut
-    places = k - int(above.sum())
-    hits = float(positive[above].sum()) + places * float(positive[tied].mean())
-    return hits / k
-
-
-def random_average_precision(n: int, r: int) -> float:
-    """Expected AP of a uniformly random ranking of ``n`` units with ``r`` positives.
-
-    A positive at rank ``t`` has on average ``(t-1)(r-1)/(n-1)`` positives above it, so
-    ``E[AP] = (1/n) Σ_t (1 + (t-1)(r-1)/(n-1)) / t = (r-1)/(n-1) + H_n (n-r) / (n(n-1))``.
-    """
-    if r < 1 or n < 1:
-        return math.nan
-    if n == 1:
-        return 1.0
-    harmonic = float(np.sum(1.0 / np.arange(1, n + 1)))
-    return (r - 1) / (n - 1) + harmonic * (n - r) / (n * (n - 1))
-
-
-def score_against(scores: np.ndarray, positive: np.ndarray) -> dict[str, float]:
-    """AP, ROC-AUC and precision@|rationale| of ``scores`` against ``positive`` (NaN when undefined)."""
-    r = int(positive.sum())
-    if r == 0 or not np.isfinite(scores).all():
-        return {m: math.nan for m in METRICS}
-    both = 0 < r < positive.size
-    return {
-        "ap": float(average_precision_score(positive, scores)),
-        "auc": float(roc_auc_score(positive, scores)) if both else math.nan,
-        "precision_at_k": precision_at_k(scores, positive, r),
-    }
 
 
 # --------------------------------------------------------------------------- the test
@@ -161,8 +57,10 @@ class Rationale(Experiment):
     """The test of this module (its docstring gives the method, options and outputs)."""
 
     name = "rationale"
-    audit_rank = 2
-    demo_options = {"full": {"ig_steps": 20}, "quick": {"ig_steps": 2}}
+    settings = AuditSettings(
+        rank=2,
+        demo={"full": {"ig_steps": 20}, "quick": {"ig_steps": 2}},
+    )
     needs_prediction = False  # without a trained head it scores the attention-based explanations only
     description = (
         "Score each explanation (`attnaudit explanations`) against the known rationale tokens: MAP, ROC-AUC "

@@ -2,7 +2,7 @@
 
 Per layer ``l`` each method gives one score per input token: raw attention of layer ``l``
 (heads averaged), rollout ``R_l = Â_l ⋯ Â_1`` and max-flow through ``Â`` (both with the
-residual adjustment ``Â = ½I + ½A``, :mod:`attnaudit.flow`); the score vector is read off
+residual adjustment ``Â = ½I + ½A``, :mod:`attnaudit.algorithms.attention_graph`); the score vector is read off
 the explanation row (``[CLS]`` for Hugging Face models; the mean over real queries for our
 mean-pooled Transformer), or, with ``--query max``, the maximum over query rows as in
 Abnar & Zuidema's DistilBERT script.
@@ -33,20 +33,15 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from attnaudit.algorithms.attention_graph import flow, rollout
+from attnaudit.algorithms.metrics import entropy_rows, spearman_rows
 from attnaudit.data.types import Example
 from attnaudit.errors import AttnAuditError
-from attnaudit.experiments.base import (
-    Experiment,
-    Result,
-    register,
-    save_figure,
-    summarise,
-)
 from attnaudit.experiments.common import base_pass, key_tokens
+from attnaudit.experiments.experiment import AuditSettings, Experiment, Result, register, summarise
 from attnaudit.explain import EXPLANATIONS, Explanation, item_mask
-from attnaudit.flow import flow, rollout
-from attnaudit.metrics import entropy_rows, spearman_rows
-from attnaudit.models.base import take_rows
+from attnaudit.models.interface import take_rows
+from attnaudit.plotting import save_figure
 from attnaudit.progress import track
 from attnaudit.run import Run
 
@@ -142,11 +137,13 @@ class Rollout(Experiment):
     """The test of this module (its docstring gives the method, options and outputs)."""
 
     name = "rollout"
-    audit_rank = 5
-    audit_options = {"flow_limit": 20}  # flow costs ~T^4: a 90-wordpiece sentence takes ~40 CPU-s
+    settings = AuditSettings(
+        rank=5,
+        options={"flow_limit": 20},
+        decoder_options={"flow_limit": 2, "importance": ["gradient"], "batch_size": 8},
+        demo={"full": {"flow_limit": 20}, "quick": {"flow_limit": 2, "importance": ["gradient"]}},
+    )
     # an LLM: 30 layers of flow per instance, and each reference costs passes of a 135M model
-    audit_decoder_options = {"flow_limit": 2, "importance": ["gradient"], "batch_size": 8}
-    demo_options = {"full": {"flow_limit": 20}, "quick": {"flow_limit": 2, "importance": ["gradient"]}}
     description = (
         "raw attention, rollout and flow maps per layer, vs gradient / leave-one-out importance when the model "
         "predicts (Abnar & Zuidema)"

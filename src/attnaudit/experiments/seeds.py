@@ -14,95 +14,31 @@ uniform, global-adversary tests.
 
 from __future__ import annotations
 
-from collections import defaultdict
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from attnaudit.data.types import Example
 from attnaudit.errors import AttnAuditError
-from attnaudit.experiments.base import (
-    Experiment,
-    Result,
-    register,
-    save_figure,
-    summarise,
-)
 from attnaudit.experiments.common import (
+    compare,
     identity_rows,
-    max_attention,
     plot_against_max_attention,
-    row_mean,
 )
-from attnaudit.metrics import jsd, kl, tvd
-from attnaudit.models.base import AttentionModel, evaluation
+from attnaudit.experiments.experiment import AuditSettings, Experiment, Result, register, summarise
+from attnaudit.plotting import save_figure
 from attnaudit.progress import status
 from attnaudit.run import Run
 from attnaudit.training.adversary import (
-    EVAL_BATCH,
     base_scores,
     base_seed,
     subrun_dir,
     train_standard,
     trainable_reason,
 )
-from attnaudit.training.trainer import InterventionsFn, score_key
-
-
-def compare(
-    base: Run,
-    other: AttentionModel,
-    examples: Sequence[Example],
-    interventions: InterventionsFn | None = None,
-    batch_size: int = EVAL_BATCH,
-) -> dict[str, np.ndarray]:
-    """``other`` against the base model, one value per instance (both in eval mode, no gradient).
-
-    Attention at the base's explained layer (same index in ``other``), averaged over heads
-    and real query rows: ``jsd``, ``kl_base_other`` = KL(α_base ‖ α_other), ``kl_other_base``.
-    Outputs (a tagger's averaged over real tokens): ``tvd`` of the predicted distributions,
-    ``nll`` = −log p_other(base's predicted label), ``agreement`` = fraction of equal
-    predicted labels. Also the base's and the other's ``max_attention`` / ``max_attention_other``
-    (mean peak weight per row: 1 means one-hot attention), ``rows`` (real query rows) and
-    ``outputs`` (predictions per instance: 1, or the tokens of a tagged sentence), the
-    weights for token-level means.
-    """
-    layer = base.model.explained_layer
-    tagging = base.task.task_type == "tagging"
-    columns: dict[str, list[torch.Tensor]] = defaultdict(list)
-    with evaluation(base.model), evaluation(other), torch.no_grad():
-        for batch in base.batches(list(examples), batch_size):
-            ours = base.model(batch)
-            theirs = other(batch, interventions(batch) if interventions else ())
-            mine, yours = ours.trace[layer], theirs.trace[layer]
-            size, _, q, _ = mine.weights.shape
-            rows = mine.query_mask.bool() if mine.query_mask is not None else mine.mask.new_ones(size, q, dtype=torch.bool)
-            columns["jsd"].append(row_mean(jsd(yours.weights, mine.weights), rows))
-            columns["kl_base_other"].append(row_mean(kl(mine.weights, yours.weights), rows))
-            columns["kl_other_base"].append(row_mean(kl(yours.weights, mine.weights), rows))
-            columns["max_attention"].append(max_attention(mine.weights, rows))
-            columns["max_attention_other"].append(max_attention(yours.weights, rows))
-            columns["rows"].append(rows.sum(-1).to(torch.float64))
-            target = ours.logits.argmax(-1)
-            nll = -theirs.logits.log_softmax(-1).gather(-1, target[..., None]).squeeze(-1)
-            change = tvd(theirs.probs, ours.probs)
-            agree = (theirs.logits.argmax(-1) == target).to(nll.dtype)
-            if tagging:
-                real = batch.mask.bool().to(nll.dtype)
-                count = real.sum(-1).clamp_min(1.0)
-                nll, change, agree = ((v * real).sum(-1) / count for v in (nll, change, agree))
-                outputs = real.sum(-1)
-            else:
-                outputs = torch.ones_like(nll)
-            columns["nll"].append(nll)
-            columns["tvd"].append(change)
-            columns["agreement"].append(agree)
-            columns["outputs"].append(outputs.to(torch.float64))
-    return {name: torch.cat(values).double().cpu().numpy() for name, values in columns.items()}
+from attnaudit.training.trainer import score_key
 
 
 @register
@@ -111,10 +47,12 @@ class SeedVariance(Experiment):
 
     name = "seeds"
     retrains = True
-    audit_rank = 63
-    audit_options = {"seeds": [1, 2], "epochs": 3}
-    demo_options = {"full": {"seeds": [1], "epochs": 2}, "quick": {"seeds": [1], "epochs": 1}}
-    instance_effects = {"jsd_median": ("attention JSD to models trained with other seeds (median)", "desc")}
+    settings = AuditSettings(
+        rank=63,
+        options={"seeds": [1, 2], "epochs": 3},
+        demo={"full": {"seeds": [1], "epochs": 2}, "quick": {"seeds": [1], "epochs": 1}},
+        instance_effects={"jsd_median": ("attention JSD to models trained with other seeds (median)", "desc")},
+    )
     description = "retrain with N other seeds: per-instance attention JSD / prediction TVD from the base (the adversary's baseline)"
     paper = "Wiegreffe & Pinter 2019, §3.2"
 

@@ -24,13 +24,6 @@ from torch import Tensor
 
 from attnaudit.data.types import Example
 from attnaudit.errors import AttnAuditError
-from attnaudit.experiments.base import (
-    Experiment,
-    Result,
-    register,
-    save_figure,
-    summarise,
-)
 from attnaudit.experiments.common import (
     ATTENTION_TABLE,
     attention_rows,
@@ -40,7 +33,9 @@ from attnaudit.experiments.common import (
     seeded_generator,
     self_attention_classifier_reason,
 )
-from attnaudit.models.base import Intervention
+from attnaudit.experiments.experiment import AuditSettings, Experiment, Result, register, summarise
+from attnaudit.models.interface import Intervention
+from attnaudit.plotting import save_figure
 from attnaudit.progress import track
 from attnaudit.run import Run
 
@@ -78,12 +73,14 @@ class Shuffle(Experiment):
     """The test of this module (its docstring gives the method, options and outputs)."""
 
     name = "shuffle"
-    audit_rank = 8
-    audit_transformers_only = True
+    settings = AuditSettings(
+        rank=8,
+        transformers_only=True,
+        decoder_options={"per_layer": False, "repeats": 2, "batch_size": 8},
+        demo={"full": {"repeats": 3}, "quick": {"repeats": 1}},
+    )
     # Each layer alone costs about L/2 forward passes per repeat (a restart at that layer): on a 30-layer LLM
     # the audit shuffles all layers at once only (`attnaudit run shuffle --per-layer` for the rest).
-    audit_decoder_options = {"per_layer": False, "repeats": 2, "batch_size": 8}
-    demo_options = {"full": {"repeats": 3}, "quick": {"repeats": 1}}
     description = "Accuracy when each attention row is randomly permuted over real keys, per layer and in all layers"
     paper = "Drozdyuk et al., Is Sparse Attention a Better Explanation? (Table 1: shuffling)"
     examples = ("runs/sst2-transformer --limit 200 --data-dir ../shared/data",)

@@ -1,7 +1,7 @@
 """Uniform-attention baseline (Wiegreffe & Pinter 2019, §3.1): does the task need attention?
 
 The same architecture is trained with attention frozen to uniform over the real tokens in
-every layer (:func:`attnaudit.models.base.freeze_uniform` applied in every forward, training
+every layer (:func:`attnaudit.models.interface.freeze_uniform` applied in every forward, training
 and evaluation), with the base run's data, config, settings and dev selection; one sub-run
 per seed in ``RUN/subruns/uniform/seed-<s>``. Its test score is reported beside the base
 model's. When uniform attention does as well, learned attention is not needed for the task,
@@ -18,11 +18,10 @@ from typing import Any
 
 import numpy as np
 
-from attnaudit.data.types import Batch, Example
-from attnaudit.experiments.base import Experiment, Result, register, save_figure
-from attnaudit.experiments.common import identity_rows
-from attnaudit.experiments.seeds import compare
-from attnaudit.models.base import Intervention, freeze_uniform
+from attnaudit.data.types import Example
+from attnaudit.experiments.common import compare, identity_rows
+from attnaudit.experiments.experiment import AuditSettings, Experiment, Result, register
+from attnaudit.plotting import save_figure
 from attnaudit.progress import status
 from attnaudit.run import Run
 from attnaudit.training.adversary import (
@@ -30,6 +29,7 @@ from attnaudit.training.adversary import (
     Variant,
     base_scores,
     base_seed,
+    frozen_uniform,
     subrun_dir,
     train_variant,
     trainable_reason,
@@ -38,11 +38,6 @@ from attnaudit.training.trainer import score_key
 
 # Within this many points of the base's score, uniform attention counts as "as good".
 TOLERANCE = 0.01
-
-
-def frozen_uniform(_batch: Batch) -> list[Intervention]:
-    """Every attention layer frozen to uniform over the real tokens."""
-    return [freeze_uniform()]
 
 
 UNIFORM = Variant(key={"kind": "uniform"}, interventions=frozen_uniform)
@@ -59,13 +54,15 @@ class UniformBaseline(Experiment):
 
     name = "uniform"
     retrains = True
-    audit_rank = 60
-    audit_options = {"epochs": 3}
-    demo_options = {"full": {"epochs": 2}, "quick": {"epochs": 1}}
-    instance_effects = {
+    settings = AuditSettings(
+        rank=60,
+        options={"epochs": 3},
+        demo={"full": {"epochs": 2}, "quick": {"epochs": 1}},
+        instance_effects={
         "tvd": ("output change (TVD) of the model trained with uniform attention", "desc"),
         "agreement": ("share of uniform-attention models predicting the base model's class", "asc"),
-    }
+    },
+    )
     description = "train the same model with attention frozen to uniform; its test score beside the base's (is attention needed?)"
     paper = "Wiegreffe & Pinter 2019, §3.1"
 

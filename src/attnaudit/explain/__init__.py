@@ -1,4 +1,4 @@
-"""Explanation methods, one module each, registered by name (see :mod:`attnaudit.explain.base`).
+"""Explanation methods, one module each, registered by name (see :mod:`attnaudit.explain.registry`).
 
 Importing the package imports every module in it, so each method registers itself: adding a
 method is adding one file (and its test), nothing else.
@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from attnaudit.explain.base import (
+from attnaudit.explain.registry import (
     EXPLANATIONS,
     NEEDS,
     Explanation,
@@ -24,7 +24,7 @@ from attnaudit.explain.base import (
 )
 
 for _info in pkgutil.iter_modules(__path__):
-    if _info.name != "base" and not _info.name.startswith("_"):
+    if _info.name not in ("registry", "text", "generation") and not _info.name.startswith("_"):  # text: explain_text, above the methods
         importlib.import_module(f"{__name__}.{_info.name}")
 
 __all__ = [

@@ -6,7 +6,7 @@ import torch
 from torch import Tensor
 
 from attnaudit.data.types import Batch
-from attnaudit.explain.base import (
+from attnaudit.explain.registry import (
     check_task,
     explanation,
     hierarchical,
@@ -15,7 +15,7 @@ from attnaudit.explain.base import (
     takes_run,
     to_items,
 )
-from attnaudit.models.base import AttentionModel, AttentionTrace, evaluation
+from attnaudit.models.interface import AttentionModel, AttentionTrace, evaluation
 
 
 @explanation("attention", "the explained attention layer's weights (mean over heads; the explanation query's row)", order=10)

@@ -7,15 +7,15 @@ import torch
 from torch import Tensor
 
 from attnaudit.data.types import Batch
-from attnaudit.explain.base import (
+from attnaudit.explain.registry import (
     check_task,
+    decision_score,
     explanation,
     layer_index,
-    predicted,
     reduce_heads,
     to_items,
 )
-from attnaudit.models.base import AttentionModel, Intervention, evaluation
+from attnaudit.models.interface import AttentionModel, Intervention, evaluation
 
 
 def _attention_grad(model: AttentionModel, batch: Batch) -> tuple[Tensor, Tensor, Tensor | None, int]:
@@ -28,7 +28,7 @@ def _attention_grad(model: AttentionModel, batch: Batch) -> tuple[Tensor, Tensor
         weights = record.weights.detach().clone().requires_grad_(True)
         with torch.enable_grad():
             probs = model(batch, [Intervention(layer=index, weights=weights)]).probs
-            (grad,) = torch.autograd.grad(predicted(probs).sum(), weights)
+            (grad,) = torch.autograd.grad(decision_score(batch, probs).sum(), weights)
     return weights.detach(), grad, record.query_mask, index
 
 

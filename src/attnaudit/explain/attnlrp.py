@@ -13,9 +13,9 @@ from __future__ import annotations
 from torch import Tensor
 
 from attnaudit.data.types import Batch
-from attnaudit.explain.base import check_task, explanation, token_scores
 from attnaudit.explain.input_gradient import predicted_logit_gradient
-from attnaudit.models.base import AttentionModel
+from attnaudit.explain.registry import check_task, explanation, token_scores
+from attnaudit.models.interface import AttentionModel
 from attnaudit.models.lrp import relevance_rules
 
 

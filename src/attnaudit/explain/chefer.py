@@ -9,8 +9,8 @@ import torch
 from torch import Tensor
 
 from attnaudit.data.types import Batch
-from attnaudit.explain.base import check_task, explanation, on_items, query_row
-from attnaudit.models.base import AttentionModel, Intervention, evaluation
+from attnaudit.explain.registry import check_task, decision_score, explanation, on_items, query_row
+from attnaudit.models.interface import AttentionModel, Intervention, evaluation
 
 
 def relevance(weights: list[Tensor], grads: list[Tensor]) -> Tensor:
@@ -37,7 +37,7 @@ def chefer(model: AttentionModel, batch: Batch) -> Tensor:
 
     with evaluation(model), torch.enable_grad():
         out = model(batch, [Intervention(weights=keep)])
-        logit = out.logits.gather(1, out.logits.argmax(-1, keepdim=True)).sum()
+        logit = decision_score(batch, out.logits).sum()
         index = model.explained_layer % len(out.trace)
         grads = torch.autograd.grad(logit, seen[: index + 1])
     record = out.trace[index]

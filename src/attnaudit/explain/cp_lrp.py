@@ -12,8 +12,8 @@ from torch import Tensor
 
 from attnaudit.data.types import Batch
 from attnaudit.explain.attnlrp import lrp_relevance
-from attnaudit.explain.base import explanation, token_scores
-from attnaudit.models.base import AttentionModel
+from attnaudit.explain.registry import explanation, token_scores
+from attnaudit.models.interface import AttentionModel
 
 
 @explanation(

@@ -23,9 +23,9 @@ import torch
 from torch import Tensor
 
 from attnaudit.data.types import Batch
-from attnaudit.explain.base import explanation, on_items
 from attnaudit.explain.norms_res_ln import ELEMENTS, rows
-from attnaudit.models.base import (
+from attnaudit.explain.registry import explained_class, explanation, on_items
+from attnaudit.models.interface import (
     AttentionLayer,
     AttentionModel,
     Dense,
@@ -123,6 +123,7 @@ def decompx(model: AttentionModel, batch: Batch) -> Tensor:
         logits = torch.cat([
             decomposed_logits(model, [rows(r, slice(i, i + step)) for r in records]) for i in range(0, b, step)
         ])
-        predicted = out.logits.argmax(-1)
-        scores = logits.gather(2, predicted[:, None, None].expand(-1, t, 1)).squeeze(2)
+        scores = logits.gather(2, explained_class(batch, out.logits)[:, None, None].expand(-1, t, 1)).squeeze(2)
+        if batch.contrast is not None:
+            scores = scores - logits.gather(2, batch.contrast.to(logits.device)[:, None, None].expand(-1, t, 1)).squeeze(2)
     return on_items(model, batch, scores)

@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from attnaudit.data.types import Batch
-from attnaudit.explain.base import explanation
+from attnaudit.explain.attention_rollout import explained_record
 from attnaudit.explain.norms_res_ln import (
     attention_block_parts,
     layers_up_to,
@@ -17,8 +17,8 @@ from attnaudit.explain.norms_res_ln import (
     rolled_contributions,
     token_map,
 )
-from attnaudit.explain.rollout import explained_record
-from attnaudit.models.base import AttentionLayer, AttentionModel
+from attnaudit.explain.registry import explanation
+from attnaudit.models.interface import AttentionLayer, AttentionModel
 
 
 def layer_shares(model: AttentionModel, record: AttentionLayer, layer: int) -> Tensor:

@@ -6,8 +6,8 @@ import torch
 from torch import Tensor
 
 from attnaudit.data.types import Batch
-from attnaudit.explain.base import check_task, explanation, predicted, token_scores
-from attnaudit.models.base import AttentionModel, detach_weights, evaluation
+from attnaudit.explain.registry import check_task, decision_score, explanation, token_scores
+from attnaudit.models.interface import AttentionModel, detach_weights, evaluation
 
 
 @explanation(
@@ -24,5 +24,5 @@ def gradient_importance(model: AttentionModel, batch: Batch) -> Tensor:
     with evaluation(model), torch.enable_grad():
         embeddings = model.embed(batch).detach().requires_grad_(True)
         probs = model(batch, [detach_weights()], embeddings=embeddings).probs
-        (grad,) = torch.autograd.grad(predicted(probs).sum(), embeddings)
+        (grad,) = torch.autograd.grad(decision_score(batch, probs).sum(), embeddings)
     return token_scores((grad * embeddings).sum(-1).detach(), model, batch, absolute=True)

@@ -7,8 +7,8 @@ from torch import Tensor
 
 from attnaudit.data.types import Batch
 from attnaudit.errors import AttnAuditError
-from attnaudit.explain.base import check_task, explanation, hierarchical, token_scores
-from attnaudit.models.base import AttentionModel, evaluation
+from attnaudit.explain.registry import check_task, decision_score, explained_class, explanation, hierarchical, token_scores
+from attnaudit.models.interface import AttentionModel, evaluation
 
 # Activations one Integrated Gradients pass may hold for its backward pass, in floats (about
 # 0.5 GB in float32), and at most this many interpolated inputs per pass: a fixed number of rows
@@ -32,7 +32,8 @@ def pass_rows(model: AttentionModel, length: int) -> int:
     ("prediction", "gradients"), order=40,
 )
 def integrated_gradients(model: AttentionModel, batch: Batch, steps: int = 50, absolute: bool = True) -> Tensor:
-    """Integrated Gradients (Captum) of ``ŷ`` w.r.t. the item embeddings, zero baseline, ``(B, K)``.
+    """Integrated Gradients (Captum) of ``ŷ`` w.r.t. the item embeddings, zero baseline, ``(B, K)``
+    (``ŷ``: the predicted class's probability, or the batch's explained class's, minus its contrast's).
 
     Attributions are summed over the embedding dimension per token; with ``absolute``
     (the default, like ``gradient``) the sum's absolute value is taken, so scores rank
@@ -49,7 +50,9 @@ def integrated_gradients(model: AttentionModel, batch: Batch, steps: int = 50, a
     t = batch.tokens.shape[1]
     with evaluation(model):
         with torch.no_grad():
-            target = model(batch).probs.argmax(-1)
+            probs = model(batch).probs
+            chosen = explained_class(batch, probs)
+            contrast = batch.contrast.to(probs.device) if batch.contrast is not None else None
             embeddings = model.embed(batch)
         nested = hierarchical(model)
         passage = embeddings if nested else embeddings[:, :t]
@@ -58,18 +61,19 @@ def integrated_gradients(model: AttentionModel, batch: Batch, steps: int = 50, a
         def forward(
             x: Tensor, tokens: Tensor, mask: Tensor, features: Tensor | None, query: Tensor | None,
             query_mask: Tensor | None, tail: Tensor | None, target: Tensor | None, target_mask: Tensor | None,
+            explained: Tensor, contrast: Tensor | None,
         ) -> Tensor:
             emb = x if tail is None else torch.cat([x, tail], 1)
             sub = Batch(tokens=tokens, mask=mask, features=features, query=query, query_mask=query_mask,
-                        target=target, target_mask=target_mask)  # an encoder-decoder's forced target
-            return model(sub, embeddings=emb).probs
+                        target=target, target_mask=target_mask, explained=explained, contrast=contrast)
+            return decision_score(sub, model(sub, embeddings=emb).probs)[:, None]  # column 0: what is explained
 
         per_pass = max(1, pass_rows(model, t) // max(len(batch), 1))
         attributions = IntegratedGradients(forward).attribute(
             passage,
-            target=target,
+            target=0,
             additional_forward_args=(batch.tokens, batch.mask, batch.features, batch.query, batch.query_mask, rest,
-                                     batch.target, batch.target_mask),
+                                     batch.target, batch.target_mask, chosen, contrast),
             n_steps=steps,
             internal_batch_size=len(batch) * min(steps, per_pass),
         )

@@ -6,8 +6,8 @@ import torch
 from torch import Tensor
 
 from attnaudit.data.types import Batch
-from attnaudit.explain.base import explanation, token_scores
-from attnaudit.models.base import AttentionModel, evaluation
+from attnaudit.explain.registry import decision_score, explanation, token_scores
+from attnaudit.models.interface import AttentionModel, evaluation
 
 
 @explanation(
@@ -29,6 +29,6 @@ def predicted_logit_gradient(model: AttentionModel, batch: Batch) -> tuple[Tenso
     with evaluation(model), torch.enable_grad():
         embeddings = model.embed(batch).detach().requires_grad_(True)
         logits = model(batch, embeddings=embeddings).logits
-        chosen = logits.gather(1, logits.argmax(-1, keepdim=True)).sum()
+        chosen = decision_score(batch, logits).sum()
         (grad,) = torch.autograd.grad(chosen, embeddings)
     return embeddings.detach(), grad

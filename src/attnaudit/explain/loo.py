@@ -15,17 +15,17 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 from torch import Tensor, nn
 
+from attnaudit.algorithms.metrics import output_change
 from attnaudit.data.types import Batch
-from attnaudit.explain.base import (
+from attnaudit.explain.registry import (
     check_task,
     explanation,
     hierarchical,
     item_mask,
     takes_run,
 )
-from attnaudit.metrics import output_change
-from attnaudit.models.attention import normalise
-from attnaudit.models.base import AttentionModel, Cache, ModelOutput, evaluation
+from attnaudit.models.interface import AttentionModel, Cache, ModelOutput, evaluation
+from attnaudit.models.normalisers import normalise
 from attnaudit.models.rnn import (
     AttentionClassifier,
     AverageEncoder,
@@ -384,7 +384,7 @@ def _finish_loo(changes: Tensor, mask: Tensor) -> Tensor:
     ("prediction",), order=30,
 )
 def loo_importance(model: AttentionModel, batch: Batch) -> Tensor:
-    """Leave-one-out: output change (:func:`~attnaudit.metrics.output_change`) when item i is removed.
+    """Leave-one-out: output change (:func:`~attnaudit.algorithms.metrics.output_change`) when item i is removed.
 
     ``(B, K)``; |Δŷ| for binary models, TVD for multi-class. Exact removal (later items
     move up), computed by the cheapest exact route for the family: renormalised scores

@@ -20,12 +20,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from attnaudit.algorithms.attention_graph import rollout
 from attnaudit.data.types import Batch
-from attnaudit.explain.base import explanation, on_items, query_row
-from attnaudit.explain.norms import transformed_inputs
-from attnaudit.explain.rollout import explained_record
-from attnaudit.flow import rollout
-from attnaudit.models.base import AttentionLayer, AttentionModel, AttentionTrace
+from attnaudit.explain.attention_norms import transformed_inputs
+from attnaudit.explain.attention_rollout import explained_record
+from attnaudit.explain.registry import explanation, on_items, query_row
+from attnaudit.models.interface import AttentionLayer, AttentionModel, AttentionTrace
 
 
 def residual_parts(model: AttentionModel, record: AttentionLayer, layer: int) -> tuple[Tensor, Tensor]:

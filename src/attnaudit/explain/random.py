@@ -6,8 +6,8 @@ import torch
 from torch import Tensor
 
 from attnaudit.data.types import Batch
-from attnaudit.explain.base import check_task, explanation, item_mask
-from attnaudit.models.base import AttentionModel
+from attnaudit.explain.registry import check_task, explanation, item_mask
+from attnaudit.models.interface import AttentionModel
 
 
 @explanation("random", "uniform random scores in [0, 1), seeded (a baseline)", default=False, order=90, per_example=False)

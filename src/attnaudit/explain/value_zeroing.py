@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from attnaudit.data.types import Batch
-from attnaudit.explain.base import explanation
+from attnaudit.explain.attention_rollout import explained_record
 from attnaudit.explain.norms_res_ln import (
     layers_up_to,
     pair_mask,
@@ -24,8 +24,8 @@ from attnaudit.explain.norms_res_ln import (
     rolled_contributions,
     token_map,
 )
-from attnaudit.explain.rollout import explained_record
-from attnaudit.models.base import (
+from attnaudit.explain.registry import explanation
+from attnaudit.models.interface import (
     AttentionLayer,
     AttentionModel,
     ResidualNorms,

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from importlib import import_module
 
 from attnaudit.errors import AttnAuditError
-from attnaudit.models.base import (
+from attnaudit.models.interface import (
     AttentionLayer,
     AttentionModel,
     AttentionTrace,

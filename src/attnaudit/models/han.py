@@ -16,8 +16,7 @@ from torch import Tensor, nn
 
 from attnaudit.data.types import Batch
 from attnaudit.errors import AttnAuditError
-from attnaudit.models.attention import check_normaliser
-from attnaudit.models.base import (
+from attnaudit.models.interface import (
     AttentionModel,
     AttentionTrace,
     Cache,
@@ -26,6 +25,7 @@ from attnaudit.models.base import (
     ModelOutput,
     interventions_for,
 )
+from attnaudit.models.normalisers import check_normaliser
 from attnaudit.models.rnn import (
     AttentionClassifier,
     RecurrentEncoder,

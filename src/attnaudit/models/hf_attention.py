@@ -15,7 +15,7 @@ attention layer runs (the adapter arms it: :meth:`Capture.arm`), ``torch.nn.func
 is :func:`_softmax`: the first four-dimensional softmax over keys receives the scores exactly as
 the model computed them (scaling, RoPE, ALiBi, relative or position bias, soft-capping, and the
 model's own causal, sliding-window or padding mask), so every position scheme comes for free.
-They are normalised by :func:`attnaudit.models.attention.attention_weights` (normaliser swaps and
+They are normalised by :func:`attnaudit.models.normalisers.attention_weights` (normaliser swaps and
 weight replacements mean what they mean in our own models) and recorded. Which keys a query may
 read is what the model's mask left above :func:`masked_below`.
 
@@ -40,13 +40,13 @@ from transformers.models.bert.modeling_bert import (
 )
 
 from attnaudit.errors import AttnAuditError
-from attnaudit.models.attention import (
+from attnaudit.models.interface import Intervention
+from attnaudit.models.lrp import attention_operands
+from attnaudit.models.normalisers import (
     apply_key_interventions,
     apply_value_interventions,
     attention_weights,
 )
-from attnaudit.models.base import Intervention
-from attnaudit.models.lrp import attention_operands
 
 ATTN_IMPLEMENTATION = "attnaudit"
 

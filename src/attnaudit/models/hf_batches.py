@@ -113,7 +113,7 @@ class HFCollator:
 
 
 class HFSubwords:
-    """One side of a sentence pair through an HF tokenizer, as :class:`~attnaudit.data.alignment.SubwordTokenizer`:
+    """One side of a sentence pair through an HF tokenizer, as :class:`~attnaudit.data.word_alignments.SubwordTokenizer`:
     words -> subword ids and the word each belongs to; ids -> words (13a-tokenised, as the gold sentences).
 
     A fast tokenizer tokenises the sentence and maps tokens to words by character offsets; a slow
@@ -164,7 +164,7 @@ class HFSubwords:
 
     def words(self, ids: Sequence[int]) -> list[str]:
         """Words of a decoded id sequence (specials dropped), tokenised with sacrebleu's 13a tokenizer."""
-        from attnaudit.data.alignment import tokenize
+        from attnaudit.data.word_alignments import tokenize
 
         return tokenize(self.tokenizer.decode(list(ids), skip_special_tokens=True))
 

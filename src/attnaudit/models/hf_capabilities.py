@@ -14,15 +14,15 @@ from torch import Tensor, nn
 
 from attnaudit.data.types import Batch
 from attnaudit.errors import AttnAuditError
-from attnaudit.models.base import (
+from attnaudit.models.hf_layouts import BlockLayout
+from attnaudit.models.hf_structure import Structure
+from attnaudit.models.interface import (
     AttentionLayer,
     HeadLayers,
     ModelConfig,
     ResidualNorms,
     dense,
 )
-from attnaudit.models.hf_layouts import BlockLayout
-from attnaudit.models.hf_structure import Structure
 from attnaudit.models.lrp import RelevanceSites, scan_sites
 
 GATES = (("gate_proj", "act_fn", "down_proj"),)
@@ -47,7 +47,7 @@ class HFCapabilities:
         raise NotImplementedError
 
     def lacks(self, need: str) -> str | None:
-        """Why this model lacks a structural need (:data:`attnaudit.explain.base.NEEDS`), or None."""
+        """Why this model lacks a structural need (:data:`attnaudit.explain.registry.NEEDS`), or None."""
         if need == "value_output":
             if self.structure.route != "interface":
                 inside = type(self.structure.sites[0].module).__name__

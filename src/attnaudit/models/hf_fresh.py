@@ -17,14 +17,14 @@ ARCHITECTURES = ("marian", "bart")
 
 
 def fresh_tokenizer(subwords: Any) -> Any:
-    """A transformers tokenizer around a joint :class:`~attnaudit.data.alignment.SubwordTokenizer`
+    """A transformers tokenizer around a joint :class:`~attnaudit.data.word_alignments.SubwordTokenizer`
     (``<pad>`` 0, ``<unk>`` 1, ``<s>`` 2, ``</s>`` 3): ``</s>`` appended, ``##`` pieces joined when decoding."""
     import copy
 
     from tokenizers import decoders, processors
     from transformers import PreTrainedTokenizerFast
 
-    from attnaudit.data.alignment import CONTINUATION, EOS, EOS_ID
+    from attnaudit.data.word_alignments import CONTINUATION, EOS, EOS_ID
 
     core = copy.deepcopy(subwords.tokenizer)
     core.post_processor = processors.TemplateProcessing(single=f"$A {EOS}", special_tokens=[(EOS, EOS_ID)])

@@ -11,9 +11,9 @@ import torch
 from torch import Tensor, nn
 
 from attnaudit.errors import AttnAuditError
-from attnaudit.models.base import Cache
 from attnaudit.models.hf_attention import KeyValuePrefix
 from attnaudit.models.hf_structure import Structure, hidden_argument
+from attnaudit.models.interface import Cache
 
 
 class HFInputs(dict):

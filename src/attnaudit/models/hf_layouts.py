@@ -17,7 +17,6 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from attnaudit.models.base import Dense, NormParams
 from attnaudit.models.hf_projections import Projections
 from attnaudit.models.hf_structure import (
     Call,
@@ -29,6 +28,7 @@ from attnaudit.models.hf_structure import (
     linear_map,
     within,
 )
+from attnaudit.models.interface import Dense, NormParams
 
 EPS_NAMES = ("variance_epsilon", "eps", "epsilon", "layer_norm_eps")
 DEFAULT_EPS = (1e-5, 1e-6, 1e-12)

@@ -37,15 +37,6 @@ from torch import Tensor, nn
 from attnaudit.data.types import Batch
 from attnaudit.errors import AttnAuditError
 from attnaudit.models import hf_attention
-from attnaudit.models.base import (
-    AttentionLayer,
-    AttentionModel,
-    AttentionTrace,
-    Cache,
-    Intervention,
-    ModelConfig,
-    ModelOutput,
-)
 from attnaudit.models.hf_attention import ATTN_IMPLEMENTATION
 from attnaudit.models.hf_capabilities import HFCapabilities
 from attnaudit.models.hf_config import (
@@ -65,6 +56,15 @@ from attnaudit.models.hf_pass import HFLayer, Pass, decided, wrapped
 from attnaudit.models.hf_projections import read_projections
 from attnaudit.models.hf_restarts import HFRestarts
 from attnaudit.models.hf_structure import Structure, discover
+from attnaudit.models.interface import (
+    AttentionLayer,
+    AttentionModel,
+    AttentionTrace,
+    Cache,
+    Intervention,
+    ModelConfig,
+    ModelOutput,
+)
 from attnaudit.models.seq2seq import EncoderDecoderLayout
 
 if TYPE_CHECKING:

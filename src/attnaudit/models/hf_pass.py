@@ -21,14 +21,6 @@ from torch import Tensor, nn
 
 from attnaudit.errors import AttnAuditError
 from attnaudit.models import hf_attention
-from attnaudit.models.base import (
-    AttentionLayer,
-    Cache,
-    Intervention,
-    interventions_for,
-    own_forward,
-    replaced_forwards,
-)
 from attnaudit.models.hf_attention import LayerCall
 from attnaudit.models.hf_structure import (
     CROSS_INPUTS,
@@ -36,6 +28,14 @@ from attnaudit.models.hf_structure import (
     Structure,
     first_tensor,
     hidden_argument,
+)
+from attnaudit.models.interface import (
+    AttentionLayer,
+    Cache,
+    Intervention,
+    interventions_for,
+    own_forward,
+    replaced_forwards,
 )
 
 if TYPE_CHECKING:

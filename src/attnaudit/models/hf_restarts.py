@@ -17,11 +17,11 @@ from torch import Tensor
 
 from attnaudit.data.types import Batch
 from attnaudit.errors import AttnAuditError
-from attnaudit.models.base import AttentionTrace, Cache, ModelConfig
 from attnaudit.models.hf_attention import KeyValuePrefix
 from attnaudit.models.hf_inputs import HFInputs, LayerTensors, real_positions, states_entering
 from attnaudit.models.hf_pass import HFLayer
 from attnaudit.models.hf_structure import Structure
+from attnaudit.models.interface import AttentionTrace, Cache, ModelConfig
 
 
 class HFRestarts:

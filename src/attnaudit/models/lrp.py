@@ -18,7 +18,7 @@ operations change their backward pass while :func:`relevance_rules` is active:
   (uniform rule); CP-LRP detaches the gate, so the product is linear in ``up``.
 
 Relevance is then ``input × gradient`` of the explained logit. Each family says where its norms,
-activations and gates are (:meth:`~attnaudit.models.base.AttentionModel.relevance_sites`); the
+activations and gates are (:meth:`~attnaudit.models.interface.AttentionModel.relevance_sites`); the
 attention functions of our Transformer and of the Hugging Face adapters call
 :func:`attention_operands`, which does nothing outside :func:`relevance_rules`.
 """
@@ -36,7 +36,7 @@ from torch import Tensor, nn
 from torch.autograd import Function
 
 from attnaudit.errors import AttnAuditError
-from attnaudit.models.base import AttentionModel, replaced_forwards
+from attnaudit.models.interface import AttentionModel, replaced_forwards
 
 RULES = ("attnlrp", "cp_lrp")
 _RULE: ContextVar[str | None] = ContextVar("attnaudit_lrp_rule", default=None)

@@ -4,7 +4,7 @@ The model family of Jain & Wallace (2019) and Wiegreffe & Pinter (2019): embed t
 tokens, encode them (``bilstm``, ``cnn``, ``average``, or ``bigru`` for the flat HAN
 variant), score every state against a learned query (classification) or against the
 encoded question (pair tasks: NLI, bAbI QA), normalise the scores with
-:func:`attnaudit.models.attention.attention_weights`, and classify the weighted sum of
+:func:`attnaudit.models.normalisers.attention_weights`, and classify the weighted sum of
 the states. There is exactly one attention layer, so ``encode`` stops at the encoder
 states and ``decode`` (attention + output) is cheap to rerun for permutation,
 adversarial search and erasure.
@@ -22,12 +22,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from attnaudit.data.types import Batch
 from attnaudit.errors import AttnAuditError
-from attnaudit.models.attention import (
-    apply_key_interventions,
-    attention_weights,
-    check_normaliser,
-)
-from attnaudit.models.base import (
+from attnaudit.models.interface import (
     AttentionLayer,
     AttentionModel,
     AttentionTrace,
@@ -36,6 +31,11 @@ from attnaudit.models.base import (
     ModelConfig,
     ModelOutput,
     interventions_for,
+)
+from attnaudit.models.normalisers import (
+    apply_key_interventions,
+    attention_weights,
+    check_normaliser,
 )
 
 ENCODERS = ("bilstm", "cnn", "average", "bigru")

@@ -29,11 +29,10 @@ from typing import Any, cast
 import torch
 from torch import Tensor, nn
 
-from attnaudit.data.alignment import BOS_ID, EOS_ID
 from attnaudit.data.types import Batch
+from attnaudit.data.word_alignments import BOS_ID, EOS_ID
 from attnaudit.errors import AttnAuditError
-from attnaudit.models.attention import check_normaliser
-from attnaudit.models.base import (
+from attnaudit.models.interface import (
     AttentionLayer,
     AttentionModel,
     AttentionTrace,
@@ -43,6 +42,7 @@ from attnaudit.models.base import (
     ModelOutput,
     interventions_for,
 )
+from attnaudit.models.normalisers import check_normaliser
 from attnaudit.models.transformer import (
     EncoderLayer,
     multi_head_attention,

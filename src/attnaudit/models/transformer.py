@@ -3,8 +3,8 @@
 A post-LN encoder (Vaswani et al. 2017; BERT): per layer, multi-head self-attention with
 separate ``q_proj``/``k_proj``/``v_proj``/``out_proj`` maps, then a GELU feed-forward
 block, each wrapped in dropout + residual + LayerNorm. Attention goes through
-:func:`attnaudit.models.attention.attention_weights` so the normaliser (softmax, entmax,
-sparsemax) and every :class:`~attnaudit.models.base.Intervention` behave exactly as in
+:func:`attnaudit.models.normalisers.attention_weights` so the normaliser (softmax, entmax,
+sparsemax) and every :class:`~attnaudit.models.interface.Intervention` behave exactly as in
 the other model families.
 
 Pair tasks (NLI, QA) concatenate the query after the text *inside the model*: the text
@@ -25,13 +25,7 @@ from torch import Tensor, nn
 
 from attnaudit.data.types import Batch
 from attnaudit.errors import AttnAuditError
-from attnaudit.models.attention import (
-    apply_key_interventions,
-    apply_value_interventions,
-    attention_weights,
-    check_normaliser,
-)
-from attnaudit.models.base import (
+from attnaudit.models.interface import (
     AttentionLayer,
     AttentionModel,
     AttentionTrace,
@@ -47,6 +41,12 @@ from attnaudit.models.base import (
     layer_range,
 )
 from attnaudit.models.lrp import RelevanceSites, attention_operands, scan_sites
+from attnaudit.models.normalisers import (
+    apply_key_interventions,
+    apply_value_interventions,
+    attention_weights,
+    check_normaliser,
+)
 
 CONTENT_GAIN = 0.3
 """Initial RMS of the content embedding, against 0.71 for the sinusoidal positions.

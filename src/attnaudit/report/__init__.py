@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from attnaudit.errors import AttnAuditError, InputError, warn
-from attnaudit.experiments.base import Result, discover
+from attnaudit.experiments.experiment import Result, discover
 from attnaudit.io import (
     JsonKinds,
     atomic_write_json,

@@ -5,7 +5,7 @@ What the model gives (tokens, predictions, attention of every traced layer, the 
 default explanation that applies, from the registry :func:`attnaudit.explain.list_explanations`)
 is computed once from the run and stored in ``results/explorer.json``; what the tests did to each
 instance (their per-instance result rows, and the columns each test names in
-:attr:`~attnaudit.experiments.base.Experiment.instance_effects`) is read from the results every
+:attr:`~attnaudit.experiments.experiment.AuditSettings.instance_effects`) is read from the results every
 time the report is built, so ``attnaudit report`` picks up new results.
 
 Size: attention is stored **8-bit per layer** (``q = round(255 · w / m)`` with ``m`` the
@@ -33,9 +33,9 @@ import torch
 
 from attnaudit.data.types import Batch, Example
 from attnaudit.errors import InputError
-from attnaudit.experiments.base import Result, discover
+from attnaudit.experiments.experiment import Result, discover
 from attnaudit.io import read_json_object
-from attnaudit.models.base import evaluation
+from attnaudit.models.interface import evaluation
 from attnaudit.report.html import SIZE, esc, megabytes, page
 from attnaudit.run import Run
 
@@ -271,7 +271,7 @@ def instance_rows(results: dict[str, Result], shown: set[int]) -> tuple[list[dic
         cls = registry.get(name)
         effects = [
             {"column": column, "about": about, "order": order}
-            for column, (about, order) in (cls.instance_effects if cls else {}).items()
+            for column, (about, order) in (cls.settings.instance_effects if cls else {}).items()
             if any(column in r for r in indexed)
         ]
         tests.append({"name": name, "description": cls.description if cls else "", "effects": effects})
@@ -287,7 +287,7 @@ def instance_distributions(results: dict[str, Result], shown: set[int]) -> dict[
     registry = discover()
     found: dict[int, dict[str, dict[str, list[float]]]] = {}
     for name, result in results.items():
-        table = registry[name].instance_attention if name in registry else ""
+        table = registry[name].settings.instance_attention if name in registry else ""
         for row in result.tables.get(table, []) if table else []:
             if isinstance(row, dict) and row.get("index") in shown:
                 lists = {k: [round_sig(float(v)) or 0.0 for v in values] for k, values in row.items()

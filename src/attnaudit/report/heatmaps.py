@@ -1,7 +1,7 @@
 """Per-instance explanations for the report's token heatmaps, computed from the run itself.
 
 For a handful of instances — the most and least faithful by the column a test declares
-(:attr:`~attnaudit.experiments.base.Experiment.ranks_instances`: the importance test's
+(:attr:`~attnaudit.experiments.experiment.AuditSettings.ranks_instances`: the importance test's
 τ(attention, gradient)) when that test ran, else the first few — every default explanation the
 model supports (:func:`attnaudit.explain.list_explanations`) is computed over the explained
 items and stored in ``results/heatmaps.json`` with the item strings, the gold and predicted
@@ -19,9 +19,9 @@ import torch
 
 from attnaudit.data.types import Batch, Example
 from attnaudit.errors import AttnAuditError
-from attnaudit.experiments.base import Result, discover
+from attnaudit.experiments.experiment import Result, discover
 from attnaudit.explain import Explanation, item_mask, list_explanations
-from attnaudit.explain.base import hierarchical
+from attnaudit.explain.registry import hierarchical
 from attnaudit.run import Run
 
 IG_STEPS = 20
@@ -61,8 +61,8 @@ def ranking_result(results_dir: Path) -> tuple[Result | None, str]:
     """The stored result of the first test that ranks instances by faithfulness, and its column."""
     for name, cls in discover().items():
         path = results_dir / f"{name}.json"
-        if cls.ranks_instances and path.exists():
-            return Result.load(path), cls.ranks_instances
+        if cls.settings.ranks_instances and path.exists():
+            return Result.load(path), cls.settings.ranks_instances
     return None, ""
 
 
@@ -111,7 +111,7 @@ def item_labels(run: Run, batch: Batch) -> list[list[str]]:
 
 def _rationale_items(run: Run, batch: Batch, row: int) -> list[int]:
     """Items of instance ``row`` that belong to its rationale (HAN: sentences, HF: wordpieces of rationale words)."""
-    from attnaudit.experiments.rationale import instance_units
+    from attnaudit.experiments.common import instance_units
 
     units = instance_units(run, batch, row)
     if units is None:

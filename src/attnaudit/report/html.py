@@ -20,7 +20,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from attnaudit.experiments.base import Result
+from attnaudit.experiments.experiment import Result
 
 HEAT_RGB = (230, 97, 1)
 """Heatmap colour at full importance (the orange end of ColorBrewer's PuOr); lighter = less."""

@@ -15,7 +15,7 @@ from typing import Any
 import pandas as pd
 
 from attnaudit.errors import error_line
-from attnaudit.experiments.base import Experiment, Result, discover
+from attnaudit.experiments.experiment import AuditSettings, Experiment, Result, discover
 from attnaudit.io import atomic_write, csv_cell
 
 SUMMARY = "summary.csv"
@@ -24,10 +24,10 @@ SUMMARY_COLUMNS = ["test", "statistic", "value", "published", "interpretation"]
 
 
 def order_tests(names: typing.Iterable[str]) -> list[str]:
-    """Cheap-first order: by each test's :attr:`~attnaudit.experiments.base.Experiment.audit_rank`
+    """Cheap-first order: by each test's :attr:`~attnaudit.experiments.experiment.AuditSettings.rank`
     (unregistered names rank like tests without one), then by name."""
     registry = discover()
-    return sorted(names, key=lambda n: (registry[n].audit_rank if n in registry else Experiment.audit_rank, n))
+    return sorted(names, key=lambda n: (registry[n].settings.rank if n in registry else AuditSettings().rank, n))
 
 
 def verdict_rows(name: str, result: Result) -> list[dict[str, Any]]:

@@ -46,12 +46,13 @@ from attnaudit.data.types import Batch, Example
 from attnaudit.errors import AttnAuditError
 from attnaudit.io import atomic_write_json, digest, read_json_object
 from attnaudit.models import ModelConfig, build_model
-from attnaudit.models.base import (
+from attnaudit.models.interface import (
     AttentionModel,
     Intervention,
     ModelOutput,
     evaluation,
     freeze_to,
+    freeze_uniform,
 )
 from attnaudit.run import CONFIG, Run
 from attnaudit.training.checkpoint import (
@@ -369,3 +370,8 @@ def _variant_hooks(sub: Run, cfg: TrainConfig, variant: Variant, dev: list[Examp
         return {"dev_loss": mean_loss(sub.model, sub, dev, variant)}
 
     return Hooks(loss=loss, evaluate=evaluate, label=label)
+
+
+def frozen_uniform(_batch: Batch) -> list[Intervention]:
+    """Every attention layer frozen to uniform over the real tokens."""
+    return [freeze_uniform()]

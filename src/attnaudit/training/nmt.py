@@ -18,13 +18,13 @@ import torch
 from torch import nn
 
 from attnaudit import __version__
-from attnaudit.data.alignment import PAD_ID, Seq2SeqCollator, SubwordTokenizer
 from attnaudit.data.tasks import load_task
 from attnaudit.data.types import Batch, Example, TaskData
+from attnaudit.data.word_alignments import PAD_ID, Seq2SeqCollator, SubwordTokenizer
 from attnaudit.errors import AttnAuditError, InputError
 from attnaudit.io import atomic_write_json, digest, read_json_object, writes_folder
-from attnaudit.models.attention import check_normaliser
-from attnaudit.models.base import ModelConfig, evaluation
+from attnaudit.models.interface import ModelConfig, evaluation
+from attnaudit.models.normalisers import check_normaliser
 from attnaudit.models.seq2seq import Seq2SeqTransformer
 from attnaudit.progress import status, track
 from attnaudit.run import CONFIG, Run, TaskSpec, absolute_dir, read_config
@@ -121,7 +121,7 @@ def evaluate_nmt(run: Run, examples: list[Example], batch_size: int = 64) -> dic
 def bleu_score(run: Run, examples: list[Example], batch_size: int = 64, desc: str | None = None) -> float:
     """Corpus BLEU (sacrebleu 13a) of greedy translations against the examples' targets
     (both space-joined words; the targets are 13a-tokenised, re-tokenising them is a no-op)."""
-    from attnaudit.metrics import (
+    from attnaudit.algorithms.metrics import (
         bleu,  # sacrebleu, scipy, sklearn: only when BLEU is asked for
     )
 

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from attnaudit import __version__
+from attnaudit.algorithms.metrics import score_classification, score_tagging
 from attnaudit.data.tasks import absolute_spec, drop_short, load_task
 from attnaudit.data.types import Batch, Example, TaskData
 from attnaudit.errors import AttnAuditError
@@ -31,9 +32,8 @@ from attnaudit.io import (
     remove_stray_tmp,
     writes_folder,
 )
-from attnaudit.metrics import score_classification, score_tagging
 from attnaudit.models import MODELS, ModelConfig, build_model
-from attnaudit.models.base import Intervention, evaluation
+from attnaudit.models.interface import Intervention, evaluation
 from attnaudit.progress import status, track
 from attnaudit.run import CONFIG, Run, TaskSpec, absolute_dir
 from attnaudit.seed import resolve_device
@@ -311,7 +311,7 @@ def _build_vocabs(data: TaskData, cfg: TrainConfig, wrap: bool = False) -> tuple
 
 def _settings(model: str, options: dict[str, Any]) -> tuple[TrainConfig, dict[str, Any]]:
     """The checked :class:`TrainConfig` and the merged model + training options of ``train``."""
-    from attnaudit.models.attention import check_normaliser
+    from attnaudit.models.normalisers import check_normaliser
 
     if model not in MODELS:
         raise AttnAuditError(f"unknown model {model!r}; choose one of {', '.join(MODELS)}")

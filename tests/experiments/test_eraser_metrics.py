@@ -1,4 +1,4 @@
-"""ERASER metrics (attnaudit.faithfulness): hand-computed cases, scipy references, hypothesis properties,
+"""ERASER metrics (attnaudit.experiments.eraser_metrics): hand-computed cases, scipy references, hypothesis properties,
 and the batched perturbations against a slow one-example-at-a-time loop written here."""
 
 from __future__ import annotations
@@ -14,8 +14,7 @@ from hypothesis import strategies as st
 from scipy import stats
 
 from attnaudit.data.types import Batch, Example
-from attnaudit.explain import get_explanation
-from attnaudit.faithfulness import (
+from attnaudit.experiments.eraser_metrics import (
     agreement,
     aopc,
     bootstrap_ci,
@@ -34,6 +33,7 @@ from attnaudit.faithfulness import (
     top_items,
     topk_overlap,
 )
+from attnaudit.explain import get_explanation
 from attnaudit.models import ModelConfig, build_model
 
 # --------------------------------------------------------------------------- hand-computed cases

@@ -1,5 +1,5 @@
 """``flow``: attention flow through every layer up to the explained one (Abnar & Zuidema 2020), read
-at the explanation query; the max-flow algorithm is :func:`attnaudit.flow.flow`. Costly (about
+at the explanation query; the max-flow algorithm is :func:`attnaudit.algorithms.attention_graph.flow`. Costly (about
 ``T^4`` per instance), so not among the default explanations."""
 
 from __future__ import annotations
@@ -7,11 +7,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from attnaudit.algorithms.attention_graph import flow
 from attnaudit.data.types import Batch
-from attnaudit.explain.base import explanation, on_items, query_row
-from attnaudit.explain.rollout import explained_record, layer_weights
-from attnaudit.flow import flow
-from attnaudit.models.base import AttentionModel
+from attnaudit.explain.attention_rollout import explained_record, layer_weights
+from attnaudit.explain.registry import explanation, on_items, query_row
+from attnaudit.models.interface import AttentionModel
 
 
 @explanation(
@@ -23,7 +23,7 @@ def flow_importance(model: AttentionModel, batch: Batch) -> Tensor:
 
     Heads are averaged and the residual counted with weight 0.5, as for ``rollout``; the raw
     max-flow values (A&Z divide each row by its sum, which keeps the ranking). Only the rows read
-    at the explanation query are solved (:func:`~attnaudit.flow.flow`'s ``sinks``).
+    at the explanation query are solved (:func:`~attnaudit.algorithms.attention_graph.flow`'s ``sinks``).
     """
     trace, index, record = explained_record(model, batch)
     query_mask = record.mask if record.query_mask is None else record.query_mask

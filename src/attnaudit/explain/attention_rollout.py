@@ -1,5 +1,5 @@
 """``rollout``: attention rollout through every layer up to the explained one (Abnar & Zuidema 2020),
-read at the explanation query; the algorithm is :func:`attnaudit.flow.rollout`."""
+read at the explanation query; the algorithm is :func:`attnaudit.algorithms.attention_graph.rollout`."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 from torch import Tensor
 
+from attnaudit.algorithms.attention_graph import StreamingRollout, rollout
 from attnaudit.data.types import Batch
-from attnaudit.explain.base import explanation, on_items, query_row
-from attnaudit.flow import StreamingRollout, rollout
-from attnaudit.models.base import AttentionLayer, AttentionModel, AttentionTrace
+from attnaudit.explain.registry import explanation, on_items, query_row
+from attnaudit.models.interface import AttentionLayer, AttentionModel, AttentionTrace
 
 if TYPE_CHECKING:
     from attnaudit.models.hf_model import HFModel

@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -26,8 +26,8 @@ from torch import Tensor
 
 from attnaudit.data.types import Batch
 from attnaudit.errors import AttnAuditError, spelled, unknown
-from attnaudit.models.base import AttentionModel, take_rows
 from attnaudit.models.han import HierarchicalAttentionNetwork
+from attnaudit.models.interface import AttentionModel, take_rows
 from attnaudit.run import Run
 
 ExplainFn = Callable[..., Tensor]
@@ -288,6 +288,23 @@ def choose(
 # --------------------------------------------------------------------------- helpers the methods share
 
 
+def methods_for(run: Run, names: Sequence[str] | None) -> tuple[dict[str, Explanation], dict[str, str]]:
+    """The methods to compute for ``run`` (``names``, or the default ones that apply) and the default ones skipped (name -> why not)."""
+    if names is not None:
+        return choose(names, option="--method", model=run.model), {}
+    chosen, skipped = {}, {}
+    for method in EXPLANATIONS.values():
+        if method.default:
+            reason = method.applies(run.model)
+            if reason:
+                skipped[method.name] = reason
+            else:
+                chosen[method.name] = method
+    if not chosen:
+        raise AttnAuditError(f"no explanation method applies to this model: {'; '.join(f'{k}: {v}' for k, v in skipped.items())}")
+    return chosen, skipped
+
+
 def check_task(model: AttentionModel) -> None:
     """A one-line error unless ``model`` makes one decision per instance (classification, pair)."""
     task = model.config.task_type
@@ -379,6 +396,19 @@ def token_scores(per_token: Tensor, model: AttentionModel, batch: Batch, absolut
     return scores[:, : mask.shape[1]] * mask.to(scores.dtype)
 
 
-def predicted(probs: Tensor) -> Tensor:
-    """Predicted-class probability ``ŷ`` per instance, ``(B,)``."""
-    return probs.gather(1, probs.argmax(-1, keepdim=True)).squeeze(1)
+def explained_class(batch: Batch, values: Tensor) -> Tensor:
+    """``(B,)`` the class each row's explanation is of: ``batch.explained`` (a generated or forced
+    token) when set, else the argmax of ``values`` (probabilities or logits: the prediction)."""
+    if batch.explained is not None:
+        return batch.explained.to(values.device)
+    return values.argmax(-1)
+
+
+def decision_score(batch: Batch, values: Tensor) -> Tensor:
+    """``(B,)`` what an explanation explains, read from ``values`` (probabilities or logits ``(B, C)``):
+    the explained class's value (:func:`explained_class`), minus the contrast class's when the batch
+    has one (a contrastive explanation: why this token rather than that one)."""
+    score = values.gather(1, explained_class(batch, values)[:, None]).squeeze(1)
+    if batch.contrast is not None:
+        score = score - values.gather(1, batch.contrast.to(values.device)[:, None]).squeeze(1)
+    return score

@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from attnaudit.errors import AttnAuditError
-from attnaudit.models.base import Intervention
+from attnaudit.models.interface import Intervention
 
 NORMALISERS = ("softmax", "entmax15", "sparsemax", "entmax:<alpha>")
 

@@ -1,7 +1,7 @@
 """Explain one text's decision (``attnaudit explain``): the registry's methods, the explained
 position's attention per layer and head, and attention rollout, as JSON, CSV and a figure.
 
-The decision explained, through the one model interface (:class:`~attnaudit.models.base.AttentionModel`):
+The decision explained, through the one model interface (:class:`~attnaudit.models.interface.AttentionModel`):
 
 * a classifier (a trained run, a fine-tuned Hugging Face model, a causal LM classifying zero-shot
   with a prompt and verbalizer): its predicted class;
@@ -30,9 +30,11 @@ import pandas as pd
 import torch
 
 from attnaudit.data.types import Batch, Example
-from attnaudit.errors import AttnAuditError
-from attnaudit.explain import EXPLANATIONS, Explanation, choose, item_mask
+from attnaudit.errors import AttnAuditError, warn
+from attnaudit.explain import EXPLANATIONS, choose, item_mask
 from attnaudit.explain.attention import attention_per_head
+from attnaudit.explain.generation import AGGREGATIONS, Generated, decoder_rows, encode_exactly, explain_generated
+from attnaudit.explain.registry import methods_for
 from attnaudit.io import (
     atomic_write,
     atomic_write_json,
@@ -40,7 +42,7 @@ from attnaudit.io import (
     is_run_dir,
     locked,
 )
-from attnaudit.models.base import evaluation
+from attnaudit.models.interface import evaluation
 from attnaudit.run import Run
 
 if TYPE_CHECKING:
@@ -104,7 +106,11 @@ def explain_text(
     data_dir: str | Path | None = None,
     dtype: str | None = None,
     target: str | None = None,
-) -> Explained:
+    generate: int | None = None,
+    contrast: str | None = None,
+    sample: bool = False,
+    aggregate: str | None = None,
+) -> Explained | Generated:
     """Explain ``text``'s decision by ``source``: a :class:`Run`, a run directory, or a Hugging Face
     model (``smollm2``, ``minilm``, a folder, a ``.gguf`` file or a hub name).
 
@@ -114,9 +120,13 @@ def explain_text(
     the next token. ``max_length`` truncates the input to that many tokens (the last kept one is
     then the explained position of a decoder). ``seed`` seeds every random method; ``steps`` is
     IG's. ``dtype`` (a Hugging Face decoder): ``float32`` (default) or ``bfloat16`` parameters.
-    ``target`` (an encoder-decoder only): the target prefix forced on the decoder; the decision
-    explained is the next target token after it (``""``: the first target token).
-    With ``out`` the JSON, CSV and figure are written there (checked before any work).
+    ``generate`` (N tokens made by the model, greedy or with ``sample`` seeded by ``seed``) or ``target``
+    (a continuation forced on the model): a decoder's or encoder-decoder's sequence explained token by
+    token (a :class:`~attnaudit.explain.generation.Generated`); ``contrast``: a continuation of as many
+    tokens, each step then explaining ``p(token) − p(contrast token)``; ``aggregate`` (``sum``, ``mean``, ``max``):
+    also write the scores with each word's subword pieces merged so (``generation-words.csv``). A causal LM reads ``text`` as
+    written (newlines, tabs, repeated spaces: the tokenizer's own encoding).
+    With ``out`` the JSON, CSV and figures are written there (checked before any work).
     """
     from attnaudit.seed import set_seed
 
@@ -128,15 +138,29 @@ def explain_text(
         choose(methods, option="--method")  # unknown names fail before the model is loaded
     if max_length is not None and max_length < 1:
         raise AttnAuditError(f"--max-length must be at least 1, got {max_length}")
+    sequence = _check_sequence(generate, target, contrast, max_length)
+    if aggregate is not None and (not sequence or aggregate not in AGGREGATIONS):
+        choices = ", ".join(AGGREGATIONS)
+        raise AttnAuditError(f"--aggregate must be one of {choices}" if sequence else "--aggregate applies with --generate or --target")
     folder = check_output_dir(out) if out is not None else None
     run = _load(source, prompt, verbalizer, device, data_dir, dtype)
     set_seed(seed)
-    with _decision(run, target) as kind:
-        explained = _explain(run, text, kind, methods, max_length, {"seed": seed, "steps": steps}, target)
-    explained.meta.update(seed=seed, max_length=max_length, steps=steps, source=_describe(source, run), target=target)
+    explained: Explained | Generated
+    with _decision(run, sequence) as kind:
+        if sequence:
+            explained = explain_generated(
+                run, text, methods_for(run, methods), generate=generate, target=target, contrast=contrast, sample=sample, seed=seed,
+                offered={"seed": seed, "steps": steps},
+            )
+        else:
+            explained = _explain(run, text, kind, methods, max_length, {"seed": seed, "steps": steps})
+    explained.meta.update(seed=seed, max_length=max_length, steps=steps, source=_describe(source, run))
     if folder is not None:  # everything computed first: a failure above writes nothing
         with locked(folder):
-            explained.save(folder)
+            if isinstance(explained, Generated):
+                explained.save(folder, aggregate)
+            else:
+                explained.save(folder)
     return explained
 
 
@@ -162,16 +186,34 @@ def _describe(source: Run | str | Path, run: Run) -> str:
     return str(run.path) if isinstance(source, Run) and run.path else str(run.info.get("source") or source)
 
 
+def _check_sequence(generate: int | None, target: str | None, contrast: str | None, max_length: int | None) -> bool:
+    """Whether a sequence is explained (``--generate`` or ``--target``); one-line errors for combinations that mean nothing."""
+    if generate is not None and target is not None:
+        raise AttnAuditError("give --generate N or --target TEXT, not both")
+    if contrast is not None and generate is None and target is None:
+        raise AttnAuditError("--contrast needs --generate N or --target TEXT (the sequence it is contrasted with)")
+    if generate is not None and generate < 1:
+        raise AttnAuditError(f"--generate must be at least 1, got {generate}")
+    if target is not None and not target.strip():
+        raise AttnAuditError("--target is empty; give the continuation to explain (or --generate N)")
+    if max_length is not None and (generate is not None or target is not None):
+        raise AttnAuditError("--max-length applies to one decision; a generated sequence reads the whole prompt")
+    return generate is not None or target is not None
+
+
 @contextlib.contextmanager
-def _decision(run: Run, target: str | None = None) -> Iterator[str]:
-    """``next_token`` (a causal LM, or an encoder-decoder after a forced ``target``, for the block),
+def _decision(run: Run, sequence: bool = False) -> Iterator[str]:
+    """``next_token`` (a causal LM, or an encoder-decoder explaining a ``sequence``, for the block),
     ``class`` (a trained head) or ``none``."""
     model = run.model
     encoder_decoder = getattr(model, "kind", "") == "encoder-decoder"
-    if encoder_decoder != (target is not None):
+    if encoder_decoder and not sequence:
+        raise AttnAuditError("an encoder-decoder explains the sequence it generates: give --generate N or --target TEXT")
+    if sequence and not encoder_decoder and model.config.extra.get("output") != "next_token":
+        zero_shot = model.config.extra.get("output") == "verbalizer"
         raise AttnAuditError(
-            "an encoder-decoder explains its next target token after a forced prefix: give --target (may be empty)"
-            if encoder_decoder else "--target applies to encoder-decoders (a decoder's prefix is its --text)"
+            "--generate/--target explain the tokens a language model generates; this model "
+            + ("classifies zero-shot (drop --prompt/--verbalizer)" if zero_shot else "makes no next-token prediction")
         )
     if encoder_decoder:
         from attnaudit.models.zeroshot import forced_decision
@@ -187,28 +229,19 @@ def _decision(run: Run, target: str | None = None) -> Iterator[str]:
         yield "class" if model.trained_head else "none"
 
 
-def _methods(run: Run, names: Sequence[str] | None) -> tuple[dict[str, Explanation], dict[str, str]]:
-    """The methods to compute and the default ones skipped (name -> why not)."""
-    if names is not None:
-        return choose(names, option="--method", model=run.model), {}
-    chosen, skipped = {}, {}
-    for method in EXPLANATIONS.values():
-        if method.default:
-            reason = method.applies(run.model)
-            if reason:
-                skipped[method.name] = reason
-            else:
-                chosen[method.name] = method
-    if not chosen:
-        raise AttnAuditError(f"no explanation method applies to this model: {'; '.join(f'{k}: {v}' for k, v in skipped.items())}")
-    return chosen, skipped
-
-
-def _batch(run: Run, text: str, max_length: int | None, target: str | None = None) -> Batch:
-    """The one-example batch of ``text`` on the run's device (truncated to ``max_length`` tokens); an
-    encoder-decoder's with the forced ``target`` prefix after its decoder start token."""
-    if target is not None:
-        return _forced_batch(run, text, target, max_length)
+def _batch(run: Run, text: str, max_length: int | None, kind: str) -> Batch:
+    """The one-example batch of ``text`` on the run's device (truncated to ``max_length`` tokens); a causal
+    LM's next-token decision reads the text as written (the tokenizer's own encoding)."""
+    if kind == "next_token":
+        model = cast("HFModel", run.model)
+        ids = encode_exactly(model.tokenizer, text)
+        limit = min(max_length or model.config.max_len, model.config.max_len)
+        if len(ids) > limit:
+            warn(f"--text is longer than {limit} wordpieces; truncated to its first {limit}")
+            ids = ids[:limit]
+        if not ids:
+            raise AttnAuditError("--text has no tokens for this tokenizer; give the text to explain")
+        return decoder_rows(model, ids, [], 1).to(run.device)
     if run.task.task_type not in ("classification", "pair"):
         raise AttnAuditError(f"explain explains one decision per text; a {run.task.task_type} model makes one per token")
     if run.task.task_type == "pair":
@@ -222,30 +255,11 @@ def _batch(run: Run, text: str, max_length: int | None, target: str | None = Non
     return collate([Example(tokens=text.split())]).to(run.device)
 
 
-def _forced_batch(run: Run, text: str, target: str, max_length: int | None) -> Batch:
-    """Source ``text`` (the tokenizer's specials included) and the decoder start token plus ``target``'s
-    tokens (no end token), each as written; ``max_length`` cuts the source."""
-    model = cast("HFModel", run.model)  # a forced target: a Hugging Face encoder-decoder (see _decision)
-    tokenizer = model.tokenizer
-    limit = min(max_length or model.config.max_len, model.config.max_len)
-    source = tokenizer(text, truncation=True, max_length=limit)["input_ids"]
-    prefix = tokenizer(text_target=target, add_special_tokens=False)["input_ids"] if target else []
-    if len(prefix) + 1 > model.config.max_len:
-        raise AttnAuditError(f"--target has {len(prefix)} tokens; this model's decoder reads at most {model.config.max_len - 1}")
-    tokens = torch.tensor([source])
-    batch = Batch(tokens=tokens, mask=torch.ones_like(tokens, dtype=torch.bool), examples=[Example(tokens=text.split())])
-    batch.target = torch.tensor([[model.decoder_start, *prefix]])
-    batch.target_mask = torch.ones_like(batch.target, dtype=torch.bool)
-    return batch.to(run.device)
-
-
-def _explain(
-    run: Run, text: str, kind: str, names: Sequence[str] | None, max_length: int | None, offered: dict[str, Any], target: str | None = None
-) -> Explained:
+def _explain(run: Run, text: str, kind: str, names: Sequence[str] | None, max_length: int | None, offered: dict[str, Any]) -> Explained:
     """Everything for one text, computed before anything is written."""
     model = run.model
-    methods, skipped = _methods(run, names)
-    batch = _batch(run, text, max_length, target)
+    methods, skipped = methods_for(run, names)
+    batch = _batch(run, text, max_length, kind)
     mask = item_mask(model, batch)[0]
     _refuse_unknown_words(run, batch, mask)
     with evaluation(model), torch.no_grad():
@@ -327,7 +341,7 @@ def _token_names(run: Run, batch: Batch, items: torch.Tensor) -> list[str]:
 def _decision_record(run: Run, kind: str, probs: torch.Tensor) -> dict[str, Any]:
     """What was predicted, with its probability (next token: also the most probable tokens)."""
     if kind == "none":
-        from attnaudit.explain.base import NEEDS
+        from attnaudit.explain.registry import NEEDS
 
         return {"kind": "none", "reason": NEEDS["prediction"][1](run.model)}
     top = probs.topk(min(TOP_TOKENS, probs.numel()))
@@ -358,8 +372,7 @@ def plot_explanation(explained: Explained, stem: Path) -> list[Path]:
     magnitude) above a layers × heads panel of the explained position's attention to the first token."""
     import numpy as np
 
-    from attnaudit.experiments.base import save_figure
-    from attnaudit.plotting import pyplot
+    from attnaudit.plotting import pyplot, save_figure
 
     plt = pyplot()
     names = list(explained.scores) + (["rollout (row)"] if explained.rollout is not None and "rollout" not in explained.scores else [])

@@ -21,6 +21,7 @@ import torch
 from numpy.typing import ArrayLike
 from scipy import stats
 from sklearn import metrics as sk_metrics
+from sklearn.metrics import average_precision_score, roc_auc_score
 from torch import Tensor
 
 LN2 = math.log(2.0)
@@ -387,3 +388,57 @@ def bleu(hypotheses: list[str], references: list[str]) -> float:
     if not hypotheses:
         return math.nan
     return float(sacrebleu.corpus_bleu(hypotheses, [references]).score)
+
+
+RATIONALE_METRICS = ("ap", "auc", "precision_at_k")
+
+
+def precision_at_k(scores: np.ndarray, positive: np.ndarray, k: int) -> float:
+    """Share of the ``k`` highest scores that are positive, ties at the cut-off shared out in expectation.
+
+    Items tied with the k-th largest score fill the remaining places at random, so they
+    contribute their positive fraction times the number of places left.
+    """
+    if k < 1 or scores.size == 0:
+        return math.nan
+    k = min(k, scores.size)
+    cut = np.sort(scores)[::-1][k - 1]
+    above = scores > cut
+    tied = scores == cut
+    places = k - int(above.sum())
+    hits = float(positive[above].sum()) + places * float(positive[tied].mean())
+    return hits / k
+
+
+def random_average_precision(n: int, r: int) -> float:
+    """Expected AP of a uniformly random ranking of ``n`` units with ``r`` positives.
+
+    A positive at rank ``t`` has on average ``(t-1)(r-1)/(n-1)`` positives above it, so
+    ``E[AP] = (1/n) Σ_t (1 + (t-1)(r-1)/(n-1)) / t = (r-1)/(n-1) + H_n (n-r) / (n(n-1))``.
+    """
+    if r < 1 or n < 1:
+        return math.nan
+    if n == 1:
+        return 1.0
+    harmonic = float(np.sum(1.0 / np.arange(1, n + 1)))
+    return (r - 1) / (n - 1) + harmonic * (n - r) / (n * (n - 1))
+
+
+def score_against(scores: np.ndarray, positive: np.ndarray) -> dict[str, float]:
+    """AP, ROC-AUC and precision@|rationale| of ``scores`` against ``positive`` (NaN when undefined)."""
+    r = int(positive.sum())
+    if r == 0 or not np.isfinite(scores).all():
+        return {m: math.nan for m in RATIONALE_METRICS}
+    both = 0 < r < positive.size
+    return {
+        "ap": float(average_precision_score(positive, scores)),
+        "auc": float(roc_auc_score(positive, scores)) if both else math.nan,
+        "precision_at_k": precision_at_k(scores, positive, r),
+    }
+
+
+def row_mean(values: Tensor, query_rows: Tensor) -> Tensor:
+    """Mean of ``values`` (..., H, Q) over heads and real query rows; ``query_rows`` (B,Q) leads."""
+    rows = query_rows.view(query_rows.shape[0], *([1] * (values.dim() - 3)), 1, query_rows.shape[1])
+    rows = rows.expand_as(values).to(values.dtype)
+    return (values * rows).sum((-1, -2)) / rows.sum((-1, -2)).clamp_min(1.0)

@@ -15,7 +15,7 @@ from scipy.spatial.distance import jensenshannon
 from scipy.stats import entropy, kendalltau, spearmanr
 from sklearn.metrics import f1_score, roc_auc_score
 
-from attnaudit import metrics as M
+from attnaudit.algorithms import metrics as M
 
 LN2 = math.log(2.0)
 

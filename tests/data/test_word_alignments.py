@@ -9,7 +9,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attnaudit.data.alignment import (
+from attnaudit.data.types import Example
+from attnaudit.data.word_alignments import (
     BOS_ID,
     EOS_ID,
     PAD_ID,
@@ -26,7 +27,6 @@ from attnaudit.data.alignment import (
     tokenize,
     word_groups,
 )
-from attnaudit.data.types import Example
 from attnaudit.errors import AttnAuditError, AttnAuditWarning, InputError
 
 

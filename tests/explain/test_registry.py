@@ -21,8 +21,8 @@ from attnaudit.explain import (
     list_explanations,
     unregister,
 )
-from attnaudit.explain.base import memoised
 from attnaudit.explain.random import random_importance
+from attnaudit.explain.registry import memoised
 from attnaudit.models import ModelConfig, build_model
 from attnaudit.run import Run, TaskSpec
 

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from attnaudit.errors import AttnAuditError, InputError
-from attnaudit.experiments.base import EXPERIMENTS, Experiment, Result, discover, make_options, register, summarise
+from attnaudit.experiments.experiment import EXPERIMENTS, Experiment, Result, discover, make_options, register, summarise
 
 
 def test_result_save_load_and_frames(tmp_path: Path) -> None:
@@ -83,13 +83,13 @@ def test_each_tests_own_audit_and_demo_settings_are_options_it_has() -> None:
     registry = discover()
     for name, cls in registry.items():
         known = {f.name for f in fields(cls.Options)}
-        for values in (cls.audit_options, cls.audit_decoder_options, *cls.demo_options.values()):
+        for values in (cls.settings.options, cls.settings.decoder_options, *cls.settings.demo.values()):
             assert set(values) <= known, (name, set(values) - known)
             make_options(cls(), values)
-        make_options(cls(), {**cls.audit_options, **cls.audit_decoder_options})  # what a decoder audit builds
-        assert set(cls.demo_options) <= {"full", "quick"}, name
-    assert registry["importance"].audit_rank < 50 < registry["uniform"].audit_rank
-    assert registry["importance"].ranks_instances == "tau_attention_vs_gradient"
-    assert {n for n, c in registry.items() if c.audit_transformers_only} == {
+        make_options(cls(), {**cls.settings.options, **cls.settings.decoder_options})  # what a decoder audit builds
+        assert set(cls.settings.demo) <= {"full", "quick"}, name
+    assert registry["importance"].settings.rank < 50 < registry["uniform"].settings.rank
+    assert registry["importance"].settings.ranks_instances == "tau_attention_vs_gradient"
+    assert {n for n, c in registry.items() if c.settings.transformers_only} == {
         "activation-swap", "shuffle", "key-adversary", "random-keys", "opposite-keys"
     }

@@ -9,7 +9,7 @@ from entmax import sparsemax
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attnaudit import flow as F
+from attnaudit.algorithms import attention_graph as F
 from attnaudit.errors import AttnAuditError
 
 

@@ -37,11 +37,11 @@ import torch
 from scipy import stats
 from torch import Tensor
 
+from attnaudit.algorithms.metrics import kendall_tau
 from attnaudit.data.types import Batch
-from attnaudit.explain.base import hierarchical, item_mask
 from attnaudit.explain.loo import compact_items
-from attnaudit.metrics import kendall_tau
-from attnaudit.models.base import AttentionModel, evaluation
+from attnaudit.explain.registry import hierarchical, item_mask
+from attnaudit.models.interface import AttentionModel, evaluation
 
 BINS = (1.0, 5.0, 10.0, 20.0, 50.0)
 """DeYoung et al.'s AOPC bins, percent of the items."""

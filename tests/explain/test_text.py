@@ -27,7 +27,7 @@ from torch import nn
 from attnaudit import explain_text
 from attnaudit.errors import AttnAuditError, AttnAuditWarning
 from attnaudit.explain import EXPLANATIONS
-from attnaudit.explained import Explained
+from attnaudit.explain.text import Explained
 from attnaudit.hf import HFCollator, build_hf_model, load_hf
 from attnaudit.models.hf_model import HFModel
 from attnaudit.models.zeroshot import ZeroShotCollator, make_zero_shot
@@ -210,32 +210,3 @@ def test_real_smollm2_next_token() -> None:
     attention = torch.tensor(explained.attention)
     assert attention.shape == (30, 9, 5)
     torch.testing.assert_close(attention, torch.stack([w[0, :, -1] for w in theirs.attentions]), rtol=0, atol=1e-5)
-
-
-@pytest.mark.parametrize("family", ["bart", "t5"])
-def test_an_encoder_decoder_explains_its_next_target_token(family: str, tmp_path: Path) -> None:
-    """With a forced target prefix the decision is the next target token: its probability is HF's teacher-forced
-    one at the prefix's end, and leave-one-out is the total-variation change of that distribution when one
-    source token is removed (each recomputed here with HF's own forward)."""
-    from attnaudit.architectures import save_tiny
-
-    folder = save_tiny(family, tmp_path / family)
-    explained = explain_text(str(folder), "the film was very good", target="a good", methods=["attention", "loo", "gradient"])
-    model = load_hf(str(folder), device="cpu").model
-    tokenizer = model.tokenizer
-    source = tokenizer("the film was very good")["input_ids"]
-    target = [model.decoder_start, *tokenizer(text_target="a good", add_special_tokens=False)["input_ids"]]
-
-    def distribution(ids: list[int]) -> torch.Tensor:
-        with torch.no_grad():
-            logits = model.hf(input_ids=torch.tensor([ids]), decoder_input_ids=torch.tensor([target])).logits
-        return logits[0, -1].softmax(-1)
-
-    full = distribution(source)
-    assert explained.decision["kind"] == "next_token" and explained.decision["id"] == int(full.argmax())
-    assert explained.decision["probability"] == pytest.approx(float(full.max()), abs=1e-6)
-    assert len(explained.tokens) == len(source) and len(explained.attention) == model.config.extra["decoder_layers"]
-    removed = [0.5 * float((distribution(source[:j] + source[j + 1 :]) - full).abs().sum()) for j in range(len(source))]
-    assert explained.scores["loo"] == pytest.approx(removed, abs=1e-5)
-    with pytest.raises(AttnAuditError, match="give --target"):
-        explain_text(str(folder), "the film")

@@ -6,7 +6,8 @@ An experiment is a class registered with :func:`register` that declares
 * ``Options`` — a dataclass of its own options (defaults + ``metadata={"help": ...}``);
   the CLI builds ``attnaudit run <name>`` from it, so CLI and API cannot drift apart;
 * ``applies(run) -> str | None`` — why the test does not apply to this model, or None;
-* ``run(run, examples, options, seed) -> Result`` and ``plot(result, directory) -> [paths]``.
+* ``run(run, examples, options, seed) -> Result`` and ``plot(result, directory) -> [paths]``;
+* ``settings`` — an :class:`AuditSettings`: how the audit, the demo and the report use it.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import math
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar
@@ -105,6 +107,37 @@ def _check_result_parts(path: str | Path, data: dict[str, Any]) -> None:
     check_fields(path, data.get("meta", {}), optional={"notes": list, "options": dict, "audit": dict}, where="meta")
 
 
+@dataclass(frozen=True)
+class AuditSettings:
+    """How the audit, the demo and the report use a test: one value per test class, so that the class's
+    own attributes are what the test is (name, description, paper, what it needs)."""
+
+    rank: int = 50
+    """Where an audit runs this test: cheap tests first (below 50), tests without a rank (50)
+    next, the training-based ones last (above 50); ties by name."""
+    options: Mapping[str, Any] = field(default_factory=dict)
+    """Options an audit sets by default (small sizes for the tests that train models); --set overrides them."""
+    decoder_options: Mapping[str, Any] = field(default_factory=dict)
+    """Options an audit sets by default on a decoder-only LLM (over ``options``; --set overrides them):
+    smaller sizes where a test's cost grows with the 30-layer, 49k-vocabulary models (the SmolLM2 audit)."""
+    transformers_only: bool = False
+    """Whether an audit runs this test on stacked self-attention models only (it still runs on
+    any model it applies to with ``attnaudit run``)."""
+    demo: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    """The demo's options per size (``full``, ``quick``)."""
+    ranks_instances: str = ""
+    """The per-instance result column that orders instances from most to least faithful (the
+    report's heatmaps show both ends); empty when the test has none."""
+    instance_effects: Mapping[str, tuple[str, str]] = field(default_factory=dict)
+    """Per-instance result columns that say what the test did to one instance, each with a short
+    description and the sort order that puts the most striking instances first (``"desc"`` or
+    ``"asc"``): the report's explorer shows them and sorts instances by them."""
+    instance_attention: str = ""
+    """A result table with one row per instance (``index``) whose other columns are attention
+    distributions over the instance's real keys at the explained layer (e.g. the original and the
+    adversarial attention): the explorer draws them as token rows beside the test's numbers."""
+
+
 class Experiment:
     """Base class of a registered faithfulness test (see the module docstring)."""
 
@@ -122,30 +155,8 @@ class Experiment:
     runs each (tests/reliability/test_documented_commands.py), so each must name a run the test
     applies to, made by a documented command (``runs/sst``: ``attnaudit train --help``)."""
 
-    audit_rank: ClassVar[int] = 50
-    """Where an audit runs this test: cheap tests first (below 50), tests without a rank (50)
-    next, the training-based ones last (above 50); ties by name."""
-    audit_options: ClassVar[dict[str, Any]] = {}
-    """Options an audit sets by default (small sizes for the tests that train models); --set overrides them."""
-    audit_decoder_options: ClassVar[dict[str, Any]] = {}
-    """Options an audit sets by default on a decoder-only LLM (over ``audit_options``; --set overrides them):
-    smaller sizes where a test's cost grows with the 30-layer, 49k-vocabulary models (the SmolLM2 audit)."""
-    audit_transformers_only: ClassVar[bool] = False
-    """Whether an audit runs this test on stacked self-attention models only (it still runs on
-    any model it applies to with ``attnaudit run``)."""
-    demo_options: ClassVar[dict[str, dict[str, Any]]] = {}
-    """The demo's options per size (``full``, ``quick``)."""
-    ranks_instances: ClassVar[str] = ""
-    """The per-instance result column that orders instances from most to least faithful (the
-    report's heatmaps show both ends); empty when the test has none."""
-    instance_effects: ClassVar[dict[str, tuple[str, str]]] = {}
-    """Per-instance result columns that say what the test did to one instance, each with a short
-    description and the sort order that puts the most striking instances first (``"desc"`` or
-    ``"asc"``): the report's explorer shows them and sorts instances by them."""
-    instance_attention: ClassVar[str] = ""
-    """A result table with one row per instance (``index``) whose other columns are attention
-    distributions over the instance's real keys at the explained layer (e.g. the original and the
-    adversarial attention): the explorer draws them as token rows beside the test's numbers."""
+    settings: ClassVar[AuditSettings] = AuditSettings()
+    """How the audit, the demo and the report use this test (:class:`AuditSettings`; defaults when not set)."""
 
     @dataclass
     class Options:
@@ -230,7 +241,7 @@ def discover() -> dict[str, type[Experiment]]:
     import attnaudit.experiments as package
 
     for info in pkgutil.iter_modules(package.__path__):
-        if not info.name.startswith("_") and info.name != "base":
+        if not info.name.startswith("_") and info.name not in ("experiment", "common"):
             importlib.import_module(f"attnaudit.experiments.{info.name}")
     return dict(sorted(EXPERIMENTS.items()))
 
@@ -384,23 +395,6 @@ def run_test(
             result.figures = [str(p) for p in experiment.plot(result, directory)]
         result.save(directory)
     return result
-
-
-def save_figure(fig: Any, directory: Path, stem: str) -> list[Path]:
-    """Save a matplotlib figure as PNG and SVG (atomically) and close it."""
-    import matplotlib.pyplot as plt
-
-    paths = []
-    for ext in ("png", "svg"):
-        path = Path(directory) / f"{stem}.{ext}"
-
-        def write(tmp: Path, ext: str = ext) -> None:
-            fig.savefig(tmp, format=ext, dpi=130, bbox_inches="tight")
-
-        atomic_write(path, write)
-        paths.append(path)
-    plt.close(fig)
-    return paths
 
 
 def summarise(values: list[float]) -> dict[str, float]:

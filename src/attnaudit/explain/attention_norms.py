@@ -9,9 +9,9 @@ import torch
 from torch import Tensor
 
 from attnaudit.data.types import Batch
-from attnaudit.explain.base import explanation, on_items, query_row
-from attnaudit.explain.rollout import explained_record
-from attnaudit.models.base import AttentionLayer, AttentionModel
+from attnaudit.explain.attention_rollout import explained_record
+from attnaudit.explain.registry import explanation, on_items, query_row
+from attnaudit.models.interface import AttentionLayer, AttentionModel
 
 
 @dataclass

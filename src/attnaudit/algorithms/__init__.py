@@ -1,0 +1,1 @@
+"""Algorithms on tensors and arrays, no models: rank, divergence and task metrics; attention graphs (rollout, flow)."""

@@ -1,0 +1,166 @@
+"""Generated sequences explained token by token (``explain --generate`` / ``--target``), checked against
+transformers' own forward and autograd on tiny random decoders and encoder-decoders."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from attnaudit.errors import AttnAuditError
+from attnaudit.explain.generation import Generated, word_indices
+from attnaudit.explain.text import explain_text
+from attnaudit.hf import load_hf
+from attnaudit.progress import set_quiet
+
+set_quiet(True)
+
+PROMPT = "the film was very good"
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from attnaudit.architectures import save_tiny
+
+    return save_tiny("llama", tmp_path_factory.mktemp("gen") / "llama")
+
+
+def teacher_forced(hf: torch.nn.Module, ids: list[int]) -> torch.Tensor:
+    """Next-token distributions of transformers' eager forward at every position of ``ids``."""
+    hf.set_attn_implementation("eager")
+    try:
+        with torch.no_grad():
+            return hf(input_ids=torch.tensor([ids])).logits[0].softmax(-1)
+    finally:
+        hf.set_attn_implementation("attnaudit")
+
+
+def test_greedy_generation_matches_transformers_and_each_step_is_its_distribution(llama: Path) -> None:
+    generated = explain_text(str(llama), PROMPT, methods=["attention", "gradient"], generate=4)
+    assert isinstance(generated, Generated)
+    model = load_hf(str(llama), device="cpu").model
+    prompt = model.tokenizer(PROMPT)["input_ids"]
+    ids = [step["id"] for step in generated.steps]
+    model.hf.set_attn_implementation("eager")
+    try:
+        with torch.no_grad():
+            theirs = model.hf.generate(torch.tensor([prompt]), max_new_tokens=len(ids), do_sample=False, min_new_tokens=len(ids))
+    finally:
+        model.hf.set_attn_implementation("attnaudit")
+    assert ids == theirs[0, len(prompt) :].tolist()
+    probs = teacher_forced(model.hf, prompt + ids)
+    for t, step in enumerate(generated.steps):
+        row = probs[len(prompt) + t - 1]
+        assert step["probability"] == pytest.approx(float(row[ids[t]]), abs=1e-5)
+        assert step["entropy"] == pytest.approx(float(-(row * row.log()).sum()), abs=1e-4)
+        assert [item["position"] for item in generated.items[t]] == list(range(len(prompt) + t))
+        assert len(generated.scores["gradient"][t]) == len(prompt) + t
+    frame = generated.frame()
+    assert set(frame["side"]) == {"source", "target"} and len(frame) == 2 * sum(len(i) for i in generated.items)
+
+
+def test_a_forced_token_is_explained_as_written_and_a_contrast_as_a_difference(llama: Path) -> None:
+    """input_gradient of step t is |Σ_d ∂z_y/∂e| of the forced token's logit (not the argmax's), and with a contrast
+    of ∂(z_y − z_c); computed here with transformers' eager forward and autograd."""
+    model = load_hf(str(llama), device="cpu").model
+    tokenizer = model.tokenizer
+    target, contrast = " bad film", " good movie"
+    forced = explain_text(str(llama), PROMPT, methods=["input_gradient"], target=target)
+    contrasted = explain_text(str(llama), PROMPT, methods=["input_gradient"], target=target, contrast=contrast)
+    prompt = tokenizer(PROMPT)["input_ids"]
+    ys = tokenizer(target, add_special_tokens=False)["input_ids"]
+    cs = tokenizer(contrast, add_special_tokens=False)["input_ids"]
+    model.hf.set_attn_implementation("eager")
+    try:
+        for t, (y, c) in enumerate(zip(ys, cs)):
+            ids = torch.tensor([prompt + ys[:t]])
+            for result, foil in ((forced, None), (contrasted, c)):
+                embeddings = model.hf.get_input_embeddings()(ids).detach().requires_grad_(True)
+                logits = model.hf(inputs_embeds=embeddings).logits[0, -1]
+                score = logits[y] - (logits[foil] if foil is not None else 0)
+                (grad,) = torch.autograd.grad(score, embeddings)
+                expected = grad[0].sum(-1).abs()
+                assert result.scores["input_gradient"][t] == pytest.approx(expected.tolist(), rel=1e-4, abs=1e-6)
+    finally:
+        model.hf.set_attn_implementation("attnaudit")
+    assert [s["id"] for s in forced.steps] == ys and [s["contrast_id"] for s in contrasted.steps] == cs
+    assert contrasted.meta["explained"] == "p(target token) - p(contrast token)"
+
+
+def test_the_text_reaches_the_tokenizer_as_written(llama: Path) -> None:
+    text = "the film\nwas  very\tgood"
+    generated = explain_text(str(llama), text, methods=["attention"], generate=1)
+    single = explain_text(str(llama), text, methods=["attention"])
+    tokenizer = load_hf(str(llama), device="cpu").model.tokenizer
+    assert single.token_ids == tokenizer(text)["input_ids"]
+    assert [item["position"] for item in generated.items[0]] == list(range(len(single.token_ids)))
+
+
+@pytest.mark.parametrize("family", ["bart", "t5"])
+def test_an_encoder_decoder_explains_each_target_token_over_the_source(family: str, tmp_path: Path) -> None:
+    """Each step's probability is transformers' teacher-forced one, and leave-one-out is the total-variation
+    change of that step's distribution when one source token is removed (recomputed with HF's forward)."""
+    from attnaudit.architectures import save_tiny
+
+    folder = save_tiny(family, tmp_path / family)
+    generated = explain_text(str(folder), PROMPT, target="a good", methods=["attention", "loo", "gradient"])
+    model = load_hf(str(folder), device="cpu").model
+    tokenizer = model.tokenizer
+    source = tokenizer(PROMPT)["input_ids"]
+    ys = tokenizer(text_target="a good", add_special_tokens=False)["input_ids"]
+
+    def distribution(ids: list[int], t: int) -> torch.Tensor:
+        with torch.no_grad():
+            logits = model.hf(input_ids=torch.tensor([ids]), decoder_input_ids=torch.tensor([[model.decoder_start, *ys[:t]]])).logits
+        return logits[0, -1].softmax(-1)
+
+    assert [s["id"] for s in generated.steps] == ys
+    for t, step in enumerate(generated.steps):
+        full = distribution(source, t)
+        assert step["probability"] == pytest.approx(float(full[ys[t]]), abs=1e-6)
+        assert {item["side"] for item in generated.items[t]} == {"source"} and len(generated.items[t]) == len(source)
+        removed = [0.5 * float((distribution(source[:j] + source[j + 1 :], t) - full).abs().sum()) for j in range(len(source))]
+        assert generated.scores["loo"][t] == pytest.approx(removed, abs=1e-5)
+    greedy = explain_text(str(folder), PROMPT, generate=2, methods=["attention"])
+    assert isinstance(greedy, Generated) and 1 <= len(greedy.target) <= 2
+    with pytest.raises(AttnAuditError, match="give --generate N or --target TEXT"):
+        explain_text(str(folder), PROMPT)
+
+
+def test_sampling_is_seeded_and_words_merge_their_pieces(llama: Path) -> None:
+    runs = [explain_text(str(llama), PROMPT, methods=["attention"], generate=3, sample=True, seed=s) for s in (1, 1, 2)]
+    assert runs[0].target == runs[1].target
+    assert runs[0].meta["mode"] == "sampled"
+    assert word_indices(["The", " capital", " of", "Fr", "ance", "\n", "\n", "The"]) == [0, 1, 2, 2, 2, 3, 4, 5]
+    generated = runs[0]
+    words = generated.words("max")
+    assert set(words["aggregation"]) == {"max"} and len(words) <= len(generated.frame())
+
+
+def test_cli_writes_the_files_and_refuses_bad_sequences_in_one_line(llama: Path, tmp_path: Path) -> None:
+    from tests.reliability.helpers import cli
+
+    out = tmp_path / "gen"
+    result = cli("explain", "--hf", str(llama), "--text", PROMPT, "--generate", "2", "--method", "attention,gradient",
+                  "--aggregate", "sum", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    data = json.loads((out / "generation.json").read_text())
+    assert len(data["steps"]) == len(data["target"]) and set(data["scores"]) == {"attention", "gradient"}
+    assert (out / "generation.csv").exists() and (out / "generation-words.csv").exists() and (out / "generation-gradient.png").exists()
+    bad = {
+        ("--text", "", "--generate", "2"): "--text is empty",
+        ("--text", PROMPT, "--generate", "0"): "--generate must be at least 1",
+        ("--text", PROMPT, "--generate", "2", "--target", "good"): "not both",
+        ("--text", PROMPT, "--target", "zzzunknownword"): "cannot encode",
+        ("--text", PROMPT, "--target", " good film", "--contrast", " bad"): "as many tokens",
+        ("--text", PROMPT, "--contrast", " bad"): "--contrast needs",
+        ("--text", PROMPT, "--generate", "2", "--aggregate", "median"): "--aggregate must be one of",
+    }
+    for args, message in bad.items():
+        target = tmp_path / "bad"
+        result = cli("explain", "--hf", str(llama), *args, "--out", str(target))
+        assert result.returncode == 2, (args, result.stderr)
+        assert message in result.stderr and "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+        assert not target.exists()
