@@ -3,7 +3,8 @@
 For each of the tiny random models of :mod:`attnaudit.architectures` (48 families: decoders, encoders,
 encoder-decoders): :func:`attnaudit.architectures.check` (captured weights, logits, a weight replacement
 and a restart against transformers' own eager forward), then, from a saved folder as a user would pass
-it, ``attnaudit explain`` and an audit of every test that applies among ``importance``, ``permutation``
+it, ``attnaudit explain`` (decoders: two generated tokens; encoder-decoders: each token of a forced target)
+and an audit of every test that applies among ``importance``, ``permutation``
 and ``erasure`` (encoder-decoders: ``alignment`` and ``identifiability`` on a tiny German–English set).
 Writes ``benchmarks/results/architectures.json``; ``python -m benchmarks.table`` puts its summary in the
 README (the models table). ``tests/test_architectures.py`` runs the same checks in ``make test``.

@@ -11,14 +11,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from attnaudit.io import read_json
-from attnaudit.training.trainer import train
-from benchmarks.common import RESULTS, RUNS, write_result
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `benchmarks.common` when run as a script
+
+from attnaudit.io import read_json  # noqa: E402
+from attnaudit.training.trainer import train  # noqa: E402
+from benchmarks.common import RESULTS, RUNS, write_result  # noqa: E402
 
 # name -> (task, model, options, metric split, metric key, target, published, source)
 JOBS: dict[str, dict[str, Any]] = {

@@ -70,17 +70,47 @@ ROWS = (
 
 LRP_PEER = "lxt 2.1 (own venv), one unpadded input at a time"
 LRP_METHODS = {"attnlrp": "AttnLRP", "cp_lrp": "CP-LRP"}
+INSEQ_PEER = "inseq 0.7.1 (own venv, a persistent worker), generation included"
+INSEQ_METHODS = {
+    "saliency": "inseq `saliency` vs `input_gradient` (probability, L2)",
+    "integrated_gradients": "inseq IG ({ig_steps} steps) vs `ig` (UNK baseline, L2)",
+    "attention": "inseq `attention` vs `attention` (timed; compared: all-layer mean)",
+}
+INSEQ_MODELS = {"smollm2": "SmolLM2", "marian": "tiny Marian"}
 
 
 def load(folder: Path = RESULTS) -> dict[str, dict[str, Any]]:
     """Every result file of :data:`ROWS` and ``training.json`` that exists, by stem, and the rows of
-    ``lrp.json`` (:func:`lrp_results`)."""
+    ``lrp.json`` (:func:`lrp_results`) and of ``inseq_comparison.json`` (:func:`inseq_results`)."""
     stems = [row.stem for row in ROWS] + ["training"]
     results = {stem: json.loads((folder / f"{stem}.json").read_text(encoding="utf-8"))
                for stem in stems if (folder / f"{stem}.json").exists()}
     if (folder / "lrp.json").exists():
         results.update(lrp_results(json.loads((folder / "lrp.json").read_text(encoding="utf-8"))))
+    if (folder / "inseq_comparison.json").exists():
+        results.update(inseq_results(json.loads((folder / "inseq_comparison.json").read_text(encoding="utf-8"))))
     return results
+
+
+def inseq_results(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """``benchmarks/compare_inseq.py``'s result as one row per model and method (stem ``inseq:<model>:<method>``):
+    per round, the time of all prompts (each explained with its generated tokens) by inseq over ours, both
+    times, whether the tokens and the matched attributions agree, and the machine."""
+    rows = {}
+    for model in data["models"]:
+        n = len(model["prompts"])
+        tokens = max(len(e["ours_generated_ids"]) for r in model["prompts"] for e in r["methods"].values())
+        for method, timing in model["timing"].items():
+            agreement = model["agreement"][method]
+            label = INSEQ_METHODS.get(method, f"inseq `{method}`").format(**data)
+            rows[f"inseq:{model['name']}:{method}"] = {
+                "label": f"{label}, {INSEQ_MODELS.get(model['name'], model['name'])}, {n} SST-2 prompts × {tokens} generated tokens",
+                "timing": timing,
+                "agree": agreement["agree"] and agreement["prompts_with_same_tokens"] == agreement["prompts"],
+                "max_abs_diff": agreement["max_abs_diff"],
+                **{key: data[key] for key in ("machine", "command", "commit")},
+            }
+    return rows
 
 
 def lrp_results(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -129,6 +159,7 @@ def table_rows(results: dict[str, dict[str, Any]]) -> list[str]:
         "|---|---|---|---|---|---|---|",
     ]
     extra = [Row(stem, results[stem]["label"], LRP_PEER) for stem in results if stem.startswith("lrp:")]
+    extra += [Row(stem, results[stem]["label"], INSEQ_PEER) for stem in results if stem.startswith("inseq:")]
     for row in (*ROWS, *extra):
         data = results.get(row.stem)
         if data is None:

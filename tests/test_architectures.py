@@ -11,6 +11,7 @@ for the README's models table.
 from __future__ import annotations
 
 import csv
+import json
 import shlex
 from pathlib import Path
 
@@ -66,6 +67,9 @@ def test_explain_and_audit_end_to_end(model_type: str, inputs: tuple[Path, Path]
         tests = {row["test"] for row in csv.DictReader(handle) if row["statistic"] not in ("skipped", "error")}
     expected = {"alignment", "identifiability"} if ARCHITECTURES[model_type] == "encoder-decoder" else {"importance", "permutation", "erasure"}
     assert expected <= tests
+    if ARCHITECTURES[model_type] != "encoder":  # a generated (decoder) or forced (encoder-decoder) sequence, step by step
+        steps = json.loads((Path(f"{folder}-explain") / "generation.json").read_text())["steps"]
+        assert 1 <= len(steps) <= 2 and all(0 <= step["probability"] <= 1 for step in steps)
 
 
 @pytest.mark.parametrize("model_type", list_architectures("decoder") + list_architectures("encoder"))

@@ -307,7 +307,8 @@ def write_reviews(folder: Path) -> Path:
 
 
 def end_to_end(model_type: str, folder: Path, reviews: Path, data_dir: Path) -> list[str]:
-    """``attnaudit explain`` and ``attnaudit audit`` command lines for a saved tiny ``model_type`` (placeholders filled)."""
+    """``attnaudit explain`` and ``attnaudit audit`` command lines for a saved tiny ``model_type`` (placeholders filled):
+    a decoder explains two generated tokens, an encoder-decoder each token of a forced target, an encoder its class."""
     kind = ARCHITECTURES[model_type]
     if kind == "encoder-decoder":
         return [
@@ -317,7 +318,7 @@ def end_to_end(model_type: str, folder: Path, reviews: Path, data_dir: Path) -> 
         ]
     zero_shot = f" --prompt '{PROMPT}' --verbalizer '{VERBALIZER}'" if kind == "decoder" else ""
     return [
-        f"explain --hf {folder} --text 'the film was good' --out {folder}-explain",
+        f"explain --hf {folder} --text 'the film was good'{' --generate 2' if kind == 'decoder' else ''} --out {folder}-explain",
         f"audit --hf {folder} --task csv:{reviews}{zero_shot} --only importance,permutation,erasure --limit 6 "
         f"--no-figures --explore 0 --quiet --out {folder}-audit",
     ]

@@ -338,6 +338,16 @@ def explain(
     aggregate: Annotated[
         str | None, typer.Option(help="With --generate/--target: also merge each word's subword scores by sum, mean or max (generation-words.csv).")
     ] = None,
+    reduction: Annotated[
+        str | None,
+        typer.Option(help="Gradient methods: a token's score from its per-dimension values: abs_sum, l2 or sum (signed); default: each method's."),
+    ] = None,
+    score: Annotated[
+        str | None, typer.Option(help="Gradient methods: differentiate the probability or the logit (default: each method's own).")
+    ] = None,
+    baseline: Annotated[
+        str | None, typer.Option(help="ig's baseline: zero (default) or the embedding of the unk, pad, mask or eos token.")
+    ] = None,
     data_dir: DataDir = None,
     device: Device = "auto",
     quiet: Quiet = False,
@@ -358,6 +368,8 @@ def explain(
     attnaudit explain --hf smollm2 --text "The capital of France is" --generate 5 --method attention,input_gradient --out explanations/generated
 
     attnaudit explain --hf smollm2 --text "The capital of France is" --target " Paris" --contrast " Lyon" --method gradient
+
+    attnaudit explain --hf smollm2 --text "The capital of France is" --target " Paris" --method input_gradient,ig --steps 4 --score probability --reduction l2 --baseline unk
     """  # noqa: E501 (example commands stay on one line)
     from attnaudit.explain.generation import Generated
     from attnaudit.explain.text import decision_line, explain_text
@@ -371,6 +383,7 @@ def explain(
         hf if hf is not None else _run_dir(run), text.replace("\\n", "\n"), _names(method), out, prompt=prompt, verbalizer=verbalizer,
         max_length=max_length, seed=seed, steps=steps, device=device, data_dir=data_dir, dtype=dtype, target=target,
         generate=generate, contrast=contrast, sample=sample, aggregate=aggregate,
+        options={k: v for k, v in {"reduction": reduction, "score": score, "baseline": baseline}.items() if v is not None},
     )
     if isinstance(result, Generated):
         _print_generated(result, quiet, out, aggregate)
@@ -683,6 +696,7 @@ def _make_run_command(name: str, experiment: Any) -> None:
 
     def command(**kwargs: Any) -> None:
         from attnaudit.experiments import run_test
+        from attnaudit.experiments.experiment import get_experiment
 
         set_quiet(kwargs.pop("quiet"))
         run_dir, hf, task = kwargs.pop("run_dir"), kwargs.pop("hf"), kwargs.pop("task")
@@ -699,8 +713,9 @@ def _make_run_command(name: str, experiment: Any) -> None:
         if hf:
             from attnaudit.hf import load_hf
 
-            if not task:
-                raise AttnAuditError("--hf needs --task (the data to run the test on)")
+            own = get_experiment(name).own_inputs
+            if not task and not (own and kwargs.get(own)):
+                raise AttnAuditError("--hf needs --task (the data to run the test on)" + (f" or --{own.replace('_', '-')}" if own else ""))
             if not common["out"]:
                 raise AttnAuditError("--hf needs --out (where to write results)")
             target: Any = load_hf(hf, task=task, data_dir=common["data_dir"], device=common["device"], **zero_shot)

@@ -411,3 +411,22 @@ def test_an_unknown_column_suggests_the_closest(tmp_path: Path) -> None:
         read_table(path)
     with pytest.raises(InputError, match="did you mean 'sentence'"):
         read_table(path, text_col="sentense")
+
+
+def test_read_prompts_keeps_the_text_as_written(tmp_path: Path) -> None:
+    from attnaudit.data.readers import read_prompts
+
+    jsonl = tmp_path / "p.jsonl"
+    jsonl.write_text('{"prompt": "a\\n  b\\tc", "target": " d"}\n\n{"text": "e\\u0000f"}\n')
+    plain = tmp_path / "p.txt"
+    plain.write_text("Review: good\\nSentiment:\n\n")
+    with pytest.warns(AttnAuditWarning, match="control character"):
+        first, second = read_prompts(jsonl)
+    assert first.meta["text"] == "a\n  b\tc" and first.meta["target"] == " d" and first.meta["source"].endswith("p.jsonl:1")
+    assert second.meta["text"] == "ef" and second.meta["target"] is None
+    (only,) = read_prompts(plain)
+    assert only.meta["text"] == "Review: good\nSentiment:"
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "x", "target": 3}\n')
+    with pytest.raises(InputError, match="bad.jsonl:1: 'target' must be a non-empty string"):
+        read_prompts(bad)

@@ -1,12 +1,19 @@
-"""Integrated Gradients: completeness (signed attributions sum to f(x) − f(0)) on every family."""
+"""Integrated Gradients: completeness (signed attributions sum to f(x) − f(x')) on every family, from the zero
+baseline and from a token's embedding, for the probability and the logit; the L2 reduction against a hand-written integral."""
 
 from __future__ import annotations
+
+from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 import torch
 
+from attnaudit.data.types import Batch
+from attnaudit.data.vocab import Vocab
 from attnaudit.errors import AttnAuditError
-from attnaudit.explain.ig import integrated_gradients
+from attnaudit.explain.ig import baseline_embeddings, integrated_gradients
+from attnaudit.hf import load_hf
 
 
 @pytest.mark.parametrize("family", ["bilstm", "cnn", "average", "transformer", "han", "pair-transformer"])
@@ -35,3 +42,82 @@ def test_steps_must_be_positive(runs: dict) -> None:
     run, batch = runs["bilstm"]
     with pytest.raises(AttnAuditError, match="steps >= 1"):
         integrated_gradients(run, batch, steps=0)
+
+
+def reference_value(model: torch.nn.Module, batch: Batch, embeddings: torch.Tensor, pred: torch.Tensor, score: str) -> torch.Tensor:
+    out = model(batch, embeddings=embeddings)
+    return (out.probs if score == "probability" else out.logits).gather(1, pred)[:, 0]
+
+
+@pytest.mark.parametrize("family", ["bilstm", "transformer", "han", "pair-transformer"])
+@pytest.mark.parametrize("score", ["probability", "logit"])
+def test_completeness_from_the_unk_baseline(runs: dict, family: str, score: str) -> None:
+    """``baseline="unk"``, ``reduction="sum"``: a row sums to f(x) − f(x') with x' every passage token's ``<unk>``
+    embedding (a pair model's question unchanged), for the probability and the logit."""
+    run, batch = runs[family]
+    model = run.model.eval()
+    signed = integrated_gradients(run, batch, steps=50, reduction="sum", score=score, baseline="unk")
+    with torch.no_grad():
+        pred = model(batch).probs.argmax(-1, keepdim=True)
+        unk = replace(batch, tokens=torch.full_like(batch.tokens, Vocab.unk_id))
+        reference = model.embed(batch).clone()
+        t = batch.tokens.shape[1]
+        reference[:, :t] = model.embed(unk)[:, :t]
+        expected = reference_value(model, batch, model.embed(batch), pred, score) - reference_value(model, batch, reference, pred, score)
+    torch.testing.assert_close(signed.sum(1), expected, atol=1e-3 if score == "probability" else 1e-2, rtol=0)
+
+
+def test_l2_is_the_norm_of_a_hand_written_integral(runs: dict) -> None:
+    """``reduction="l2"`` with the ``unk`` baseline (inseq's IG): ‖(e − e') ⊙ mean_α ∂ŷ/∂e(e' + α(e − e'))‖₂ per
+    token, against a plain midpoint rule of 400 steps; ``abs_sum`` is the |Σ_d| of the same attributions."""
+    run, batch = runs["transformer"]
+    model = run.model.eval()
+    ours = integrated_gradients(run, batch, steps=50, reduction="l2", baseline="unk")
+    absolute = integrated_gradients(run, batch, steps=50, baseline="unk")
+    with torch.no_grad():
+        pred = model(batch).probs.argmax(-1, keepdim=True)
+        x = model.embed(batch)
+        x0 = model.embed(replace(batch, tokens=torch.full_like(batch.tokens, Vocab.unk_id)))
+    total = torch.zeros_like(x)
+    n = 400
+    for k in range(n):
+        point = (x0 + (k + 0.5) / n * (x - x0)).requires_grad_(True)
+        (grad,) = torch.autograd.grad(model(batch, embeddings=point).probs.gather(1, pred).sum(), point)
+        total += grad
+    per_dim = (x - x0) * total / n * batch.mask[..., None]
+    torch.testing.assert_close(ours, per_dim.norm(dim=-1), atol=2e-4, rtol=1e-2)
+    torch.testing.assert_close(absolute, per_dim.sum(-1).abs(), atol=2e-4, rtol=1e-2)
+
+
+def test_token_baselines_of_a_hugging_face_encoder(tiny_hf: SimpleNamespace) -> None:
+    """An HF model's baseline is its tokenizer's token's input embedding, before positions and token types
+    (added inside the model), the same vector at every position; completeness holds from it; a token the
+    tokenizer lacks is a one-line error."""
+    run = load_hf(tiny_hf.dir, task=tiny_hf.task(), device="cpu")
+    model = run.model.eval()
+    batch = next(run.batches(run.data().test, 8))
+    table = model.hf.get_input_embeddings().weight
+    tokenizer = model.tokenizer
+    for name in ("unk", "pad", "mask"):
+        vectors = baseline_embeddings(model, batch, name)
+        torch.testing.assert_close(vectors, table[getattr(tokenizer, f"{name}_token_id")].expand_as(vectors))
+    signed = integrated_gradients(run, batch, steps=50, reduction="sum", baseline="mask")
+    with torch.no_grad():
+        pred = model(batch).probs.argmax(-1, keepdim=True)
+        fx = reference_value(model, batch, model.embed(batch), pred, "probability")
+        f0 = reference_value(model, batch, baseline_embeddings(model, batch, "mask"), pred, "probability")
+    torch.testing.assert_close(signed.sum(1), fx - f0, atol=1e-3, rtol=0)
+    no_eos = r"^ig baseline 'eos': this model's tokenizer has no eos token; choose zero or another of unk, pad, mask, eos$"
+    with pytest.raises(AttnAuditError, match=no_eos):
+        integrated_gradients(run, batch, steps=2, baseline="eos")
+
+
+def test_bad_options_are_one_line(runs: dict) -> None:
+    run, batch = runs["bilstm"]
+    with pytest.raises(AttnAuditError, match=r"^unknown baseline 'unknown'; did you mean 'unk'\? \(choose from zero, unk, pad, mask, eos\)$"):
+        integrated_gradients(run, batch, steps=2, baseline="unknown")
+    with pytest.raises(AttnAuditError, match="this model's vocabulary has no mask token"):
+        integrated_gradients(run, batch, steps=2, baseline="mask")
+    with pytest.raises(AttnAuditError, match=r"absolute=False is reduction='sum'; it does not combine with reduction='l2'"):
+        integrated_gradients(run, batch, steps=2, absolute=False, reduction="l2")
+    torch.testing.assert_close(integrated_gradients(run, batch, steps=4, absolute=False), integrated_gradients(run, batch, steps=4, reduction="sum"))

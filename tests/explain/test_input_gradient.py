@@ -1,11 +1,14 @@
-"""Abnar & Zuidema's input gradient against autograd of the predicted logit, one instance at a time."""
+"""Abnar & Zuidema's input gradient against autograd of the predicted logit (or probability, each reduction), one instance at a time."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from types import SimpleNamespace
 
+import pytest
 import torch
 
+from attnaudit.errors import AttnAuditError
 from attnaudit.explain.gradient import gradient_importance
 from attnaudit.explain.input_gradient import input_gradient
 from attnaudit.hf import load_hf
@@ -35,3 +38,42 @@ def test_on_a_hugging_face_encoder_it_is_the_gradient_of_the_predicted_logit(tin
     logits.gather(1, logits.argmax(-1, keepdim=True)).sum().backward()
     expected = emb.grad.sum(-1).abs() * batch.mask
     torch.testing.assert_close(input_gradient(run, batch), expected)
+
+
+@pytest.mark.parametrize("score", ["probability", "logit"])
+def test_reductions_and_scores_are_those_of_autograd(runs: dict, score: str) -> None:
+    """``score="probability", reduction="l2"`` is ‖∂ŷ/∂e‖₂ per token (inseq's saliency before it normalises over
+    tokens: |·| elementwise, then the L2 norm); ``sum`` is the signed Σ_d; with a contrast, s = v_ŷ − v_c."""
+    run, batch = runs["transformer"]
+    model = run.model.eval()
+    with torch.no_grad():
+        predicted = model(batch).logits.argmax(-1)
+    contrastive = replace(batch, contrast=1 - predicted)
+    l2 = input_gradient(run, batch, reduction="l2", score=score)
+    signed = input_gradient(run, batch, reduction="sum", score=score)
+    versus = input_gradient(run, contrastive, reduction="sum", score=score)
+    for b in (0, 3, len(batch) - 1):
+        alone = run.collate([batch.examples[b]])
+        n = int(alone.mask.sum())
+        grads = []
+        for foil in (None, int(1 - predicted[b])):
+            emb = model.embed(alone).detach().requires_grad_(True)
+            out = model(alone, embeddings=emb)
+            values = (out.probs if score == "probability" else out.logits)[0]
+            (values[int(predicted[b])] - (values[foil] if foil is not None else 0)).backward()
+            grads.append(emb.grad[0, :n])
+        torch.testing.assert_close(l2[b, :n], grads[0].abs().norm(dim=-1), atol=1e-7, rtol=1e-4)
+        torch.testing.assert_close(signed[b, :n], grads[0].sum(-1), atol=1e-7, rtol=1e-4)
+        torch.testing.assert_close(versus[b, :n], grads[1].sum(-1), atol=1e-6, rtol=1e-4)
+        assert (l2[b, n:] == 0).all()
+    default = input_gradient(run, batch)
+    torch.testing.assert_close(default, input_gradient(run, batch, reduction="abs_sum", score="logit"))  # the defaults
+    torch.testing.assert_close(default, input_gradient(run, batch, reduction="sum").abs())
+
+
+def test_bad_names_are_one_line(runs: dict) -> None:
+    run, batch = runs["transformer"]
+    with pytest.raises(AttnAuditError, match=r"^unknown score 'logits'; did you mean 'logit'\? \(choose from probability, logit\)$"):
+        input_gradient(run, batch, score="logits")
+    with pytest.raises(AttnAuditError, match=r"^unknown reduction 'L1' \(choose from abs_sum, l2, sum\)$"):
+        input_gradient(run, batch, reduction="L1")

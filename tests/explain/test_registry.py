@@ -118,9 +118,12 @@ def test_choose_keeps_order_drops_repeats_and_names_the_option() -> None:
 def test_listing_order_defaults_and_options() -> None:
     assert list(EXPLANATIONS)[:6] == ["attention", "gradient", "loo", "ig", "rollout", "norms"]
     assert default_names() == ["attention", "gradient", "loo", "ig", "rollout", "norms"]
-    assert EXPLANATIONS["ig"].options == ("steps", "absolute")
+    assert EXPLANATIONS["ig"].options == ("steps", "absolute", "reduction", "score", "baseline")
     assert EXPLANATIONS["random"].options == ("seed",)
-    assert EXPLANATIONS["gradient"].options == ()
+    assert EXPLANATIONS["gradient"].options == ("reduction", "score")
+    assert EXPLANATIONS["loo"].options == ()
+    # the values a call uses: those offered, else the defaults (what explain_text records as meta["definitions"])
+    assert EXPLANATIONS["input_gradient"].settings({"reduction": "l2", "steps": 3}) == {"reduction": "l2", "score": "logit"}
 
 
 def test_registering_a_method_adds_it_in_order_and_unregistering_removes_it(runs: dict, dummy: str) -> None:

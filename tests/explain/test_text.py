@@ -210,3 +210,38 @@ def test_real_smollm2_next_token() -> None:
     attention = torch.tensor(explained.attention)
     assert attention.shape == (30, 9, 5)
     torch.testing.assert_close(attention, torch.stack([w[0, :, -1] for w in theirs.attentions]), rtol=0, atol=1e-5)
+
+
+def test_options_reach_the_methods_that_take_them_and_are_recorded(lm: SimpleNamespace) -> None:
+    """``options`` is offered to every method, each taking those in its signature; ``meta["definitions"]`` records the
+    values each computed method used (its defaults for the rest), for one decision and for a forced sequence."""
+    options = {"reduction": "l2", "score": "probability", "baseline": "unk"}
+    explained = explain_text(lm.run, TEXT, methods=["attention", "input_gradient", "ig"], steps=4, options=options)
+    assert explained.meta["definitions"] == {
+        "attention": {"layer": None, "head": None},
+        "input_gradient": {"reduction": "l2", "score": "probability"},
+        "ig": {"steps": 4, "absolute": True, "reduction": "l2", "score": "probability", "baseline": "unk"},
+    }
+    default = explain_text(lm.run, TEXT, methods=["input_gradient"])
+    assert default.meta["definitions"] == {"input_gradient": {"reduction": "abs_sum", "score": "logit"}}
+    embeddings = lm.reference.get_input_embeddings()(lm.ids).detach().requires_grad_(True)
+    probs = torch.softmax(lm.reference(inputs_embeds=embeddings).logits[0, -1], -1)
+    probs.max().backward()  # HF's own forward: ‖∂ŷ/∂e‖₂ per token
+    torch.testing.assert_close(torch.tensor(explained.scores["input_gradient"]), embeddings.grad[0].norm(dim=-1), rtol=1e-4, atol=1e-8)
+    assert all(v >= 0 for v in explained.scores["ig"])
+    generated = explain_text(lm.run, TEXT, methods=["input_gradient"], target="good .", options={"reduction": "sum"})
+    assert generated.meta["definitions"] == {"input_gradient": {"reduction": "sum", "score": "logit"}}
+    assert any(v < 0 for row in generated.scores["input_gradient"] for v in row)  # signed
+
+
+def test_bad_options_fail_before_any_work(lm: SimpleNamespace, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    with pytest.raises(AttnAuditError, match=r"^options: unknown option 'reductoin'; did you mean 'reduction'\? \(choose from .*baseline.*\)$"):
+        explain_text(lm.run, TEXT, out=out, options={"reductoin": "l2"})
+    with pytest.raises(AttnAuditError, match=r"^unknown score 'logits'; did you mean 'logit'\?"):
+        explain_text(lm.run, TEXT, out=out, options={"score": "logits"})
+    with pytest.raises(AttnAuditError, match=r"^options: give steps as its own parameter"):
+        explain_text(lm.run, TEXT, out=out, options={"steps": 3})
+    assert not out.exists()
+    with pytest.warns(AttnAuditWarning, match="option 'baseline' is taken by none of the methods computed .attention.; it applies to ig"):
+        explain_text(lm.run, TEXT, methods=["attention"], options={"baseline": "unk"})

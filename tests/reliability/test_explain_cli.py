@@ -127,3 +127,20 @@ def test_names_take_dash_and_underscore_alike_and_suggest_the_closest(trained: R
     line = assert_clean_failure(cli("audit", "--run", trained.path, "--only", "erasure", "--skip", "erasure", "--out", tmp_path / "b"),
                                 "no test left to run", out=tmp_path / "b")
     assert not (tmp_path / "b").exists()
+
+
+def test_definition_options(llama_lm: Path, tmp_path: Path) -> None:  # noqa: F811
+    """--reduction/--score/--baseline reach the gradient methods and are recorded per method; a bad value is one line."""
+    out = tmp_path / "out"
+    proc = cli("explain", "--hf", llama_lm, "--text", TEXT, "--method", "input_gradient,ig", "--steps", "2", "--reduction", "l2",
+               "--score", "probability", "--baseline", "unk", "--out", out, "--quiet")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = json.loads((out / "explanation.json").read_text())
+    assert data["meta"]["definitions"] == {
+        "input_gradient": {"reduction": "l2", "score": "probability"},
+        "ig": {"steps": 2, "absolute": True, "reduction": "l2", "score": "probability", "baseline": "unk"},
+    }
+    for flag, value, words in (("--reduction", "l3", "unknown reduction 'l3'"), ("--score", "prob", "unknown score 'prob'"),
+                               ("--baseline", "bos", "unknown baseline 'bos'")):
+        proc = cli("explain", "--hf", llama_lm, "--text", TEXT, flag, value, "--out", tmp_path / "bad")
+        assert "choose from" in assert_clean_failure(proc, words, out=tmp_path / "bad")

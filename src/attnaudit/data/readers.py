@@ -793,3 +793,45 @@ def read_hf(
     if dropped:
         warn(f"hf:{name} split {split!r}: dropped {dropped} unlabelled rows")
     return examples
+
+
+def read_prompts(path: str | Path) -> list[Example]:
+    """Prompts to generate from, each kept as written (``meta["text"]``; ``meta["target"]``: a forced continuation).
+
+    ``.jsonl``: one object a line with a ``prompt`` (or ``text``) string and an optional ``target`` string; any
+    other file: one prompt a line, ``\\n`` typed in it a newline. Control characters other than newlines and
+    tabs are removed (with one warning), blank lines skipped."""
+    examples: list[Example] = []
+    lines, removed = _clean_lines(path)
+    jsonl = str(path).endswith((".jsonl", ".jsonl.gz"))
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        target = None
+        if jsonl:
+            obj = _json_object(line, path, number)
+            text, target = obj.get("prompt", obj.get("text")), obj.get("target")
+            if not isinstance(text, str) or not text.strip():
+                raise InputError(path, "expected a non-empty string under 'prompt' (or 'text')", number)
+            if target is not None and (not isinstance(target, str) or not target.strip()):
+                raise InputError(path, "'target' must be a non-empty string", number)
+            parts = [strip_controls(part) for part in text.split("\n")]
+            text, removed = "\n".join(part for part, _ in parts), removed + sum(count for _, count in parts)
+        else:
+            text = line.replace("\\n", "\n")
+        examples.append(Example(tokens=text.split(), meta={**_source(path, number), "text": text, "target": target}))
+    _warn_controls(path, removed)
+    if not examples:
+        raise InputError(path, "no prompts (every line is blank)")
+    return examples
+
+
+def _json_object(line: str, path: str | Path, number: int) -> dict[str, Any]:
+    """One JSON Lines object; a one-line error naming the line otherwise."""
+    try:
+        obj = json.loads(line, strict=False)
+    except ValueError as exc:
+        raise InputError(path, f"invalid JSON: {getattr(exc, 'msg', exc)}", number) from None
+    if not isinstance(obj, dict):
+        raise InputError(path, "expected a JSON object", number)
+    return obj

@@ -171,6 +171,14 @@ class Experiment:
         """Why this test does not apply to ``run`` (None when it does)."""
         return None
 
+    own_inputs: ClassVar[str] = ""
+    """The option naming a file of the test's own instances (:meth:`inputs`); given it, ``--hf`` needs no ``--task``."""
+
+    def inputs(self, run: Run, options: Any) -> list[Example] | None:
+        """The test's own instances (a file its options name, such as the generation test's prompts), or
+        None: the run's split (the default)."""
+        return None
+
     def why_not(self, run: Run) -> str | None:
         """Why this test cannot run on ``run``: for a test that :attr:`retrains`, :meth:`applies` first;
         then no prediction to explain (a causal LM: none without a prompt and verbalizer), else :meth:`applies`."""
@@ -362,7 +370,8 @@ def run_test(
     reason = experiment.why_not(run)
     if reason:
         raise AttnAuditError(f"test {name!r} does not apply to this {run.family} model: {reason}")
-    full = run.examples(split, data_dir=data_dir)
+    own = experiment.inputs(run, opts)
+    full = own if own is not None else run.examples(split, data_dir=data_dir)
     examples = limited(full, limit, seed, limit_order)
     if not examples:
         raise AttnAuditError(f"split {split!r} has no examples")

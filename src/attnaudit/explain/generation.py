@@ -245,13 +245,9 @@ def word_indices(pieces: Sequence[str]) -> list[int]:
     return words
 
 
-def explain_steps(
-    run: Run, methods: dict[str, Explanation], text: str, target: list[int], contrast: list[int] | None, offered: dict[str, Any]
-) -> tuple[Tensor, dict[str, list[list[float]]], list[list[dict[str, Any]]], list[str]]:
-    """Each step's distribution ``(steps, V)``, the methods' scores and the items per step, and the source tokens."""
-    model = cast("HFModel", run.model)
-    tokenizer = model.tokenizer
-    source = encode_exactly(tokenizer, text)
+def step_batches(model: HFModel, source: list[int], target: list[int], contrast: list[int] | None = None) -> list[Batch]:
+    """The steps of a sequence as batches whose rows explain ``target[t]`` (and its ``contrast[t]``): one batch
+    of every step for a decoder, one batch per step for an encoder-decoder; one-line errors past the model's length."""
     if not source:
         raise AttnAuditError("--text has no tokens for this tokenizer; give the text to explain")
     limit = model.config.max_len
@@ -261,14 +257,24 @@ def explain_steps(
         raise AttnAuditError(f"the prompt and the continuation have {len(source) + len(target)} tokens; this model reads at most {limit}")
     explained = torch.tensor(target)
     foils = torch.tensor(contrast) if contrast is not None else None
-    if model.kind == "encoder-decoder":
-        batches = [forced_row(model, source, target[:t]) for t in range(len(target))]
-        for t, batch in enumerate(batches):
-            batch.explained, batch.contrast = explained[t : t + 1], None if foils is None else foils[t : t + 1]
-    else:
+    if model.kind != "encoder-decoder":
         batch = decoder_rows(model, source, target, len(target))
         batch.explained, batch.contrast = explained, foils
-        batches = [batch]
+        return [batch]
+    batches = [forced_row(model, source, target[:t]) for t in range(len(target))]
+    for t, batch in enumerate(batches):
+        batch.explained, batch.contrast = explained[t : t + 1], None if foils is None else foils[t : t + 1]
+    return batches
+
+
+def explain_steps(
+    run: Run, methods: dict[str, Explanation], text: str, target: list[int], contrast: list[int] | None, offered: dict[str, Any]
+) -> tuple[Tensor, dict[str, list[list[float]]], list[list[dict[str, Any]]], list[str]]:
+    """Each step's distribution ``(steps, V)``, the methods' scores and the items per step, and the source tokens."""
+    model = cast("HFModel", run.model)
+    tokenizer = model.tokenizer
+    source = encode_exactly(tokenizer, text)
+    batches = step_batches(model, source, target, contrast)
     device = next(model.parameters()).device
     probs: list[Tensor] = []
     scores: dict[str, list[list[float]]] = {name: [] for name in methods}

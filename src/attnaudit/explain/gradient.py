@@ -6,23 +6,27 @@ import torch
 from torch import Tensor
 
 from attnaudit.data.types import Batch
-from attnaudit.explain.registry import check_task, decision_score, explanation, token_scores
+from attnaudit.explain.registry import check_task, choice, decision_score, decision_values, explanation, reduce_dimensions
 from attnaudit.models.interface import AttentionModel, detach_weights, evaluation
 
 
 @explanation(
     "gradient", "|Σ_d ∂ŷ/∂e·e| per token with attention detached (Jain & Wallace 2019)", ("prediction", "gradients"), order=20
 )
-def gradient_importance(model: AttentionModel, batch: Batch) -> Tensor:
+def gradient_importance(model: AttentionModel, batch: Batch, reduction: str = "abs_sum", score: str = "probability") -> Tensor:
     """Jain & Wallace's gradient: ``|Σ_d ∂ŷ/∂e_{t,d} · e_{t,d}|`` per token, ``(B, K)``.
 
     Every attention layer is detached (treated as a constant), so the gradient flows only
     through the values. HAN: the token scores of a sentence are summed. Pair Transformers
     embed text and query together; only the text (passage) positions are returned.
+    ``score``: what is differentiated, ``probability`` (``ŷ``, the default) or ``logit`` (``z_ŷ``; with a
+    contrast, the difference to the contrast class's); ``reduction``: how ``∂ŷ/∂e_{t,d} · e_{t,d}`` becomes
+    the token's score, ``abs_sum`` ``|Σ_d|`` (the default), ``l2`` ``‖·‖₂`` or ``sum`` ``Σ_d`` (signed).
     """
     check_task(model)
+    reduction, score = choice("reduction", reduction), choice("score", score)  # a bad name fails before any work
     with evaluation(model), torch.enable_grad():
         embeddings = model.embed(batch).detach().requires_grad_(True)
-        probs = model(batch, [detach_weights()], embeddings=embeddings).probs
-        (grad,) = torch.autograd.grad(decision_score(batch, probs).sum(), embeddings)
-    return token_scores((grad * embeddings).sum(-1).detach(), model, batch, absolute=True)
+        values = decision_values(model(batch, [detach_weights()], embeddings=embeddings), score)
+        (grad,) = torch.autograd.grad(decision_score(batch, values).sum(), embeddings)
+    return reduce_dimensions((grad * embeddings).detach(), model, batch, reduction)

@@ -1,13 +1,26 @@
-"""``ig``: Integrated Gradients (Captum) of ``ŷ`` w.r.t. the item embeddings, zero baseline."""
+"""``ig``: Integrated Gradients (Captum) of ``ŷ`` w.r.t. the item embeddings, zero baseline (or a token's embedding)."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 from torch import Tensor
 
 from attnaudit.data.types import Batch
+from attnaudit.data.vocab import Vocab
 from attnaudit.errors import AttnAuditError
-from attnaudit.explain.registry import check_task, decision_score, explained_class, explanation, hierarchical, token_scores
+from attnaudit.explain.registry import (
+    BASELINES,
+    check_task,
+    choice,
+    decision_score,
+    decision_values,
+    explained_class,
+    explanation,
+    hierarchical,
+    reduce_dimensions,
+)
 from attnaudit.models.interface import AttentionModel, evaluation
 
 # Activations one Integrated Gradients pass may hold for its backward pass, in floats (about
@@ -31,22 +44,33 @@ def pass_rows(model: AttentionModel, length: int) -> int:
     "ig", "Integrated Gradients of ŷ w.r.t. the embeddings, zero baseline, |Σ_d| per token (Captum)",
     ("prediction", "gradients"), order=40,
 )
-def integrated_gradients(model: AttentionModel, batch: Batch, steps: int = 50, absolute: bool = True) -> Tensor:
+def integrated_gradients(
+    model: AttentionModel, batch: Batch, steps: int = 50, absolute: bool = True, reduction: str = "abs_sum",
+    score: str = "probability", baseline: str = "zero",
+) -> Tensor:
     """Integrated Gradients (Captum) of ``ŷ`` w.r.t. the item embeddings, zero baseline, ``(B, K)``
     (``ŷ``: the predicted class's probability, or the batch's explained class's, minus its contrast's).
 
-    Attributions are summed over the embedding dimension per token; with ``absolute``
-    (the default, like ``gradient``) the sum's absolute value is taken, so scores rank
-    magnitude regardless of direction. HAN sums its tokens' values per sentence.
-    ``absolute=False`` keeps the sign, so a row sums to ``f(x) − f(0)`` up to the
-    integration error (completeness). Pair models: only the passage embeddings are
-    integrated; the question stays as it is.
+    The attributions ``(e − e')_{t,d} · ∫ ∂ŷ/∂e_{t,d}`` are reduced per token by ``reduction``:
+    ``abs_sum`` ``|Σ_d|`` (the default, like ``gradient``: scores rank magnitude regardless of
+    direction), ``l2`` ``‖·‖₂`` (inseq's) or ``sum`` ``Σ_d`` (signed: a row then sums to
+    ``f(x) − f(x')`` up to the integration error, completeness). ``absolute=False`` is
+    ``reduction="sum"`` (kept for existing callers). HAN sums its tokens' values per sentence.
+    ``score``: what is integrated, ``probability`` (the default) or ``logit``. ``baseline`` ``e'``:
+    ``zero`` embeddings (the default), or at every item the embedding of the tokenizer's ``unk``,
+    ``pad``, ``mask`` or ``eos`` token (inseq's is ``unk``; a one-line error when the model has none).
+    Pair models: only the passage embeddings are integrated; the question stays as it is.
     """
     from captum.attr import IntegratedGradients
 
     check_task(model)
     if steps < 1:
         raise AttnAuditError(f"integrated gradients needs steps >= 1, got {steps}")
+    reduction, score, baseline = choice("reduction", reduction), choice("score", score), choice("baseline", baseline)
+    if not absolute:
+        if reduction not in ("abs_sum", "sum"):
+            raise AttnAuditError(f"ig: absolute=False is reduction='sum'; it does not combine with reduction={reduction!r}")
+        reduction = "sum"
     t = batch.tokens.shape[1]
     with evaluation(model):
         with torch.no_grad():
@@ -54,8 +78,9 @@ def integrated_gradients(model: AttentionModel, batch: Batch, steps: int = 50, a
             chosen = explained_class(batch, probs)
             contrast = batch.contrast.to(probs.device) if batch.contrast is not None else None
             embeddings = model.embed(batch)
-        nested = hierarchical(model)
-        passage = embeddings if nested else embeddings[:, :t]
+            nested = hierarchical(model)
+            passage = embeddings if nested else embeddings[:, :t]
+            reference = None if baseline == "zero" else baseline_embeddings(model, batch, baseline)[:, : passage.shape[1]]
         rest = None if nested or embeddings.shape[1] == t else embeddings[:, t:]
 
         def forward(
@@ -66,15 +91,40 @@ def integrated_gradients(model: AttentionModel, batch: Batch, steps: int = 50, a
             emb = x if tail is None else torch.cat([x, tail], 1)
             sub = Batch(tokens=tokens, mask=mask, features=features, query=query, query_mask=query_mask,
                         target=target, target_mask=target_mask, explained=explained, contrast=contrast)
-            return decision_score(sub, model(sub, embeddings=emb).probs)[:, None]  # column 0: what is explained
+            return decision_score(sub, decision_values(model(sub, embeddings=emb), score))[:, None]  # column 0: what is explained
 
         per_pass = max(1, pass_rows(model, t) // max(len(batch), 1))
         attributions = IntegratedGradients(forward).attribute(
             passage,
+            baselines=reference,
             target=0,
             additional_forward_args=(batch.tokens, batch.mask, batch.features, batch.query, batch.query_mask, rest,
                                      batch.target, batch.target_mask, chosen, contrast),
             n_steps=steps,
             internal_batch_size=len(batch) * min(steps, per_pass),
         )
-    return token_scores(attributions.sum(-1).detach(), model, batch, absolute)
+    return reduce_dimensions(attributions.detach(), model, batch, reduction)
+
+
+def baseline_token(model: AttentionModel, name: str) -> int:
+    """The id of the ``unk``/``pad``/``mask``/``eos`` token: a Hugging Face model's tokenizer's, else our
+    vocabularies' (``<pad>`` 0, ``<unk>`` 1; they have no mask or end token); a one-line error when there is none."""
+    tokenizer = getattr(model, "tokenizer", None)
+    if tokenizer is not None:
+        found = getattr(tokenizer, f"{name}_token_id", None)
+    else:
+        found = {"pad": Vocab.pad_id, "unk": Vocab.unk_id}.get(name)
+    if found is None:
+        raise AttnAuditError(f"ig baseline {name!r}: this model's {'tokenizer' if tokenizer is not None else 'vocabulary'} has no {name} token; "
+                             f"choose zero or another of {', '.join(BASELINES[1:])}")
+    if not 0 <= int(found) < model.config.vocab_size:
+        raise AttnAuditError(f"ig baseline {name!r}: token id {found} is outside the model's {model.config.vocab_size} embeddings")
+    return int(found)
+
+
+def baseline_embeddings(model: AttentionModel, batch: Batch, name: str) -> Tensor:
+    """The embeddings ``model.embed`` gives ``batch`` with every token (of the passage: a pair model's question
+    stays) replaced by the ``name`` token. ``embed`` returns the input token embeddings before any positions
+    or token types (those are added inside the model's forward), so every position gets the same vector."""
+    tokens = torch.full_like(batch.tokens, baseline_token(model, name))
+    return model.embed(dataclasses.replace(batch, tokens=tokens))

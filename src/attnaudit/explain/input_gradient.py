@@ -6,7 +6,7 @@ import torch
 from torch import Tensor
 
 from attnaudit.data.types import Batch
-from attnaudit.explain.registry import decision_score, explanation, token_scores
+from attnaudit.explain.registry import choice, decision_score, decision_values, explanation, reduce_dimensions
 from attnaudit.models.interface import AttentionModel, evaluation
 
 
@@ -17,18 +17,31 @@ from attnaudit.models.interface import AttentionModel, evaluation
     default=False,
     order=80,
 )
-def input_gradient(model: AttentionModel, batch: Batch) -> Tensor:
-    """Abnar & Zuidema's input gradient ``|Σ_d ∂z_ŷ/∂e_{t,d}|``, ``(B, K)``; HAN sums a sentence's tokens."""
-    _, grad = predicted_logit_gradient(model, batch)
-    return token_scores(grad.sum(-1), model, batch, absolute=True)
+def input_gradient(model: AttentionModel, batch: Batch, reduction: str = "abs_sum", score: str = "logit") -> Tensor:
+    """Abnar & Zuidema's input gradient ``|Σ_d ∂z_ŷ/∂e_{t,d}|``, ``(B, K)``; HAN sums a sentence's tokens.
+
+    ``score``: what is differentiated, ``logit`` (``z_ŷ``, the default) or ``probability`` (``ŷ``); with a
+    contrast, the difference to the contrast class's. ``reduction``: how the gradient ``∂/∂e_{t,d}`` becomes
+    the token's score, ``abs_sum`` ``|Σ_d|`` (the default), ``l2`` ``‖·‖₂`` or ``sum`` ``Σ_d`` (signed).
+    ``score="probability", reduction="l2"`` is inseq's ``saliency`` before its normalisation over tokens.
+    """
+    reduction = choice("reduction", reduction)  # a bad name fails before any work
+    _, grad = decision_gradient(model, batch, score)
+    return reduce_dimensions(grad, model, batch, reduction)
+
+
+def decision_gradient(model: AttentionModel, batch: Batch, score: str = "logit") -> tuple[Tensor, Tensor]:
+    """``(embeddings, ∂s/∂embeddings)``: the gradient of each example's decision score ``s`` (its explained
+    class's logit or probability, ``score``, minus its contrast's) with respect to its input embeddings,
+    attention live (under whatever backward rules are active)."""
+    score = choice("score", score)
+    with evaluation(model), torch.enable_grad():
+        embeddings = model.embed(batch).detach().requires_grad_(True)
+        values = decision_values(model(batch, embeddings=embeddings), score)
+        (grad,) = torch.autograd.grad(decision_score(batch, values).sum(), embeddings)
+    return embeddings.detach(), grad
 
 
 def predicted_logit_gradient(model: AttentionModel, batch: Batch) -> tuple[Tensor, Tensor]:
-    """``(embeddings, ∂z_ŷ/∂embeddings)``: the gradient of each example's predicted logit with
-    respect to its input embeddings, attention live (under whatever backward rules are active)."""
-    with evaluation(model), torch.enable_grad():
-        embeddings = model.embed(batch).detach().requires_grad_(True)
-        logits = model(batch, embeddings=embeddings).logits
-        chosen = decision_score(batch, logits).sum()
-        (grad,) = torch.autograd.grad(chosen, embeddings)
-    return embeddings.detach(), grad
+    """``(embeddings, ∂z_ŷ/∂embeddings)``: :func:`decision_gradient` of the predicted (or explained) logit."""
+    return decision_gradient(model, batch, "logit")

@@ -25,9 +25,9 @@ from typing import Any, TypeVar
 from torch import Tensor
 
 from attnaudit.data.types import Batch
-from attnaudit.errors import AttnAuditError, spelled, unknown
+from attnaudit.errors import AttnAuditError, named, spelled, unknown
 from attnaudit.models.han import HierarchicalAttentionNetwork
-from attnaudit.models.interface import AttentionModel, take_rows
+from attnaudit.models.interface import AttentionModel, ModelOutput, take_rows
 from attnaudit.run import Run
 
 ExplainFn = Callable[..., Tensor]
@@ -92,6 +92,12 @@ class Explanation:
     def options(self) -> tuple[str, ...]:
         """The keyword options ``fn`` takes after ``(model, batch)`` (ig: ``steps``; random: ``seed``)."""
         return tuple(list(inspect.signature(self.fn).parameters)[2:])
+
+    def settings(self, offered: dict[str, Any]) -> dict[str, Any]:
+        """The value of each of its :attr:`options` a call with ``offered`` uses: the offered one, else the
+        default (what ``explained.meta["definitions"]`` records per method)."""
+        parameters = inspect.signature(self.fn).parameters
+        return {name: offered.get(name, parameters[name].default) for name in self.options}
 
     def __call__(self, target: AttentionModel | Run, batch: Batch, **offered: Any) -> Tensor:
         """The scores ``(B, K)`` for a model (or a run's model), passing on the ``offered`` options the
@@ -394,6 +400,42 @@ def token_scores(per_token: Tensor, model: AttentionModel, batch: Batch, absolut
         scores = (scores * batch.mask.to(scores.dtype)).sum(-1)
     mask = item_mask(model, batch)
     return scores[:, : mask.shape[1]] * mask.to(scores.dtype)
+
+
+REDUCTIONS = ("abs_sum", "l2", "sum")
+"""How the gradient family turns a token's per-dimension attribution ``a_{t,d}`` into its score
+(option ``reduction``): ``abs_sum`` ``|Σ_d a|``, ``l2`` ``‖a‖₂`` (inseq's default), ``sum`` ``Σ_d a`` (signed)."""
+SCORES = ("probability", "logit")
+"""What the gradient family differentiates (option ``score``): the explained class's probability or its logit
+(minus the contrast class's when the batch has one)."""
+BASELINES = ("zero", "unk", "pad", "mask", "eos")
+"""Integrated Gradients' baseline (option ``baseline``): zero embeddings, or every item the embedding of the
+tokenizer's unknown, padding, mask or end-of-sequence token (inseq's default is ``unk``)."""
+CHOICES: dict[str, tuple[str, ...]] = {"reduction": REDUCTIONS, "score": SCORES, "baseline": BASELINES}
+"""The options whose values are names, with the names each takes: checked once here for every method."""
+
+
+def choice(option: str, value: str) -> str:
+    """``value`` of ``option`` (a key of :data:`CHOICES`) as registered (``abs-sum`` is ``abs_sum``); a
+    one-line error naming the choices otherwise."""
+    return named(option, str(value), CHOICES[option])
+
+
+def reduce_dimensions(per_dim: Tensor, model: AttentionModel, batch: Batch, reduction: str) -> Tensor:
+    """Per-dimension attributions ``(B,T,d)`` (HAN ``(B,S,W,d)``) -> ``(B,K)`` over the items by
+    ``reduction`` (:data:`REDUCTIONS`), 0 at padding; HAN then sums a sentence's token scores."""
+    how = choice("reduction", reduction)
+    if how == "l2":
+        per_token = per_dim.norm(dim=-1)
+    else:
+        per_token = per_dim.sum(-1)
+    return token_scores(per_token, model, batch, absolute=how == "abs_sum")
+
+
+def decision_values(output: ModelOutput, score: str) -> Tensor:
+    """``(B, C)`` the values a gradient method differentiates, read from a model output: its ``probs`` or
+    its ``logits`` (``score``, :data:`SCORES`)."""
+    return output.probs if choice("score", score) == "probability" else output.logits
 
 
 def explained_class(batch: Batch, values: Tensor) -> Tensor:

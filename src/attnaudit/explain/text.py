@@ -30,11 +30,11 @@ import pandas as pd
 import torch
 
 from attnaudit.data.types import Batch, Example
-from attnaudit.errors import AttnAuditError, warn
+from attnaudit.errors import AttnAuditError, unknown, warn
 from attnaudit.explain import EXPLANATIONS, choose, item_mask
 from attnaudit.explain.attention import attention_per_head
 from attnaudit.explain.generation import AGGREGATIONS, Generated, decoder_rows, encode_exactly, explain_generated
-from attnaudit.explain.registry import methods_for
+from attnaudit.explain.registry import CHOICES, choice, methods_for
 from attnaudit.io import (
     atomic_write,
     atomic_write_json,
@@ -110,6 +110,7 @@ def explain_text(
     contrast: str | None = None,
     sample: bool = False,
     aggregate: str | None = None,
+    options: dict[str, Any] | None = None,
 ) -> Explained | Generated:
     """Explain ``text``'s decision by ``source``: a :class:`Run`, a run directory, or a Hugging Face
     model (``smollm2``, ``minilm``, a folder, a ``.gguf`` file or a hub name).
@@ -126,6 +127,10 @@ def explain_text(
     tokens, each step then explaining ``p(token) − p(contrast token)``; ``aggregate`` (``sum``, ``mean``, ``max``):
     also write the scores with each word's subword pieces merged so (``generation-words.csv``). A causal LM reads ``text`` as
     written (newlines, tabs, repeated spaces: the tokenizer's own encoding).
+    ``options``: further keyword options offered to every method, each taking those in its signature
+    (``{"reduction": "l2", "score": "probability", "baseline": "unk"}``: the gradient family's definitions;
+    an unknown name or value is a one-line error). ``meta["definitions"]`` records, per method computed,
+    the value of each of its options that was used.
     With ``out`` the JSON, CSV and figures are written there (checked before any work).
     """
     from attnaudit.seed import set_seed
@@ -142,6 +147,7 @@ def explain_text(
     if aggregate is not None and (not sequence or aggregate not in AGGREGATIONS):
         choices = ", ".join(AGGREGATIONS)
         raise AttnAuditError(f"--aggregate must be one of {choices}" if sequence else "--aggregate applies with --generate or --target")
+    offered = {"seed": seed, "steps": steps, **method_options(options)}
     folder = check_output_dir(out) if out is not None else None
     run = _load(source, prompt, verbalizer, device, data_dir, dtype)
     set_seed(seed)
@@ -150,11 +156,12 @@ def explain_text(
         if sequence:
             explained = explain_generated(
                 run, text, methods_for(run, methods), generate=generate, target=target, contrast=contrast, sample=sample, seed=seed,
-                offered={"seed": seed, "steps": steps},
+                offered=offered,
             )
         else:
-            explained = _explain(run, text, kind, methods, max_length, {"seed": seed, "steps": steps})
-    explained.meta.update(seed=seed, max_length=max_length, steps=steps, source=_describe(source, run))
+            explained = _explain(run, text, kind, methods, max_length, offered)
+    explained.meta.update(seed=seed, max_length=max_length, steps=steps, source=_describe(source, run),
+                          definitions=definitions(list(explained.scores), offered, options or {}))
     if folder is not None:  # everything computed first: a failure above writes nothing
         with locked(folder):
             if isinstance(explained, Generated):
@@ -162,6 +169,36 @@ def explain_text(
             else:
                 explained.save(folder)
     return explained
+
+
+OWN_PARAMETERS = ("seed", "steps")
+"""Options :func:`explain_text` takes as parameters of its own, not in ``options``."""
+
+
+def method_options(options: dict[str, Any] | None) -> dict[str, Any]:
+    """``options`` checked: each name an option some registered method takes (not ``seed``/``steps``, which
+    are parameters of their own), each named value one of its choices (:data:`~attnaudit.explain.registry.CHOICES`,
+    spelled as registered); a one-line error otherwise."""
+    valid = sorted({name for method in EXPLANATIONS.values() for name in method.options} - set(OWN_PARAMETERS))
+    checked = {}
+    for name, value in (options or {}).items():
+        if name in OWN_PARAMETERS:
+            raise AttnAuditError(f"options: give {name} as its own parameter ({name}=...), not in options")
+        if name not in valid:
+            raise AttnAuditError(f"options: {unknown('option', name, valid)}")
+        checked[name] = choice(name, value) if name in CHOICES else value
+    return checked
+
+
+def definitions(methods: Sequence[str], offered: dict[str, Any], given: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per method computed, the value of each of its options that was used (offered, else its default);
+    a warning names each option in ``given`` that none of them takes."""
+    used = {name: EXPLANATIONS[name].settings(offered) for name in methods if name in EXPLANATIONS}
+    for option in given:
+        if not any(option in settings for settings in used.values()):
+            takers = [m.name for m in EXPLANATIONS.values() if option in m.options]
+            warn(f"option {option!r} is taken by none of the methods computed ({', '.join(used) or 'none'}); it applies to {', '.join(takers)}")
+    return used
 
 
 def _load(
