@@ -372,6 +372,8 @@ def test_applicability_matches_our_nmt(pairs: SimpleNamespace) -> None:
     config = ModelConfig(model="nmt", task_type="seq2seq", vocab_size=size, num_labels=size, embed_dim=16, layers=2, d_model=16, d_ff=32)
     nmt_run = Run(model=Seq2SeqTransformer(config), collate=Seq2SeqCollator(pairs.subwords, pairs.subwords), task=spec, info={"kind": "nmt"})
     ours, theirs = applicability(hf_run), applicability(nmt_run)
+    # generation reads and writes text through a tokenizer: a Hugging Face model's; our NMT model has none
+    assert ours.pop("generation") is None and "Hugging Face" in str(theirs.pop("generation"))
     assert {k: v is None for k, v in ours.items()} == {k: v is None for k, v in theirs.items()}
     assert ours["alignment"] is None and ours["identifiability"] is None
     assert "encoder-decoder" in str(ours["rollout"]) and "per target word" in str(ours["permutation"])
