@@ -11,8 +11,9 @@ The decision explained, through the one model interface (:class:`~attnaudit.mode
   mechanism without restricting the ids; not a top-k, which would renormalise ŷ): ŷ is the real
   next-token probability, and gradient, input × gradient, IG, leave-one-out (TVD over the
   vocabulary), ... apply unchanged, interventions included;
-* an encoder-decoder with a forced ``target`` prefix: its next target token after that prefix
-  (:func:`attnaudit.models.zeroshot.forced_decision`), the source tokens the explained items;
+* a generated or forced sequence (``generate`` / ``target``; decoders and encoder-decoders): each of
+  its tokens as one next-token decision (:mod:`attnaudit.explain.generation`; an encoder-decoder's
+  through :func:`attnaudit.models.zeroshot.forced_decision`);
 * a headless encoder (``--hf minilm``): no decision; only the attention-based methods apply, and
   the defaults that do not are listed under ``skipped`` with the reason.
 """
