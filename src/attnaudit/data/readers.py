@@ -598,12 +598,7 @@ def read_jsonl(
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
-        try:
-            obj = json.loads(line, parse_float=Decimal, strict=False)
-        except ValueError as exc:  # JSONDecodeError, or an integer too long to convert
-            raise InputError(path, f"invalid JSON: {getattr(exc, 'msg', exc)}", number) from None
-        if not isinstance(obj, dict):
-            raise InputError(path, "expected a JSON object", number)
+        obj = _json_object(line, path, number, Decimal)
         for key in (text_key, label_key, query_key):
             if key is not None and key not in obj:
                 raise InputError(path, f"missing key {key!r}", number)
@@ -826,11 +821,11 @@ def read_prompts(path: str | Path) -> list[Example]:
     return examples
 
 
-def _json_object(line: str, path: str | Path, number: int) -> dict[str, Any]:
-    """One JSON Lines object; a one-line error naming the line otherwise."""
+def _json_object(line: str, path: str | Path, number: int, parse_float: Any = float) -> dict[str, Any]:
+    """One JSON Lines object (decimals read by ``parse_float``); a one-line error naming the line otherwise."""
     try:
-        obj = json.loads(line, strict=False)
-    except ValueError as exc:
+        obj = json.loads(line, parse_float=parse_float, strict=False)
+    except ValueError as exc:  # JSONDecodeError, or an integer too long to convert
         raise InputError(path, f"invalid JSON: {getattr(exc, 'msg', exc)}", number) from None
     if not isinstance(obj, dict):
         raise InputError(path, "expected a JSON object", number)

@@ -38,10 +38,10 @@ from attnaudit.algorithms.metrics import tvd
 from attnaudit.data.readers import read_prompts
 from attnaudit.data.types import Batch, Example
 from attnaudit.errors import AttnAuditError
-from attnaudit.experiments.eraser_metrics import describe, top_count
+from attnaudit.experiments.eraser_metrics import describe, removable_items, top_count
 from attnaudit.experiments.experiment import AuditSettings, Experiment, Result, register
 from attnaudit.explain import choose
-from attnaudit.explain.generation import encode_exactly, forced_row, generate_tokens, pad_id, step_batches, target_ids
+from attnaudit.explain.generation import encode_exactly, forced_row, generate_tokens, id_rows, step_batches, target_ids
 from attnaudit.models.interface import Intervention, evaluation
 from attnaudit.models.normalisers import check_normaliser
 from attnaudit.progress import track
@@ -160,33 +160,22 @@ def kept_rows(steps: Steps, keep: list[list[int]]) -> Tensor:
     with evaluation(model), torch.no_grad():
         if not steps.seq2seq:
             rows = [[(steps.source + steps.target)[p] for p in positions] for positions in keep]
-            return model(_rows_batch(model, rows).to(steps.device)).probs.float()
+            return model(id_rows(model, rows).to(steps.device)).probs.float()
         return torch.cat([
             model(forced_row(model, [steps.source[p] for p in positions], steps.target[:t]).to(steps.device)).probs.float()
             for t, positions in enumerate(keep)
         ])
 
 
-def _rows_batch(model: HFModel, rows: list[list[int]]) -> Batch:
-    """Right-padded rows of token ids (each its own length)."""
-    width = max(len(row) for row in rows)
-    tokens = torch.full((len(rows), width), pad_id(model), dtype=torch.long)
-    mask = torch.zeros_like(tokens, dtype=torch.bool)
-    for b, row in enumerate(rows):
-        tokens[b, : len(row)], mask[b, : len(row)] = torch.tensor(row), True
-    return Batch(tokens=tokens, mask=mask, examples=[Example(tokens=[str(i) for i in row]) for row in rows])
-
-
 def eraser(steps: Steps, scores: list[Tensor], percent: float) -> tuple[np.ndarray, np.ndarray]:
     """Comprehensiveness and sufficiency per step of one method's scores (one ``(B, K)`` tensor per batch)."""
-    special = set(getattr(steps.model.tokenizer, "all_special_ids", []) or [])
-    ids = steps.source + steps.target
     without, only = [], []
     for batch, values in zip(steps.batches, scores):
+        allowed = removable_items(steps.model, batch)  # the real items without the tokenizer's special tokens
         for b in range(len(batch)):
             n = int(batch.mask[b].sum()) if not steps.seq2seq else len(steps.source)
             positions = list(range(n))
-            removable = [p for p in positions if (ids[p] if not steps.seq2seq else steps.source[p]) not in special]
+            removable = allowed[b, :n].nonzero().flatten().tolist()
             k = int(top_count(torch.tensor([len(removable)]), percent)[0])
             ranked = sorted(removable, key=lambda p: (-abs(float(values[b, p])), p))[:k]
             without.append([p for p in positions if p not in ranked])

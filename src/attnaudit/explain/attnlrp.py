@@ -13,7 +13,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from attnaudit.data.types import Batch
-from attnaudit.explain.input_gradient import predicted_logit_gradient
+from attnaudit.explain.input_gradient import decision_gradient
 from attnaudit.explain.registry import check_task, explanation, token_scores
 from attnaudit.models.interface import AttentionModel
 from attnaudit.models.lrp import relevance_rules
@@ -24,7 +24,7 @@ def lrp_relevance(model: AttentionModel, batch: Batch, rule: str) -> Tensor:
     summed over the embedding dimension: ``(B, T)`` over the model's embedded tokens."""
     check_task(model)
     with relevance_rules(model, rule):
-        embeddings, grad = predicted_logit_gradient(model, batch)
+        embeddings, grad = decision_gradient(model, batch, "logit")
     return (embeddings * grad).sum(-1)
 
 

@@ -141,9 +141,13 @@ class Generated:
         return [*paths, *figures]
 
 
-def encode_exactly(tokenizer: Any, text: str, special: bool = True) -> list[int]:
-    """The token ids of ``text`` as written (newlines, tabs, repeated spaces kept): the tokenizer's own encoding."""
-    return list(tokenizer(text, add_special_tokens=special)["input_ids"])
+def encode_exactly(tokenizer: Any, text: str) -> list[int]:
+    """The token ids of ``text`` as written (newlines, tabs, repeated spaces kept): the tokenizer's own encoding,
+    its special tokens included; a one-line error when there are none."""
+    ids = list(tokenizer(text)["input_ids"])
+    if not ids:
+        raise AttnAuditError("--text has no tokens for this tokenizer; give the text to explain")
+    return ids
 
 
 def target_ids(model: HFModel, text: str, option: str) -> list[int]:
@@ -160,6 +164,7 @@ def target_ids(model: HFModel, text: str, option: str) -> list[int]:
 
 
 def pad_id(model: HFModel) -> int:
+    """The id right padding uses: the tokenizer's pad token, else its end token, else the model's pad id."""
     tokenizer = model.tokenizer
     for value in (tokenizer.pad_token_id, tokenizer.eos_token_id, model.config.pad_id):
         if value is not None:
@@ -168,13 +173,17 @@ def pad_id(model: HFModel) -> int:
 
 
 def decoder_rows(model: HFModel, prompt: Sequence[int], target: Sequence[int], steps: int) -> Batch:
-    """Rows ``prompt + target[:t]`` for ``t < steps``, right-padded; their examples name the tokens."""
-    rows = [list(prompt) + list(target[:t]) for t in range(steps)]
+    """Rows ``prompt + target[:t]`` for ``t < steps`` (:func:`id_rows`)."""
+    return id_rows(model, [list(prompt) + list(target[:t]) for t in range(steps)])
+
+
+def id_rows(model: HFModel, rows: Sequence[Sequence[int]]) -> Batch:
+    """Rows of token ids, each its own length, right-padded; their examples name the tokens."""
     width = max(len(row) for row in rows)
     tokens = torch.full((len(rows), width), pad_id(model), dtype=torch.long)
     mask = torch.zeros_like(tokens, dtype=torch.bool)
     for b, row in enumerate(rows):
-        tokens[b, : len(row)] = torch.tensor(row)
+        tokens[b, : len(row)] = torch.tensor(list(row))
         mask[b, : len(row)] = True
     pieces = [[model.tokenizer.decode([i]) for i in row] for row in rows]
     return Batch(tokens=tokens, mask=mask, examples=[Example(tokens=p) for p in pieces])
@@ -248,8 +257,6 @@ def word_indices(pieces: Sequence[str]) -> list[int]:
 def step_batches(model: HFModel, source: list[int], target: list[int], contrast: list[int] | None = None) -> list[Batch]:
     """The steps of a sequence as batches whose rows explain ``target[t]`` (and its ``contrast[t]``): one batch
     of every step for a decoder, one batch per step for an encoder-decoder; one-line errors past the model's length."""
-    if not source:
-        raise AttnAuditError("--text has no tokens for this tokenizer; give the text to explain")
     limit = model.config.max_len
     if model.kind == "encoder-decoder" and max(len(source), len(target) + 1) > limit:
         raise AttnAuditError(f"the source has {len(source)} tokens and the target {len(target)}; this model reads at most {limit}")
@@ -268,12 +275,11 @@ def step_batches(model: HFModel, source: list[int], target: list[int], contrast:
 
 
 def explain_steps(
-    run: Run, methods: dict[str, Explanation], text: str, target: list[int], contrast: list[int] | None, offered: dict[str, Any]
+    run: Run, methods: dict[str, Explanation], source: list[int], target: list[int], contrast: list[int] | None, offered: dict[str, Any]
 ) -> tuple[Tensor, dict[str, list[list[float]]], list[list[dict[str, Any]]], list[str]]:
     """Each step's distribution ``(steps, V)``, the methods' scores and the items per step, and the source tokens."""
     model = cast("HFModel", run.model)
     tokenizer = model.tokenizer
-    source = encode_exactly(tokenizer, text)
     batches = step_batches(model, source, target, contrast)
     device = next(model.parameters()).device
     probs: list[Tensor] = []
@@ -318,13 +324,11 @@ def explain_generated(
     ``p(target) − p(contrast)``; ``sample``: draw tokens instead of taking the most probable (seeded)."""
     model = cast("HFModel", run.model)
     methods, skipped = chosen
+    source = encode_exactly(model.tokenizer, text)
     if target is not None:
         ids = target_ids(model, target, "--target")
     else:
         assert generate is not None
-        source = encode_exactly(model.tokenizer, text)
-        if not source:
-            raise AttnAuditError("--text has no tokens for this tokenizer; give the text to explain")
         ids = generate_tokens(model, source, generate, sample, seed)
     foils = None
     if contrast is not None:
@@ -333,7 +337,7 @@ def explain_generated(
             raise AttnAuditError(
                 f"--contrast has {len(foils)} tokens and the explained continuation {len(ids)}; give a contrast of as many tokens"
             )
-    probs, scores, items, source_tokens = explain_steps(run, methods, text, ids, foils, offered or {})
+    probs, scores, items, source_tokens = explain_steps(run, methods, source, ids, foils, offered or {})
     decode = model.tokenizer.decode
     return Generated(
         source=source_tokens,

@@ -41,7 +41,3 @@ def decision_gradient(model: AttentionModel, batch: Batch, score: str = "logit")
         (grad,) = torch.autograd.grad(decision_score(batch, values).sum(), embeddings)
     return embeddings.detach(), grad
 
-
-def predicted_logit_gradient(model: AttentionModel, batch: Batch) -> tuple[Tensor, Tensor]:
-    """``(embeddings, ∂z_ŷ/∂embeddings)``: :func:`decision_gradient` of the predicted (or explained) logit."""
-    return decision_gradient(model, batch, "logit")

@@ -277,8 +277,6 @@ def _batch(run: Run, text: str, max_length: int | None, kind: str) -> Batch:
         if len(ids) > limit:
             warn(f"--text is longer than {limit} wordpieces; truncated to its first {limit}")
             ids = ids[:limit]
-        if not ids:
-            raise AttnAuditError("--text has no tokens for this tokenizer; give the text to explain")
         return decoder_rows(model, ids, [], 1).to(run.device)
     if run.task.task_type not in ("classification", "pair"):
         raise AttnAuditError(f"explain explains one decision per text; a {run.task.task_type} model makes one per token")
