@@ -6,7 +6,7 @@ Model: the BiLSTM + additive (tanh) attention classifier of ``bench_permutation.
 ``--instances`` test instances, K = ``--adversaries`` adversaries each, ``--steps`` Adam steps
 (equal for both), seed 0.
 
-* ours: :func:`attnaudit.experiments.adversarial.search_batch` over batches of 16 — one full
+* ours: :func:`attnaudit.experiments.attention_search.search_batch` over batches of 16 — one full
   forward per instance, then ONE ``decode`` per step for all instances × adversaries;
 * peer: :func:`attnaudit.experiments.adversarial.adversarial_loop` — one instance at a time,
   ``model(batch_of_one, [Intervention(...)])`` (the FULL model) per adversary per step.
@@ -31,12 +31,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from attnaudit.experiments.adversarial import (  # noqa: E402
-    Search,
-    adversarial_loop,
-    max_valid_jsd,
-    search_batch,
-)
+from attnaudit.experiments.adversarial import adversarial_loop  # noqa: E402
+from attnaudit.experiments.attention_search import Search, max_valid_jsd, search_batch  # noqa: E402
 from attnaudit.experiments.experiment import summarise  # noqa: E402
 from attnaudit.progress import set_quiet  # noqa: E402
 from attnaudit.training.trainer import train  # noqa: E402

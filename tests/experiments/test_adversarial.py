@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 
 from attnaudit.algorithms.metrics import LN2, jsd
 from attnaudit.errors import AttnAuditError
-from attnaudit.experiments.adversarial import (
+from attnaudit.experiments.adversarial import adversarial_loop
+from attnaudit.experiments.attention_search import (
     Search,
-    adversarial_loop,
     adversary_weights,
     differentiable_jsd,
     initial_logits,

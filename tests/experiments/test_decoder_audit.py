@@ -19,7 +19,8 @@ from attnaudit.algorithms.attention_graph import rollout
 from attnaudit.audit import _plan
 from attnaudit.data.types import Example
 from attnaudit.experiments import run_test
-from attnaudit.experiments.adversarial import Search, adversarial_loop, search_batch
+from attnaudit.experiments.adversarial import adversarial_loop
+from attnaudit.experiments.attention_search import Search, search_batch
 from attnaudit.experiments.common import prepare, resolve_layers, seeded_generator
 from attnaudit.experiments.erasure import decode_erased, erase_items
 from attnaudit.experiments.erasure import prepare as erasure_prepare

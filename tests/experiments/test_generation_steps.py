@@ -10,10 +10,12 @@ import pytest
 import torch
 
 from attnaudit.errors import AttnAuditError
+from attnaudit.experiments.attention_search import Search, search_batch
 from attnaudit.experiments.experiment import run_test
-from attnaudit.experiments.generation_steps import Steps, eraser, generating_rows, replace_rows
+from attnaudit.experiments.generation_steps import Steps, erase_until_change, eraser, generating_rows, replace_rows
 from attnaudit.explain import get_explanation
 from attnaudit.hf import load_hf
+from attnaudit.models.interface import Intervention, evaluation
 from attnaudit.models.zeroshot import next_token_decision
 from attnaudit.progress import set_quiet
 
@@ -56,7 +58,8 @@ def test_a_decoder_is_tested_at_every_generated_token(llama: Path, tmp_path: Pat
     assert 1 <= [r["index"] for r in rows].count(0) <= 3
     assert all(r["softmax_tvd"] == pytest.approx(0.0, abs=1e-6) and r["softmax_token_change"] == 0 for r in rows)
     assert result.summary["tokens"] == len(rows) and result.summary["prompts"] == 2
-    assert rows == again.instances  # same seed, same numbers
+    assert json.dumps(rows) == json.dumps(again.instances)  # same seed, same numbers (NaN included)
+    assert all(0 <= r["adversaries_within_epsilon"] <= 3 for r in rows)
     for key in ("permutation_median_tvd", "erase_top_tvd", "comprehensiveness_attention", "sufficiency_input_gradient"):
         low, high = result.summary[f"{key}_ci"]
         assert low <= result.summary[key] <= high
@@ -95,14 +98,67 @@ def test_eraser_equals_deleting_the_top_tokens_by_hand(llama: Path) -> None:
         model.hf.set_attn_implementation("attnaudit")
 
 
+def test_erase_until_change_equals_erasing_one_key_at_a_time(llama: Path) -> None:
+    """The share of keys erased (most attended first) before the token changes, against whole-model passes that
+    erase the top 1, 2, ... keys of the generating row one count at a time."""
+    run = load_hf(str(llama), device="cpu")
+    model = run.model
+    source = model.tokenizer("the film was very good and long")["input_ids"]
+    target = model.tokenizer(" good film bad", add_special_tokens=False)["input_ids"]
+    with next_token_decision(model), evaluation(model), torch.no_grad():
+        steps = Steps(run, source, target)
+        batch, layer = steps.batches[0], steps.explained_layer
+        shares = erase_until_change(model, batch, layer, "top", torch.Generator())
+        base = model(batch).probs.argmax(-1)
+        last = batch.mask.sum(1) - 1
+        for b in range(len(batch)):
+            real = int(batch.mask[b].sum())
+            row = steps.explained[0][b, :, int(last[b])].mean(0)[:real]
+            order = row.argsort(descending=True).tolist()
+            expected = float("nan")
+            for count in range(1, real):
+                def erase(weights: torch.Tensor, _mask: torch.Tensor, b: int = b, drop: list[int] = order[:count]) -> torch.Tensor:
+                    out = weights.clone()
+                    out[b, :, int(last[b]), drop] = 0.0
+                    out[b, :, int(last[b])] /= out[b, :, int(last[b])].sum(-1, keepdim=True)
+                    return out
+
+                if int(model(batch, [Intervention(layer=layer, weights=erase)]).probs[b].argmax()) != int(base[b]):
+                    expected = count / real
+                    break
+            assert shares[b].item() == pytest.approx(expected, nan_ok=True)
+
+
+def test_adversaries_stay_within_epsilon_on_the_whole_model(llama: Path) -> None:
+    """Each reported adversary, put back into a full pass of the model, moves the next-token distribution by
+    the TVD the search reported (the search reruns from the explained layer at one position)."""
+    run = load_hf(str(llama), device="cpu")
+    model = run.model
+    source = model.tokenizer("the film was very good")["input_ids"]
+    with next_token_decision(model), evaluation(model):
+        steps = Steps(run, source, model.tokenizer(" good film", add_special_tokens=False)["input_ids"])
+        batch, layer = steps.batches[0], steps.explained_layer
+        outcome = search_batch(model, batch, layer, Search(adversaries=2, steps=20, epsilon=0.05, report_epsilon=0.05), 0, [0, 1])
+        last = batch.mask.sum(1) - 1
+        with torch.no_grad():
+            base = model(batch).probs
+            for a in range(2):
+                def put(weights: torch.Tensor, _mask: torch.Tensor, a: int = a) -> torch.Tensor:
+                    return replace_rows(weights, last, outcome.weights[:, a, :, 0, : weights.shape[-1]])
+
+                moved = 0.5 * (model(batch, [Intervention(layer=layer, weights=put)]).probs - base).abs().sum(-1)
+                assert torch.allclose(moved, outcome.change[:, a], atol=1e-5)
+
+
 def test_an_encoder_decoder_is_tested_at_its_cross_attention(tmp_path: Path) -> None:
     from attnaudit.architectures import save_tiny
 
     folder = save_tiny("bart", tmp_path / "bart")
     file = prompts(tmp_path, [{"prompt": "the film was very good", "target": "a good"}])
     result = run_test("generation", load_hf(str(folder), device="cpu"), out=tmp_path / "out", plot=False,
-                      prompts=str(file), permutations=2, normalisers="softmax")
+                      prompts=str(file), permutations=2, normalisers="softmax", adversary_steps=5)
     assert len(result.instances) == 2 and all(r["softmax_tvd"] == pytest.approx(0.0, abs=1e-6) for r in result.instances)
+    assert all(0 < r["erase_until_change_top"] <= 1 or r["erase_until_change_top"] != r["erase_until_change_top"] for r in result.instances)
 
 
 def test_bad_prompt_files_and_options_get_one_line(llama: Path, tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attnaudit.algorithms.metrics import LN2
-from attnaudit.experiments.adversarial import adversary_weights, max_valid_jsd
+from attnaudit.experiments.attention_search import adversary_weights, max_valid_jsd
 
 change_value = st.one_of(st.floats(0.0, 1.0), st.just(math.nan))
 

@@ -223,6 +223,7 @@ def prepare_pass(model: AttentionModel, batch: Batch, layers: Sequence[int]) -> 
     query_rows = last.query_mask.bool() if last.query_mask is not None else key_mask.new_ones(size, q)
     attention = explained_attention(model, batch, out.trace) if explained else None
     rows = decision_rows(model, layers, key_mask)
+    rows = None if rows is None else rows % q  # an encoder-decoder's forced target names its row from the end (-1)
     rerun = model.rerun_cache(out.trace, layers[0], base, rows) if rows is not None and layers[0] != base.layer else None
     if rows is not None and rerun is not None:
         picked = [take_query_rows(w, rows, 2)[:, :, None] for w in weights]

@@ -12,6 +12,15 @@ through the one model interface as in :mod:`attnaudit.explain.generation` (a dec
 * **erasure** (Serrano & Smith 2019): at the explained layer the key the generating position attends to
   most (heads averaged) is zeroed and the row renormalised, against a random other real key: the
   distribution's change and whether the token changes, top against random;
+  **Erase until the token changes** (Serrano & Smith's decision flip): the generating row's keys erased
+  one more at a time, most attended first or in a seeded random order, until the predicted token
+  changes: the share of the real keys erased then (over the steps where it changes) and the share of
+  steps where it never changes with one key left;
+* **adversarial attention** (Jain & Wallace 2019, §4.2.2): ``adversaries`` distributions for the
+  generating row at the explained layer, searched as far (JSD) from it as possible while the next-token
+  distribution moves at most ``epsilon`` (TVD; 0.05, J&W's bound for their pair tasks, as a vocabulary
+  is far larger than their two classes), ``adversary_steps`` Adam steps from seeded starts: the largest
+  JSD among those within ``epsilon`` (NaN when none is) and how many are;
 * **normaliser swap** (Drozdyuk et al.): every attention layer computed with another normaliser
   (``sparsemax``, ``entmax15``): the change and whether the token changes;
 * **ERASER** (DeYoung et al. 2020): each method's top ``top_percent`` % of the step's items (prompt and
@@ -26,7 +35,7 @@ bootstrap 95 % CIs over steps.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -38,6 +47,8 @@ from attnaudit.algorithms.metrics import tvd
 from attnaudit.data.readers import read_prompts
 from attnaudit.data.types import Batch, Example
 from attnaudit.errors import AttnAuditError
+from attnaudit.experiments.attention_search import Search, max_valid_jsd, search_explained
+from attnaudit.experiments.common import Explained, prepare, take_rows
 from attnaudit.experiments.eraser_metrics import describe, removable_items, top_count
 from attnaudit.experiments.experiment import AuditSettings, Experiment, Result, register
 from attnaudit.explain import choose
@@ -154,6 +165,73 @@ def erasure_keys(steps: Steps, generator: torch.Generator) -> tuple[list[Tensor]
     return tops, randoms
 
 
+STEP_SEEDS = 100_000
+"""A step's adversarial search starts from the generator seeded by (seed, prompt index × this + step)."""
+
+VARIANTS = 256
+"""Erased variants rerun together (bounds the memory of a vocabulary-sized output per variant)."""
+
+
+def generating_query(explained: Explained) -> Tensor:
+    """``(B,)`` the generating query row of each example in ``explained``'s weights: its last real query row."""
+    rows = explained.query_rows.long()
+    index = torch.arange(rows.shape[1], device=rows.device)
+    return (index * rows).argmax(1)
+
+
+def prepared(model: HFModel, batch: Batch, layer: int) -> Explained:
+    """``batch`` ready for reruns that change ``layer``'s generating query row only: restarted at the first attention
+    layer of ``layer``'s block (a decoder at its generating token alone; an encoder-decoder's cross-attention
+    follows the block's self-attention) and with that row as the only query row changed."""
+    structure = model.structure
+    first = structure.layers_of(structure.sites[layer].block)[0]
+    explained = prepare(model, batch, sorted({first, layer}))
+    if explained.positions is not None:
+        return explained
+    query = generating_query(explained)
+    rows = torch.nn.functional.one_hot(query, explained.query_rows.shape[1]).bool() & explained.query_rows
+    return replace(explained, query_rows=rows)
+
+
+def erase_until_change(model: HFModel, batch: Batch, layer: int, order: str, generator: torch.Generator) -> Tensor:
+    """Per row, the share of its real keys erased (``order``: most attended first, or ``random``) at ``layer``'s generating
+    query before the predicted token changes; NaN when it never does with one key left (Serrano & Smith's erase until flip).
+
+    Every count of erased keys of every row goes in reruns from ``layer``'s block (:func:`prepared`)."""
+    explained = prepared(model, batch, layer)
+    weights, keys = explained.reported, explained.key_mask
+    size, heads, q, k = weights.shape
+    query = generating_query(explained)
+    rows = generating_rows(weights, query)
+    attended = rows.mean(1).masked_fill(~keys, -1.0)
+    if order == "random":
+        attended = torch.rand(attended.shape, generator=generator).to(attended.device).masked_fill(~keys, -1.0)
+    ranked = attended.argsort(-1, descending=True)
+    real = keys.sum(1)
+    counts = torch.arange(1, k, device=weights.device)  # erase 1 .. K-1 keys (never all of them)
+    which = torch.arange(size, device=weights.device).repeat_interleave(len(counts))
+    erased = torch.arange(k, device=weights.device)[None, :] < counts.repeat(size)[:, None]  # (N*C, K) in ranked order
+    drop = torch.zeros_like(erased).scatter(1, ranked[which], erased)
+    variants = rows[which].masked_fill(drop[:, None, :], 0.0)
+    variants = variants / variants.sum(-1, keepdim=True).clamp_min(1e-12)
+    full = replace_rows(weights[which], query[which], variants)
+    predicted = torch.cat([
+        model.decode(take_rows(explained.cache, which[part], size), [Intervention(layer=layer, weights=full[part])]).probs.argmax(-1)
+        for part in torch.arange(len(which), device=which.device).split(VARIANTS)
+    ])
+    changed = (predicted != explained.probs.argmax(-1)[which]).view(size, len(counts))
+    changed &= counts[None, :] < real[:, None]
+    first = torch.where(changed.any(1), changed.float().argmax(1) + 1, torch.zeros_like(real)).float()
+    return torch.where(first > 0, first / real.float(), torch.full_like(first, math.nan))
+
+
+def adversarial_steps(model: HFModel, batch: Batch, layer: int, search: Search, seed: int, indices: list[int]) -> tuple[Tensor, Tensor]:
+    """Per row, the largest JSD from the generating attention among adversaries whose next-token distribution
+    stays within ``search.report_epsilon`` (TVD; NaN when none does) and how many do."""
+    outcome = search_explained(model, prepared(model, batch, layer), layer, search, seed, indices)
+    return max_valid_jsd(outcome.jsd, outcome.change, search.report_epsilon)
+
+
 def kept_rows(steps: Steps, keep: list[list[int]]) -> Tensor:
     """Distributions ``(steps, V)`` when step ``t`` keeps only the item positions ``keep[t]`` of its input."""
     model = steps.model
@@ -189,10 +267,10 @@ def eraser(steps: Steps, scores: list[Tensor], percent: float) -> tuple[np.ndarr
 
 @register
 class GenerationTests(Experiment):
-    """Permutation, erasure, normaliser swap and ERASER at every generated token (see the module docstring)."""
+    """Permutation, erasure, adversarial attention, normaliser swap and ERASER at every generated token (see the module docstring)."""
 
     name = "generation"
-    description = "The attention tests at every generated token: permutation, erasure, normaliser swap, ERASER"
+    description = "The attention tests at every generated token: permutation, erasure, adversaries, normaliser swap, ERASER"
     # The prompts file ships with the repository (examples/prompts.jsonl); small sizes keep the example quick.
     paper = "Jain & Wallace 2019; Serrano & Smith 2019; Drozdyuk et al.; DeYoung et al. 2020 — asked of each generated token"
     needs_prediction = False
@@ -213,6 +291,11 @@ class GenerationTests(Experiment):
         normalisers: str = field(
             default="sparsemax,entmax15", metadata={"help": "Normalisers swapped in for softmax (comma-separated; empty: none)."}
         )
+        adversaries: int = field(default=3, metadata={"help": "Adversarial attention distributions searched per step (0: no search)."})
+        adversary_steps: int = field(default=100, metadata={"help": "Adam steps of the adversarial search."})
+        epsilon: float = field(default=0.05, metadata={
+            "help": "Adversaries count when the next-token distribution moves at most this far (TVD)."
+        })
         methods: str = field(default="attention,input_gradient", metadata={"help": "Explanation methods scored by ERASER (comma-separated)."})
         top_percent: float = field(default=20.0, metadata={"help": "ERASER: the share of a step's items removed or kept (percent)."})
         resamples: int = field(default=1000, metadata={"help": "Bootstrap resamples of the 95% CIs."})
@@ -254,7 +337,7 @@ class GenerationTests(Experiment):
         text = example.meta.get("text") or " ".join(example.tokens)
         source = encode_exactly(model.tokenizer, text)
         forced = example.meta.get("target")
-        target = target_ids(model, forced, "target") if forced else generate_tokens(model, source, options.generate, False, seed)
+        target = target_ids(model, forced, "target") if forced else generate_tokens(model, source, options.generate, False, seed)[0]
         steps = Steps(run, source, target, every_layer=options.layers == "all")
         decode = model.tokenizer.decode
         columns: dict[str, Any] = {}
@@ -266,6 +349,17 @@ class GenerationTests(Experiment):
         for name, keys in (("top", tops), ("random", randoms)):
             change, flip = steps.effect(steps.run_with(erased(steps, keys)))
             columns[f"erase_{name}_tvd"], columns[f"erase_{name}_token_change"] = change, flip
+        for order in ("top", "random"):
+            share = torch.cat([erase_until_change(model, batch, steps.explained_layer, order, generator) for batch in steps.batches])
+            columns[f"erase_until_change_{order}"], columns[f"erase_never_changes_{order}"] = share, share.isnan().float()
+        if options.adversaries:
+            search = Search(adversaries=options.adversaries, steps=options.adversary_steps, epsilon=options.epsilon,
+                            report_epsilon=options.epsilon)
+            found = [adversarial_steps(model, batch, steps.explained_layer, search, seed,
+                                       [index * STEP_SEEDS + t for t in range(offset, offset + len(batch))])
+                     for batch, offset in zip(steps.batches, np.cumsum([0] + [len(b) for b in steps.batches]).tolist())]
+            columns["adversary_max_jsd"] = torch.cat([f[0] for f in found])
+            columns["adversaries_within_epsilon"] = torch.cat([f[1] for f in found]).float()
         for normaliser in _normalisers(options):
             change, flip = steps.effect(steps.run_with(lambda _i, _b, n=normaliser: [Intervention(normaliser=n)]))
             columns[f"{normaliser}_tvd"], columns[f"{normaliser}_token_change"] = change, flip
@@ -298,8 +392,12 @@ def _normalisers(options: Any) -> list[str]:
 
 
 def _check(options: Any) -> None:
-    if options.generate < 1 or options.permutations < 0 or options.resamples < 1:
-        raise AttnAuditError("--generate and --resamples must be at least 1 and --permutations non-negative")
+    if options.generate < 1 or options.permutations < 0 or options.resamples < 1 or options.adversaries < 0 or options.adversary_steps < 1:
+        raise AttnAuditError("--generate, --adversary-steps and --resamples must be at least 1, --permutations and --adversaries non-negative")
+    if options.generate > STEP_SEEDS:
+        raise AttnAuditError(f"--generate must be at most {STEP_SEEDS}")
+    if not 0 < options.epsilon < 1:
+        raise AttnAuditError(f"--epsilon must be between 0 and 1, got {options.epsilon}")
     if options.layers not in ("explained", "all"):
         raise AttnAuditError(f"--layers must be 'explained' or 'all', got {options.layers!r}")
     if not 0 < options.top_percent < 100:
@@ -324,6 +422,12 @@ def _meaning(key: str, mean: float) -> str:
     """A short reading of one summary measure (its mean over generated tokens)."""
     if key == "permutation_token_change":
         return f"permuting the generating attention changes the token in {mean:.0%} of permutations"
+    if key == "adversary_max_jsd":
+        return f"attention this far (JSD, ln 2 at most) from the model's gives (nearly) the same next token at {mean:.2f} on average"
+    if key.startswith("erase_until_change_"):
+        return f"{mean:.0%} of the keys erased before the token changes (where it does)"
+    if key.startswith("erase_never_changes_"):
+        return f"the token never changes at {mean:.0%} of steps"
     if key == "erase_top_beats_random":
         return f"erasing the most attended key moves the distribution more than a random key at {mean:.0%} of tokens"
     if key.endswith("_token_change"):

@@ -37,7 +37,7 @@ from attnaudit.data.types import Batch, Example
 from attnaudit.errors import AttnAuditError
 from attnaudit.explain.registry import Explanation, item_mask
 from attnaudit.io import atomic_write, atomic_write_json
-from attnaudit.models.interface import evaluation
+from attnaudit.models.hf_batches import forced_batch
 from attnaudit.run import Run
 
 if TYPE_CHECKING:
@@ -190,40 +190,9 @@ def id_rows(model: HFModel, rows: Sequence[Sequence[int]]) -> Batch:
 
 
 def forced_row(model: HFModel, source: Sequence[int], prefix: Sequence[int]) -> Batch:
-    """One encoder-decoder row: ``source`` and the decoder start token plus ``prefix`` (unpadded)."""
-    tokens = torch.tensor([list(source)])
-    batch = Batch(tokens=tokens, mask=torch.ones_like(tokens, dtype=torch.bool),
-                  examples=[Example(tokens=[model.tokenizer.decode([i]) for i in source])])
-    batch.target = torch.tensor([[model.decoder_start, *prefix]])
-    batch.target_mask = torch.ones_like(batch.target, dtype=torch.bool)
-    return batch
-
-
-def choose_token(probs: Tensor, sample: bool, generator: torch.Generator | None) -> int:
-    """The next token: the most probable, or one drawn from ``probs`` with ``generator``."""
-    if sample:
-        return int(torch.multinomial(probs.float().cpu(), 1, generator=generator))
-    return int(probs.argmax())
-
-
-def generate(model: HFModel, source: Sequence[int], count: int, sample: bool = False, seed: int = 0) -> list[int]:
-    """``count`` tokens after ``source`` (a decoder's prompt, an encoder-decoder's source) by the model's
-    own forward, greedy or sampled (seeded); stops after the end-of-sequence token."""
-    generator = torch.Generator().manual_seed(seed) if sample else None
-    eos = model.tokenizer.eos_token_id
-    out: list[int] = []
-    device = next(model.parameters()).device
-    with evaluation(model), torch.no_grad():
-        for _ in range(count):
-            if model.kind == "encoder-decoder":
-                row = forced_row(model, source, out)
-            else:
-                row = decoder_rows(model, [*source, *out], [], 1)
-            token = choose_token(model(row.to(device)).probs[0], sample, generator)
-            out.append(token)
-            if token == eos:
-                break
-    return out
+    """One encoder-decoder row: ``source`` and the decoder start token plus ``prefix`` (unpadded), teacher-forced as
+    the alignment test's reference targets are (:func:`~attnaudit.models.hf_batches.forced_batch`)."""
+    return forced_batch([source], [prefix], model.decoder_start, pad_id(model), [Example(tokens=[model.tokenizer.decode([i]) for i in source])])
 
 
 def step_records(probs: Tensor, target: Sequence[int], contrast: Sequence[int] | None, decode: Any) -> list[dict[str, Any]]:
@@ -254,14 +223,19 @@ def word_indices(pieces: Sequence[str]) -> list[int]:
     return words
 
 
+def check_length(model: HFModel, source: Sequence[int], steps: int) -> None:
+    """A one-line error when ``steps`` target tokens after ``source`` exceed what the model reads."""
+    limit = model.config.max_len
+    if model.kind == "encoder-decoder" and max(len(source), steps + 1) > limit:
+        raise AttnAuditError(f"the source has {len(source)} tokens and the target {steps}; this model reads at most {limit}")
+    if model.kind != "encoder-decoder" and len(source) + steps > limit:
+        raise AttnAuditError(f"the prompt and the continuation have {len(source) + steps} tokens; this model reads at most {limit}")
+
+
 def step_batches(model: HFModel, source: list[int], target: list[int], contrast: list[int] | None = None) -> list[Batch]:
     """The steps of a sequence as batches whose rows explain ``target[t]`` (and its ``contrast[t]``): one batch
     of every step for a decoder, one batch per step for an encoder-decoder; one-line errors past the model's length."""
-    limit = model.config.max_len
-    if model.kind == "encoder-decoder" and max(len(source), len(target) + 1) > limit:
-        raise AttnAuditError(f"the source has {len(source)} tokens and the target {len(target)}; this model reads at most {limit}")
-    if model.kind != "encoder-decoder" and len(source) + len(target) > limit:
-        raise AttnAuditError(f"the prompt and the continuation have {len(source) + len(target)} tokens; this model reads at most {limit}")
+    check_length(model, source, len(target))
     explained = torch.tensor(target)
     foils = torch.tensor(contrast) if contrast is not None else None
     if model.kind != "encoder-decoder":
@@ -276,21 +250,18 @@ def step_batches(model: HFModel, source: list[int], target: list[int], contrast:
 
 def explain_steps(
     run: Run, methods: dict[str, Explanation], source: list[int], target: list[int], contrast: list[int] | None, offered: dict[str, Any]
-) -> tuple[Tensor, dict[str, list[list[float]]], list[list[dict[str, Any]]], list[str]]:
-    """Each step's distribution ``(steps, V)``, the methods' scores and the items per step, and the source tokens."""
+) -> tuple[dict[str, list[list[float]]], list[list[dict[str, Any]]], list[str]]:
+    """The methods' scores and the items per step, and the source tokens."""
     model = cast("HFModel", run.model)
     tokenizer = model.tokenizer
     batches = step_batches(model, source, target, contrast)
     device = next(model.parameters()).device
-    probs: list[Tensor] = []
     scores: dict[str, list[list[float]]] = {name: [] for name in methods}
     items: list[list[dict[str, Any]]] = []
     pieces = [tokenizer.decode([i]) for i in source + target]
     source_words, target_words = word_indices(pieces[: len(source)]), word_indices(pieces[len(source) :])
     for batch in batches:
         batch = batch.to(device)
-        with evaluation(model), torch.no_grad():
-            probs.append(model(batch).probs.float().cpu())
         mask = item_mask(model, batch).cpu()
         values = {name: method(run, batch, **offered).float().cpu() for name, method in methods.items()}
         for b in range(len(batch)):
@@ -302,7 +273,7 @@ def explain_steps(
             ])
             for name, value in values.items():
                 scores[name].append(value[b, positions].tolist())
-    return torch.cat(probs), scores, items, pieces[: len(source)]
+    return scores, items, pieces[: len(source)]
 
 
 def explain_generated(
@@ -327,9 +298,11 @@ def explain_generated(
     source = encode_exactly(model.tokenizer, text)
     if target is not None:
         ids = target_ids(model, target, "--target")
+        check_length(model, source, len(ids))
+        probs = model.forced_distributions(source, ids)
     else:
         assert generate is not None
-        ids = generate_tokens(model, source, generate, sample, seed)
+        ids, probs = generate_tokens(model, source, generate, sample, seed)
     foils = None
     if contrast is not None:
         foils = target_ids(model, contrast, "--contrast")
@@ -337,7 +310,7 @@ def explain_generated(
             raise AttnAuditError(
                 f"--contrast has {len(foils)} tokens and the explained continuation {len(ids)}; give a contrast of as many tokens"
             )
-    probs, scores, items, source_tokens = explain_steps(run, methods, source, ids, foils, offered or {})
+    scores, items, source_tokens = explain_steps(run, methods, source, ids, foils, offered or {})
     decode = model.tokenizer.decode
     return Generated(
         source=source_tokens,
@@ -355,14 +328,14 @@ def explain_generated(
     )
 
 
-def generate_tokens(model: HFModel, source: Sequence[int], count: int, sample: bool, seed: int) -> list[int]:
-    """:func:`generate` after checking ``count`` against the model's length."""
+def generate_tokens(model: HFModel, source: Sequence[int], count: int, sample: bool, seed: int) -> tuple[list[int], Tensor]:
+    """:meth:`HFModel.continuation` (the tokens and the distribution of each) after checking ``count`` against the model's length."""
     if count < 1:
         raise AttnAuditError(f"--generate must be at least 1, got {count}")
     if model.kind != "encoder-decoder" and len(source) + count > model.config.max_len:
         raise AttnAuditError(f"the prompt has {len(source)} tokens; this model reads at most {model.config.max_len}, so --generate at most "
                              f"{model.config.max_len - len(source)}")
-    return generate(model, source, count, sample, seed)
+    return model.continuation(source, count, sample, seed)
 
 
 def plot_generation(generated: Generated, method: str, stem: Path) -> list[Path]:

@@ -169,6 +169,21 @@ class HFSubwords:
         return tokenize(self.tokenizer.decode(list(ids), skip_special_tokens=True))
 
 
+def forced_batch(
+    sources: Sequence[Sequence[int]], prefixes: Sequence[Sequence[int]] | None, start: int, pad_id: int, examples: list[Example]
+) -> Batch:
+    """Teacher forcing: source rows and, on the decoder, ``start`` followed by each row's target prefix, right-padded.
+
+    The one way a target reaches an encoder-decoder: the alignment test's reference translations (through
+    :class:`HFSeq2SeqCollator`, the prefix being the target without its last token) and each step of a
+    generated or forced sequence (:func:`attnaudit.explain.generation.forced_row`: the tokens before the step)."""
+    tokens, mask = _pad([list(row) for row in sources], pad_id)
+    batch = Batch(tokens=tokens, mask=mask, examples=examples)
+    if prefixes is not None:
+        batch.target, batch.target_mask = _pad([[start, *prefix] for prefix in prefixes], pad_id)
+    return batch
+
+
 class HFSeq2SeqCollator:
     """Batches for an encoder-decoder: ``tokens`` = source with the tokenizer's specials, ``labels`` =
     target with its specials (``-100`` at padding), ``target`` = ``decoder_start + labels[:-1]``.
@@ -207,10 +222,8 @@ class HFSeq2SeqCollator:
                 ids, cut = self._wrap(self.target.encode(ex.target)[0], 1)
                 labels.append(ids)
                 truncated += cut
-        tokens, mask = _pad(sources, self.pad_id)
-        batch = Batch(tokens=tokens, mask=mask, examples=list(examples))
+        batch = forced_batch(sources, [ids[:-1] for ids in labels] if labels else None, self.decoder_start, self.pad_id, list(examples))
         if labels:
-            batch.target, batch.target_mask = _pad([[self.decoder_start] + ids[:-1] for ids in labels], self.pad_id)
             batch.labels, _ = _pad(labels, IGNORE_INDEX)
         if truncated:
             warn(f"{truncated} sequence(s) in a batch of {len(examples)} exceeded max_len={self.max_len}; truncated")

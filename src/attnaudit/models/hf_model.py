@@ -50,6 +50,7 @@ from attnaudit.models.hf_config import (
     output_kind,
 )
 from attnaudit.models.hf_config import heads as attention_heads
+from attnaudit.models.hf_generation import continue_ids, forced_distributions
 from attnaudit.models.hf_inputs import HFInputs, pass_inputs, pass_masks, real_positions, states_entering
 from attnaudit.models.hf_layouts import read_layouts
 from attnaudit.models.hf_pass import HFLayer, Pass, decided, wrapped
@@ -64,6 +65,7 @@ from attnaudit.models.interface import (
     Intervention,
     ModelConfig,
     ModelOutput,
+    evaluation,
 )
 from attnaudit.models.seq2seq import EncoderDecoderLayout
 
@@ -297,6 +299,21 @@ class HFModel(HFCapabilities, HFRestarts, EncoderDecoderLayout, AttentionModel):
         ):
             out = self.hf(**inputs, use_cache=False)
         return ModelOutput(logits=decision(out), trace=trace)
+
+    def continuation(self, source: Sequence[int], count: int, sample: bool = False, seed: int = 0) -> tuple[list[int], Tensor]:
+        """Up to ``count`` tokens after ``source`` by the model's own cached forward (greedy, or sampled with a
+        generator seeded by ``seed``) and the distribution ``(steps, V)`` each came from; stops after end-of-sequence."""
+        generator = torch.Generator().manual_seed(seed) if sample else None
+        encoder_decoder = self.kind == "encoder-decoder"
+        start = self.decoder_start if encoder_decoder else -1  # a decoder's prompt is its own start
+        with evaluation(self):
+            return continue_ids(self.hf, encoder_decoder, source, start, count, self.tokenizer.eos_token_id, sample, generator)
+
+    def forced_distributions(self, source: Sequence[int], target: Sequence[int]) -> Tensor:
+        """The next-token distribution ``(len(target), V)`` before each token of a forced ``target``: one teacher-forced pass."""
+        encoder_decoder = self.kind == "encoder-decoder"
+        with evaluation(self):
+            return forced_distributions(self.hf, encoder_decoder, source, self.decoder_start if encoder_decoder else -1, target)
 
     @torch.no_grad()
     def greedy(self, batch: Batch, max_len_a: float = 1.5, max_len_b: int = 10) -> list[list[int]]:
