@@ -63,6 +63,10 @@ Verbalizer = Annotated[
 ]
 MaxLength = Annotated[int | None, typer.Option(help="--hf: keep at most N tokens of each text (special tokens and a prompt's template stay).")]
 Dtype = Annotated[str | None, typer.Option(help="--hf decoder LLM parameter dtype: float32 (default, the reference) or bfloat16.")]
+DeviceMap = Annotated[str | None, typer.Option(
+    help="--hf model larger than one device: auto (or balanced, sequential) or a .json file of module -> cpu/disk/cuda:N; "
+         "accelerate places the layers (--device is then not used).")]
+MaxMemory = Annotated[str | None, typer.Option(help="With --device-map: memory per device, e.g. cpu=2GiB,0=20GiB; what does not fit goes to disk.")]
 
 
 class _Range(TypedDict):
@@ -323,6 +327,8 @@ def explain(
     prompt: Prompt = None,
     verbalizer: Verbalizer = None,
     dtype: Dtype = None,
+    device_map: DeviceMap = None,
+    max_memory: MaxMemory = None,
     generate: Annotated[
         int | None, typer.Option(help="Generate N tokens after the text (a decoder or encoder-decoder) and explain each one.")
     ] = None,
@@ -382,6 +388,7 @@ def explain(
     result = explain_text(
         hf if hf is not None else _run_dir(run), text.replace("\\n", "\n"), _names(method), out, prompt=prompt, verbalizer=verbalizer,
         max_length=max_length, seed=seed, steps=steps, device=device, data_dir=data_dir, dtype=dtype, target=target,
+        device_map=device_map, max_memory=max_memory,
         generate=generate, contrast=contrast, sample=sample, aggregate=aggregate,
         options={k: v for k, v in {"reduction": reduction, "score": score, "baseline": baseline}.items() if v is not None},
     )
@@ -700,10 +707,10 @@ def _make_run_command(name: str, experiment: Any) -> None:
 
         set_quiet(kwargs.pop("quiet"))
         run_dir, hf, task = kwargs.pop("run_dir"), kwargs.pop("hf"), kwargs.pop("task")
-        zero_shot = {k: kwargs.pop(k) for k in ("prompt", "verbalizer", "max_length", "dtype")}
+        zero_shot = {k: kwargs.pop(k) for k in ("prompt", "verbalizer", "max_length", "dtype", "device_map", "max_memory")}
         zero_shot = {k: v for k, v in zero_shot.items() if v is not None}
         if zero_shot and not hf:
-            raise AttnAuditError("--prompt/--verbalizer/--max-length/--dtype apply with --hf only")
+            raise AttnAuditError("--prompt/--verbalizer/--max-length/--dtype/--device-map/--max-memory apply with --hf only")
         common = {k: kwargs.pop(k) for k in ("split", "limit", "limit_order", "seed", "out", "data_dir", "device")}
         for key, annotation in sequences.items():
             if kwargs[key] is None:
@@ -752,6 +759,8 @@ def _make_run_command(name: str, experiment: Any) -> None:
         inspect.Parameter("verbalizer", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Verbalizer),
         inspect.Parameter("max_length", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=MaxLength),
         inspect.Parameter("dtype", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Dtype),
+        inspect.Parameter("device_map", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=DeviceMap),
+        inspect.Parameter("max_memory", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=MaxMemory),
         inspect.Parameter("data_dir", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=DataDir),
         inspect.Parameter("device", inspect.Parameter.KEYWORD_ONLY, default="auto", annotation=Device),
         inspect.Parameter("quiet", inspect.Parameter.KEYWORD_ONLY, default=False, annotation=Quiet),

@@ -26,7 +26,7 @@ from attnaudit.models.hf_loading import (
     build_hf_model,
 )
 from attnaudit.models.hf_model import HFModel
-from attnaudit.options import check_dtype, check_max_length
+from attnaudit.options import check_dtype, check_max_length, parse_device_map, parse_max_memory
 from attnaudit.pretrained import resolve_source
 from attnaudit.run import Run, TaskSpec, absolute_dir, read_config, write_config
 
@@ -39,8 +39,12 @@ def _make_run(
 ) -> Run:
     from attnaudit.seed import resolve_device
 
-    dev = resolve_device(device)
-    model.to(dev).eval()
+    if device is None:  # placed by accelerate (--device-map): inputs go where the embeddings are
+        dev = model.input_device
+    else:
+        dev = resolve_device(device)
+        model.to(dev)
+    model.eval()
     zero_shot = model.config.extra.get("zero_shot")
     if model.kind == "encoder-decoder":
         collate: Any = seq2seq_collator(model)
@@ -49,6 +53,27 @@ def _make_run(
     else:
         collate = HFCollator(model.tokenizer, spec.labels, spec.task_type, model.config.max_len, model.uses_token_types)
     return Run(model=model, collate=collate, task=spec, path=path, device=dev, info=info, _data=data)
+
+
+def _placement(device_map: str | dict[str, str | int] | None, max_memory: str | dict[str | int, str] | None) -> dict[str, Any]:
+    """accelerate's loading arguments for ``--device-map``/``--max-memory``: offloaded layers go to a temporary
+    folder removed when the process ends; empty without a device map."""
+    if device_map is None:
+        if max_memory is not None:
+            raise AttnAuditError("--max-memory applies with --device-map")
+        return {}
+    import atexit
+    import shutil
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix="attnaudit-offload-")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    memory = parse_max_memory(max_memory) if isinstance(max_memory, str) else max_memory
+    placement: dict[str, Any] = {"device_map": parse_device_map(device_map) if isinstance(device_map, str) else device_map,
+                                 "offload_folder": folder}
+    if memory:
+        placement["max_memory"] = memory
+    return placement
 
 
 def load_hf(
@@ -61,6 +86,8 @@ def load_hf(
     verbalizer: str | dict[str, str] | None = None,
     dtype: torch.dtype | str = torch.float32,
     max_length: int | None = None,
+    device_map: str | dict[str, str | int] | None = None,
+    max_memory: str | dict[str | int, str] | None = None,
 ) -> Run:
     """A :class:`~attnaudit.run.Run` around a Hugging Face encoder or decoder.
 
@@ -76,8 +103,12 @@ def load_hf(
     tokens of each text (the collator's ``max_text``; special tokens and a prompt's template stay).
     An encoder-decoder (Marian, BART, T5; e.g. ``Helsinki-NLP/opus-mt-de-en``) runs on seq2seq
     tasks (``europarl-deen``): teacher-forced, its trace holds encoder, decoder and cross-attention.
+    ``device_map`` (``--device-map``: ``auto``, another accelerate strategy or module -> device) spreads a model
+    larger than one device over the GPUs, the CPU and disk (``max_memory``: ``cpu=2GiB,0=20GiB``, the budget per
+    device); then ``device`` is not used, each layer runs where accelerate put it.
     """
     check_max_length(max_length)
+    placement = _placement(device_map, max_memory)
     if isinstance(dtype, str):
         dtype = DTYPES[check_dtype(dtype)]
     source = resolve_source(name_or_path)
@@ -98,7 +129,7 @@ def load_hf(
             labels=list(data.labels),
             data_dir=absolute_dir(data_dir),
         )
-    model = build_hf_model(source, spec.task_type, num_labels, dtype=dtype)
+    model = build_hf_model(source, spec.task_type, num_labels, dtype=dtype, placement=placement)
     _check_task(model, spec, task is None, source)
     if model.kind == "decoder" and num_labels is None:
         chosen = zeroshot.resolve(spec.spec if isinstance(task, str) else None, prompt, verbalizer)
@@ -121,7 +152,9 @@ def load_hf(
         info["dtype"] = str(dtype).removeprefix("torch.")
     if max_length is not None:
         info["max_length"] = max_length
-    run = _make_run(model, spec, device, None, info, data)
+    if placement:
+        info["device_map"] = getattr(model.hf, "hf_device_map", None) or placement["device_map"]
+    run = _make_run(model, spec, None if placement else device, None, info, data)
     run.collate.max_text = max_length  # type: ignore[attr-defined]
     return run
 

@@ -10,11 +10,14 @@ the three entry points cannot disagree (tests/test_options.py feeds them the sam
 from __future__ import annotations
 
 import math
+import re
 import types
 import typing
+from pathlib import Path
 from typing import Any
 
-from attnaudit.errors import AttnAuditError, spelled, unknown
+from attnaudit.errors import AttnAuditError, InputError, spelled, unknown
+from attnaudit.io import read_json_object
 
 _TRUE = ("true", "1", "yes")
 _FALSE = ("false", "0", "no")
@@ -185,6 +188,39 @@ DTYPE_NAMES = ("float32", "bfloat16")
 def check_dtype(name: str, where: str = "--dtype") -> str:
     """A ``--dtype`` name, refused in one line unless it is one of :data:`DTYPE_NAMES`."""
     return _scalar(str(name), typing.Literal[DTYPE_NAMES], where)
+
+
+DEVICE_MAP_STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
+"""``--device-map`` names accelerate places layers by; otherwise a JSON file mapping module names to devices."""
+
+
+def parse_device_map(value: str, where: str = "--device-map") -> str | dict[str, str | int]:
+    """A ``--device-map``: an accelerate strategy (:data:`DEVICE_MAP_STRATEGIES`) or a ``.json`` file mapping
+    module names to ``cpu``, ``disk``, ``cuda:N`` or a GPU index; refused in one line otherwise."""
+    if value in DEVICE_MAP_STRATEGIES:
+        return value
+    path = Path(value)
+    if path.suffix != ".json" or not path.is_file():
+        raise AttnAuditError(f"{where} must be one of {', '.join(DEVICE_MAP_STRATEGIES)} or a .json file of module -> device, got {value!r}")
+    mapping = read_json_object(path)
+    bad = [k for k, v in mapping.items() if isinstance(v, bool) or not isinstance(v, (str, int))]
+    if not mapping or bad:
+        raise InputError(str(path), f"{where} needs an object of module name -> device (cpu, disk, cuda:N or a GPU index)"
+                         + (f"; {bad[0]!r} is not one" if bad else ""))
+    return dict(mapping)
+
+
+def parse_max_memory(value: str, where: str = "--max-memory") -> dict[str | int, str]:
+    """``cpu=2GiB,0=20GiB`` (device=size, as accelerate reads them) as a dict; refused in one line otherwise."""
+    out: dict[str | int, str] = {}
+    for part in (p.strip() for p in value.split(",") if p.strip()):
+        device, _, size = part.partition("=")
+        if not size or not re.fullmatch(r"\d+(\.\d+)?\s*([KMGT]i?B)?", size.strip(), re.IGNORECASE):
+            raise AttnAuditError(f"{where} takes device=size pairs such as cpu=2GiB,0=20GiB; got {part!r}")
+        out[int(device) if device.strip().isdigit() else device.strip()] = size.strip()
+    if not out:
+        raise AttnAuditError(f"{where} takes device=size pairs such as cpu=2GiB,0=20GiB; got {value!r}")
+    return out
 
 
 def check_max_length(value: int | None, where: str = "--max-length") -> int | None:

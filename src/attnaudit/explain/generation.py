@@ -255,7 +255,7 @@ def explain_steps(
     model = cast("HFModel", run.model)
     tokenizer = model.tokenizer
     batches = step_batches(model, source, target, contrast)
-    device = next(model.parameters()).device
+    device = model.input_device
     scores: dict[str, list[list[float]]] = {name: [] for name in methods}
     items: list[list[dict[str, Any]]] = []
     pieces = [tokenizer.decode([i]) for i in source + target]

@@ -106,6 +106,8 @@ def explain_text(
     device: str = "auto",
     data_dir: str | Path | None = None,
     dtype: str | None = None,
+    device_map: str | None = None,
+    max_memory: str | None = None,
     target: str | None = None,
     generate: int | None = None,
     contrast: str | None = None,
@@ -121,7 +123,8 @@ def explain_text(
     error. ``prompt``/``verbalizer`` (a causal LM only) explain the zero-shot decision instead of
     the next token. ``max_length`` truncates the input to that many tokens (the last kept one is
     then the explained position of a decoder). ``seed`` seeds every random method; ``steps`` is
-    IG's. ``dtype`` (a Hugging Face decoder): ``float32`` (default) or ``bfloat16`` parameters.
+    IG's. ``dtype`` (a Hugging Face decoder): ``float32`` (default) or ``bfloat16`` parameters; ``device_map`` and
+    ``max_memory``: a model spread over devices, the CPU and disk (:func:`attnaudit.hf.load_hf`).
     ``generate`` (N tokens made by the model, greedy or with ``sample`` seeded by ``seed``) or ``target``
     (a continuation forced on the model): a decoder's or encoder-decoder's sequence explained token by
     token (a :class:`~attnaudit.explain.generation.Generated`); ``contrast``: a continuation of as many
@@ -150,7 +153,7 @@ def explain_text(
         raise AttnAuditError(f"--aggregate must be one of {choices}" if sequence else "--aggregate applies with --generate or --target")
     offered = {"seed": seed, "steps": steps, **method_options(options)}
     folder = check_output_dir(out) if out is not None else None
-    run = _load(source, prompt, verbalizer, device, data_dir, dtype)
+    run = _load(source, prompt, verbalizer, device, data_dir, {"dtype": dtype, "device_map": device_map, "max_memory": max_memory})
     set_seed(seed)
     explained: Explained | Generated
     with _decision(run, sequence) as kind:
@@ -203,12 +206,13 @@ def definitions(methods: Sequence[str], offered: dict[str, Any], given: dict[str
 
 
 def _load(
-    source: Run | str | Path, prompt: str | None, verbalizer: Any, device: str, data_dir: str | Path | None, dtype: str | None = None
+    source: Run | str | Path, prompt: str | None, verbalizer: Any, device: str, data_dir: str | Path | None, loading: dict[str, Any]
 ) -> Run:
-    """A Run as given; a directory holding an attnaudit run config; else a Hugging Face model."""
+    """A Run as given; a directory holding an attnaudit run config; else a Hugging Face model (``loading``: how, e.g. ``dtype``)."""
     hf = not isinstance(source, Run) and not is_run_dir(Path(source))
-    if not hf and (prompt is not None or verbalizer is not None or dtype is not None):
-        raise AttnAuditError("--prompt/--verbalizer/--dtype apply with --hf only")
+    loading = {k: v for k, v in loading.items() if v is not None}
+    if not hf and (prompt is not None or verbalizer is not None or loading):
+        raise AttnAuditError(f"--prompt/--verbalizer/{'/'.join('--' + k.replace('_', '-') for k in loading) or '--dtype'} apply with --hf only")
     if isinstance(source, Run):
         return source
     if not hf:
@@ -217,7 +221,7 @@ def _load(
         return load_run(source, device=device, data_dir=data_dir)
     from attnaudit.hf import load_hf
 
-    return load_hf(str(source), device=device, prompt=prompt, verbalizer=verbalizer, dtype=dtype or "float32")
+    return load_hf(str(source), device=device, prompt=prompt, verbalizer=verbalizer, **loading)
 
 
 def _describe(source: Run | str | Path, run: Run) -> str:

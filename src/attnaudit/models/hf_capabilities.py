@@ -46,8 +46,16 @@ class HFCapabilities:
     def num_attention_layers(self) -> int:
         raise NotImplementedError
 
+    @property
+    def offloaded(self) -> list[str]:
+        raise NotImplementedError
+
     def lacks(self, need: str) -> str | None:
         """Why this model lacks a structural need (:data:`attnaudit.explain.registry.NEEDS`), or None."""
+        offloaded = self.offloaded if need in ("value_output", "residual_norms", "lrp") else []
+        if offloaded:
+            return (f"{self.hf_type}: --device-map keeps {offloaded[0]} (and {len(offloaded) - 1} more) off the model between passes; "
+                    "methods that read the weights need every layer in memory")
         if need == "value_output":
             if self.structure.route != "interface":
                 inside = type(self.structure.sites[0].module).__name__

@@ -15,11 +15,13 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 
-def _device(hf: nn.Module) -> torch.device:
-    return next(hf.parameters()).device
+def input_device(hf: Any) -> torch.device:
+    """Where inputs go: the input embeddings' device (a layer offloaded by accelerate reads its inputs where it runs)."""
+    weight = hf.get_input_embeddings().weight
+    return weight.device if weight.device.type != "meta" else torch.device("cpu")
 
 
 def _row(ids: Sequence[int], device: torch.device) -> Tensor:
@@ -40,7 +42,7 @@ def continue_ids(
 ) -> tuple[list[int], Tensor]:
     """Up to ``count`` tokens after ``source`` (a decoder's prompt, an encoder-decoder's source whose decoder
     begins with ``start``; unused for a decoder) and the distribution ``(steps, V)`` each was chosen from; stops after ``eos``."""
-    device = _device(hf)
+    device = input_device(hf)
     src = _row(source, device)
     out: list[int] = []
     probs: list[Tensor] = []
@@ -69,7 +71,7 @@ def continue_ids(
 def forced_distributions(hf: Any, encoder_decoder: bool, source: Sequence[int], start: int, target: Sequence[int]) -> Tensor:
     """The next-token distribution ``(len(target), V)`` before each token of ``target`` after ``source``: one
     teacher-forced pass (a decoder reads ``source + target[:-1]``; an encoder-decoder ``start + target[:-1]``)."""
-    device = _device(hf)
+    device = input_device(hf)
     if encoder_decoder:
         src = _row(source, device)
         logits = hf(input_ids=src, attention_mask=torch.ones_like(src), decoder_input_ids=_row([start, *target[:-1]], device),

@@ -261,13 +261,15 @@ def build_hf_model(
     num_labels: int | None = None,
     trained_head: bool | None = None,
     dtype: torch.dtype = torch.float32,
+    placement: dict[str, Any] | None = None,
 ) -> HFModel:
     """Load ``source`` (a folder or hub name: safetensors only; or a ``.gguf`` file) in eager mode and wrap it.
 
     A checkpoint saved with a sequence-classification head is loaded with it; otherwise ``num_labels``
     adds a fresh head (for fine-tuning) and None loads the causal LM (decoders), the LM head
     (encoder-decoders) or the bare model (encoders). ``dtype``: the parameters' dtype (float32, the
-    reference; bfloat16 halves memory, e.g. on a GPU)."""
+    reference; bfloat16 halves memory, e.g. on a GPU). ``placement``: accelerate's ``device_map``, ``max_memory`` and
+    ``offload_folder``, for a model larger than one device (its layers spread over devices, the CPU and disk)."""
     folder, gguf = _gguf(source)
     cached = gguf_cache.converted(Path(folder) / gguf["gguf_file"], partial(_convert_gguf, folder, gguf)) if gguf else None
     if cached is not None:
@@ -283,6 +285,7 @@ def build_hf_model(
         common["use_safetensors"] = True
     if num_labels is not None and not has_head:
         common["num_labels"] = num_labels
+    common.update(placement or {})
     hf = _load(loader, folder, gguf, **common)
     if gguf:
         _detach_gguf_quantizer(hf)

@@ -50,7 +50,7 @@ from attnaudit.models.hf_config import (
     output_kind,
 )
 from attnaudit.models.hf_config import heads as attention_heads
-from attnaudit.models.hf_generation import continue_ids, forced_distributions
+from attnaudit.models.hf_generation import continue_ids, forced_distributions, input_device
 from attnaudit.models.hf_inputs import HFInputs, pass_inputs, pass_masks, real_positions, states_entering
 from attnaudit.models.hf_layouts import read_layouts
 from attnaudit.models.hf_pass import HFLayer, Pass, decided, wrapped
@@ -174,6 +174,16 @@ class HFModel(HFCapabilities, HFRestarts, EncoderDecoderLayout, AttentionModel):
             self.config.extra.update(encoder_decoder=True, decoder_layers=len(kinds) // 2)
         self.value_interventions = self.structure.route == "interface"
         self.supports_lrp = self.structure.route == "interface" and self.kind != "encoder-decoder"
+
+    @property
+    def offloaded(self) -> list[str]:
+        """Parameters accelerate keeps off the model between passes (``--device-map`` offloading to the CPU or disk)."""
+        return [name for name, p in self.hf.named_parameters() if p.device.type == "meta"]
+
+    @property
+    def input_device(self) -> torch.device:
+        """Where a batch goes: the input embeddings' device (accelerate moves each layer's inputs to its own)."""
+        return input_device(self.hf)
 
     @property
     def decoder_start(self) -> int:
