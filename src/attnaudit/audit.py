@@ -10,6 +10,8 @@ applies to it, cheap tests first, and writes
   interpretation), plus a row per skipped or failed test (rewritten by ``attnaudit report``);
 * ``OUT/audit.json`` — what ran, what was skipped and why, errors;
 * ``OUT/report.html`` — the self-contained report (:mod:`attnaudit.report`).
+* ``OUT/shards/<test>/<k>.json`` — with ``--engine ray``, a test's finished shards until its result is stored
+  (:mod:`attnaudit.shards`).
 
 Re-running resumes: a stored result is loaded, not rerun, only when it names the same test
 and its ``meta["fingerprint"]`` (:func:`~attnaudit.experiments.experiment.fingerprint`: options,
@@ -51,8 +53,10 @@ from attnaudit.report import build_report
 from attnaudit.report.explorer import EXPLORE
 from attnaudit.report.summary import AUDIT, order_tests, summary_rows
 from attnaudit.run import Run
+from attnaudit.shards import Sharded, Source, check_engine, engine_for
 
 RESULTS = "results"
+SHARDS = "shards"
 
 
 @dataclass
@@ -116,6 +120,16 @@ def _load_target(
 
     options = {"seed": seed, **train_options}
     return train(task, str(model), out / "run", data_dir=data_dir, device=device, **options)
+
+
+def _source(target: Run, hf: str | None, task: str | None, data_dir: str | Path | None, device: str,
+            hf_options: dict[str, Any]) -> Source | None:
+    """What a Ray worker loads to audit ``target`` (None when it is no saved run nor a Hugging Face model)."""
+    folder = str(target.subruns)
+    data = str(data_dir) if data_dir else None
+    if hf is not None:
+        return Source(folder, hf=hf, task=task, data_dir=data, device=device, hf_options=hf_options)
+    return Source(folder, run=str(target.path), data_dir=data, device=device) if target.path else None
 
 
 def _plan(
@@ -245,6 +259,10 @@ def audit(
     max_length: int | None = None,
     dtype: str | None = None,
     limit_order: str = "stratified",
+    engine: str = "local",
+    workers: int | None = None,
+    address: str | None = None,
+    shard_size: int | None = None,
     **train_options: Any,
 ) -> AuditResult:
     """Audit a model's attention with every applicable test and write ``out/report.html``.
@@ -263,6 +281,9 @@ def audit(
     ``max_length``: keep at most that many tokens of each text; ``dtype``: a decoder's parameter dtype
     (``float32`` or ``bfloat16``); both with ``hf`` only. ``limit``: audit that many examples of the split,
     a sample stratified by label drawn with ``seed`` (``limit_order="first"``: the first ones).
+    ``engine="ray"``: the tests on ``workers`` Ray workers (the cluster at ``address``, else a local Ray),
+    shardable tests in checkpointed shards of ``shard_size`` instances (:mod:`attnaudit.shards`; with
+    ``engine="local"`` a ``shard_size`` computes the same shards in this process).
     """
     out = Path(out)
     check_seed(seed)
@@ -273,6 +294,7 @@ def audit(
         raise AttnAuditError(f"--heatmaps must be >= 0, got {heatmap_instances}")
     if explore < 0:
         raise AttnAuditError(f"--explore must be >= 0, got {explore}")
+    check_engine(engine, workers, address)
     train_options = {k: v for k, v in train_options.items() if v is not None}
     order, options = _plan(only, skip, test_options or {})
     named = {"prompt": prompt, "verbalizer": verbalizer, "max_length": check_max_length(max_length), "dtype": dtype}
@@ -287,13 +309,15 @@ def audit(
     if strict_options:
         _refuse_unused_settings(target, order, test_options or {})
     results_dir = out / RESULTS
-    for folder, below in ((out, False), (results_dir, False), (out / "subruns", True)):
+    for folder, below in ((out, False), (results_dir, False), (out / "subruns", True), (out / SHARDS, True)):
         remove_stray_tmp(folder, recursive=below)  # left by a killed audit
     target = replace(target, subruns=out / "subruns")  # the audited run directory is only read
     outcome = AuditResult(out=out)
-    settings = {"split": split, "limit": limit, "seed": seed, "figures": figures, "data_dir": data_dir, "limit_order": limit_order}
     status(f"auditing {target.family} on {target.task.spec or 'its data'}: {len(order)} test(s) -> {out}")
-    with memoised(target.model) as memo:  # the report's explanations reuse the tests' scores
+    source = _source(target, hf, task, data_dir, device, hf_options) if engine == "ray" else None
+    with engine_for(engine, source, out / SHARDS, workers, address, shard_size) as compute, memoised(target.model) as memo:
+        settings = {"split": split, "limit": limit, "seed": seed, "figures": figures, "data_dir": data_dir,
+                    "limit_order": limit_order, "compute": compute}
         log, lost = _run_tests(order, options, target, results_dir, outcome, settings, memo)
         outcome.rows = summary_rows(log, outcome.results)
         _write_record(out, target, log, outcome, lost, (heatmap_instances, explore), split=split, limit=limit, seed=seed,
@@ -316,6 +340,7 @@ def _run_one(
     figures: bool,
     data_dir: str | Path | None,
     limit_order: str,
+    compute: Sharded | None,
 ) -> tuple[dict[str, Any], OSError | None]:
     """One test of an audit: skipped (with the reason), reused from a stored result whose
     fingerprint matches, or run and saved. Its ``audit.json`` entry is returned; a failure is
@@ -344,10 +369,12 @@ def _run_one(
         status(f"{prefix}: " + (f"[yellow]stored result not reused[/] ({stale}), running" if stale else "running"))
         result = run_test(
             name, target, split=split, limit=limit, seed=seed, out=results_dir, data_dir=data_dir, plot=figures,
-            limit_order=limit_order, **entry["options"]
+            limit_order=limit_order, compute=compute, **entry["options"]
         )
         result.meta["audit"] = {"options_hash": stamp["hash"]}
         result.save(results_dir)
+        if compute is not None:
+            compute.done(name)
         outcome.results[name] = result
         entry.update(status="done", seconds=round(time.perf_counter() - start, 3))
         status(f"{prefix}: [green]done[/] in {time.perf_counter() - start:.1f}s")

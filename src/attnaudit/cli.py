@@ -313,7 +313,8 @@ def explain(
     text: Annotated[str, typer.Option(help="The text whose decision is explained.")],
     out: Annotated[
         Path | None,
-        typer.Option(help="Folder for explanation.json, explanation.csv and explanation.png/.svg (without it: a table here, nothing written)."),
+        typer.Option(help="Folder for explanation.json, explanation.csv and explanation.png/.svg; with --generate/--target generation.json, "
+                     ".csv, .html (a page to browse the steps) and a heatmap per method (without it: a table here, nothing written)."),
     ] = None,
     hf: Annotated[str | None, typer.Option(help="Hugging Face model: smollm2 (next token), minilm, a path or a hub name.")] = None,
     run: Annotated[Path | None, typer.Option("--run", help="Run directory (explains its predicted class).")] = None,
@@ -522,6 +523,11 @@ def audit(
     heatmaps: Annotated[int, typer.Option(help="Most and least faithful instances shown as heatmaps (each).")] = 3,
     explore: Annotated[int, typer.Option(help="Instances in the report's interactive explorer (0: none).")] = 50,
     figures: Annotated[bool, typer.Option("--figures/--no-figures", help="Draw each test's figures (slow on a busy CPU).")] = True,
+    engine: Annotated[
+        str, typer.Option(help="local (this process) or ray: tests on Ray workers, per-instance tests in checkpointed shards.")
+    ] = "local",
+    workers: Annotated[int | None, typer.Option(help="Ray workers, each loading the model once (default: one per Ray CPU).")] = None,
+    address: Annotated[str | None, typer.Option(help="Ray cluster address for --engine ray (default: start a local Ray).")] = None,
     attention: Annotated[str | None, typer.Option(help="Training: softmax, entmax15, sparsemax or entmax:<alpha>.")] = None,
     scorer: Annotated[str | None, typer.Option(help="Training: RNN attention scorer, tanh or dot.")] = None,
     layers: Annotated[int | None, typer.Option(help="Training: Transformer layers.")] = None,
@@ -560,6 +566,7 @@ def audit(
         d_model=d_model, hidden_dim=hidden_dim, embed_dim=embed_dim, epochs=epochs, batch_size=batch_size,
         lr=lr, patience=patience, vectors=vectors, max_vocab=max_vocab, min_freq=min_freq,
         prompt=prompt, verbalizer=verbalizer, max_length=max_length, dtype=dtype, limit_order=limit_order,
+        engine=engine, workers=workers, address=address,
     )
     out_console.print(f"summary: {out / 'summary.csv'}\nreport: [bold]{result.report}[/]")
     if result.failed:

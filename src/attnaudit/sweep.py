@@ -39,11 +39,11 @@ from attnaudit.io import (
 )
 from attnaudit.options import SEED_MAX, check_value, conforms, type_name
 from attnaudit.progress import status, track
+from attnaudit.shards import ENGINES, ray_session
 
 JOB_FILE = "job.json"
 TABLE_CSV = "sweep.csv"
 TABLE_JSON = "sweep.json"
-ENGINES = ("local", "ray")
 # YAML grid key -> job parameter (the name of the matching `attnaudit train` option).
 GRID_KEYS = {"tasks": "task", "models": "model", "normalisers": "attention", "seeds": "seed", "lambdas": "lambda"}
 TOP_KEYS = ("out", "data_dir", "grid", "train", "audit")
@@ -462,21 +462,7 @@ def _run_local(jobs: list[Job], workers: int) -> Iterator[dict[str, Any]]:
 
 def _run_ray(jobs: list[Job], address: str | None, workers: int | None) -> Iterator[dict[str, Any]]:
     """Jobs as Ray tasks (one CPU each) on the cluster at ``address``, or a local Ray when none is running."""
-    try:
-        import ray
-    except ImportError:
-        raise AttnAuditError("--engine ray needs the ray package: pip install 'attnaudit[ray]'") from None
-
-    started = not ray.is_initialized()
-    if started:
-        try:
-            if address:
-                ray.init(address=address, log_to_driver=False)
-            else:
-                ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False)
-        except (ConnectionError, RuntimeError, ValueError) as exc:
-            raise AttnAuditError(f"could not connect to Ray{f' at {address}' if address else ''}: {error_line(exc)}") from None
-    try:
+    with ray_session(address, workers) as ray:
         remote = ray.remote(num_cpus=1, max_retries=0)(run_job)
         pending = {remote.remote(job): job for job in jobs}
         while pending:
@@ -487,9 +473,6 @@ def _run_ray(jobs: list[Job], address: str | None, workers: int | None) -> Itera
                     yield ray.get(ref)
                 except Exception as exc:  # RayTaskError / WorkerCrashedError: the worker died
                     yield _crashed(job, exc)
-    finally:
-        if started:
-            ray.shutdown()
 
 
 # --------------------------------------------------------------------------- aggregation

@@ -120,13 +120,44 @@ def test_an_encoder_decoder_explains_each_target_token_over_the_source(family: s
     for t, step in enumerate(generated.steps):
         full = distribution(source, t)
         assert step["probability"] == pytest.approx(float(full[ys[t]]), abs=1e-6)
-        assert {item["side"] for item in generated.items[t]} == {"source"} and len(generated.items[t]) == len(source)
+        sides = [item["side"] for item in generated.items[t]]
+        assert sides == ["source"] * len(source) + ["target"] * t  # the earlier target tokens follow the source
+        assert [item["token"] for item in generated.items[t][len(source):]] == [tokenizer.decode([y]) for y in ys[:t]]
         removed = [0.5 * float((distribution(source[:j] + source[j + 1 :], t) - full).abs().sum()) for j in range(len(source))]
-        assert generated.scores["loo"][t] == pytest.approx(removed, abs=1e-5)
+        assert generated.scores["loo"][t][: len(source)] == pytest.approx(removed, abs=1e-5)
+        assert all(v != v for v in generated.scores["loo"][t][len(source):])  # leave-one-out scores the source only: NaN
     greedy = explain_text(str(folder), PROMPT, generate=2, methods=["attention"])
     assert isinstance(greedy, Generated) and 1 <= len(greedy.target) <= 2
     with pytest.raises(AttnAuditError, match="give --generate N or --target TEXT"):
         explain_text(str(folder), PROMPT)
+
+
+@pytest.mark.parametrize("family", ["t5", "marian"])
+def test_gradients_reach_the_earlier_target_tokens_of_an_encoder_decoder(family: str, tmp_path: Path) -> None:
+    """input × gradient's L2 scores of a step, source then earlier target tokens, against autograd through transformers'
+    own forward given both sides' input embeddings (the decoder's: its embedding module's output, as the model makes it)."""
+    from attnaudit.architectures import save_tiny
+
+    folder = save_tiny(family, tmp_path / family)
+    options = {"reduction": "l2", "score": "probability"}
+    generated = explain_text(str(folder), PROMPT, target="a good film", methods=["input_gradient"], options=options)
+    model = load_hf(str(folder), device="cpu").model
+    hf, tokenizer = model.hf, model.tokenizer
+    source = tokenizer(PROMPT)["input_ids"]
+    ys = tokenizer(text_target="a good film", add_special_tokens=False)["input_ids"]
+    decoder = hf.get_decoder()
+    scale = float(getattr(decoder, "embed_scale", 1.0) or 1.0)  # Marian scales the module's output inside the decoder
+    hf.set_attn_implementation("eager")
+    try:
+        for t in range(len(ys)):
+            src = hf.get_encoder().get_input_embeddings()(torch.tensor([source])).detach().requires_grad_(True)
+            tgt = decoder.get_input_embeddings()(torch.tensor([[model.decoder_start, *ys[:t]]])).detach().requires_grad_(True)
+            probs = hf(inputs_embeds=src, decoder_inputs_embeds=tgt * scale).logits[0, -1].softmax(-1)
+            grad_src, grad_tgt = torch.autograd.grad(probs[ys[t]], [src, tgt])
+            expected = grad_src[0].norm(dim=-1).tolist() + grad_tgt[0, 1:].norm(dim=-1).tolist()
+            assert generated.scores["input_gradient"][t] == pytest.approx(expected, rel=1e-4, abs=1e-7)
+    finally:
+        hf.set_attn_implementation("attnaudit")
 
 
 def test_sampling_is_seeded_and_words_merge_their_pieces(llama: Path) -> None:

@@ -165,16 +165,18 @@ BASE_PASS_BUDGET = 1 << 30
 test makes its own (500 SST-2 prompts through SmolLM2 take ~0.6 GB)."""
 
 
-def base_pass(model: AttentionModel, batch: Batch) -> ModelOutput:
+def base_pass(model: AttentionModel, batch: Batch, cache: Cache | None = None) -> ModelOutput:
     """``model(batch)`` without interventions (no gradient), once per batch within an audit
     (:func:`~attnaudit.explain.registry.remembered`, up to :data:`BASE_PASS_BUDGET`): its output and every
     layer's weights and masks, with the explained layer's whole record (:meth:`AttentionTrace.thinned`).
     Importance, rollout, the normaliser swap, the shuffle and the prepared pass of the single-attention
-    tests read it. The result is shared: callers must not change it in place."""
+    tests read it. ``cache``: the batch's ``model.encode`` made in evaluation mode, when the caller has it
+    (``model(batch)`` is ``decode(encode(batch))``: the batch is not encoded twice). The result is shared:
+    callers must not change it in place."""
 
     def compute() -> ModelOutput:
         with evaluation(model), torch.no_grad():
-            out = model(batch)
+            out = model(batch) if cache is None else model.decode(cache)
         return ModelOutput(out.logits, out.trace.thinned({model.explained_layer % len(out.trace)}))
 
     def size(out: ModelOutput) -> int:
@@ -206,7 +208,8 @@ def prepare_pass(model: AttentionModel, batch: Batch, layers: Sequence[int]) -> 
     with torch.no_grad():
         base = model.encode(batch)
         explained = list(layers) == [model.explained_layer % model.num_attention_layers]
-        out = base_pass(model, batch) if explained and base.layer == 0 else model.decode(base)
+        encoded = None if model.training else base  # base_pass encodes in evaluation mode
+        out = base_pass(model, batch, encoded) if explained and base.layer == 0 else model.decode(base)
     size = out.logits.shape[0]
     weights = []
     for layer in layers:

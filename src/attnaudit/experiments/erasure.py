@@ -28,7 +28,7 @@ from torch import Tensor
 from attnaudit.algorithms.metrics import jsd
 from attnaudit.errors import AttnAuditError
 from attnaudit.experiments.common import prepare as prepare_layers
-from attnaudit.experiments.experiment import AuditSettings, Experiment, Result, register, summarise
+from attnaudit.experiments.experiment import AuditSettings, Experiment, Result, counted, joined, register, summarise
 from attnaudit.explain import EXPLANATIONS, Explanation, choose, item_mask
 from attnaudit.models.interface import (
     AttentionModel,
@@ -304,7 +304,9 @@ class Erasure(Experiment):
             )
         return None
 
-    def run(self, run: Run, examples: list[Any], options: Any, seed: int = 0) -> Result:
+    shardable = True
+
+    def part(self, run: Run, examples: list[Any], options: Any, seed: int = 0, first: int = 0) -> Result:
         if options.random_orders < 1:
             raise AttnAuditError(f"--random-orders must be at least 1, got {options.random_orders}")
         if options.batch_size < 1:
@@ -320,7 +322,8 @@ class Erasure(Experiment):
         with evaluation(model):
             batches = run.sorted_batches(examples, options.batch_size)
             total = -(-len(examples) // options.batch_size)
-            for indices, batch in track(batches, "erasure", total=total):
+            for positions, batch in track(batches, "erasure", total=total):
+                indices = [first + i for i in positions]
                 explained = prepare(run, batch)
                 scores = {name: fn(run.model, batch, seed=seed) for name, fn in functions.items() if name != "attention"}
                 scores["attention"] = explained.attention  # the prepared pass's own attention: no second pass
@@ -339,7 +342,11 @@ class Erasure(Experiment):
                 instances.extend(rows)
         instances.sort(key=lambda row: row["index"])
         long_rows.sort(key=lambda row: row["index"])  # stable: rankings and repeats keep their order
-        return self._result(run, instances, long_rows, rankings, options, calls)
+        return Result(test=self.name, instances=instances, tables={"until_flip": long_rows}, meta={"decode_calls": calls})
+
+    def merge(self, run: Run, parts: list[Result], options: Any, seed: int = 0) -> Result:
+        rankings = list(dict.fromkeys(options.rankings))
+        return self._result(run, joined(parts), joined(parts, "until_flip"), rankings, options, counted(parts, "decode_calls"))
 
     @staticmethod
     def _instance_rows(

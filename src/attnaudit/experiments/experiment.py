@@ -18,7 +18,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import pandas as pd
 
@@ -197,14 +197,39 @@ class Experiment:
             )
         return self.applies(run)
 
+    shardable: ClassVar[bool] = False
+    """Whether the test measures instance by instance, each instance's rows depending only on the instance,
+    its position in the tested examples and the seed: then it implements :meth:`part` and :meth:`merge`
+    (not :meth:`run`), and an audit may compute its rows in shards on several workers (``--engine ray``)."""
+
     def run(self, run: Run, examples: list[Example], options: Any, seed: int = 0) -> Result:
         """The test on ``examples`` of ``run`` with this test's ``Options``; ``seed`` seeds every
-        random choice. Subclasses implement it; :func:`run_test` adds the record and saves."""
+        random choice. Subclasses implement it (a :attr:`shardable` test: one part, merged);
+        :func:`run_test` adds the record and saves."""
+        if not self.shardable:
+            raise NotImplementedError
+        return self.merge(run, [self.part(run, examples, options, seed)], options, seed)
+
+    def part(self, run: Run, examples: list[Example], options: Any, seed: int = 0, first: int = 0) -> Result:
+        """A :attr:`shardable` test's rows of ``examples``, the tested examples from position ``first`` on:
+        instances and tables keyed by ``index`` (the position among all tested examples, which seeds an
+        instance's draws), and counts in ``meta`` that :meth:`merge` adds up."""
+        raise NotImplementedError
+
+    def merge(self, run: Run, parts: list[Result], options: Any, seed: int = 0) -> Result:
+        """The result of a :attr:`shardable` test from the :meth:`part` results of consecutive slices of the
+        tested examples, in order: every summary, table and note computed from the merged rows."""
         raise NotImplementedError
 
     def plot(self, result: Result, directory: Path) -> list[Path]:
         """Figures for ``result`` (PNG + SVG) written into ``directory``; default none."""
         return []
+
+    def token_measures(self, result: Result) -> dict[str, str]:
+        """For a test over generated sequences (instance rows of one token each: ``index`` the sequence, ``step`` its
+        position, ``token`` its text), the per-token columns of ``result`` the report shades each sequence's tokens by,
+        each with a short description; default none (no such view)."""
+        return {}
 
     def verdict(self, result: Result) -> list[dict[str, Any]]:
         """Rows ``{statistic, value, published, interpretation}`` for the audit's verdict table.
@@ -227,6 +252,13 @@ class Experiment:
                 }
             )
         return rows
+
+
+class Compute(Protocol):
+    """How :func:`run_test` computes a test's result: ``(experiment, run, examples, options, seed, key)``,
+    ``key`` the hash of everything the result depends on (:func:`fingerprint`), under which parts are stored."""
+
+    def __call__(self, experiment: Experiment, run: Run, examples: list[Example], options: Any, seed: int, key: str) -> Result: ...
 
 
 EXPERIMENTS: dict[str, type[Experiment]] = {}
@@ -337,6 +369,7 @@ def run_test(
     device: str = "auto",
     plot: bool = True,
     limit_order: str = "stratified",
+    compute: Compute | None = None,
     **options: Any,
 ) -> Result:
     """Run test ``name`` on a run (object or directory) and save JSON, CSV and figures.
@@ -348,6 +381,8 @@ def run_test(
     ``run.subruns`` when set (an audit sets ``OUT/subruns``), else ``out/subruns`` when ``out``
     is given, else ``RUN/subruns``. ``meta["fingerprint"]`` records what the result depends on
     (:func:`fingerprint`). Raises a one-line error when the test does not apply to the model family.
+    ``compute``: how the test's result is computed (an audit's ``--engine ray``: :mod:`attnaudit.shards`);
+    default :meth:`Experiment.run` in this process.
     """
     from attnaudit.run import load_run
     from attnaudit.seed import set_seed
@@ -379,7 +414,10 @@ def run_test(
     with locked(run.path if out is None and run.path else directory):  # the run directory, or --out
         set_seed(seed)
         start = time.perf_counter()
-        result = experiment.run(run, examples, opts, seed=seed)
+        if compute is None:
+            result = experiment.run(run, examples, opts, seed=seed)
+        else:
+            result = compute(experiment, run, examples, opts, seed, stamp["hash"])
         result.meta.update(
             {
                 "run": str(run.path) if run.path else None,
@@ -404,6 +442,16 @@ def run_test(
             result.figures = [str(p) for p in experiment.plot(result, directory)]
         result.save(directory)
     return result
+
+
+def joined(parts: list[Result], table: str | None = None) -> list[dict[str, Any]]:
+    """The instance rows (or rows of ``table``) of consecutive parts of a shardable test, in order."""
+    return [row for part in parts for row in (part.instances if table is None else part.tables.get(table, []))]
+
+
+def counted(parts: list[Result], key: str) -> int:
+    """The sum of the parts' ``meta[key]`` counts (work done, instances left out, ...)."""
+    return sum(int(part.meta.get(key, 0)) for part in parts)
 
 
 def summarise(values: list[float]) -> dict[str, float]:

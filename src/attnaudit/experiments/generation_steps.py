@@ -386,6 +386,25 @@ class GenerationTests(Experiment):
     def plot(self, result: Result, directory: Path) -> list[Path]:
         return []
 
+    def token_measures(self, result: Result) -> dict[str, str]:
+        """The report's view of each prompt: its generated tokens shaded by their probability, the permutation,
+        erasure, adversary and normaliser-swap changes and each method's ERASER scores."""
+        columns = list(dict.fromkeys(key for row in result.instances for key in row))
+        about = {
+            "probability": "the model's probability of the generated token",
+            "permutation_token_change": "share of the attention permutations that change the token",
+            "erase_top_tvd": "change of the next-token distribution (TVD) when the most attended key is erased",
+            "erase_random_tvd": "the same when a random other key is erased",
+            "adversary_max_jsd": "largest JSD from the model's attention of an adversary within epsilon",
+        }
+        for column in columns:
+            head, _, tail = column.partition("_")
+            if head in ("comprehensiveness", "sufficiency"):
+                about[column] = f"ERASER {head} of {tail}'s top items"
+            elif tail == "tvd":  # <normaliser>_tvd
+                about[column] = f"change of the next-token distribution (TVD) with {head} in place of softmax"
+        return {column: about[column] for column in columns if column in about}
+
 
 def _normalisers(options: Any) -> list[str]:
     return [check_normaliser(n.strip()) for n in options.normalisers.split(",") if n.strip()]

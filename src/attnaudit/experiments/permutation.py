@@ -41,7 +41,7 @@ from attnaudit.experiments.common import (
     single_attention_reason,
     take_rows,
 )
-from attnaudit.experiments.experiment import AuditSettings, Experiment, Result, register, summarise
+from attnaudit.experiments.experiment import AuditSettings, Experiment, Result, counted, joined, register, summarise
 from attnaudit.models.interface import AttentionModel, Intervention, WeightsFn, evaluation
 from attnaudit.progress import track
 from attnaudit.run import Run
@@ -234,7 +234,9 @@ class Permutation(Experiment):
     def applies(self, run: Run) -> str | None:
         return single_attention_reason(run)
 
-    def run(self, run: Run, examples: list[Example], options: Any, seed: int = 0) -> Result:
+    shardable = True
+
+    def part(self, run: Run, examples: list[Example], options: Any, seed: int = 0, first: int = 0) -> Result:
         if options.permutations < 1 or options.batch_size < 1:
             raise AttnAuditError("--permutations and --batch-size must be at least 1")
         if options.threshold < 0:
@@ -244,7 +246,8 @@ class Permutation(Experiment):
         calls = forwards = 0
         with evaluation(run.model):
             batches = run.sorted_batches(examples, options.batch_size)
-            for indices, batch in track(batches, "permutation", total=math.ceil(len(examples) / options.batch_size)):
+            for positions, batch in track(batches, "permutation", total=math.ceil(len(examples) / options.batch_size)):
+                indices = [first + i for i in positions]
                 outcome = permute_batch(run.model, batch, layers, options.permutations, seed, indices)
                 calls += outcome.decode_calls
                 forwards += 1
@@ -263,7 +266,11 @@ class Permutation(Experiment):
                     )
                     rows.append(row)
         rows.sort(key=lambda row: row["index"])
-        return self._result(run, rows, options, layers, calls, forwards)
+        return Result(test=self.name, instances=rows, meta={"decode_calls": calls, "encode_batches": forwards})
+
+    def merge(self, run: Run, parts: list[Result], options: Any, seed: int = 0) -> Result:
+        layers = resolve_layers(run.model, options.layer)
+        return self._result(run, joined(parts), options, layers, counted(parts, "decode_calls"), counted(parts, "encode_batches"))
 
     def _result(
         self, run: Run, rows: list[dict[str, Any]], options: Any, layers: list[int], calls: int, forwards: int

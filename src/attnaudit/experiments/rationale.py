@@ -33,7 +33,7 @@ from attnaudit.algorithms.metrics import random_average_precision, score_against
 from attnaudit.data.types import Example
 from attnaudit.errors import AttnAuditError
 from attnaudit.experiments.common import instance_units
-from attnaudit.experiments.experiment import AuditSettings, Experiment, Result, register, summarise
+from attnaudit.experiments.experiment import AuditSettings, Experiment, Result, counted, joined, register, summarise
 from attnaudit.explain import EXPLANATIONS, default_names, list_explanations
 from attnaudit.plotting import save_figure
 from attnaudit.progress import track
@@ -96,7 +96,9 @@ class Rationale(Experiment):
         """Every registered explanation."""
         return list(EXPLANATIONS)
 
-    def run(self, run: Run, examples: list[Example], options: Any, seed: int = 0) -> Result:
+    shardable = True
+
+    def part(self, run: Run, examples: list[Example], options: Any, seed: int = 0, first: int = 0) -> Result:
         unknown = [m for m in options.methods if m not in self.explanation_choices()]
         if unknown:
             raise AttnAuditError(
@@ -106,9 +108,7 @@ class Rationale(Experiment):
         methods = [m for m in options.methods if m in available]
         if not methods:
             raise AttnAuditError(f"rationale: none of {', '.join(options.methods)} applies to this {run.family} model")
-        chosen = [(i, ex) for i, ex in enumerate(examples) if ex.rationale]
-        if not chosen:
-            raise AttnAuditError("rationale: no example of this split has a rationale")
+        chosen = [(first + i, ex) for i, ex in enumerate(examples) if ex.rationale]
         rows: list[dict[str, Any]] = []
         unaligned = 0
         subset = [ex for _, ex in chosen]
@@ -138,7 +138,16 @@ class Rationale(Experiment):
                         row[f"{m}_{metric}"] = value
                 rows.append(row)
             offset += len(batch)
-        return self._result(run, rows, methods, options, len(examples) - len(chosen), unaligned)
+        return Result(
+            test=self.name, instances=rows,
+            meta={"methods": methods, "with_rationale": len(chosen), "without": len(examples) - len(chosen), "unaligned": unaligned},
+        )
+
+    def merge(self, run: Run, parts: list[Result], options: Any, seed: int = 0) -> Result:
+        if not counted(parts, "with_rationale"):
+            raise AttnAuditError("rationale: no example of this split has a rationale")
+        methods = parts[0].meta["methods"]
+        return self._result(run, joined(parts), methods, options, counted(parts, "without"), counted(parts, "unaligned"))
 
     def _result(
         self, run: Run, rows: list[dict[str, Any]], methods: list[str], options: Any, without: int, unaligned: int

@@ -38,6 +38,7 @@ from attnaudit.errors import AttnAuditError
 from attnaudit.explain.registry import Explanation, item_mask
 from attnaudit.io import atomic_write, atomic_write_json
 from attnaudit.models.hf_batches import forced_batch
+from attnaudit.models.zeroshot import target_side
 from attnaudit.run import Run
 
 if TYPE_CHECKING:
@@ -126,7 +127,11 @@ class Generated:
 
     def save(self, out: str | Path, aggregate: str | None = None) -> list[Path]:
         """``generation.json``, ``generation.csv`` (the tidy frame), ``generation-words.csv`` (with ``aggregate``:
-        words merged so) and a steps × items heatmap per method."""
+        words merged so), a steps × items heatmap per method and ``generation.html`` (every step's view, offline:
+        :mod:`attnaudit.report.generation_view`)."""
+        from attnaudit.io import atomic_write_text
+        from attnaudit.report.generation_view import generation_page
+
         out = Path(out)
         paths = [out / name for name in FILES]
         frame = self.frame()
@@ -135,10 +140,12 @@ class Generated:
             paths.append(out / "generation-words.csv")
             atomic_write(paths[-1], lambda tmp: words.to_csv(tmp, index=False))
         figures = [path for method in self.scores for path in plot_generation(self, method, out / f"generation-{method}")]
-        self.files = [str(p) for p in [*paths, *figures]]
+        view = out / "generation.html"
+        self.files = [str(p) for p in [*paths, *figures, view]]
         atomic_write_json(paths[0], self.to_json())
         atomic_write(paths[1], lambda tmp: frame.to_csv(tmp, index=False))
-        return [*paths, *figures]
+        atomic_write_text(view, generation_page(self, aggregate))
+        return [*paths, *figures, view]
 
 
 def encode_exactly(tokenizer: Any, text: str) -> list[int]:
@@ -251,28 +258,39 @@ def step_batches(model: HFModel, source: list[int], target: list[int], contrast:
 def explain_steps(
     run: Run, methods: dict[str, Explanation], source: list[int], target: list[int], contrast: list[int] | None, offered: dict[str, Any]
 ) -> tuple[dict[str, list[list[float]]], list[list[dict[str, Any]]], list[str]]:
-    """The methods' scores and the items per step, and the source tokens."""
+    """The methods' scores and the items per step, and the source tokens.
+
+    A step's items are numbered as a decoder reads them: the source (prompt) tokens, then the earlier target
+    tokens. An encoder-decoder's methods registered with ``target_side`` score both sides (within
+    :func:`~attnaudit.models.zeroshot.target_side`); the others score its source and give NaN for its target."""
     model = cast("HFModel", run.model)
-    tokenizer = model.tokenizer
     batches = step_batches(model, source, target, contrast)
     device = model.input_device
     scores: dict[str, list[list[float]]] = {name: [] for name in methods}
     items: list[list[dict[str, Any]]] = []
-    pieces = [tokenizer.decode([i]) for i in source + target]
-    source_words, target_words = word_indices(pieces[: len(source)]), word_indices(pieces[len(source) :])
+    pieces = [model.tokenizer.decode([i]) for i in source + target]
+    words = word_indices(pieces[: len(source)]) + word_indices(pieces[len(source) :])
+    both = model.kind == "encoder-decoder"
     for batch in batches:
         batch = batch.to(device)
+        values = {name: method(run, batch, **offered).float().cpu() for name, method in methods.items() if not (both and method.target_side)}
         mask = item_mask(model, batch).cpu()
-        values = {name: method(run, batch, **offered).float().cpu() for name, method in methods.items()}
+        if both:
+            with target_side(model):
+                mask = item_mask(model, batch).cpu()
+                values.update({name: m(run, batch, **offered).float().cpu() for name, m in methods.items() if m.target_side})
+        width = batch.tokens.shape[1]
         for b in range(len(batch)):
             positions = mask[b].nonzero().flatten().tolist()
+            # an encoder-decoder's decoder input p >= width is target token p - width - 1 (after the start token)
+            read = [p if not both or p < width else len(source) + p - width - 1 for p in positions]
             items.append([
-                {"position": p, "token": pieces[p], "side": "source" if p < len(source) else "target",
-                 "word": source_words[p] if p < len(source) else target_words[p - len(source)]}
-                for p in positions
+                {"position": r, "token": pieces[r], "side": "source" if r < len(source) else "target", "word": words[r]}
+                for r in read
             ])
-            for name, value in values.items():
-                scores[name].append(value[b, positions].tolist())
+            for name in methods:
+                value = values[name][b]
+                scores[name].append([float(value[p]) if p < value.shape[0] else math.nan for p in positions])
     return scores, items, pieces[: len(source)]
 
 
@@ -323,7 +341,9 @@ def explain_generated(
             "text": text, "model": run.family, "kind": model.kind, "mode": "forced" if target is not None else "sampled" if sample else "greedy",
             "target": target, "contrast": contrast, "generated_text": decode(ids),
             "explained": "p(target token) - p(contrast token)" if contrast is not None else "p(target token)",
-            "items": "source tokens" if model.kind == "encoder-decoder" else "the prompt's tokens and the earlier generated tokens",
+            "items": "the source tokens, then the earlier target tokens (scored by "
+                     + ", ".join(n for n, m in methods.items() if m.target_side) + "; NaN for the others)"
+                     if model.kind == "encoder-decoder" else "the prompt's tokens and the earlier generated tokens",
         },
     )
 
@@ -351,7 +371,7 @@ def plot_generation(generated: Generated, method: str, stem: Path) -> list[Path]
     image = ax.imshow(np.ma.masked_invalid(matrix), cmap="Reds", vmin=0, vmax=1, aspect="auto")
     ax.set_xticks(range(len(names)), [repr(n)[1:-1] for n in names], rotation=60, ha="right", fontsize=7)
     ax.set_yticks(range(len(generated.target)), [repr(t)[1:-1] for t in generated.target], fontsize=7)
-    ax.set_xlabel("item (source, then earlier target tokens)" if generated.meta.get("kind") != "encoder-decoder" else "source token", fontsize=8)
+    ax.set_xlabel("item (source, then earlier target tokens)", fontsize=8)
     ax.set_ylabel("generated token", fontsize=8)
     ax.set_title(f"{method}: |score| / row max", fontsize=9)
     fig.colorbar(image, ax=ax, fraction=0.03)

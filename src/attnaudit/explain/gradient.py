@@ -11,7 +11,8 @@ from attnaudit.models.interface import AttentionModel, detach_weights, evaluatio
 
 
 @explanation(
-    "gradient", "|Σ_d ∂ŷ/∂e·e| per token with attention detached (Jain & Wallace 2019)", ("prediction", "gradients"), order=20
+    "gradient", "|Σ_d ∂ŷ/∂e·e| per token with attention detached (Jain & Wallace 2019)", ("prediction", "gradients"), order=20,
+    target_side=True,
 )
 def gradient_importance(model: AttentionModel, batch: Batch, reduction: str = "abs_sum", score: str = "probability") -> Tensor:
     """Jain & Wallace's gradient: ``|Σ_d ∂ŷ/∂e_{t,d} · e_{t,d}|`` per token, ``(B, K)``.

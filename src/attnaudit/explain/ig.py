@@ -42,7 +42,7 @@ def pass_rows(model: AttentionModel, length: int) -> int:
 
 @explanation(
     "ig", "Integrated Gradients of ŷ w.r.t. the embeddings, zero baseline, |Σ_d| per token (Captum)",
-    ("prediction", "gradients"), order=40,
+    ("prediction", "gradients"), order=40, target_side=True,
 )
 def integrated_gradients(
     model: AttentionModel, batch: Batch, steps: int = 50, absolute: bool = True, reduction: str = "abs_sum",
@@ -79,9 +79,10 @@ def integrated_gradients(
             contrast = batch.contrast.to(probs.device) if batch.contrast is not None else None
             embeddings = model.embed(batch)
             nested = hierarchical(model)
-            passage = embeddings if nested else embeddings[:, :t]
+            whole = nested or getattr(model, "target_items", False)  # an encoder-decoder's target side is integrated too
+            passage = embeddings if whole else embeddings[:, :t]
             reference = None if baseline == "zero" else baseline_embeddings(model, batch, baseline)[:, : passage.shape[1]]
-        rest = None if nested or embeddings.shape[1] == t else embeddings[:, t:]
+        rest = None if whole or embeddings.shape[1] == t else embeddings[:, t:]
 
         def forward(
             x: Tensor, tokens: Tensor, mask: Tensor, features: Tensor | None, query: Tensor | None,
@@ -126,5 +127,9 @@ def baseline_embeddings(model: AttentionModel, batch: Batch, name: str) -> Tenso
     """The embeddings ``model.embed`` gives ``batch`` with every token (of the passage: a pair model's question
     stays) replaced by the ``name`` token. ``embed`` returns the input token embeddings before any positions
     or token types (those are added inside the model's forward), so every position gets the same vector."""
-    tokens = torch.full_like(batch.tokens, baseline_token(model, name))
-    return model.embed(dataclasses.replace(batch, tokens=tokens))
+    token = baseline_token(model, name)
+    tokens = torch.full_like(batch.tokens, token)
+    target = batch.target
+    if getattr(model, "target_items", False) and target is not None:  # the earlier target tokens too, after the start token
+        target = torch.cat([target[:, :1], torch.full_like(target[:, 1:], token)], 1)
+    return model.embed(dataclasses.replace(batch, tokens=tokens, target=target))

@@ -16,6 +16,7 @@ from attnaudit.models.interface import AttentionModel, evaluation
     ("prediction", "gradients"),
     default=False,
     order=80,
+    target_side=True,
 )
 def input_gradient(model: AttentionModel, batch: Batch, reduction: str = "abs_sum", score: str = "logit") -> Tensor:
     """Abnar & Zuidema's input gradient ``|Σ_d ∂z_ŷ/∂e_{t,d}|``, ``(B, K)``; HAN sums a sentence's tokens.

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import torch
 from torch import Tensor
 
 from attnaudit.data.types import Batch
@@ -75,6 +76,8 @@ class Explanation:
     default: bool = True
     order: int = 100
     per_example: bool = True
+    target_side: bool = False
+    """It scores an encoder-decoder's earlier target tokens too, within :func:`attnaudit.models.zeroshot.target_side`."""
 
     def applies(self, target: AttentionModel | Run) -> str | None:
         """Why this method cannot explain a model (or a run's model); None when it can."""
@@ -107,7 +110,7 @@ class Explanation:
         if reason:
             raise AttnAuditError(f"explanation {self.name!r} does not apply to this model: {reason}")
         taken = {k: v for k, v in offered.items() if k in self.options}
-        name = (self.name, tuple(sorted(taken.items())))
+        name = (self.name, tuple(sorted(taken.items())), getattr(model_of(target), "target_items", False))
 
         def compute() -> Tensor:
             return self.fn(target, batch, **taken).detach()
@@ -202,7 +205,7 @@ EXPLANATIONS: dict[str, Explanation] = {}
 
 def explanation(
     name: str, about: str, needs: Iterable[str] = (), check: Check | None = None, default: bool = True, order: int = 100,
-    per_example: bool = True,
+    per_example: bool = True, target_side: bool = False,
 ) -> Callable[[ExplainFn], ExplainFn]:
     """Decorator registering ``fn(model, batch, **options) -> (B, K)`` as explanation ``name``;
     the function itself is returned unchanged."""
@@ -213,7 +216,7 @@ def explanation(
 
     def add(fn: ExplainFn) -> ExplainFn:
         method = takes_run(fn)
-        register(Explanation(name, method, about, wanted, check, default, order, per_example))
+        register(Explanation(name, method, about, wanted, check, default, order, per_example, target_side))
         return method
 
     return add
@@ -327,8 +330,13 @@ def item_mask(target: AttentionModel | Run, batch: Batch) -> Tensor:
     """``(B, K)`` bool, True at the real items of the explained layer (tokens; HAN: sentences;
     a zero-shot prompt: the tokens of its ``{text}`` span, ``Batch.items``)."""
     mask = batch.mask.bool()
-    if hierarchical(model_of(target)):
+    model = model_of(target)
+    if hierarchical(model):
         return mask.any(-1)
+    if getattr(model, "target_items", False) and batch.target is not None and batch.target_mask is not None:
+        after_start = batch.target_mask.bool().clone()
+        after_start[:, 0] = False  # the decoder start token is no earlier target token
+        return torch.cat([mask, after_start.to(mask.device)], 1)
     return mask if batch.items is None else mask & batch.items.bool()
 
 

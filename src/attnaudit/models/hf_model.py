@@ -53,7 +53,7 @@ from attnaudit.models.hf_config import heads as attention_heads
 from attnaudit.models.hf_generation import continue_ids, forced_distributions, input_device
 from attnaudit.models.hf_inputs import HFInputs, pass_inputs, pass_masks, real_positions, states_entering
 from attnaudit.models.hf_layouts import read_layouts
-from attnaudit.models.hf_pass import HFLayer, Pass, decided, wrapped
+from attnaudit.models.hf_pass import HFLayer, Pass, decided, given_output, wrapped
 from attnaudit.models.hf_projections import read_projections
 from attnaudit.models.hf_restarts import HFRestarts
 from attnaudit.models.hf_structure import Structure, discover
@@ -78,6 +78,8 @@ class HFModel(HFCapabilities, HFRestarts, EncoderDecoderLayout, AttentionModel):
     an LM head or none) as an :class:`AttentionModel`. ``hf`` is the transformers model."""
 
     streams_layers = True
+    target_items = False
+    """An encoder-decoder's explained items include its decoder inputs (:func:`attnaudit.models.zeroshot.target_side`)."""
 
     def __init__(self, hf: PreTrainedModel, tokenizer: Any, task_type: str, source: str, trained_head: bool) -> None:
         cfg = hf.config
@@ -225,7 +227,13 @@ class HFModel(HFCapabilities, HFRestarts, EncoderDecoderLayout, AttentionModel):
         ids = batch.tokens
         if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.config.vocab_size):
             raise AttnAuditError(f"token ids must lie in [0, {self.config.vocab_size}); got {int(ids.min())}..{int(ids.max())}")
-        return self._embedding()(ids)
+        source = self._embedding()(ids)
+        if not self.target_items or batch.target is None:
+            return source
+        return torch.cat([source, self._decoder_embedding()(batch.target)], 1)
+
+    def _decoder_embedding(self) -> nn.Module:
+        return self.hf.get_decoder().get_input_embeddings()
 
     def _embedding(self) -> nn.Module:
         owner = self.hf.get_encoder() if self.kind == "encoder-decoder" else self.hf
@@ -260,8 +268,11 @@ class HFModel(HFCapabilities, HFRestarts, EncoderDecoderLayout, AttentionModel):
             raise AttnAuditError("an encoder-decoder's forward is teacher-forced: the batch needs a target")
         inputs = self._inputs(batch)
         given = embeddings if embeddings is not None else self.embed(batch)
+        extra: dict[str, Any] = {"inputs": inputs}
+        if self.target_items and batch.target is not None:  # the decoder's input embeddings ride after the source's
+            given, extra["target_embeddings"] = given[:, : batch.tokens.shape[1]], given[:, batch.tokens.shape[1] :]
         states = states_entering(self.hf, self.structure.blocks[0], self._embedding(), inputs, given)
-        return Cache(states=states, mask=batch.mask.bool(), layer=0, extra={"inputs": inputs})
+        return Cache(states=states, mask=batch.mask.bool(), layer=0, extra=extra)
 
     def decode(
         self,
@@ -303,6 +314,7 @@ class HFModel(HFCapabilities, HFRestarts, EncoderDecoderLayout, AttentionModel):
 
         rows = self.explanation_rows(inputs["attention_mask"].bool())
         with (
+            given_output(self._decoder_embedding(), inputs.get("decoder_input_ids"), cache.extra.get("target_embeddings")),
             hf_attention.capturing(state),
             wrapped(state, finished),
             decided(self.hf, self.kind, self.has_head, self.config.extra["output"], self.verbalizer_ids, rows) as decision,

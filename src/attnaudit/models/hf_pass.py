@@ -204,6 +204,31 @@ def _finish_block(state: Pass, number: int, hidden: Tensor | None, out: Any, fin
 
 
 @contextlib.contextmanager
+def given_output(embedding: nn.Module, ids: Tensor | None, value: Tensor | None) -> Iterator[None]:
+    """Within the block, ``embedding`` called on ``ids`` returns ``value`` (an encoder-decoder's decoder input
+    embeddings given by the caller, so that gradients reach them); nothing changes when ``value`` is None.
+
+    Matched by the ids, not by the call: where the encoder shares the module, its call on the source is left
+    alone (and a source equal to the target gets the same-shaped value, which the restart at the first
+    block discards anyway)."""
+    if value is None or ids is None:
+        yield
+        return
+
+    def replace(_module: nn.Module, args: tuple[Any, ...], output: Tensor) -> Tensor:
+        given = args[0] if args else None
+        if isinstance(given, Tensor) and given.shape == ids.shape and torch.equal(given, ids.to(given.device)):
+            return value.to(output.device, output.dtype)
+        return output
+
+    handle = embedding.register_forward_hook(replace)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+@contextlib.contextmanager
 def decided(
     hf: PreTrainedModel, kind: str, has_head: bool, output: str, verbalizer_ids: Tensor | None, rows: int | Tensor | None
 ) -> Iterator[Callable[[Any], Tensor]]:

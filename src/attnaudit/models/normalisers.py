@@ -84,6 +84,13 @@ def normaliser_for(default: str, interventions: Sequence[Intervention]) -> str:
     return default
 
 
+def weights_replaced(interventions: Sequence[Intervention]) -> bool:
+    """Whether the first weights intervention is a tensor: the layer's own scores then never reach its
+    output (nor any weights function), so a family may skip computing them (reruns with given weights)."""
+    first = next((iv.weights for iv in interventions if iv.weights is not None), None)
+    return isinstance(first, Tensor)
+
+
 def apply_weight_interventions(
     weights: Tensor, key_mask: Tensor, interventions: Sequence[Intervention]
 ) -> Tensor:

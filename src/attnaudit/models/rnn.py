@@ -34,8 +34,10 @@ from attnaudit.models.interface import (
 )
 from attnaudit.models.normalisers import (
     apply_key_interventions,
+    apply_weight_interventions,
     attention_weights,
     check_normaliser,
+    weights_replaced,
 )
 
 ENCODERS = ("bilstm", "cnn", "average", "bigru")
@@ -203,12 +205,18 @@ def attend(
     """One single-query attention over ``states`` ``(B,T,d)``: context ``(B,d)`` and its record.
 
     ``interventions`` must already be filtered to this layer. Keys and values are both the
-    states; a keys intervention changes what the scorer sees, never the values.
+    states; a keys intervention changes what the scorer sees, never the values. Weights replaced by a
+    tensor skip the scorer (the record then has no scores).
     """
     values = states[:, None]
     keys = apply_key_interventions(values, interventions)
-    scores = scorer(keys, query).masked_fill(~mask[:, None, None, :], float("-inf"))
-    weights = attention_weights(scores, mask, normaliser, interventions)
+    scores: Tensor | None = None
+    if weights_replaced(interventions):  # given weights (permuted, adversarial): the scorer's work is unused
+        shape = states.new_zeros(()).expand(states.shape[0], 1, 1, states.shape[1])
+        weights = apply_weight_interventions(shape, mask, interventions)
+    else:
+        scores = scorer(keys, query).masked_fill(~mask[:, None, None, :], float("-inf"))
+        weights = attention_weights(scores, mask, normaliser, interventions)
     context = (weights @ values)[:, 0, 0]
     record = AttentionLayer(
         weights=weights, mask=mask, inputs=states, keys=keys, values=values, scores=scores, name=name

@@ -240,3 +240,20 @@ def forced_decision(model: HFModel) -> Iterator[HFModel]:
         yield model
     finally:
         model.trained_head, config.num_labels, config.task_type, config.extra["output"], model.explanation_query = saved
+
+
+@contextlib.contextmanager
+def target_side(model: HFModel) -> Iterator[HFModel]:
+    """Within the block an encoder-decoder's explained items are its source tokens and then its decoder inputs after
+    the start token (the target prefix a step is conditioned on): ``embed`` gives both sides' embeddings, one after
+    the other, and a pass given them feeds the second part to the decoder, so the embedding-based methods
+    (registered with ``target_side``) score the earlier target tokens as well. Restored on exit."""
+    if model.kind != "encoder-decoder":
+        raise AttnAuditError("the target side applies to encoder-decoders; a decoder's earlier tokens are its input")
+    saved = model.target_items
+    model.target_items = True
+    try:
+        yield model
+    finally:
+        model.target_items = saved
+

@@ -250,6 +250,7 @@ def build_report(
         elif name in results:
             section.result = results[name]
             section.verdict = [{k: v for k, v in row.items() if k != "test"} for row in rows if row["test"] == name]
+            section.measures = cls().token_measures(results[name]) if cls else {}
         else:
             continue
         sections.append(section)

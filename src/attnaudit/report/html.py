@@ -15,6 +15,7 @@ import hashlib
 import html
 import json
 import math
+from collections import defaultdict
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -24,6 +25,8 @@ from attnaudit.experiments.experiment import Result
 
 HEAT_RGB = (230, 97, 1)
 """Heatmap colour at full importance (the orange end of ColorBrewer's PuOr); lighter = less."""
+NEGATIVE_RGB = (11, 87, 208)
+"""Colour of a negative score at full magnitude where signs are kept (the generated-sequence views)."""
 MAX_TABLE_ROWS = 50
 MAX_INSTANCE_ROWS = 20
 
@@ -51,6 +54,8 @@ table.heat td{border:none;padding:2px 0;line-height:1.9}
 .tok{display:inline-block;padding:0 3px;margin:1px 1px;border-radius:2px;
 font-family:ui-monospace,Menlo,Consolas,monospace;font-size:12px;color:#111;white-space:pre}
 .tok.rat{box-shadow:inset 0 -2px 0 #0b57d0}
+.tok.na{outline:1px dashed #bbb;outline-offset:-1px}
+details.sequence{border:1px solid #e3e3e3;border-radius:4px;padding:4px 10px;overflow-x:auto}
 .legend .tok{margin-right:6px}
 """
 
@@ -67,6 +72,8 @@ class Section:
     status: str = "done"
     reason: str = ""
     traceback: str = ""
+    measures: dict[str, str] = field(default_factory=dict)
+    """Per-token columns of a test over generated sequences (:meth:`~attnaudit.experiments.experiment.Experiment.token_measures`)."""
 
 
 def esc(value: Any) -> str:
@@ -197,6 +204,8 @@ def test_section(section: Section, results_dir: Path) -> str:
     parts.append("<h3>Summary</h3>" + table([{"statistic": k, "value": v} for k, v in result.summary.items()]))
     for path in _figure_paths(result, results_dir):
         parts.append(figure(path))
+    if section.measures:
+        parts.append(sequences_block(result.instances, section.measures))
     for name, rows in result.tables.items():
         parts.append(f"<details><summary>table: {esc(name)} ({len(rows)} rows)</summary>{table(rows)}</details>")
     if result.instances:
@@ -223,6 +232,53 @@ def token(text: str, weight: float, score: float, rationale: bool) -> str:
         f'<span class="{cls}" style="background:rgba({r},{g},{b},{alpha:.3f})" '
         f'title="{esc(f"{score:.4g}")}">{esc(text)}</span>'
     )
+
+
+def _plain(value: Any) -> str:
+    """A value as unescaped text for a title (escaped once where it is put): 4 significant digits, n/a when missing."""
+    return f"{value:.4g}" if _numeric(value) and math.isfinite(value) else "n/a"
+
+
+def shade(text: str, value: Any, peak: float, title: str) -> str:
+    """A token span shaded by a signed ``value`` (orange positive, blue negative, opacity ``|value| / peak``;
+    none for a missing value); ``title``: its hover text."""
+    if not _numeric(value) or not math.isfinite(value):
+        return f'<span class="tok na" title="{esc(title)}">{esc(text)}</span>'
+    r, g, b = HEAT_RGB if value >= 0 else NEGATIVE_RGB
+    alpha = min(abs(value) / peak, 1.0) if peak > 0 else 0.0
+    return f'<span class="tok" style="background:rgba({r},{g},{b},{alpha:.3f})" title="{esc(title)}">{esc(text)}</span>'
+
+
+def sequences_block(rows: list[dict[str, Any]], measures: dict[str, str]) -> str:
+    """Each generated sequence (the rows of one ``index``, in ``step`` order) as its tokens shaded by every
+    measure, one row each, scaled to the measure's largest magnitude over all tokens; then its values as a table."""
+    sequences: dict[Any, list[dict[str, Any]]] = defaultdict(list)
+    for row in rows:
+        sequences[row.get("index")].append(row)
+    values = {m: [abs(r[m]) for r in rows if _numeric(r.get(m)) and math.isfinite(r[m])] for m in measures}
+    peaks = {m: max(found, default=0.0) for m, found in values.items()}
+    legend = "".join(f"<li><b>{esc(m)}</b>: {esc(about)} (largest magnitude {fmt(peaks[m])})</li>" for m, about in measures.items())
+    parts = [
+        "<h3>Generated tokens</h3><p>Each sequence's tokens shaded by each measure (orange: positive, blue: negative; "
+        "each measure scaled to its largest magnitude over every token; hover for the value):</p>",
+        f'<ul class="notes">{legend}</ul>',
+    ]
+    for number, (index, steps) in enumerate(sequences.items()):
+        steps = sorted(steps, key=lambda r: r.get("step", 0))
+        tokens = [str(r.get("token", "")).replace("\n", "\u21b5").replace("\t", "\u21e5") for r in steps]  # newlines, tabs shown
+        heat = "".join(
+            f'<tr data-measure="{esc(m)}"><th title="{esc(about)}">{esc(m)}</th><td>'
+            + "".join(shade(t, r.get(m), peaks[m], f"step {r.get('step')} {t!r}: {m} = {_plain(r.get(m))}") for t, r in zip(tokens, steps))
+            + "</td></tr>"
+            for m, about in measures.items()
+        )
+        shown = [{"step": r.get("step"), "token": r.get("token"), **{m: r.get(m) for m in measures}} for r in steps]
+        parts.append(
+            f'<details class="sequence" data-index="{esc(index)}"{" open" if number == 0 else ""}>'
+            f"<summary>#{esc(index)}: {esc(''.join(tokens))}</summary>"
+            f'<table class="heat">{heat}</table>{table(shown)}</details>'
+        )
+    return "".join(parts)
 
 
 def heatmap_block(instance: dict[str, Any]) -> str:
@@ -276,6 +332,10 @@ SIZE = "\x00report-size\x00"
 """Stands in for the page's own size until the page is complete (:func:`page`)."""
 
 
+SCRIPTS = {"explorer-data": "explorer", "generation-data": "generation"}
+"""Each JSON data block a page may hold and the assets that draw it (``NAME.js``, ``NAME.css``)."""
+
+
 def asset(name: str) -> str:
     """A file shipped with the report package (``explorer.js``, ``explorer.css``)."""
     return resources.files("attnaudit.report").joinpath(name).read_text(encoding="utf-8")
@@ -286,12 +346,13 @@ def script_hash(script: str) -> str:
     return "'sha256-" + base64.b64encode(hashlib.sha256(script.encode("utf-8")).digest()).decode("ascii") + "'"
 
 
-def content_security_policy(script: str) -> str:
+def content_security_policy(*scripts: str) -> str:
     """No network at all: no fetch/XHR, no external script, style, font, frame or image (figures are data: URIs);
-    the one inline script allowed by its hash; inline styles allowed (the static heatmaps use them)."""
+    the page's own inline scripts allowed by their hashes (none: no script); inline styles allowed (the static heatmaps use them)."""
+    allowed = " ".join(script_hash(s) for s in scripts) or "'none'"
     return (
         "default-src 'none'; img-src data:; style-src 'unsafe-inline'; "
-        f"script-src {script_hash(script)}; connect-src 'none'; base-uri 'none'; form-action 'none'"
+        f"script-src {allowed}; connect-src 'none'; base-uri 'none'; form-action 'none'"
     )
 
 
@@ -300,19 +361,20 @@ def megabytes(size: int) -> str:
 
 
 def page(title: str, body: str, bare: bool = False) -> str:
-    """The HTML document around ``body``: inline CSS, the explorer script (only when the body has
-    the explorer's data), the no-network Content-Security-Policy, and the page's own size in place
-    of :data:`SIZE`."""
-    script = asset("explorer.js") if 'id="explorer-data"' in body else ""
-    css = CSS + asset("explorer.css")
-    csp = content_security_policy(script)
+    """The HTML document around ``body``: inline CSS, the script of each data block the body holds
+    (:data:`SCRIPTS`: the explorer's, a generated sequence's), the no-network Content-Security-Policy,
+    and the page's own size in place of :data:`SIZE`."""
+    drawn = [name for block, name in SCRIPTS.items() if f'id="{block}"' in body]
+    scripts = [asset(f"{name}.js") for name in drawn]
+    css = CSS + asset("explorer.css") + "".join(asset(f"{name}.css") for name in drawn if name != "explorer")
+    csp = content_security_policy(*scripts)
     document = (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         f'<meta http-equiv="Content-Security-Policy" content="{esc(csp)}">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>{esc(title)}</title><style>{css}</style></head>"
         f'<body{" class=bare" if bare else ""}><main>{body}</main>'
-        + (f"<script>{script}</script>" if script else "")
+        + "".join(f"<script>{script}</script>" for script in scripts)
         + "</body></html>\n"
     )
     size = len(document.encode("utf-8"))
