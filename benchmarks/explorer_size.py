@@ -17,7 +17,8 @@ import time
 from typing import Any
 
 from attnaudit.hf import load_hf
-from attnaudit.report.explorer import EXPLORE, explorer_payload, model_data, script_json
+from attnaudit.html_page import script_json
+from attnaudit.report.explorer import EXPLORE, explorer_payload, model_data
 from benchmarks.common import write_result
 
 

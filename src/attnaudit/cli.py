@@ -415,7 +415,7 @@ def _print_generated(result: Generated, quiet: bool, out: Path | None, aggregate
             print(f"skipped: {name}: {reason}")
         print(result.table(aggregate).to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     if out is not None:
-        out_console.print(f"explanation: {out / 'generation.json'} (+ generation.csv, a heatmap per method)", markup=False, highlight=False)
+        out_console.print(f"explanation: {out / 'generation.json'} (+ generation.csv, generation.html, a heatmap per method)", markup=False, highlight=False)
 
 
 def _run_dir(path: Path | None) -> Path:

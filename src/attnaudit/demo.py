@@ -99,7 +99,7 @@ def _rationale_rows(label: str, outcome: AuditResult) -> list[dict[str, Any]]:
 
 def write_index(out: Path, audits: dict[str, AuditResult], seconds: float, size: str) -> Path:
     """``OUT/index.html``: one line per audited model with its report, plus the rationale scores."""
-    from attnaudit.report.html import CSS, esc, fmt, table
+    from attnaudit.html_page import CSS, esc, fmt, table
 
     lines = []
     for label, outcome in audits.items():

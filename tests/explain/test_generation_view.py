@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 
 from attnaudit.explain.generation import Generated
+from attnaudit.explain.generation_view import generation_page
 from attnaudit.explain.text import explain_text
 from attnaudit.progress import set_quiet
-from attnaudit.report.generation_view import generation_page
 
 set_quiet(True)
 

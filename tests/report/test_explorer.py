@@ -23,6 +23,7 @@ from attnaudit.cli import app
 from attnaudit.errors import AttnAuditError
 from attnaudit.experiments.experiment import Result
 from attnaudit.explain import get_explanation, item_mask
+from attnaudit.html_page import script_json
 from attnaudit.report import build_report
 from attnaudit.report.explorer import (
     dequantise,
@@ -30,7 +31,6 @@ from attnaudit.report.explorer import (
     instance_rows,
     pack,
     quantise,
-    script_json,
     unpack,
 )
 from attnaudit.report.heatmaps import IG_STEPS

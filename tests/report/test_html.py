@@ -15,10 +15,11 @@ import pytest
 from attnaudit.errors import AttnAuditError
 from attnaudit.experiments import run_test
 from attnaudit.experiments.experiment import Result
+from attnaudit.html_page import esc, fmt, table
 from attnaudit.io import atomic_write_json
 from attnaudit.plotting import save_figure
 from attnaudit.report import build_report
-from attnaudit.report.html import esc, fmt, heatmap_block, table
+from attnaudit.report.html import heatmap_block
 
 INJECTED = "<script>document.title='pwned'</script>"
 

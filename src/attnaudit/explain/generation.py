@@ -128,9 +128,9 @@ class Generated:
     def save(self, out: str | Path, aggregate: str | None = None) -> list[Path]:
         """``generation.json``, ``generation.csv`` (the tidy frame), ``generation-words.csv`` (with ``aggregate``:
         words merged so), a steps × items heatmap per method and ``generation.html`` (every step's view, offline:
-        :mod:`attnaudit.report.generation_view`)."""
+        :mod:`attnaudit.explain.generation_view`)."""
+        from attnaudit.explain.generation_view import generation_page
         from attnaudit.io import atomic_write_text
-        from attnaudit.report.generation_view import generation_page
 
         out = Path(out)
         paths = [out / name for name in FILES]

@@ -21,8 +21,6 @@ Safety: the data travels as JSON in ``<script type="application/json">`` with ``
 from __future__ import annotations
 
 import base64
-import json
-import math
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,9 +32,9 @@ import torch
 from attnaudit.data.types import Batch, Example
 from attnaudit.errors import InputError
 from attnaudit.experiments.experiment import Result, discover
+from attnaudit.html_page import SIZE, esc, megabytes, page, round_sig, script_json
 from attnaudit.io import read_json_object
 from attnaudit.models.interface import evaluation
-from attnaudit.report.html import SIZE, esc, megabytes, page
 from attnaudit.run import Run
 
 EXPLORE = 50
@@ -79,20 +77,6 @@ def pack(codes: list[np.ndarray]) -> str:
 def unpack(blob: str) -> np.ndarray:
     """The bytes of :func:`pack` as one uint8 array."""
     return np.frombuffer(zlib.decompress(base64.b64decode(blob)), dtype=np.uint8)
-
-
-def script_json(data: Any) -> str:
-    """``data`` as JSON that is safe inside ``<script type="application/json">``: ``<``, ``>``, ``&``
-    (and so any ``</script>`` or ``<!--``) are written as unicode escapes, which JSON.parse reads back."""
-    text = json.dumps(data, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
-    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
-
-
-def round_sig(value: float, digits: int = 4) -> float | None:
-    """``value`` to ``digits`` significant digits (None for NaN/inf: JSON has no NaN)."""
-    if value is None or not math.isfinite(value):
-        return None
-    return float(f"{value:.{digits}g}")
 
 
 # --------------------------------------------------------------------------- from the model

@@ -11,54 +11,20 @@ allows only the explorer's own script (by its hash).
 from __future__ import annotations
 
 import base64
-import hashlib
-import html
-import json
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from attnaudit.experiments.experiment import Result
+from attnaudit.html_page import SIZE, esc, fmt, numeric, page, table
 
 HEAT_RGB = (230, 97, 1)
 """Heatmap colour at full importance (the orange end of ColorBrewer's PuOr); lighter = less."""
 NEGATIVE_RGB = (11, 87, 208)
 """Colour of a negative score at full magnitude where signs are kept (the generated-sequence views)."""
-MAX_TABLE_ROWS = 50
 MAX_INSTANCE_ROWS = 20
-
-CSS = """
-body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:#1b1b1b;margin:0;background:#fafafa}
-main{max-width:1100px;margin:0 auto;padding:24px 28px 60px;background:#fff}
-h1{font-size:24px;margin:0 0 4px}h2{font-size:19px;margin:32px 0 8px;border-bottom:1px solid #ddd;padding-bottom:4px}
-h3{font-size:15px;margin:18px 0 6px}
-.meta{color:#555;margin:0 0 12px}.muted{color:#666}
-table{border-collapse:collapse;margin:6px 0 12px;font-size:13px}
-th,td{border:1px solid #ddd;padding:3px 8px;text-align:left;vertical-align:top}
-th{background:#f1f1f1}td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
-table.verdict td:nth-child(5){max-width:480px}
-.status-failed{color:#b00020;font-weight:600}.status-skipped{color:#8a6d00}
-nav{font-size:13px;margin:8px 0 0}nav a{margin-right:10px;color:#0b57d0;text-decoration:none}
-img.figure{max-width:100%;border:1px solid #eee;margin:6px 0}
-ul.notes{margin:4px 0 10px 18px;padding:0}
-details{margin:6px 0}summary{cursor:pointer;color:#0b57d0}
-pre{background:#f6f6f6;padding:8px;overflow-x:auto;font-size:12px}
-.instance{border:1px solid #e3e3e3;border-radius:4px;padding:8px 10px;margin:10px 0}
-.instance .head{font-size:13px;color:#333;margin-bottom:4px}
-table.heat{border:none;margin:0}
-table.heat th{background:none;border:none;font-weight:600;white-space:nowrap;padding:4px 8px 4px 0;font-size:12px;color:#444}
-table.heat td{border:none;padding:2px 0;line-height:1.9}
-.tok{display:inline-block;padding:0 3px;margin:1px 1px;border-radius:2px;
-font-family:ui-monospace,Menlo,Consolas,monospace;font-size:12px;color:#111;white-space:pre}
-.tok.rat{box-shadow:inset 0 -2px 0 #0b57d0}
-.tok.na{outline:1px dashed #bbb;outline-offset:-1px}
-details.sequence{border:1px solid #e3e3e3;border-radius:4px;padding:4px 10px;overflow-x:auto}
-.legend .tok{margin-right:6px}
-"""
-
 
 @dataclass
 class Section:
@@ -74,47 +40,6 @@ class Section:
     traceback: str = ""
     measures: dict[str, str] = field(default_factory=dict)
     """Per-token columns of a test over generated sequences (:meth:`~attnaudit.experiments.experiment.Experiment.token_measures`)."""
-
-
-def esc(value: Any) -> str:
-    """Escaped text for any value (quotes too, so it is safe inside attributes)."""
-    return html.escape(str(value), quote=True)
-
-
-def fmt(value: Any) -> str:
-    """A cell value as escaped text: floats to 4 significant digits, None/NaN as 'n/a'."""
-    if value is None or (isinstance(value, float) and not math.isfinite(value)):
-        return "n/a"
-    if isinstance(value, bool):
-        return esc(value)
-    if isinstance(value, float):
-        return esc(f"{value:.4g}")
-    if isinstance(value, (dict, list, tuple)):
-        return esc(json.dumps(value, default=str))
-    return esc(value)
-
-
-def _numeric(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def table(rows: list[dict[str, Any]], limit: int = MAX_TABLE_ROWS) -> str:
-    """An HTML table of row dicts (columns: the union of keys, in first-seen order)."""
-    if not rows:
-        return '<p class="muted">(empty)</p>'
-    columns: list[str] = []
-    for row in rows:
-        columns.extend(k for k in row if k not in columns)
-    head = "".join(f"<th>{esc(c)}</th>" for c in columns)
-    body = []
-    for row in rows[:limit]:
-        cells = "".join(
-            f'<td class="num">{fmt(row.get(c))}</td>' if _numeric(row.get(c)) else f"<td>{fmt(row.get(c, ''))}</td>"
-            for c in columns
-        )
-        body.append(f"<tr>{cells}</tr>")
-    more = f'<p class="muted">first {limit} of {len(rows)} rows (all of them are in the CSV/JSON)</p>' if len(rows) > limit else ""
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>{more}"
 
 
 def figure(path: Path) -> str:
@@ -154,7 +79,7 @@ def verdict_table(sections: list[Section]) -> str:
         shown = [r for r in s.verdict if r.get("interpretation")] or s.verdict[:1]
         for r in shown:
             value = r.get("value")
-            cell = f'<td class="num">{fmt(value)}</td>' if _numeric(value) else f"<td>{fmt(value)}</td>"
+            cell = f'<td class="num">{fmt(value)}</td>' if numeric(value) else f"<td>{fmt(value)}</td>"
             rows.append(
                 f"<tr><td>{link}</td><td>{esc(r.get('statistic', ''))}</td>{cell}"
                 f"<td>{fmt(r.get('published', ''))}</td><td>{esc(r.get('interpretation', ''))}</td></tr>"
@@ -236,13 +161,13 @@ def token(text: str, weight: float, score: float, rationale: bool) -> str:
 
 def _plain(value: Any) -> str:
     """A value as unescaped text for a title (escaped once where it is put): 4 significant digits, n/a when missing."""
-    return f"{value:.4g}" if _numeric(value) and math.isfinite(value) else "n/a"
+    return f"{value:.4g}" if numeric(value) and math.isfinite(value) else "n/a"
 
 
 def shade(text: str, value: Any, peak: float, title: str) -> str:
     """A token span shaded by a signed ``value`` (orange positive, blue negative, opacity ``|value| / peak``;
     none for a missing value); ``title``: its hover text."""
-    if not _numeric(value) or not math.isfinite(value):
+    if not numeric(value) or not math.isfinite(value):
         return f'<span class="tok na" title="{esc(title)}">{esc(text)}</span>'
     r, g, b = HEAT_RGB if value >= 0 else NEGATIVE_RGB
     alpha = min(abs(value) / peak, 1.0) if peak > 0 else 0.0
@@ -255,7 +180,7 @@ def sequences_block(rows: list[dict[str, Any]], measures: dict[str, str]) -> str
     sequences: dict[Any, list[dict[str, Any]]] = defaultdict(list)
     for row in rows:
         sequences[row.get("index")].append(row)
-    values = {m: [abs(r[m]) for r in rows if _numeric(r.get(m)) and math.isfinite(r[m])] for m in measures}
+    values = {m: [abs(r[m]) for r in rows if numeric(r.get(m)) and math.isfinite(r[m])] for m in measures}
     peaks = {m: max(found, default=0.0) for m, found in values.items()}
     legend = "".join(f"<li><b>{esc(m)}</b>: {esc(about)} (largest magnitude {fmt(peaks[m])})</li>" for m, about in measures.items())
     parts = [
@@ -326,65 +251,6 @@ def heatmaps_section(heatmaps: dict[str, Any] | None, note: str) -> str:
     parts.extend(heatmap_block(instance) for instance in heatmaps["instances"])
     parts.append("</section>")
     return "".join(parts)
-
-
-SIZE = "\x00report-size\x00"
-"""Stands in for the page's own size until the page is complete (:func:`page`)."""
-
-
-SCRIPTS = {"explorer-data": "explorer", "generation-data": "generation"}
-"""Each JSON data block a page may hold and the assets that draw it (``NAME.js``, ``NAME.css``)."""
-
-
-def asset(name: str) -> str:
-    """A file shipped with the report package (``explorer.js``, ``explorer.css``)."""
-    return resources.files("attnaudit.report").joinpath(name).read_text(encoding="utf-8")
-
-
-def script_hash(script: str) -> str:
-    """The CSP source that allows exactly this inline script."""
-    return "'sha256-" + base64.b64encode(hashlib.sha256(script.encode("utf-8")).digest()).decode("ascii") + "'"
-
-
-def content_security_policy(*scripts: str) -> str:
-    """No network at all: no fetch/XHR, no external script, style, font, frame or image (figures are data: URIs);
-    the page's own inline scripts allowed by their hashes (none: no script); inline styles allowed (the static heatmaps use them)."""
-    allowed = " ".join(script_hash(s) for s in scripts) or "'none'"
-    return (
-        "default-src 'none'; img-src data:; style-src 'unsafe-inline'; "
-        f"script-src {allowed}; connect-src 'none'; base-uri 'none'; form-action 'none'"
-    )
-
-
-def megabytes(size: int) -> str:
-    return f"{size / 1e6:.2f} MB"
-
-
-def page(title: str, body: str, bare: bool = False) -> str:
-    """The HTML document around ``body``: inline CSS, the script of each data block the body holds
-    (:data:`SCRIPTS`: the explorer's, a generated sequence's), the no-network Content-Security-Policy,
-    and the page's own size in place of :data:`SIZE`."""
-    drawn = [name for block, name in SCRIPTS.items() if f'id="{block}"' in body]
-    scripts = [asset(f"{name}.js") for name in drawn]
-    css = CSS + asset("explorer.css") + "".join(asset(f"{name}.css") for name in drawn if name != "explorer")
-    csp = content_security_policy(*scripts)
-    document = (
-        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-        f'<meta http-equiv="Content-Security-Policy" content="{esc(csp)}">'
-        '<meta name="viewport" content="width=device-width, initial-scale=1">'
-        f"<title>{esc(title)}</title><style>{css}</style></head>"
-        f'<body{" class=bare" if bare else ""}><main>{body}</main>'
-        + "".join(f"<script>{script}</script>" for script in scripts)
-        + "</body></html>\n"
-    )
-    size = len(document.encode("utf-8"))
-    for _ in range(4):  # the number's own length changes the size; settles in a step or two
-        text = megabytes(size)
-        settled = len(document.replace(SIZE, text).encode("utf-8"))
-        if megabytes(settled) == text:
-            break
-        size = settled
-    return document.replace(SIZE, megabytes(size))
 
 
 def subset_line(subset: dict[str, Any] | None) -> str | None:

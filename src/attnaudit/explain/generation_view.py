@@ -18,14 +18,27 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from attnaudit.explain import EXPLANATIONS
-from attnaudit.report.explorer import round_sig, script_json
-from attnaudit.report.html import SIZE, esc, fmt, page, table
+import pandas as pd
 
-if TYPE_CHECKING:
-    from attnaudit.explain.generation import Generated
+from attnaudit.explain.registry import EXPLANATIONS
+from attnaudit.html_page import SIZE, esc, fmt, page, round_sig, script_json, table
+
+
+class Generated(Protocol):
+    """What the page reads of :class:`attnaudit.explain.generation.Generated` (named structurally: that module writes
+    this page, so this one does not import it)."""
+
+    source: list[str]
+    target: list[str]
+    steps: list[dict[str, Any]]
+    scores: dict[str, list[list[float]]]
+    items: list[list[dict[str, Any]]]
+    skipped: dict[str, str]
+    meta: dict[str, Any]
+
+    def words(self, how: str = "sum") -> pd.DataFrame: ...
 
 SCALARS = (str, int, float, bool, type(None))
 TEXTS = ("token", "top", "contrast")

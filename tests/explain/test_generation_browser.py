@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from attnaudit.explain.generation import Generated
-from attnaudit.report.generation_view import generation_page
+from attnaudit.explain.generation_view import generation_page
 
 pytestmark = pytest.mark.browser
 CHROMIUM = "/usr/bin/chromium"
