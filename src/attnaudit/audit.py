@@ -187,7 +187,8 @@ def _run_tests(
     """Run the tests in ``order``, each from the trained weights, sharing explanation scores in
     ``memo`` (:func:`~attnaudit.explain.registry.memoised`); the log, and the test whose result a full
     disk lost (the audit stops there)."""
-    snapshot = {k: v.detach().clone() for k, v in target.model.state_dict().items()}
+    # weights offloaded by --device-map (meta tensors here) are read from their files at every pass: nothing to restore
+    snapshot = {k: v.detach().clone() for k, v in target.model.state_dict().items() if v.device.type != "meta"}
     log: list[dict[str, Any]] = []
     lost: tuple[str, OSError] | None = None
     for number, name in enumerate(order, 1):
@@ -197,7 +198,7 @@ def _run_tests(
         log.append(entry)
         current = target.model.state_dict()
         if any(not torch.equal(current[k], v) for k, v in snapshot.items()):
-            target.model.load_state_dict(snapshot)  # every test starts from the trained weights
+            target.model.load_state_dict(snapshot, strict=False)  # every test starts from the trained weights (all kept in memory)
             memo.clear()  # scores of the changed weights
         if full is not None:  # a full disk: no later result could be stored either
             lost = (name, full)
@@ -258,6 +259,8 @@ def audit(
     verbalizer: str | dict[str, str] | None = None,
     max_length: int | None = None,
     dtype: str | None = None,
+    device_map: str | None = None,
+    max_memory: str | None = None,
     limit_order: str = "stratified",
     engine: str = "local",
     workers: int | None = None,
@@ -279,7 +282,8 @@ def audit(
     a preset shared by several audits, such as the demo's, may name more tests).
     ``prompt``/``verbalizer``: zero-shot classification with an ``hf`` causal LM (see :func:`load_hf`);
     ``max_length``: keep at most that many tokens of each text; ``dtype``: a decoder's parameter dtype
-    (``float32`` or ``bfloat16``); both with ``hf`` only. ``limit``: audit that many examples of the split,
+    (``float32`` or ``bfloat16``); ``device_map``/``max_memory``: its layers spread over devices, the CPU and disk
+    (:func:`~attnaudit.hf.load_hf`); all with ``hf`` only. ``limit``: audit that many examples of the split,
     a sample stratified by label drawn with ``seed`` (``limit_order="first"``: the first ones).
     ``engine="ray"``: the tests on ``workers`` Ray workers (the cluster at ``address``, else a local Ray),
     shardable tests in checkpointed shards of ``shard_size`` instances (:mod:`attnaudit.shards`; with
@@ -297,10 +301,12 @@ def audit(
     check_engine(engine, workers, address)
     train_options = {k: v for k, v in train_options.items() if v is not None}
     order, options = _plan(only, skip, test_options or {})
-    named = {"prompt": prompt, "verbalizer": verbalizer, "max_length": check_max_length(max_length), "dtype": dtype}
+    named = {"prompt": prompt, "verbalizer": verbalizer, "max_length": check_max_length(max_length), "dtype": dtype,
+             "device_map": device_map, "max_memory": max_memory}
     hf_options = {k: v for k, v in named.items() if v is not None}
     if hf_options and hf is None:
-        raise AttnAuditError("--prompt/--verbalizer/--max-length/--dtype apply with --hf only")
+        given = "/".join("--" + k.replace("_", "-") for k in hf_options)
+        raise AttnAuditError(f"{given} appl{'ies' if len(hf_options) == 1 else 'y'} with --hf only")
     target = _load_target(out, task, model, run, hf, data_dir, device, seed, train_options, hf_options)
     if target.model.causal:
         order, options = _plan(only, skip, test_options or {}, decoder=True)
@@ -411,7 +417,7 @@ def _write_record(
         "model": target.family,
         "task": target.task.spec,
         "hf": target.info.get("source") if target.family == "hf" else None,
-        **{key: target.info[key] for key in ("max_length", "dtype") if key in target.info},  # --max-length/--dtype
+        **{key: target.info[key] for key in ("max_length", "dtype", "device_map") if key in target.info},  # how it was loaded
         "split": split,
         "limit": limit,
         "limit_order": limit_order,

@@ -415,7 +415,8 @@ def _print_generated(result: Generated, quiet: bool, out: Path | None, aggregate
             print(f"skipped: {name}: {reason}")
         print(result.table(aggregate).to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     if out is not None:
-        out_console.print(f"explanation: {out / 'generation.json'} (+ generation.csv, generation.html, a heatmap per method)", markup=False, highlight=False)
+        also = "generation.csv, generation.html, a heatmap per method"
+        out_console.print(f"explanation: {out / 'generation.json'} (+ {also})", markup=False, highlight=False)
 
 
 def _run_dir(path: Path | None) -> Path:
@@ -547,6 +548,8 @@ def audit(
     verbalizer: Verbalizer = None,
     max_length: MaxLength = None,
     dtype: Dtype = None,
+    device_map: DeviceMap = None,
+    max_memory: MaxMemory = None,
     data_dir: DataDir = None,
     device: Device = "auto",
     quiet: Quiet = False,
@@ -566,6 +569,7 @@ def audit(
         d_model=d_model, hidden_dim=hidden_dim, embed_dim=embed_dim, epochs=epochs, batch_size=batch_size,
         lr=lr, patience=patience, vectors=vectors, max_vocab=max_vocab, min_freq=min_freq,
         prompt=prompt, verbalizer=verbalizer, max_length=max_length, dtype=dtype, limit_order=limit_order,
+        device_map=device_map, max_memory=max_memory,
         engine=engine, workers=workers, address=address,
     )
     out_console.print(f"summary: {out / 'summary.csv'}\nreport: [bold]{result.report}[/]")

@@ -84,3 +84,16 @@ def test_bad_placements_get_one_line(placed: tuple[Path, Path], tmp_path: Path, 
     result = cli("explain", "--hf", str(folder), "--text", "the film", *args, "--out", str(tmp_path / "out"))
     assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr, result.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_an_audit_of_an_offloaded_model_equals_the_one_in_memory(placed: tuple[Path, Path], tmp_path: Path) -> None:
+    """``audit --device-map`` gives the in-memory audit's summary and records the placement, which the report reloads."""
+    from attnaudit.audit import audit
+
+    folder, device_map = placed
+    options = {"task": "synthetic", "only": ["permutation", "importance"], "limit": 6, "figures": False, "explore": 0}
+    kept = audit(tmp_path / "kept", hf=str(folder), device="cpu", **options)
+    moved = audit(tmp_path / "moved", hf=str(folder), device_map=str(device_map), **options)
+    assert kept.rows == moved.rows
+    record = json.loads((tmp_path / "moved" / "audit.json").read_text())
+    assert record["device_map"]["model.layers.2"] == "disk"

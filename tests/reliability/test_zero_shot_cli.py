@@ -53,7 +53,7 @@ def test_unreadable_verbalizer(llama_lm: Path, tmp_path: Path) -> None:
 
 def test_prompt_without_hf(tmp_path: Path) -> None:
     proc = cli("audit", "--task", "synthetic", "--model", "bilstm", "--prompt", "x {text}", "--out", tmp_path / "out", "--quiet")
-    assert_clean_failure(proc, "--prompt/--verbalizer/--max-length/--dtype apply with --hf only", out=tmp_path / "out")
+    assert_clean_failure(proc, "--prompt applies with --hf only", out=tmp_path / "out")
 
 
 def test_prompt_and_verbalizer_make_importance_run(llama_lm: Path, tmp_path: Path) -> None:

@@ -116,7 +116,7 @@ def _find_run(directory: Path, info: dict[str, Any], data_dir: str | Path | None
     if info.get("hf") and not info.get("run"):
         from attnaudit.hf import load_hf
 
-        options = {key: info[key] for key in ("max_length", "dtype") if info.get(key) is not None}  # as the audit ran it
+        options = {key: info[key] for key in ("max_length", "dtype", "device_map") if info.get(key) is not None}  # as the audit ran it
         return load_hf(info["hf"], task=info.get("task"), data_dir=data_dir or info.get("data_dir"), device=device, **options)
     for candidate in (info.get("run"), directory / "run", directory):
         if candidate and (Path(candidate) / "config.json").exists():
