@@ -93,6 +93,7 @@ def test_dropped_layers_are_freed_before_the_next_layer_runs(decoder: tuple[HFMo
     """Streaming holds one layer's weights (and scores) at a time: when layer l starts computing,
     every earlier layer's tensors that the trace does not keep are already gone."""
     model, batch = decoder
+    model.keep_scores = True
     refs: list[weakref.ref] = []
     alive_at_start: list[int] = []
 

@@ -149,6 +149,7 @@ def test_untouched_outside_decode(family: str, pairs: SimpleNamespace) -> None:
 def test_t5_relative_position_bias_is_in_every_layer(pairs: SimpleNamespace) -> None:
     """Our scores minus q·k are exactly T5's relative bias of the stack, in the later layers too."""
     model, _, batch = wrap("t5", pairs)
+    model.keep_scores = True
     with torch.no_grad():
         trace = model(batch).trace
         encoder_bias = model.hf.encoder.block[0].layer[0].SelfAttention.compute_bias(batch.tokens.shape[1], batch.tokens.shape[1])

@@ -121,6 +121,8 @@ class Capture:
     """The state of one active pass: the layer running now, and the prefix its layers read."""
 
     prefix: KeyValuePrefix | None = None
+    keep_scores: bool = False
+    """Record each layer's pre-softmax scores too (a second ``(B,H,Q,K)`` per layer; nothing in attnaudit reads them)."""
     running: LayerCall | None = None
     armed: LayerCall | None = None
     mask_cache: dict[int, tuple[Tensor, Tensor]] = field(default_factory=dict)
@@ -158,10 +160,9 @@ def masked_below(dtype: torch.dtype) -> float:
 def _softmax(input: Tensor, dim: int | None = None, _stacklevel: int = 3, dtype: torch.dtype | None = None) -> Tensor:
     """``torch.nn.functional.softmax`` while a pass is active: the armed layer's attention softmax is ours."""
     state = _ACTIVE.get()
-    call = None if state is None or input.dim() != 4 or dim not in (-1, 3) else state.armed
-    if call is None:
+    if state is None or state.armed is None or input.dim() != 4 or dim not in (-1, 3):
         return _PLAIN_SOFTMAX(input, dim, _stacklevel, dtype)
-    state.armed = None  # type: ignore[union-attr]
+    call, state.armed = state.armed, None
     scores = input if dtype is None else input.to(dtype)
     allowed = call.allowed
     if allowed is None:
@@ -172,7 +173,8 @@ def _softmax(input: Tensor, dim: int | None = None, _stacklevel: int = 3, dtype:
     if weights.dtype != input.dtype:
         weights = weights.to(input.dtype)  # eager code computes in float32, then casts back: the weights it uses
     call.weights, call.allowed = weights, allowed
-    call.scores = scores.masked_fill(~allowed, float("-inf"))
+    if state.keep_scores:
+        call.scores = scores.masked_fill(~allowed, float("-inf"))
     return weights
 
 

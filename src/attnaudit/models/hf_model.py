@@ -78,6 +78,8 @@ class HFModel(HFCapabilities, HFRestarts, EncoderDecoderLayout, AttentionModel):
     an LM head or none) as an :class:`AttentionModel`. ``hf`` is the transformers model."""
 
     streams_layers = True
+    keep_scores = False
+    """Traces hold each layer's pre-softmax scores as well (for checks; they double a trace's memory)."""
     target_items = False
     """An encoder-decoder's explained items include its decoder inputs (:func:`attnaudit.models.zeroshot.target_side`)."""
 
@@ -303,6 +305,7 @@ class HFModel(HFCapabilities, HFRestarts, EncoderDecoderLayout, AttentionModel):
         decoder_side = self.structure.sites[start].side == "decoder"
         first_call = self.structure.sites[self.first_decoder_layer].block if decoder_side else 0
         state = Pass(self.structure, cache, start, interventions, pass_masks(self.structure, cache), self.layer_label, first_call, self.hf_type)
+        state.keep_scores = self.keep_scores
         inputs = pass_inputs(self.structure, cache, start, lambda: self.continues_prefix, self.hf_type)
         trace = AttentionTrace()
 
