@@ -126,6 +126,11 @@ def test_an_encoder_decoder_explains_each_target_token_over_the_source(family: s
         removed = [0.5 * float((distribution(source[:j] + source[j + 1 :], t) - full).abs().sum()) for j in range(len(source))]
         assert generated.scores["loo"][t][: len(source)] == pytest.approx(removed, abs=1e-5)
         assert all(v != v for v in generated.scores["loo"][t][len(source):])  # leave-one-out scores the source only: NaN
+        with torch.no_grad():
+            out = model.hf(input_ids=torch.tensor([source]), decoder_input_ids=torch.tensor([[model.decoder_start, *ys[:t]]]),
+                           output_attentions=True)
+        cross, own = out.cross_attentions[-1][0, :, -1].mean(0), out.decoder_attentions[-1][0, :, -1].mean(0)
+        assert generated.scores["attention"][t] == pytest.approx(cross.tolist() + own[1:].tolist(), abs=1e-6)
     greedy = explain_text(str(folder), PROMPT, generate=2, methods=["attention"])
     assert isinstance(greedy, Generated) and 1 <= len(greedy.target) <= 2
     with pytest.raises(AttnAuditError, match="give --generate N or --target TEXT"):

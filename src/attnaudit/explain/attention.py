@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, cast
+
 import torch
 from torch import Tensor
 
@@ -17,8 +19,12 @@ from attnaudit.explain.registry import (
 )
 from attnaudit.models.interface import AttentionModel, AttentionTrace, evaluation
 
+if TYPE_CHECKING:
+    from attnaudit.models.hf_model import HFModel
 
-@explanation("attention", "the explained attention layer's weights (mean over heads; the explanation query's row)", order=10)
+
+@explanation("attention", "the explained attention layer's weights (mean over heads; the explanation query's row)", order=10,
+             target_side=True)
 def attention_importance(model: AttentionModel, batch: Batch, layer: int | None = None, head: int | None = None) -> Tensor:
     """The explained attention ``(B, K)``: mean over heads (or ``head``) and real queries.
 
@@ -33,10 +39,18 @@ def attention_importance(model: AttentionModel, batch: Batch, layer: int | None 
 def explained_attention(
     model: AttentionModel, batch: Batch, trace: AttentionTrace, layer: int | None = None, head: int | None = None
 ) -> Tensor:
-    """:func:`attention_importance` read from the ``trace`` of a forward pass already made on ``batch``."""
+    """:func:`attention_importance` read from the ``trace`` of a forward pass already made on ``batch``.
+
+    An encoder-decoder explaining its earlier target tokens too (``target_items``): the cross-attention row over
+    the source, then the same block's decoder self-attention row over the target (two distributions, side by side)."""
     index = layer_index(model, layer)
     record = trace[index]
-    values = reduce_heads(record.weights, record.query_mask, head, model.explanation_rows(batch.mask))
+    rows = model.explanation_rows(batch.mask)
+    values = reduce_heads(record.weights, record.query_mask, head, rows)
+    if getattr(model, "target_items", False) and batch.target is not None:
+        structure = cast("HFModel", model).structure  # target items: an encoder-decoder, a Hugging Face model
+        own = trace[structure.layers_of(structure.sites[index].block)[0]]  # the block's self-attention, before its cross
+        values = torch.cat([values[:, : batch.tokens.shape[1]], reduce_heads(own.weights, own.query_mask, head, rows)], 1)
     return to_items(values, model, batch, index)
 
 
