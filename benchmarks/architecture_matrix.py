@@ -51,7 +51,8 @@ def measure(model_type: str, workdir: Path, reviews: Path, data_dir: Path) -> di
     """One architecture's row: the adapter checks and the end-to-end commands' outcome."""
     started = time.perf_counter()
     row = check(model_type)
-    row["passes"] = all(row[name] is not None and row[name] <= TOLERANCE for name in CHECKS) and row["intervention_changes"]
+    generates = row["generation"] is None if row["kind"] == "encoder" else row["generation"] <= TOLERANCE
+    row["passes"] = all(row[name] is not None and row[name] <= TOLERANCE for name in CHECKS) and row["intervention_changes"] and generates
     folder = save_tiny(model_type, workdir / model_type)
     failures = [f for f in (run_command(line) for line in end_to_end(model_type, folder, reviews, data_dir)) if f]
     row["end_to_end"] = "ok" if not failures else failures[0]

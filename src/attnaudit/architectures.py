@@ -12,6 +12,7 @@ The sizes are data (:data:`SIZES`, in each config's own field names), not branch
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -295,7 +296,7 @@ REVIEWS = (
     ("the plot was dull", "neg"), ("a boring movie", "neg"), ("i hated it", "neg"), ("the acting was awful", "neg"),
 )
 CHECKS = ("weights", "logits", "intervention", "restart")
-"""The figures of :func:`check` that must stay within :data:`TOLERANCE`."""
+"""The figures of :func:`check` that must stay within :data:`TOLERANCE` (and ``generation``, where a model generates)."""
 
 
 def write_reviews(folder: Path) -> Path:
@@ -370,7 +371,26 @@ def check(model_type: str, seed: int = 0) -> dict[str, Any]:
         "restart": max(_difference(logits, ours.logits) for logits in restarts),
         "restart_layers": sorted({middle, decoder}),
         "methods": {name: method.applies(model) for name, method in EXPLANATIONS.items()} if kind != "encoder-decoder" else {},
+        "generation": None if kind == "encoder" else _generation_difference(model, tokenizer),
     }
+
+
+def _generation_difference(model: Any, tokenizer: PreTrainedTokenizerFast) -> float:
+    """Three tokens of the model's own cached continuation and one teacher-forced pass over them, against each step
+    passed through the model interface as one decision: the largest difference of a step's distribution (inf when a
+    token is not the interface's most probable)."""
+    from attnaudit.explain.generation import step_batches
+    from attnaudit.models.interface import evaluation
+    from attnaudit.models.zeroshot import forced_decision, next_token_decision
+
+    source = list(tokenizer(SENTENCES[0])["input_ids"])
+    ids, probs = model.continuation(source, 3)
+    decision = forced_decision if model.kind == "encoder-decoder" else next_token_decision
+    with decision(model), evaluation(model), torch.no_grad():
+        steps = torch.cat([model(batch).probs.float() for batch in step_batches(model, source, ids)])
+    if steps.argmax(-1).tolist() != ids:
+        return math.inf
+    return max(_difference(probs, steps), _difference(model.forced_distributions(source, ids), steps))
 
 
 def _batch(model: Any, tokenizer: PreTrainedTokenizerFast) -> tuple[Any, dict[str, Tensor]]:

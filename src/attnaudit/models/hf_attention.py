@@ -160,9 +160,10 @@ def masked_below(dtype: torch.dtype) -> float:
 def _softmax(input: Tensor, dim: int | None = None, _stacklevel: int = 3, dtype: torch.dtype | None = None) -> Tensor:
     """``torch.nn.functional.softmax`` while a pass is active: the armed layer's attention softmax is ours."""
     state = _ACTIVE.get()
-    if state is None or state.armed is None or input.dim() != 4 or dim not in (-1, 3):
+    call = None if state is None or input.dim() != 4 or dim not in (-1, 3) else state.armed  # armed: read for 4-d softmaxes only
+    if state is None or call is None:
         return _PLAIN_SOFTMAX(input, dim, _stacklevel, dtype)
-    call, state.armed = state.armed, None
+    state.armed = None
     scores = input if dtype is None else input.to(dtype)
     allowed = call.allowed
     if allowed is None:
