@@ -13,7 +13,7 @@ first ``--instances`` test instances, ``--permutations`` permutations each, seed
 Both draw identical permutations, so the output changes must agree (to 1e-5). They are timed
 in ``--repeats`` interleaved rounds (:func:`benchmarks.common.time_interleaved`); the ratio is
 taken per round. Cost is also given in forward-pass
-equivalents: a decode row costs ``decode_fraction`` of a full forward (measured).
+equivalents: a decode row (weights given) costs ``decode_fraction`` of a full forward (measured).
 Writes ``benchmarks/results/permutation.json``.
 
 Run: ``.venv/bin/python -m benchmarks.bench_permutation [--instances 50] [--repeats 5]``
@@ -33,6 +33,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from attnaudit.experiments.permutation import permutation_loop, permute_batch  # noqa: E402
+from attnaudit.models.interface import Intervention  # noqa: E402
 from attnaudit.progress import set_quiet  # noqa: E402
 from attnaudit.run import Run  # noqa: E402
 from attnaudit.training.trainer import train  # noqa: E402
@@ -50,12 +51,17 @@ BATCH = 32
 
 
 def decode_fraction(run: Run, examples: list, repeats: int = REPEATS) -> float:
-    """Time of ``decode`` (attention + output) relative to a full forward pass, same batch (median per round)."""
+    """Time of ``decode`` (attention + output) relative to a full forward pass, same batch (median per round).
+
+    The decode is given the attention weights, as every permutation and adversary is (the model's
+    own scores are then not computed)."""
     batch = run.collate(examples).to(run.device)
     model = run.model
     with torch.no_grad():
         cache = model.encode(batch)
-        timing, _ = time_interleaved({"decode": lambda: model.decode(cache), "full": lambda: model(batch)}, repeats,
+        layer = model.explained_layer % model.num_attention_layers
+        given = [Intervention(layer=layer, weights=model.decode(cache).trace[layer - cache.layer].weights)]
+        timing, _ = time_interleaved({"decode": lambda: model.decode(cache, given), "full": lambda: model(batch)}, repeats,
                                      ratios={"fraction": ("decode", "full")})
     return timing["fraction"]["median"]
 

@@ -287,3 +287,5 @@ def test_last_layer_tests_rerun_the_predicting_token_only(llama_lm: Path, tiny_h
     with torch.no_grad():
         whole = model(batch, [Intervention(layer=layer, weights=erase_items(removed))]).probs
     torch.testing.assert_close(decode_erased(model, erased.cache, layer, removed), whole, rtol=0, atol=1e-6)
+    given = decode_erased(model, erased.cache, layer, removed, erased.weights)  # the prepared weights erased
+    torch.testing.assert_close(given, whole, rtol=0, atol=1e-6)

@@ -18,6 +18,7 @@ from attnaudit.errors import AttnAuditError
 from attnaudit.experiments.erasure import (
     RANDOM,
     Erasure,
+    decode_erased,
     erase_items,
     flip_steps,
     order_by,
@@ -248,6 +249,21 @@ def test_batched_equals_one_instance_at_a_time(runs: dict[str, Run], family: str
         assert exact == {k: b[k] for k in exact}
         for key in ("jsd_max", "jsd_rand", "weight_max", "weight_rand"):
             assert a[key] == pytest.approx(b[key], abs=1e-5, nan_ok=True)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_erasing_the_prepared_weights_equals_erasing_the_computed_ones(runs: dict[str, Run], family: str) -> None:
+    """The searches erase the prepared pass's weights (given as a tensor: no scores recomputed per step);
+    the output equals erasing the weights the layer computes."""
+    run = runs[family]
+    batch = next(run.batches(run.examples("test")[:6], 6))
+    with torch.no_grad():
+        explained = prepare(run, batch)
+    assert explained.weights is not None
+    removed = explained.mask & (torch.rand(explained.mask.shape, generator=torch.Generator().manual_seed(0)) < 0.5)
+    computed = decode_erased(run.model, explained.cache, explained.layer, removed)
+    given = decode_erased(run.model, explained.cache, explained.layer, removed, explained.weights)
+    torch.testing.assert_close(given, computed, rtol=0, atol=1e-6)
 
 
 @pytest.mark.parametrize("family", ["transformer"])

@@ -130,6 +130,7 @@ def test_decode_encode_and_own_weights_reproduce_forward(task: str, encoder: str
     assert torch.equal(model.decode(cache_).logits, out.logits)
     replaced = model.decode(cache_, [Intervention(weights=out.trace.weights[0])])
     assert torch.equal(replaced.logits, out.logits)
+    assert replaced.trace[0].scores is None and out.trace[0].scores is not None  # given weights: no scoring
     restarted = model.decode(model.cache_at(out.trace, 0, cache_), start_layer=0)
     assert torch.equal(restarted.logits, out.logits)
     # Embeddings passed in explicitly take the place of the lookup.

@@ -123,9 +123,9 @@ def optimise(theta0: Tensor, decode: Decoder, explained: Explained, search: Sear
             calls += 1
             change = output_change(probs, probs0.expand_as(probs))
             div = divergence(weights, original, query_rows, differentiable_jsd)
-        with torch.no_grad():
+        with torch.no_grad():  # torch.where, not boolean indexing: no sync with the host per step
             improved = (change <= search.report_epsilon) & (div > best_div)
-            best[improved] = theta.detach()[improved]
+            best = torch.where(improved[..., None, None, None], theta.detach(), best)
             best_div = torch.where(improved, div.detach(), best_div)
         if final:
             break
@@ -135,8 +135,7 @@ def optimise(theta0: Tensor, decode: Decoder, explained: Explained, search: Sear
         loss.backward(inputs=[theta])
         optimizer.step()
     never = torch.isinf(best_div)
-    best[never] = theta.detach()[never]
-    return best, calls
+    return torch.where(never[..., None, None, None], theta.detach(), best), calls
 
 
 @dataclass

@@ -73,7 +73,8 @@ class Explained:
 
     ``mask`` ``(B,K)`` marks the real items (:func:`attnaudit.explain.item_mask`: tokens,
     HAN sentences, the text keys of a pair Transformer), the axis rankings are over;
-    ``attention`` ``(B,K)`` the ``attention`` explanation read from the same pass.
+    ``attention`` ``(B,K)`` the ``attention`` explanation read from the same pass; ``weights`` ``(B,H,Q,K)``
+    the explained layer's weights as a decode from ``cache`` computes them (None: recomputed at every erasure).
     """
 
     cache: Cache
@@ -83,6 +84,7 @@ class Explained:
     mask: Tensor
     lengths: Tensor
     attention: Tensor
+    weights: Tensor | None = None
 
 
 def prepare(run: Run, batch: Any) -> Explained:
@@ -94,13 +96,22 @@ def prepare(run: Run, batch: Any) -> Explained:
     assert prepared.attention is not None  # the explained layer alone
     mask = item_mask(model, batch)
     probs = prepared.probs
-    return Explained(prepared.cache, layer, probs, probs.argmax(-1), mask, mask.sum(-1), prepared.attention)
+    return Explained(prepared.cache, layer, probs, probs.argmax(-1), mask, mask.sum(-1), prepared.attention,
+                     prepared.weights[0])
 
 
-def decode_erased(model: AttentionModel, cache: Cache, layer: int, removed: Tensor) -> Tensor:
-    """Output distributions ``(B,C)`` with the items in ``removed`` erased at ``layer``."""
+def decode_erased(
+    model: AttentionModel, cache: Cache, layer: int, removed: Tensor, weights: Tensor | None = None
+) -> Tensor:
+    """Output distributions ``(B,C)`` with the items in ``removed`` erased at ``layer``.
+
+    ``weights`` ``(B,H,Q,K)``: the layer's weights for the rows of ``cache``, when known; they are erased here
+    and given as a tensor, so the layer's scores are not computed again for every erasure.
+    """
+    erase = erase_items(removed)
+    given = erase if weights is None else erase(weights, cache.mask)
     with torch.no_grad():
-        out = model.decode(cache, [Intervention(layer=layer, weights=erase_items(removed))], start_layer=layer)
+        out = model.decode(cache, [Intervention(layer=layer, weights=given)], start_layer=layer)
     return out.logits.softmax(-1)
 
 
@@ -139,7 +150,9 @@ def flip_steps(
         if rows.numel() == 0:
             break
         removed[rows, order[rows, step - 1]] = True
-        probs = decode_erased(model, explained.cache.select(instance[rows]), explained.layer, removed[rows])
+        picked = instance[rows]
+        weights = None if explained.weights is None else explained.weights.index_select(0, picked)
+        probs = decode_erased(model, explained.cache.select(picked), explained.layer, removed[rows], weights)
         calls += 1
         hit = rows[probs.argmax(-1) != pred[rows]]
         flipped[hit] = True
@@ -236,7 +249,7 @@ def _single(
     for name, item in (("max", top), ("rand", rand)):
         removed = torch.zeros_like(explained.mask)
         removed[rows, item] = True
-        probs = decode_erased(model, explained.cache, explained.layer, removed)
+        probs = decode_erased(model, explained.cache, explained.layer, removed, explained.weights)
         out[f"jsd_{name}"] = jsd(explained.probs, probs)
         out[f"flip_{name}"] = probs.argmax(-1) != explained.pred
         out[f"weight_{name}"] = attention.detach()[rows, item]
