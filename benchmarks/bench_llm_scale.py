@@ -80,10 +80,10 @@ OPERATIONS = {
     "rollout_streaming": "rollout folded in layer by layer, one layer's weights kept at a time",
 }
 # Peak memory of an operation in units of all layers' weights (L·H·T² elements), for the skip rule:
-# the trace keeps weights and scores (2) plus temporaries, rollout stacks the weights once more;
+# the trace keeps the weights (1) plus keys, values and states, rollout stacks the weights once more;
 # streaming holds a few (H,T,T) tensors of one layer. Set from the CPU measurements at T = 512
 # (benchmarks/results/llm_scale_cpu.json), rounded up.
-FOOTPRINT_LAYERS = {"peer": 1.1, "capture": 2.7, "norms": 2.9, "rollout": 4.1, "rollout_streaming": None}
+FOOTPRINT_LAYERS = {"peer": 1.1, "capture": 1.8, "norms": 1.9, "rollout": 3.1, "rollout_streaming": None}
 STREAMING_LAYERS = 6  # (H,T,T) tensors the streaming rollout holds at its peak, also from T = 512
 MEMORY_CHILD_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536"}
 SEED = 0
