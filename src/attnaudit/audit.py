@@ -417,6 +417,7 @@ def _write_record(
         "model": target.family,
         "task": target.task.spec,
         "hf": target.info.get("source") if target.family == "hf" else None,
+        "architecture": target.config.extra.get("hf_type") or target.family,  # llama, bert, ...; bilstm, transformer
         **{key: target.info[key] for key in ("max_length", "dtype", "device_map") if key in target.info},  # how it was loaded
         "split": split,
         "limit": limit,

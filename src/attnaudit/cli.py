@@ -616,7 +616,7 @@ def demo(
 
 @app.command()
 def sweep(
-    config: Annotated[Path, typer.Argument(help="Sweep YAML file (format: examples/sweep.yaml).")],
+    config: Annotated[Path, typer.Argument(help="Sweep YAML file (format: examples/sweep.yaml; over Hugging Face models: examples/study.yaml).")],
     engine: Annotated[str, typer.Option(help="local (process pool) or ray.")] = "local",
     address: Annotated[str | None, typer.Option(help="Ray address for --engine ray (default: start a local Ray).")] = None,
     workers: Annotated[int | None, typer.Option(help="Jobs run at once (default: one per CPU core).")] = None,
@@ -626,7 +626,8 @@ def sweep(
     ] = None,
     quiet: Quiet = False,
 ) -> None:
-    """Train and audit a grid (datasets x models x normalisers x seeds x lambda); one table OUT/sweep.csv.
+    """Train and audit a grid (datasets x models or Hugging Face models x their settings x seeds x lambda);
+    one table OUT/sweep.csv and one page comparing the models, OUT/study.html.
 
     Example: attnaudit sweep examples/sweep.yaml --workers 2
     """
@@ -637,6 +638,7 @@ def sweep(
     for job in result.failed:
         print(f"failed: {job['id']}: {job['error']}")
     out_console.print(f"{len(result.jobs)} job(s), {len(result.skipped)} already finished; table: [bold]{result.csv}[/]")
+    out_console.print(f"study: [bold]{result.study}[/]")
     if result.failed:
         raise AttnAuditError(f"{len(result.failed)} of {len(result.jobs)} sweep job(s) failed (see {result.csv})")
 

@@ -1,13 +1,15 @@
 """Sweeps: a YAML grid of train + audit jobs, run in a local process pool or on Ray.
 
-The grid is the product datasets × models × normalisers × seeds (× λ). Each job is one
-:func:`attnaudit.audit.audit` call that trains its model into ``OUT/<job-id>/run`` and
-audits it into ``OUT/<job-id>/``, then writes ``OUT/<job-id>/job.json`` (atomically, last:
-the job's commit point). Re-running a sweep skips jobs whose ``job.json`` says they finished
+The grid is the product datasets × models × seeds (× λ), where the models are families to train
+(× normalisers) and Hugging Face models to load (× their prompts, verbalizers, dtypes and
+maximum lengths). Each job is one :func:`attnaudit.audit.audit` call that trains its model into
+``OUT/<job-id>/run`` (or loads it) and audits it into ``OUT/<job-id>/``, then writes
+``OUT/<job-id>/job.json`` (atomically, last: the job's commit point). Re-running a sweep skips jobs whose ``job.json`` says they finished
 with the same settings; failed jobs run again (the audit resumes from its stored results).
 Everything is aggregated into ``OUT/sweep.csv`` (one row per job: parameters, status, error,
 then one column per ``test.statistic``) and ``OUT/sweep.json`` (the same plus every job's
-test summaries and verdict rows). See ``examples/sweep.yaml`` for the file format.
+test summaries and verdict rows), and ``OUT/study.html`` compares the jobs (:mod:`attnaudit.study`).
+See ``examples/sweep.yaml`` and ``examples/study.yaml`` for the file format.
 """
 
 from __future__ import annotations
@@ -37,15 +39,23 @@ from attnaudit.io import (
     read_input,
     read_json,
 )
-from attnaudit.options import SEED_MAX, check_value, conforms, type_name
+from attnaudit.options import SEED_MAX, check_dtype, check_max_length, check_value, conforms, type_name
 from attnaudit.progress import status, track
 from attnaudit.shards import ENGINES, ray_session
+from attnaudit.study import write_study
 
 JOB_FILE = "job.json"
 TABLE_CSV = "sweep.csv"
 TABLE_JSON = "sweep.json"
 # YAML grid key -> job parameter (the name of the matching `attnaudit train` option).
-GRID_KEYS = {"tasks": "task", "models": "model", "normalisers": "attention", "seeds": "seed", "lambdas": "lambda"}
+GRID_KEYS = {"tasks": "task", "models": "model", "hf": "hf", "normalisers": "attention", "prompts": "prompt",
+             "verbalizers": "verbalizer", "dtypes": "dtype", "max_lengths": "max_length", "seeds": "seed", "lambdas": "lambda"}
+MODEL_AXES = ("models", "hf")
+"""At least one: families attnaudit trains, and Hugging Face models it loads (a job per model, not their product)."""
+HF_AXES = ("prompts", "verbalizers", "dtypes", "max_lengths")
+"""Loading settings of the ``hf`` models (``audit --hf`` options); the ``models`` jobs do not take them."""
+TRAINED_AXES = ("normalisers",)
+"""Settings of the trained ``models`` only (an ``hf`` model's attention is its own)."""
 TOP_KEYS = ("out", "data_dir", "grid", "train", "audit")
 AUDIT_KEYS = ("only", "skip", "split", "limit", "set")
 LAMBDA_OPTION = "lambdas"
@@ -53,7 +63,8 @@ LAMBDA_OPTION = "lambdas"
 # `train` keyword arguments a sweep may fix for all jobs (the grid sets task, model, attention, seed).
 TRAIN_EXTRA = {"dev": str | None, "test": str | None, "split_seed": int}
 GRID_CONTROLLED = {"model", "task_type", "vocab_size", "num_labels", "attention", "seed"}
-PARAM_COLUMNS = ["job", "task", "model", "attention", "seed", "lambda", "status", "error", "seconds"]
+PARAM_COLUMNS = ["job", "task", "model", "hf", "architecture", "attention", "prompt", "verbalizer", "dtype", "max_length",
+                 "seed", "lambda", "status", "error", "seconds"]
 
 
 @dataclass
@@ -103,6 +114,7 @@ class SweepResult:
     skipped: list[str]
     csv: Path
     json: Path
+    study: Path
 
     @property
     def failed(self) -> list[dict[str, Any]]:
@@ -183,6 +195,8 @@ def _axis(reader: _Reader, node: yaml.Node, key: str) -> list[Any]:
     what = f"grid.{key}"
     values: list[Any] = []
     for item_node, value in reader.items(node, what):
+        if key in ("hf", *HF_AXES):
+            value = _hf_item(reader, item_node, key, value)
         if key in ("tasks", "models", "normalisers") and not isinstance(value, str):
             reader.fail(item_node, f"{what}: expected a name, got {value!r}")
         if key == "models" and value not in MODELS:
@@ -200,6 +214,57 @@ def _axis(reader: _Reader, node: yaml.Node, key: str) -> list[Any]:
             reader.fail(item_node, f"{what}: {value!r} listed twice")
         values.append(value)
     return values
+
+
+def _hf_item(reader: _Reader, node: yaml.Node, key: str, value: Any) -> Any:
+    """One item of the ``hf`` axis or of its settings, checked as ``audit --hf`` checks it; a verbalizer
+    is kept as ``{label: word}`` (written in the file as a mapping or as ``--verbalizer`` text)."""
+    what = f"grid.{key}"
+    if key == "hf" and isinstance(value, dict):
+        return _hf_entry(reader, node, value)
+    if key == "verbalizers" and isinstance(value, dict):
+        words = {str(label): word for label, word in value.items() if isinstance(word, str)}
+        if len(words) < 2 or len(words) != len(value):
+            reader.fail(node, f"{what}: expected at least two label: word pairs with text words, got {value!r}")
+        return words
+    if key != "max_lengths" and (not isinstance(value, str) or not value):
+        reader.fail(node, f"{what}: expected {'a model name or folder' if key == 'hf' else 'text'}, got {value!r}")
+    if key == "prompts" and value.count("{text}") != 1:
+        reader.fail(node, f"{what}: a prompt must contain {{text}} exactly once, got {value!r}")
+    try:
+        return _checked_hf_item(key, value)
+    except AttnAuditError as exc:
+        reader.fail(node, f"{what}: {exc}")
+
+
+def _hf_entry(reader: _Reader, node: yaml.Node, entry: dict[str, Any]) -> dict[str, Any]:
+    """An ``hf`` item with settings of its own, ``{name: smollm2, prompt: ..., verbalizer: ...}``: each setting
+    checked as its grid axis's items are (a prompt for the decoder only, beside an encoder without one)."""
+    settings = {GRID_KEYS[key]: key for key in HF_AXES}
+    unknown = sorted(set(entry) - {"name", *settings})
+    if unknown or "name" not in entry:
+        problem = f"unknown key {unknown[0]!r}" if unknown else "missing 'name'"
+        reader.fail(node, f"grid.hf: {problem}; an entry is a name or {{name: NAME, {', '.join(settings)}}}")
+    checked = {"name": _hf_item(reader, node, "hf", entry["name"])}
+    if isinstance(checked["name"], dict):
+        reader.fail(node, "grid.hf: an entry's name is a model name or folder")
+    return checked | {key: _hf_item(reader, node, settings[key], value) for key, value in entry.items() if key != "name"}
+
+
+def _checked_hf_item(key: str, value: Any) -> Any:
+    """``value`` as the audit would read it; an ``AttnAuditError`` when it would refuse it."""
+    from attnaudit.models.zeroshot import parse_verbalizer
+    from attnaudit.pretrained import resolve_source
+
+    if key == "hf":
+        resolve_source(value)  # a path that is no model folder or .gguf file fails now, a hub name when its job loads
+    elif key == "verbalizers":
+        return parse_verbalizer(value)
+    elif key == "dtypes":
+        return check_dtype(value, f"grid.{key}")
+    elif key == "max_lengths":
+        return check_max_length(value, f"grid.{key}")
+    return value
 
 
 def _train_hints() -> dict[str, Any]:
@@ -275,12 +340,23 @@ def load_config(path: str | Path) -> SweepConfig:
     reader = _Reader(Path(path))
     top = reader.mapping(reader.root, "the sweep file", TOP_KEYS)
     if "grid" not in top:
-        reader.fail(reader.root, "missing 'grid' (with at least tasks and models)")
+        reader.fail(reader.root, "missing 'grid' (with at least tasks, and models or hf)")
     grid_section = reader.mapping(top["grid"][1], "grid", GRID_KEYS)
-    for required in ("tasks", "models"):
-        if required not in grid_section:
-            reader.fail(top["grid"][0], f"grid: missing {required!r}")
+    if "tasks" not in grid_section:
+        reader.fail(top["grid"][0], "grid: missing 'tasks'")
+    if not any(key in grid_section for key in MODEL_AXES):
+        reader.fail(top["grid"][0], "grid: missing 'models' or 'hf' (families to train, Hugging Face models to load)")
+    for axes, owner in ((HF_AXES, "hf"), (TRAINED_AXES, "models")):
+        for key in axes:
+            if key in grid_section and owner not in grid_section:
+                reader.fail(grid_section[key][0], f"grid.{key}: applies to grid.{owner}, and the grid has none")
+    if "train" in top and "models" not in grid_section:
+        reader.fail(top["train"][0], "train: applies to grid.models (families to train), and the grid has none")
     grid = {key: _axis(reader, value, key) for key, (_, value) in grid_section.items()}
+    for (item_node, _), entry in zip(reader.items(grid_section["hf"][1], "grid.hf") if "hf" in grid else [], grid.get("hf", [])):
+        both = [key for key in HF_AXES if isinstance(entry, dict) and GRID_KEYS[key] in entry and key in grid]
+        if both:
+            reader.fail(item_node, f"grid.hf: {entry['name']} sets its own {GRID_KEYS[both[0]]} and grid.{both[0]} sets one too; keep one")
     config = SweepConfig(path=Path(path), grid=grid)
     for key in ("out", "data_dir"):
         if key in top:
@@ -320,31 +396,54 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9.]+", "-", text).strip("-.")[:40] or "x"
 
 
-def job_id(params: dict[str, Any]) -> str:
-    """A readable folder name: ``task_model_normaliser_s<seed>[_l<λ>]``."""
-    parts = [_slug(params["task"]), params["model"], _slug(params["attention"]), f"s{params['seed']}"]
+def job_id(params: dict[str, Any], settings: dict[str, int] | None = None) -> str:
+    """A readable folder name: ``task_model_normaliser_s<seed>[_l<λ>]``, or for a Hugging Face model
+    ``task_<name>[_p<i>][_v<i>][_<dtype>][_len<n>]_s<seed>[_l<λ>]`` (``settings``: the place of the job's
+    prompt and verbalizer in their grid axes, from 1; a model's own prompt has none)."""
+    if "hf" in params:
+        parts = [_slug(params["task"]), _slug(params["hf"])]
+        places = settings or {}
+        parts += [f"{letter}{places[key]}" for key, letter in (("prompt", "p"), ("verbalizer", "v")) if key in places]
+        parts += [str(params["dtype"])] if "dtype" in params else []
+        parts += [f"len{params['max_length']}"] if "max_length" in params else []
+    else:
+        parts = [_slug(params["task"]), params["model"], _slug(params["attention"])]
+    parts.append(f"s{params['seed']}")
     if "lambda" in params:
         parts.append(f"l{params['lambda']:g}")
     return "_".join(parts)
 
 
+def _model_params(config: SweepConfig) -> list[dict[str, Any]]:
+    """Each model's part of a job's parameters: trained families × normalisers, then the Hugging Face
+    models × their settings (only the settings the grid names)."""
+    grid = config.grid
+    entries = [{"model": m, "attention": a} for m in grid.get("models", []) for a in grid.get("normalisers") or ["softmax"]]
+    hf_axes = {GRID_KEYS[key]: grid[key] for key in HF_AXES if key in grid}
+    for item in grid.get("hf", []):
+        own = dict(item) if isinstance(item, dict) else {"name": item}
+        name = own.pop("name")
+        for values in itertools.product(*hf_axes.values()):
+            entries.append({"hf": name, **own, **dict(zip(hf_axes, values))})
+    return entries
+
+
 def plan(config: SweepConfig, out: str | Path, data_dir: str | Path | None = None) -> list[Job]:
-    """The grid's jobs in a fixed order (tasks, then models, normalisers, seeds, λ)."""
-    axes = {param: config.grid.get(key) for key, param in GRID_KEYS.items()}
-    axes["attention"] = axes["attention"] or ["softmax"]
-    axes["seed"] = axes["seed"] or [0]
-    present = {k: v for k, v in axes.items() if v is not None}
-    names = list(present)
-    takers = lambda_tests(config) if axes.get("lambda") else []
+    """The grid's jobs in a fixed order (tasks, then models and their settings, seeds, λ)."""
+    lambdas = config.grid.get("lambdas")
+    takers = lambda_tests(config) if lambdas else []
     out = Path(out).resolve()
     jobs: list[Job] = []
     seen: set[str] = set()
-    for values in itertools.product(*(present[k] for k in names)):
-        params = dict(zip(names, values))
+    combos = itertools.product(config.grid["tasks"], _model_params(config), config.grid.get("seeds") or [0], lambdas or [None])
+    for task, model, seed, lam in combos:
+        params = {"task": task, **model, "seed": seed, **({"lambda": lam} if lam is not None else {})}
         test_options = {k: dict(v) for k, v in config.test_options.items()}
         for test in takers:
             test_options.setdefault(test, {})[LAMBDA_OPTION] = [float(params["lambda"])]
-        ident = job_id(params)
+        places = {GRID_KEYS[key]: config.grid[key].index(params[GRID_KEYS[key]]) + 1
+                  for key in ("prompts", "verbalizers") if key in config.grid and GRID_KEYS[key] in params}
+        ident = job_id(params, places)
         if ident in seen:  # two task specs with the same slug: keep the folders apart
             ident += "-" + hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()[:6]
         seen.add(ident)
@@ -355,7 +454,7 @@ def plan(config: SweepConfig, out: str | Path, data_dir: str | Path | None = Non
                 out=str(out / ident),
                 cwd=os.getcwd(),
                 data_dir=str(Path(data_dir).resolve()) if data_dir else None,
-                train=dict(config.train),
+                train=dict(config.train) if "model" in params else {},
                 only=config.only,
                 skip=config.skip,
                 split=config.split,
@@ -403,12 +502,11 @@ def run_job(job: Job) -> dict[str, Any]:
         warnings.simplefilter("always", AttnAuditWarning)
         try:
             Path(job.out).mkdir(parents=True, exist_ok=True)
-            params = job.params
             outcome = audit(
-                job.out, task=params["task"], model=params["model"], only=job.only, skip=job.skip, split=job.split,
-                limit=job.limit, seed=params["seed"], data_dir=job.data_dir, device="auto", test_options=job.test_options,
-                attention=params["attention"], **job.train,
+                job.out, task=job.params["task"], only=job.only, skip=job.skip, split=job.split, limit=job.limit,
+                seed=job.params["seed"], data_dir=job.data_dir, device="auto", test_options=job.test_options, **_model_kwargs(job),
             )
+            record["architecture"] = _architecture(Path(job.out))
             record["summary"] = {name: result.summary for name, result in outcome.results.items()}
             record["rows"] = outcome.rows
             record["failed_tests"] = outcome.failed
@@ -427,6 +525,25 @@ def run_job(job: Job) -> dict[str, Any]:
         record["error"] = record["error"] or f"could not write {JOB_FILE}: {exc}"
         record["status"] = "failed"
     return record
+
+
+def _model_kwargs(job: Job) -> dict[str, Any]:
+    """What the audit is given about the model: a family to train with its options, or a Hugging Face model with its settings."""
+    params = job.params
+    if "hf" in params:
+        return {"hf": params["hf"], **{key: params[key] for key in ("prompt", "verbalizer", "dtype", "max_length") if key in params}}
+    return {"model": params["model"], "attention": params["attention"], **job.train}
+
+
+def _architecture(folder: Path) -> str | None:
+    """The audited model's architecture as the audit recorded it (``audit.json``): a Hugging Face
+    ``model_type`` (``llama``, ``bert``) or the trained family."""
+    from attnaudit.report.summary import AUDIT
+
+    try:
+        return read_json(folder / AUDIT).get("architecture")
+    except (AttnAuditError, AttributeError):
+        return None
 
 
 def _crashed(job: Job, exc: BaseException) -> dict[str, Any]:
@@ -486,7 +603,10 @@ def table_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """
     rows = []
     for record in records:
-        row = {"job": record["id"], **record["params"], "status": record["status"], "error": record.get("error") or "",
+        params = {key: csv_cell(value) for key, value in record["params"].items()}
+        if "hf" in params and record.get("architecture"):  # a trained family's column `model` is its architecture
+            params["architecture"] = record["architecture"]
+        row = {"job": record["id"], **params, "status": record["status"], "error": record.get("error") or "",
                "seconds": record.get("seconds")}
         for test, summary in record.get("summary", {}).items():
             row.update({f"{test}.{key}": csv_cell(value) for key, value in summary.items()})
@@ -564,4 +684,5 @@ def sweep(
                 status(f"[red]failed[/] {record['id']}: {record['error']}")
     ordered = [records[job.id] for job in jobs]
     csv, summary = write_table(root, ordered, settings.path)
-    return SweepResult(out=root, jobs=ordered, skipped=skipped, csv=csv, json=summary)
+    study = write_study(root, ordered, f"Study: {settings.path.name}")
+    return SweepResult(out=root, jobs=ordered, skipped=skipped, csv=csv, json=summary, study=study)
