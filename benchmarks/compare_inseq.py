@@ -214,7 +214,9 @@ def bench_model(
 
     loaded = worker.ask(op="load", model=str(folder), threads=args.threads)
     model = run.model
-    peer_args = {"max_new_tokens": args.new_tokens, "n_steps": args.ig_steps, "include_eos_baseline": True}
+    # attnaudit scores an encoder-decoder's earlier target tokens too: inseq is asked to as well (IG then integrates
+    # both sides on each); the scores compared are the source's, which both give
+    peer_args = {"max_new_tokens": args.new_tokens, "n_steps": args.ig_steps, "include_eos_baseline": True, "attribute_target": True}
     records: list[dict[str, Any]] = []
     for prompt in prompts:  # (a) and (b): one untimed call of each, which also warms both up
         source = encode_exactly(model.tokenizer, prompt)
@@ -237,6 +239,8 @@ def bench_model(
             if same:
                 theirs = theirs_per_step(answer, kind, steps, len(source))
                 ours = all_layer_attention(run, source, ours_ids) if kind == "all_layers" else per_step_ours(generated, mine)
+                if model.kind == "encoder-decoder":
+                    ours = [row[: len(source)] for row in ours]  # the source's scores (the target's follow them)
                 entry.update(compare(ours[:steps], theirs, normalise=kind == "l1"))
             record["methods"][peer_method] = entry
         records.append(record)
@@ -363,6 +367,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         "definitions": {m: {"ours": PAIRS[m][0], "ours_options": PAIRS[m][1]} for m in methods},
         "peer_attributions": "inseq's granular attributions as model.attribute stores them (before aggregate()); reduced here: "
                              "L2 over the embedding then divided by the step's sum (gradient methods), mean over layers and heads (attention)",
+        "encoder_decoders": "both attribute the earlier target tokens too (inseq: attribute_target=True; IG integrates both "
+                            "sides on each); the source's scores are compared",
         "attention_note": "ours: the mean over every layer and head of attention_per_head (our capture); "
                           "our attention method reads the last layer only, so it is what is timed, not what is compared",
         "same_tokens": all(e["same_tokens"] for m in models for r in m["prompts"] for e in r["methods"].values()),

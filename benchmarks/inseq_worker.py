@@ -74,9 +74,12 @@ def nested(tensor: torch.Tensor | None) -> list | None:
 
 
 def attribute(model: Any, prompt: str, method: str, max_new_tokens: int | None, target: str | None, n_steps: int,
-              include_eos_baseline: bool, raw: bool) -> dict[str, Any]:
-    """One ``model.attribute`` call: the ids it attributed, its wall time and (``raw``) its granular attributions."""
+              include_eos_baseline: bool, raw: bool, attribute_target: bool = False) -> dict[str, Any]:
+    """One ``model.attribute`` call: the ids it attributed, its wall time and (``raw``) its granular attributions;
+    ``attribute_target``: an encoder-decoder's earlier target tokens are attributed too (as attnaudit's are)."""
     kwargs: dict[str, Any] = {"method": method, "show_progress": False, "include_eos_baseline": include_eos_baseline}
+    if attribute_target and model.is_encoder_decoder:
+        kwargs["attribute_target"] = True
     if method in ("integrated_gradients", "layer_integrated_gradients"):
         kwargs["n_steps"] = n_steps
     if target is not None:
@@ -121,7 +124,7 @@ def serve() -> None:
                     raise ValueError("load a model first")
                 answer = attribute(model, request["prompt"], request["method"], request.get("max_new_tokens"), request.get("target"),
                                    int(request.get("n_steps", 50)), bool(request.get("include_eos_baseline", False)),
-                                   bool(request.get("raw", True)))
+                                   bool(request.get("raw", True)), bool(request.get("attribute_target", False)))
                 answer["ok"] = True
         except Exception as exc:  # the caller gets the failure as an answer and decides
             answer = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}

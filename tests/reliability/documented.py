@@ -7,7 +7,8 @@ directory, with ``examples/``) beside ``shared/data/`` (tests/fake_data.py: ever
 in its real format, a few dozen rows). ``../shared/data`` therefore resolves as in the docs;
 absolute ``/tmp/...`` paths are moved into the scratch folder. The built-in synthetic tasks are
 shrunk (tests/reliability/tiny_site/sitecustomize.py), also in the worker processes of sweeps, and the
-example sweep keeps its first seed and normaliser (:meth:`Workspace._small_sweep`).
+example sweep keeps its first seed and normaliser (:meth:`Workspace._small_sweep`) and the example study two of
+its tests (:meth:`Workspace._small_study`).
 """
 
 from __future__ import annotations
@@ -151,6 +152,7 @@ class Workspace:
         self.main.mkdir(parents=True)
         shutil.copytree(REPO / "examples", self.main / "examples")
         self._small_sweep()
+        self._small_study()
         make_fake_data(root / "shared" / "data")
         self.producer_failures: list[str] = []
 
@@ -162,6 +164,18 @@ class Workspace:
         text = path.read_text()
         for old, new in (("seeds: [0, 1]", "seeds: [0]"), ("normalisers: [softmax, sparsemax]", "normalisers: [softmax]")):
             assert old in text, f"examples/sweep.yaml changed: update Workspace._small_sweep ({old})"
+            text = text.replace(old, new)
+        path.write_text(text)
+
+    def _small_study(self) -> None:
+        """The scratch copy of examples/study.yaml with two quick tests instead of six and without SmolLM2: a Hugging
+        Face model and a trained one are still audited side by side on the study page (a zero-shot decoder in a
+        study, its statistics and ranking are tested apart, in tests/test_study.py), in a third of the time."""
+        path = self.main / "examples" / "study.yaml"
+        text = path.read_text()
+        for old, new in (("only: [importance, permutation, erasure, faithfulness, norms, rollout]", "only: [permutation, norms]"),
+                         ("    - smollm2\n", "")):
+            assert old in text, f"examples/study.yaml changed: update Workspace._small_study ({old!r})"
             text = text.replace(old, new)
         path.write_text(text)
 
