@@ -274,7 +274,7 @@ class GenerationTests(Experiment):
     # The prompts file ships with the repository (examples/prompts.jsonl); small sizes keep the example quick.
     paper = "Jain & Wallace 2019; Serrano & Smith 2019; Drozdyuk et al.; DeYoung et al. 2020 — asked of each generated token"
     needs_prediction = False
-    examples = ("--hf smollm2 --prompts examples/prompts.jsonl --generate 3 --permutations 5 --adversary-steps 30 --out generation/smollm2",)
+    examples = ("--hf smollm2 --prompts examples/prompts.jsonl --generate 2 --permutations 5 --adversary-steps 20 --out generation/smollm2",)
     own_inputs = "prompts"
     settings = AuditSettings(rank=60, options={"permutations": 10}, demo={"quick": {"permutations": 2, "generate": 2}})
 
