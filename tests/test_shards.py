@@ -113,6 +113,7 @@ def test_a_killed_audit_resumes_without_recomputing_finished_shards(run, tmp_pat
     assert computed == [0, 4, 8, 12]  # other options: the stored shard is not reused
 
 
+@pytest.mark.slow  # a Ray cluster's start (~15 s) keeps make test under 10 minutes; the local engine's shards (above) are the same code
 def test_ray_workers_give_the_same_summary(run, tmp_path: Path) -> None:
     ray = pytest.importorskip("ray")
     audit(tmp_path / "one", run=run, limit=8, test_options=ONE_BY_ONE, **QUICK)
