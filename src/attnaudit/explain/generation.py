@@ -22,6 +22,7 @@ the same forward pass the explanations use (greedy, or sampled from a generator 
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -33,6 +34,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
+from attnaudit.data.batching import _pad
 from attnaudit.data.types import Batch, Example
 from attnaudit.errors import AttnAuditError
 from attnaudit.explain.registry import Explanation, item_mask
@@ -186,12 +188,7 @@ def decoder_rows(model: HFModel, prompt: Sequence[int], target: Sequence[int], s
 
 def id_rows(model: HFModel, rows: Sequence[Sequence[int]]) -> Batch:
     """Rows of token ids, each its own length, right-padded; their examples name the tokens."""
-    width = max(len(row) for row in rows)
-    tokens = torch.full((len(rows), width), pad_id(model), dtype=torch.long)
-    mask = torch.zeros_like(tokens, dtype=torch.bool)
-    for b, row in enumerate(rows):
-        tokens[b, : len(row)] = torch.tensor(list(row))
-        mask[b, : len(row)] = True
+    tokens, mask = _pad(rows, pad_id(model))
     pieces = [[model.tokenizer.decode([i]) for i in row] for row in rows]
     return Batch(tokens=tokens, mask=mask, examples=[Example(tokens=p) for p in pieces])
 
@@ -273,12 +270,11 @@ def explain_steps(
     both = model.kind == "encoder-decoder"
     for batch in batches:
         batch = batch.to(device)
-        values = {name: method(run, batch, **offered).float().cpu() for name, method in methods.items() if not (both and method.target_side)}
-        mask = item_mask(model, batch).cpu()
-        if both:
-            with target_side(model):
-                mask = item_mask(model, batch).cpu()
-                values.update({name: m(run, batch, **offered).float().cpu() for name, m in methods.items() if m.target_side})
+        source_only = {name: m for name, m in methods.items() if not (both and m.target_side)}
+        values = {name: m(run, batch, **offered).float().cpu() for name, m in source_only.items()}
+        with target_side(model) if both else contextlib.nullcontext():
+            mask = item_mask(model, batch).cpu()
+            values.update({name: m(run, batch, **offered).float().cpu() for name, m in methods.items() if name not in source_only})
         width = batch.tokens.shape[1]
         for b in range(len(batch)):
             positions = mask[b].nonzero().flatten().tolist()
