@@ -33,6 +33,7 @@ LLM_END = "<!-- llm-scale-table:end -->"
 MODELS_START = "<!-- models-table:start -->"
 MODELS_END = "<!-- models-table:end -->"
 LLM_RESULTS = ("llm_scale_cpu", "llm_scale_cuda")  # benchmarks/bench_llm_scale.py, one file per device
+ROWS_RESULTS = ("capture_rows_cpu", "capture_rows_cuda")  # benchmarks/bench_capture_rows.py
 LLM_TIMES = (("peer", "HF eager"), ("capture", "capture"), ("norms", "norms"), ("rollout", "rollout, all layers"),
              ("rollout_streaming", "rollout, streaming"))
 LLM_MEMORY = (("peer", "HF eager"), ("capture", "capture"), ("rollout", "rollout all"), ("rollout_streaming", "streaming"))
@@ -65,6 +66,8 @@ ROWS = (
         "the same deletions, each prompt rerun in full (batched)"),
     Row("llm_captum", "Integrated Gradients, SmolLM2 zero-shot, {n} SST-2 prompts × {steps} steps",
         "Captum `LayerIntegratedGradients` on HF's model"),
+    Row("ray_audit", "SmolLM2 audit of {sentences} SST-2 sentences in shards, {workers} local Ray workers (Ray's start included)",
+        "the same audit in one process"),
 )
 
 
@@ -288,12 +291,36 @@ def streaming_line(data: dict[str, Any]) -> list[str]:
     return []
 
 
+def rows_table(data: dict[str, Any]) -> list[str]:
+    """One ``bench_capture_rows`` result: row-only capture against SDPA without weights, one row per length."""
+    lines = [
+        f"Row-only capture (every layer's weights at the predicting token, SDPA for the rest) against transformers' "
+        f"SDPA forward without weights, **{data['device']}** ({data['threads']} thread{'s' * (data['threads'] != 1)}), "
+        f"{data['weights']} weights, {data['dtype']}; `{data['command']}` (commit {data['commit'][:10]}, "
+        f"{data['machine']['date'][:10]}); goal: {data['goal']}.",
+        "",
+        "| T | SDPA, no weights (s) | row-only capture (s) | capture / SDPA | logits vs SDPA | rows vs eager capture |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in data["lengths"]:
+        seconds, agreement = r["timing"]["seconds"], r["agreement"]
+        lines.append(
+            f"| {r['length']} | {_seconds(seconds['peer'])} | {_seconds(seconds['ours'])} | {ratio_span(r['timing']['cost'])} "
+            f"| {agreement['logits_vs_sdpa']:.1g} | {agreement['weights_vs_eager_capture']:.1g} |"
+        )
+    return lines
+
+
 def render_llm(folder: Path = RESULTS) -> str:
-    """The README's decoder-LLM block (markers included) from the ``llm_scale_*.json`` files that exist."""
+    """The README's decoder-LLM block (markers included) from the ``llm_scale_*.json`` and ``capture_rows_*.json``
+    files that exist."""
     lines = [LLM_START, ""]
     for stem in LLM_RESULTS:
         if (folder / f"{stem}.json").exists():
             lines += [*llm_scale_table(json.loads((folder / f"{stem}.json").read_text(encoding="utf-8"))), ""]
+    for stem in ROWS_RESULTS:
+        if (folder / f"{stem}.json").exists():
+            lines += [*rows_table(json.loads((folder / f"{stem}.json").read_text(encoding="utf-8"))), ""]
     return "\n".join([*lines, LLM_END])
 
 

@@ -7,27 +7,28 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import pandas as pd
 import pytest
 
+from attnaudit import shards
 from attnaudit.audit import audit
 from attnaudit.data.synthetic import synthetic_task
 from attnaudit.errors import AttnAuditError
-from attnaudit.experiments.experiment import EXPERIMENTS, Result, discover
+from attnaudit.experiments.experiment import EXPERIMENTS, Result, discover, get_experiment, make_options
 from attnaudit.progress import set_quiet
 from attnaudit.shards import spans
 from attnaudit.training.trainer import train
 
 set_quiet(True)
-TESTS = ["rationale", "permutation", "erasure", "importance"]  # three in shards, importance whole
+TESTS = ["rationale", "permutation", "erasure", "adversarial", "importance"]  # four in shards, importance whole
 SMALL = {
     "permutation": {"permutations": 4},
     "rationale": {"ig_steps": 2, "methods": ["attention", "gradient"]},
     "erasure": {"random_orders": 2},
+    "adversarial": {"adversaries": 2, "steps": 3},
     "importance": {"methods": ["gradient"]},
 }
 ONE_BY_ONE = {name: {**values, "batch_size": 1} for name, values in SMALL.items()}
+BATCHED = {name: {**values, "batch_size": 2} for name, values in SMALL.items()}
 QUICK = {"figures": False, "explore": 0, "heatmap_instances": 0, "only": TESTS}
 
 
@@ -47,7 +48,7 @@ def _identical(one: Path, other: Path) -> None:
 
 def test_which_tests_are_shardable() -> None:
     shardable = {name for name, cls in discover().items() if cls.shardable}
-    assert {"permutation", "erasure", "rationale"} <= shardable
+    assert {"permutation", "erasure", "rationale", "adversarial", "rollout"} <= shardable
     assert not {"seeds", "uniform", "importance"} & shardable  # training-based, and per-head lists kept across instances
     assert spans(7, 3) == [(0, 3), (3, 6), (6, 7)]
     with pytest.raises(AttnAuditError, match="shard size"):
@@ -55,35 +56,62 @@ def test_which_tests_are_shardable() -> None:
 
 
 def test_sharded_audit_equals_one_process(run, tmp_path: Path) -> None:
-    """Batched one instance at a time, every shard computes exactly what one process does: identical
-    summary.csv. With larger batches the shards batch their instances differently (a shard sorts only its
-    own instances by length), so padded lengths and float32 rounding differ: the permutation test's output
-    changes (differences of nearly equal probabilities) then agree to 1e-6, not bit for bit."""
-    one = audit(tmp_path / "one", run=run, limit=12, test_options=ONE_BY_ONE, **QUICK)
-    sharded = audit(tmp_path / "sharded", run=run, limit=12, test_options=ONE_BY_ONE, shard_size=5, **QUICK)
-    assert one.ok and sharded.ok
-    _identical(tmp_path / "one", tmp_path / "sharded")
-    assert not (tmp_path / "sharded" / "shards").exists()  # removed once every result is stored
+    """Shards are stretches of whole batches of the order one process batches in (Experiment.plan), so the
+    shards' batches are padded as one process pads them: the same numbers bit for bit, batched or one by one
+    (a shard size of 5 rounds up to whole batches of 2)."""
+    for name, options in (("one-by-one", ONE_BY_ONE), ("batched", BATCHED)):
+        one = audit(tmp_path / name, run=run, limit=12, test_options=options, **QUICK)
+        sharded = audit(tmp_path / f"{name}-shards", run=run, limit=12, test_options=options, shard_size=5, **QUICK)
+        assert one.ok and sharded.ok
+        _identical(tmp_path / name, tmp_path / f"{name}-shards")
+        assert not (tmp_path / f"{name}-shards" / "shards").exists()  # removed once every result is stored
 
-    audit(tmp_path / "batched", run=run, limit=12, test_options=SMALL, **QUICK)
-    audit(tmp_path / "batched-shards", run=run, limit=12, test_options=SMALL, shard_size=5, **QUICK)
-    a, b = (pd.read_csv(tmp_path / name / "summary.csv") for name in ("batched", "batched-shards"))
-    assert a[["test", "statistic", "published", "interpretation"]].equals(b[["test", "statistic", "published", "interpretation"]])
-    numbers = pd.to_numeric(a["value"], errors="coerce").notna()
-    assert a["value"][~numbers].equals(b["value"][~numbers])
-    assert np.allclose(a["value"][numbers].astype(float), b["value"][numbers].astype(float), rtol=0, atol=1e-6, equal_nan=True)
+
+def test_a_transformers_rollout_in_shards_equals_one_process(tmp_path: Path) -> None:
+    """Rollout and flow (every layer's map, flow for the first --flow-limit instances) of a tiny Transformer."""
+    data = synthetic_task("classification", seed=0, n_train=160, n_dev=20, n_test=20)
+    tiny = train(data, "transformer", tmp_path / "run", epochs=1, embed_dim=8, d_model=8, heads=2, layers=2, d_ff=16, quiet_eval=True)
+    options = {"rollout": {"batch_size": 2, "flow_limit": 5}}
+    quick = {**QUICK, "only": ["rollout"]}
+    audit(tmp_path / "one", run=tiny, limit=12, test_options=options, **quick)
+    audit(tmp_path / "sharded", run=tiny, limit=12, test_options=options, shard_size=3, **quick)
+    assert (tmp_path / "one" / "summary.csv").read_text() == (tmp_path / "sharded" / "summary.csv").read_text()
+    a, b = (Result.load(tmp_path / name / "results" / "rollout.json") for name in ("one", "sharded"))
+    assert a.instances == b.instances and a.tables == b.tables and a.summary == b.summary
+    assert sum("L0_flow_entropy" in row for row in a.instances) == 5  # flow for instances 0..4 only
+
+
+def test_a_shard_is_whole_batches_of_the_plan(run, tmp_path: Path) -> None:
+    """Erasure batches by length: its plan is that order, and a shard holds whole batches of it."""
+    from attnaudit.shards import InProcess, Sharded
+
+    examples = run.examples("test", limit=12)
+    erasure = get_experiment("erasure")
+    options = make_options(erasure, BATCHED["erasure"])
+    order = erasure.plan(run, examples, options)
+    assert order == run.batch_order(examples) and [len(examples[i].tokens) for i in order] == sorted(len(e.tokens) for e in examples)
+    seen: list[list[int]] = []
+
+    class Recording(InProcess):
+        def parts(self, experiment: Any, run: Any, examples: Any, options: Any, seed: int, todo: Any) -> Any:
+            seen.extend(indices for _, indices in todo)
+            return super().parts(experiment, run, examples, options, seed, todo)
+
+    Sharded(tmp_path, Recording(), size=5)(erasure, run, examples, options, 0, "key")
+    assert seen == [order[0:6], order[6:12]]  # 5 rounded up to whole batches of 2
 
 
 def test_a_killed_audit_resumes_without_recomputing_finished_shards(run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     permutation = EXPERIMENTS["permutation"]
     original = permutation.part
-    computed: list[int] = []
+    computed: list[int] = []  # where each computed shard starts in the plan
+    order = get_experiment("permutation").plan(run, run.examples("test", limit=14), None)
 
-    def dies_at_third_shard(self: Any, run: Any, examples: Any, options: Any, seed: int = 0, first: int = 0) -> Result:
-        if first == 8:
+    def dies_at_third_shard(self: Any, run: Any, examples: Any, options: Any, seed: int = 0, indices: Any = None) -> Result:
+        if indices[0] == order[8]:
             raise RuntimeError("worker killed")
-        computed.append(first)
-        return original(self, run, examples, options, seed, first)
+        computed.append(order.index(indices[0]))
+        return original(self, run, examples, options, seed, indices)
 
     monkeypatch.setattr(permutation, "part", dies_at_third_shard)
     out = tmp_path / "out"
@@ -94,9 +122,10 @@ def test_a_killed_audit_resumes_without_recomputing_finished_shards(run, tmp_pat
     kept = (shards / "0.json").read_text()
     (shards / "1.json").write_text('{"key": "')  # as if killed while writing: not trusted, recomputed
 
-    def counts(self: Any, run: Any, examples: Any, options: Any, seed: int = 0, first: int = 0) -> Result:
-        computed.append(first)
-        return original(self, run, examples, options, seed, first)
+    def counts(self: Any, run: Any, examples: Any, options: Any, seed: int = 0, indices: Any = None) -> Result:
+        if indices is not None:  # a shard (one process computes one part of every example)
+            computed.append(order.index(indices[0]))
+        return original(self, run, examples, options, seed, indices)
 
     monkeypatch.setattr(permutation, "part", counts)
     computed.clear()
@@ -124,6 +153,34 @@ def test_ray_workers_give_the_same_summary(run, tmp_path: Path) -> None:
     finally:
         ray.shutdown()
     assert result.ok
+    _identical(tmp_path / "one", tmp_path / "ray")
+
+
+@pytest.mark.slow  # starts a Ray cluster (see above)
+def test_a_killed_ray_worker_is_restarted_and_the_audit_equals_one_process(run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Right after the first shard is stored one worker's process is killed (``ray.kill``): Ray restarts the actor
+    (it loads the run again) and reruns the task it had; nothing is lost and nothing changes."""
+    ray = pytest.importorskip("ray")
+    pools: list[Any] = []
+    started, stored = shards.RayWorkers._started, shards._store
+
+    def recorded(self: Any) -> Any:
+        pools.append(self)
+        return started(self)
+
+    killed: list[Any] = []
+
+    def kills_a_worker(*args: Any) -> None:
+        stored(*args)
+        if not killed:
+            killed.append(pools[-1].actors[0])
+            ray.kill(killed[0], no_restart=False)
+
+    monkeypatch.setattr(shards.RayWorkers, "_started", recorded)
+    monkeypatch.setattr(shards, "_store", kills_a_worker)
+    audit(tmp_path / "one", run=run, limit=12, test_options=ONE_BY_ONE, **QUICK)
+    result = audit(tmp_path / "ray", run=run, limit=12, test_options=ONE_BY_ONE, engine="ray", workers=2, shard_size=2, **QUICK)
+    assert result.ok and killed
     _identical(tmp_path / "one", tmp_path / "ray")
 
 

@@ -334,7 +334,10 @@ def check(model_type: str, seed: int = 0) -> dict[str, Any]:
     eager ``output_attentions=True`` (None where eager returns none); ``logits``, the decision against
     eager's; ``intervention``, replacing one middle layer's weights through the adapter against
     replacing them by hand inside eager's softmax; ``restart``, restarting at that layer against the
-    full pass. Also what the dry run found (route, causal, layouts) and which explanation methods apply."""
+    full pass; ``rows``, the pass that computes only the explanation rows' weights (SDPA for the outputs,
+    :meth:`~attnaudit.models.hf_model.HFModel.rows_forward`) against the full one, with ``rows_only_layers`` the
+    layers that took that route (None for encoder-decoders). Also what the dry run found (route, causal, layouts)
+    and which explanation methods apply."""
     from attnaudit.explain import EXPLANATIONS
     from attnaudit.models.hf_layouts import BlockLayout
     from attnaudit.models.hf_model import HFModel
@@ -360,6 +363,7 @@ def check(model_type: str, seed: int = 0) -> dict[str, Any]:
         changed = model(batch, [Intervention(layer=layer, weights=given)])
         by_hand = _replaced(reference, inputs, layer, given)
         restarts = [model.decode(model.cache_at(ours.trace, at, cache)).logits for at in {middle, decoder}]
+        rows = None if kind == "encoder-decoder" else model.rows_forward(batch)
     layouts = {v.kind if isinstance(v, BlockLayout) else v for v in model.structure.layouts.values()}
     return {
         "model_type": model_type, "kind": kind, "route": model.structure.route, "layers": model.num_attention_layers,
@@ -372,6 +376,8 @@ def check(model_type: str, seed: int = 0) -> dict[str, Any]:
         "restart_layers": sorted({middle, decoder}),
         "methods": {name: method.applies(model) for name, method in EXPLANATIONS.items()} if kind != "encoder-decoder" else {},
         "generation": None if kind == "encoder" else _generation_difference(model, tokenizer),
+        "rows": None if rows is None else _rows_difference(model, batch, ours, rows),
+        "rows_only_layers": None if rows is None else sum(r.rows is not None for r in rows.trace.layers),
     }
 
 
@@ -447,6 +453,20 @@ def _decision(model: Any, output: Any, batch: Any) -> Tensor:
 
 def _difference(a: Tensor, b: Tensor) -> float:
     return float((a.float() - b.float()).abs().max())
+
+
+def _rows_difference(model: Any, batch: Any, full: Any, rows: Any) -> float:
+    """A pass computing only the explanation rows' weights (SDPA for the outputs) against the full pass: the largest
+    difference of its decision and of every layer's weights at those rows."""
+    from attnaudit.models.interface import take_rows
+
+    worst = _difference(rows.logits, full.logits)
+    wanted = model.explanation_rows(batch.mask)
+    for whole, kept in zip(full.trace.layers, rows.trace.layers, strict=True):
+        expected = take_rows(whole.weights, wanted, 2)
+        got = kept.weights[:, :, 0] if kept.rows is not None else take_rows(kept.weights, wanted, 2)
+        worst = max(worst, _difference(got * whole.mask[:, None], expected * whole.mask[:, None]))
+    return worst
 
 
 def _weights_difference(records: list[Any], output: Any, kind: str) -> float | None:

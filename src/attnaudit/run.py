@@ -99,6 +99,11 @@ class Run:
         for batch in iterate_batches(examples, self.collate, batch_size, shuffle=shuffle, seed=seed):
             yield batch.to(self.device)
 
+    @staticmethod
+    def batch_order(examples: list[Example]) -> list[int]:
+        """The positions of ``examples`` in the order :meth:`sorted_batches` batches them (stable, by token count)."""
+        return sorted(range(len(examples)), key=lambda i: len(examples[i].tokens))
+
     def sorted_batches(self, examples: list[Example], batch_size: int = 64) -> Iterator[tuple[list[int], Batch]]:
         """Batches of examples of similar length, each with its examples' positions in ``examples``.
 
@@ -106,7 +111,7 @@ class Run:
         positions cost what real ones do (a Transformer's MLP runs on each), and SST-2 batches of
         8 in dataset order carry half again as many positions as tokens. Callers key what they
         collect by position (and put instance rows back in order)."""
-        order = sorted(range(len(examples)), key=lambda i: len(examples[i].tokens))
+        order = self.batch_order(examples)
         for start in range(0, len(order), batch_size):
             chunk = order[start : start + batch_size]
             yield chunk, next(self.batches([examples[i] for i in chunk], len(chunk)))

@@ -1,9 +1,11 @@
 """One audit on several workers: a test's instances in shards, each checkpointed, merged in order.
 
 ``attnaudit audit --engine ray`` computes every :attr:`~attnaudit.experiments.experiment.Experiment.shardable`
-test in shards: consecutive slices of the tested examples, each instance keeping its position among
-all of them (which seeds its draws), so a shard's rows are the rows a single process computes. Each
-finished shard is written atomically to ``OUT/shards/<test>/<k>.json`` under the hash of everything
+test in shards: consecutive stretches of whole batches of the order in which one process batches the
+tested examples (:meth:`~attnaudit.experiments.experiment.Experiment.plan`), each instance keeping its
+position among all of them (which seeds its draws). A shard's batches are the single process's, padded
+alike, so its rows are the rows a single process computes, bit for bit. Each finished shard is written
+atomically to ``OUT/shards/<test>/<k>.json`` under the hash of everything
 the result depends on; a rerun after a killed worker or driver loads the finished shards and
 computes only the others. The driver merges the rows in order and the test recomputes its summary,
 tables and figures from them (:meth:`~attnaudit.experiments.experiment.Experiment.merge`). Tests
@@ -36,10 +38,12 @@ from attnaudit.seed import set_seed
 
 ENGINES = ("local", "ray")
 SHARD_SIZE = 32
-"""Instances per shard: a finished shard is what a killed audit keeps."""
+"""Instances per shard (rounded up to whole batches of the test): a finished shard is what a killed audit keeps."""
 RAY_HINT = "pip install 'attnaudit[ray]'"
 
 Span = tuple[int, int]
+Todo = list[tuple[int, list[int]]]
+"""Shards to compute: ``(k, positions)`` of the tested examples in shard ``k``."""
 
 
 def spans(count: int, size: int) -> list[Span]:
@@ -82,17 +86,17 @@ class Worker:
         self.run = source.load()
         self.trained = {k: v.detach().clone() for k, v in self.run.model.state_dict().items()}
 
-    def compute(self, name: str, options: dict[str, Any], seed: int, examples: list[Example], first: int | None) -> Result:
-        """Test ``name``'s part from position ``first`` (None: the whole test) on ``examples``; the
-        trained weights are restored afterwards, as the audit does between tests."""
+    def compute(self, name: str, options: dict[str, Any], seed: int, examples: list[Example], indices: list[int] | None) -> Result:
+        """Test ``name``'s part of ``examples`` at positions ``indices`` (None: the whole test on ``examples``);
+        the trained weights are restored afterwards, as the audit does between tests."""
         experiment = get_experiment(name)
         opts = make_options(experiment, options)
         set_seed(seed)
         self.run.model.eval()
         try:
-            if first is None:
+            if indices is None:
                 return experiment.run(self.run, examples, opts, seed=seed)
-            return experiment.part(self.run, examples, opts, seed, first)
+            return experiment.part(self.run, examples, opts, seed, indices)
         finally:
             current = self.run.model.state_dict()
             if any(not torch.equal(current[k], v) for k, v in self.trained.items()):
@@ -105,7 +109,7 @@ class Executor(Protocol):
     def whole(self, experiment: Experiment, run: Run, examples: list[Example], options: Any, seed: int) -> Result: ...
 
     def parts(
-        self, experiment: Experiment, run: Run, examples: list[Example], options: Any, seed: int, todo: list[tuple[int, Span]]
+        self, experiment: Experiment, run: Run, examples: list[Example], options: Any, seed: int, todo: Todo
     ) -> Iterator[tuple[int, Result]]: ...
 
 
@@ -116,11 +120,11 @@ class InProcess:
         return experiment.run(run, examples, options, seed=seed)
 
     def parts(
-        self, experiment: Experiment, run: Run, examples: list[Example], options: Any, seed: int, todo: list[tuple[int, Span]]
+        self, experiment: Experiment, run: Run, examples: list[Example], options: Any, seed: int, todo: Todo
     ) -> Iterator[tuple[int, Result]]:
-        for k, (start, stop) in todo:
+        for k, indices in todo:
             set_seed(seed)
-            yield k, experiment.part(run, examples[start:stop], options, seed, start)
+            yield k, experiment.part(run, [examples[i] for i in indices], options, seed, indices)
 
 
 def _options(options: Any) -> dict[str, Any]:
@@ -171,7 +175,7 @@ class RayWorkers:
         return self._get(actor.compute.remote(experiment.name, _options(options), seed, examples, None))
 
     def parts(
-        self, experiment: Experiment, run: Run, examples: list[Example], options: Any, seed: int, todo: list[tuple[int, Span]]
+        self, experiment: Experiment, run: Run, examples: list[Example], options: Any, seed: int, todo: Todo
     ) -> Iterator[tuple[int, Result]]:
         if not todo:
             return
@@ -180,8 +184,8 @@ class RayWorkers:
         idle = list(self._started())
         while queue or running:
             while queue and idle:
-                actor, (k, (start, stop)) = idle.pop(), queue.pop(0)
-                running[actor.compute.remote(experiment.name, values, seed, examples[start:stop], start)] = (k, actor)
+                actor, (k, indices) = idle.pop(), queue.pop(0)
+                running[actor.compute.remote(experiment.name, values, seed, [examples[i] for i in indices], indices)] = (k, actor)
             done, _ = self.ray.wait(list(running), num_returns=1)
             k, actor = running.pop(done[0])
             idle.append(actor)
@@ -200,10 +204,12 @@ class Sharded:
     def __call__(self, experiment: Experiment, run: Run, examples: list[Example], options: Any, seed: int, key: str) -> Result:
         if not experiment.shardable:
             return self.executor.whole(experiment, run, examples, options, seed)
-        layout = spans(len(examples), self.size)
+        order = experiment.plan(run, examples, options)
+        batch = max(1, int(getattr(options, "batch_size", 1)))
+        layout = [order[start:stop] for start, stop in spans(len(order), -(-self.size // batch) * batch)]  # whole batches
         directory = self.folder / experiment.name
-        parts = {k: part for k, span in enumerate(layout) if (part := _stored(directory / f"{k}.json", key, span)) is not None}
-        todo = [(k, span) for k, span in enumerate(layout) if k not in parts]
+        parts = {k: part for k, shard in enumerate(layout) if (part := _stored(directory / f"{k}.json", key, shard)) is not None}
+        todo = [(k, shard) for k, shard in enumerate(layout) if k not in parts]
         if parts:
             status(f"{experiment.name}: {len(parts)} of {len(layout)} shard(s) already finished")
         for k, part in self.executor.parts(experiment, run, examples, options, seed, todo):
@@ -218,9 +224,9 @@ class Sharded:
             self.folder.rmdir()
 
 
-def _store(path: Path, key: str, span: Span, part: Result) -> None:
-    """A finished shard, atomically, under ``key``; JSON that keeps NaN and infinities (rows hold them)."""
-    record = {"key": key, "span": list(span), "part": part.to_dict()}
+def _store(path: Path, key: str, indices: list[int], part: Result) -> None:
+    """A finished shard of the examples at ``indices``, atomically, under ``key``; JSON that keeps NaN and infinities."""
+    record = {"key": key, "indices": indices, "part": part.to_dict()}
     atomic_write_text(path, json.dumps(record, allow_nan=True, default=_plain) + "\n")
 
 
@@ -231,13 +237,13 @@ def _plain(value: Any) -> Any:
     raise TypeError(f"{type(value).__name__} is not JSON")
 
 
-def _stored(path: Path, key: str, span: Span) -> Result | None:
-    """The shard stored at ``path`` when it was computed under ``key`` for ``span``, else None (recomputed)."""
+def _stored(path: Path, key: str, indices: list[int]) -> Result | None:
+    """The shard stored at ``path`` when it was computed under ``key`` for ``indices``, else None (recomputed)."""
     if not path.exists():
         return None
     try:
         record = read_json(path)
-        if record.get("key") != key or record.get("span") != list(span):
+        if record.get("key") != key or record.get("indices") != indices:
             return None
         return Result(**record["part"])
     except (AttnAuditError, AttributeError, KeyError, TypeError):

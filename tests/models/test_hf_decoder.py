@@ -40,7 +40,7 @@ from transformers.models.qwen2 import modeling_qwen2
 
 from attnaudit.data.types import Batch, Example
 from attnaudit.errors import AttnAuditError, InputError
-from attnaudit.explain.attention import attention_importance
+from attnaudit.explain.attention import attention_importance, explained_attention
 from attnaudit.explain.gradient import gradient_importance
 from attnaudit.hf import HFCollator, load_hf, resolve_source, save_hf_run
 from attnaudit.models.gguf_cache import cache_folder
@@ -134,6 +134,25 @@ def test_weights_and_logits_equal_hf_eager(family: str, tiny_hf: SimpleNamespace
     torch.testing.assert_close(untouched.logits, theirs.logits, rtol=0, atol=ATOL)
     for mine, ref in zip(untouched.attentions, theirs.attentions):
         torch.testing.assert_close(real_rows(mine, batch.mask), real_rows(ref, batch.mask), rtol=0, atol=ATOL)
+
+
+def test_rows_forward_computes_the_predicting_row_alone(family: str, tiny_hf: SimpleNamespace) -> None:
+    """``rows_forward``: SDPA for every output, eager weights of each example's last real token alone (Q = 1): the
+    decision, every layer's row and the ``attention`` explanation equal the full eager capture's; with an
+    intervention the pass computes every row (the intervention changes the weights SDPA would not see)."""
+    model, _, batch = wrap(family, tiny_hf)
+    with torch.no_grad():
+        full, rows = model(batch), model.rows_forward(batch)
+        changed = model.decode(model.encode(batch), [Intervention(layer=0, weights=full.trace[0].weights)], rows_only=True)
+    last = batch.mask.long().sum(1) - 1
+    torch.testing.assert_close(rows.logits, full.logits, rtol=0, atol=1e-5)
+    for whole, kept in zip(full.trace.layers, rows.trace.layers):
+        assert kept.weights.shape == (len(last), 4, 1, batch.tokens.shape[1]) and torch.equal(kept.rows, last)
+        assert kept.keys is None and kept.query_mask is None  # nothing that needs every row is kept
+        torch.testing.assert_close(kept.weights[:, :, 0], whole.weights[torch.arange(len(last)), :, last], rtol=0, atol=1e-6)
+    explained = attention_importance(model, batch)
+    torch.testing.assert_close(explained, explained_attention(model, batch, full.trace), rtol=0, atol=1e-6)
+    assert all(record.rows is None and record.weights.shape[2] == batch.tokens.shape[1] for record in changed.trace.layers)
 
 
 def test_next_token_logits_equal_hf_causal_lm(family: str, tiny_hf: SimpleNamespace) -> None:

@@ -49,7 +49,16 @@ from attnaudit.experiments.common import (
     resolve_layers,
     single_attention_reason,
 )
-from attnaudit.experiments.experiment import AuditSettings, Experiment, Result, register, summarise
+from attnaudit.experiments.experiment import (
+    AuditSettings,
+    Experiment,
+    Result,
+    counted,
+    joined,
+    register,
+    summarise,
+    where,
+)
 from attnaudit.models.interface import Intervention, evaluation
 from attnaudit.progress import track
 from attnaudit.run import Run
@@ -141,20 +150,27 @@ class Adversarial(Experiment):
             raise AttnAuditError("--epsilon, --report-epsilon and --penalty must be non-negative and --lr positive")
         return Search(options.adversaries, options.steps, options.lr, options.penalty, epsilon, report)
 
-    def run(self, run: Run, examples: list[Example], options: Any, seed: int = 0) -> Result:
+    shardable = True
+
+    def plan(self, run: Run, examples: list[Example], options: Any) -> list[int]:
+        return run.batch_order(examples)
+
+    def part(self, run: Run, examples: list[Example], options: Any, seed: int = 0, indices: Sequence[int] | None = None) -> Result:
         search = self.search(run, options)
         (layer,) = resolve_layers(run.model, options.layer, allow_all=False)
         rows: list[dict[str, Any]] = []
         adversaries: list[dict[str, Any]] = []
         best_adversaries: list[dict[str, Any]] = []
         calls = 0
+        tested = where(examples, indices)
         with evaluation(run.model):
             batches = run.sorted_batches(examples, options.batch_size)
-            for indices, batch in track(batches, "adversarial", total=math.ceil(len(examples) / options.batch_size)):
-                outcome = search_batch(run.model, batch, layer, search, seed, indices)
+            for positions, batch in track(batches, "adversarial", total=math.ceil(len(examples) / options.batch_size)):
+                at = [tested[i] for i in positions]
+                outcome = search_batch(run.model, batch, layer, search, seed, at)
                 calls += outcome.decode_calls
                 best, valid = max_valid_jsd(outcome.jsd, outcome.change, search.report_epsilon)
-                for i, row in enumerate(instance_rows(run, batch.examples, outcome.explained, indices)):
+                for i, row in enumerate(instance_rows(run, batch.examples, outcome.explained, at)):
                     if row["items"] < 2:
                         row.update({"max_jsd": float("nan"), "valid_adversaries": 0, "best_output_change": float("nan")})
                         rows.append(row)
@@ -188,8 +204,14 @@ class Adversarial(Experiment):
                     )
         for table in (rows, adversaries, best_adversaries):
             table.sort(key=lambda row: row["index"])  # stable: adversaries keep their order
-        result = self._result(rows, adversaries, options, search, layer, calls)
-        result.tables["best_adversary"] = best_adversaries
+        tables = {"adversaries": adversaries, "best_adversary": best_adversaries}
+        return Result(test=self.name, instances=rows, tables=tables, meta={"decode_calls": calls})
+
+    def merge(self, run: Run, parts: list[Result], options: Any, seed: int = 0) -> Result:
+        search = self.search(run, options)
+        (layer,) = resolve_layers(run.model, options.layer, allow_all=False)
+        result = self._result(joined(parts), joined(parts, "adversaries"), options, search, layer, counted(parts, "decode_calls"))
+        result.tables["best_adversary"] = joined(parts, "best_adversary")
         return result
 
     def _result(

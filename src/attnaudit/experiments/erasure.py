@@ -17,6 +17,7 @@ weight to 0 in every head and query and renormalises each row over the remaining
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,16 @@ from torch import Tensor
 from attnaudit.algorithms.metrics import jsd
 from attnaudit.errors import AttnAuditError
 from attnaudit.experiments.common import prepare as prepare_layers
-from attnaudit.experiments.experiment import AuditSettings, Experiment, Result, counted, joined, register, summarise
+from attnaudit.experiments.experiment import (
+    AuditSettings,
+    Experiment,
+    Result,
+    counted,
+    joined,
+    register,
+    summarise,
+    where,
+)
 from attnaudit.explain import EXPLANATIONS, Explanation, choose, item_mask
 from attnaudit.models.interface import (
     AttentionModel,
@@ -319,7 +329,10 @@ class Erasure(Experiment):
 
     shardable = True
 
-    def part(self, run: Run, examples: list[Any], options: Any, seed: int = 0, first: int = 0) -> Result:
+    def plan(self, run: Run, examples: list[Any], options: Any) -> list[int]:
+        return run.batch_order(examples)
+
+    def part(self, run: Run, examples: list[Any], options: Any, seed: int = 0, indices: Sequence[int] | None = None) -> Result:
         if options.random_orders < 1:
             raise AttnAuditError(f"--random-orders must be at least 1, got {options.random_orders}")
         if options.batch_size < 1:
@@ -332,20 +345,21 @@ class Erasure(Experiment):
         instances: list[dict[str, Any]] = []
         long_rows: list[dict[str, Any]] = []
         calls = 0
+        tested = where(examples, indices)
         with evaluation(model):
             batches = run.sorted_batches(examples, options.batch_size)
             total = -(-len(examples) // options.batch_size)
             for positions, batch in track(batches, "erasure", total=total):
-                indices = [first + i for i in positions]
+                at = [tested[i] for i in positions]
                 explained = prepare(run, batch)
                 scores = {name: fn(run.model, batch, seed=seed) for name, fn in functions.items() if name != "attention"}
                 scores["attention"] = explained.attention  # the prepared pass's own attention: no second pass
-                single = _single(model, explained, scores["attention"], indices, seed)
-                rows = self._instance_rows(run, batch, explained, single, indices)
+                single = _single(model, explained, scores["attention"], at, seed)
+                rows = self._instance_rows(run, batch, explained, single, at)
                 runs = [
                     (ranking, repeat, len(orders), order)
                     for ranking in rankings
-                    for orders in [ranking_orders(ranking, scores, explained, indices, seed, options.random_orders)]
+                    for orders in [ranking_orders(ranking, scores, explained, at, seed, options.random_orders)]
                     for repeat, order in enumerate(orders)
                 ]
                 results = stacked_flip_steps(model, explained, [order for *_, order in runs])  # one search for all

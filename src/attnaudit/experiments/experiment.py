@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
@@ -210,15 +210,21 @@ class Experiment:
             raise NotImplementedError
         return self.merge(run, [self.part(run, examples, options, seed)], options, seed)
 
-    def part(self, run: Run, examples: list[Example], options: Any, seed: int = 0, first: int = 0) -> Result:
-        """A :attr:`shardable` test's rows of ``examples``, the tested examples from position ``first`` on:
-        instances and tables keyed by ``index`` (the position among all tested examples, which seeds an
-        instance's draws), and counts in ``meta`` that :meth:`merge` adds up."""
+    def plan(self, run: Run, examples: list[Example], options: Any) -> list[int]:
+        """A :attr:`shardable` test's instances (positions in ``examples``) in the order one process batches them,
+        ``options.batch_size`` at a time. Shards are consecutive stretches of whole batches of this order, so each
+        batch is the one a single process pads and runs, and the numbers are the same bit for bit."""
+        return list(range(len(examples)))
+
+    def part(self, run: Run, examples: list[Example], options: Any, seed: int = 0, indices: Sequence[int] | None = None) -> Result:
+        """A :attr:`shardable` test's rows of ``examples`` (in :meth:`plan` order), ``indices[i]`` the position of
+        ``examples[i]`` among all tested examples (None: ``i``): instances and tables keyed by ``index`` (that
+        position, which seeds an instance's draws), and counts in ``meta`` that :meth:`merge` adds up."""
         raise NotImplementedError
 
     def merge(self, run: Run, parts: list[Result], options: Any, seed: int = 0) -> Result:
-        """The result of a :attr:`shardable` test from the :meth:`part` results of consecutive slices of the
-        tested examples, in order: every summary, table and note computed from the merged rows."""
+        """The result of a :attr:`shardable` test from the :meth:`part` results of its shards: every summary,
+        table and note computed from the merged rows (:func:`joined`)."""
         raise NotImplementedError
 
     def plot(self, result: Result, directory: Path) -> list[Path]:
@@ -445,8 +451,15 @@ def run_test(
 
 
 def joined(parts: list[Result], table: str | None = None) -> list[dict[str, Any]]:
-    """The instance rows (or rows of ``table``) of consecutive parts of a shardable test, in order."""
-    return [row for part in parts for row in (part.instances if table is None else part.tables.get(table, []))]
+    """The instance rows (or rows of ``table``) of the parts of a shardable test, by ``index`` (stable: a part's
+    rows of one instance keep their order)."""
+    rows = [row for part in parts for row in (part.instances if table is None else part.tables.get(table, []))]
+    return sorted(rows, key=lambda row: row["index"])
+
+
+def where(examples: list[Example], indices: Sequence[int] | None) -> Sequence[int]:
+    """Each example's position among all tested examples: ``indices``, or its own position when None."""
+    return range(len(examples)) if indices is None else indices
 
 
 def counted(parts: list[Result], key: str) -> int:

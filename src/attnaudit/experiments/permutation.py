@@ -41,7 +41,16 @@ from attnaudit.experiments.common import (
     single_attention_reason,
     take_rows,
 )
-from attnaudit.experiments.experiment import AuditSettings, Experiment, Result, counted, joined, register, summarise
+from attnaudit.experiments.experiment import (
+    AuditSettings,
+    Experiment,
+    Result,
+    counted,
+    joined,
+    register,
+    summarise,
+    where,
+)
 from attnaudit.models.interface import AttentionModel, Intervention, WeightsFn, evaluation
 from attnaudit.progress import track
 from attnaudit.run import Run
@@ -236,7 +245,10 @@ class Permutation(Experiment):
 
     shardable = True
 
-    def part(self, run: Run, examples: list[Example], options: Any, seed: int = 0, first: int = 0) -> Result:
+    def plan(self, run: Run, examples: list[Example], options: Any) -> list[int]:
+        return run.batch_order(examples)
+
+    def part(self, run: Run, examples: list[Example], options: Any, seed: int = 0, indices: Sequence[int] | None = None) -> Result:
         if options.permutations < 1 or options.batch_size < 1:
             raise AttnAuditError("--permutations and --batch-size must be at least 1")
         if options.threshold < 0:
@@ -244,15 +256,16 @@ class Permutation(Experiment):
         layers = resolve_layers(run.model, options.layer)
         rows: list[dict[str, Any]] = []
         calls = forwards = 0
+        tested = where(examples, indices)
         with evaluation(run.model):
             batches = run.sorted_batches(examples, options.batch_size)
             for positions, batch in track(batches, "permutation", total=math.ceil(len(examples) / options.batch_size)):
-                indices = [first + i for i in positions]
-                outcome = permute_batch(run.model, batch, layers, options.permutations, seed, indices)
+                at = [tested[i] for i in positions]
+                outcome = permute_batch(run.model, batch, layers, options.permutations, seed, at)
                 calls += outcome.decode_calls
                 forwards += 1
                 for row, changes, flips in zip(
-                    instance_rows(run, batch.examples, outcome.explained, indices), outcome.changes, outcome.flips
+                    instance_rows(run, batch.examples, outcome.explained, at), outcome.changes, outcome.flips
                 ):
                     single = row["items"] < 2
                     nan = float("nan")

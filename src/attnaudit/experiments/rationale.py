@@ -22,6 +22,7 @@ tokens left out). Scores are compared by magnitude (absolute values).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -33,7 +34,16 @@ from attnaudit.algorithms.metrics import random_average_precision, score_against
 from attnaudit.data.types import Example
 from attnaudit.errors import AttnAuditError
 from attnaudit.experiments.common import instance_units
-from attnaudit.experiments.experiment import AuditSettings, Experiment, Result, counted, joined, register, summarise
+from attnaudit.experiments.experiment import (
+    AuditSettings,
+    Experiment,
+    Result,
+    counted,
+    joined,
+    register,
+    summarise,
+    where,
+)
 from attnaudit.explain import EXPLANATIONS, default_names, list_explanations
 from attnaudit.plotting import save_figure
 from attnaudit.progress import track
@@ -98,7 +108,11 @@ class Rationale(Experiment):
 
     shardable = True
 
-    def part(self, run: Run, examples: list[Example], options: Any, seed: int = 0, first: int = 0) -> Result:
+    def plan(self, run: Run, examples: list[Example], options: Any) -> list[int]:
+        """Examples with a rationale first (in order: they are batched in order), then the others (only counted)."""
+        return sorted(range(len(examples)), key=lambda i: not examples[i].rationale)
+
+    def part(self, run: Run, examples: list[Example], options: Any, seed: int = 0, indices: Sequence[int] | None = None) -> Result:
         unknown = [m for m in options.methods if m not in self.explanation_choices()]
         if unknown:
             raise AttnAuditError(
@@ -108,7 +122,7 @@ class Rationale(Experiment):
         methods = [m for m in options.methods if m in available]
         if not methods:
             raise AttnAuditError(f"rationale: none of {', '.join(options.methods)} applies to this {run.family} model")
-        chosen = [(first + i, ex) for i, ex in enumerate(examples) if ex.rationale]
+        chosen = [(i, ex) for i, ex in zip(where(examples, indices), examples) if ex.rationale]
         rows: list[dict[str, Any]] = []
         unaligned = 0
         subset = [ex for _, ex in chosen]

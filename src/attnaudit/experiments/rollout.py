@@ -24,7 +24,7 @@ instance; table ``layers``) with reference importance scores for the predicted c
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeGuard
@@ -38,7 +38,16 @@ from attnaudit.algorithms.metrics import entropy_rows, spearman_rows
 from attnaudit.data.types import Example
 from attnaudit.errors import AttnAuditError
 from attnaudit.experiments.common import base_pass, key_tokens
-from attnaudit.experiments.experiment import AuditSettings, Experiment, Result, register, summarise
+from attnaudit.experiments.experiment import (
+    AuditSettings,
+    Experiment,
+    Result,
+    counted,
+    joined,
+    register,
+    summarise,
+    where,
+)
 from attnaudit.explain import EXPLANATIONS, Explanation, item_mask
 from attnaudit.models.interface import take_rows
 from attnaudit.plotting import save_figure
@@ -234,21 +243,26 @@ class Rollout(Experiment):
             scores["flow"] = torch.zeros_like(scores["raw"]).index_copy(0, pick, picked)
         return {method: values.float().cpu().numpy() for method, values in scores.items()}
 
-    def run(self, run: Run, examples: list[Example], options: Any, seed: int = 0) -> Result:
+    shardable = True
+
+    def plan(self, run: Run, examples: list[Example], options: Any) -> list[int]:
+        return run.batch_order(examples)
+
+    def part(self, run: Run, examples: list[Example], options: Any, seed: int = 0, indices: Sequence[int] | None = None) -> Result:
         checked = self._check(options)
         references = checked if run.model.trained_head else {}
         model = run.model
         special = set(model.special_tokens.values())
-        flow_limit = len(examples) if options.flow_limit is None else min(options.flow_limit, len(examples))
-        n_layers = model.num_attention_layers
         instances: list[dict[str, Any]] = []
         maps: list[dict[str, Any]] = []
         excluded = 0
         model.eval()
+        tested = where(examples, indices)
         batches = run.sorted_batches(examples, options.batch_size)
-        for indices, batch in track(batches, "rollout", math.ceil(len(examples) / options.batch_size)):
+        for positions, batch in track(batches, "rollout", math.ceil(len(examples) / options.batch_size)):
+            at = [tested[i] for i in positions]
             out = base_pass(model, batch)
-            flow_rows = [i for i, index in enumerate(indices) if index < flow_limit]  # flow for the first flow_limit
+            flow_rows = [i for i, index in enumerate(at) if options.flow_limit is None or index < options.flow_limit]
             scores = self._scores(out.trace, options, model.explanation_rows(out.trace[0].mask), flow_rows)
             imp = {name: fn(model, batch, seed=seed).detach().float().cpu().numpy() for name, fn in references.items()}
             items = item_mask(model, batch).cpu().numpy()
@@ -258,7 +272,7 @@ class Rollout(Experiment):
             for i in range(len(batch)):
                 is_special = np.array([t in special for t in tokens[i][:width]], dtype=bool) if special else None
                 keep = items[i] & ~is_special if is_special is not None and not options.include_special else items[i]
-                row: dict[str, Any] = {"index": indices[i], "n_items": int(keep.sum())}
+                row: dict[str, Any] = {"index": at[i], "n_items": int(keep.sum())}
                 if predicted is not None:
                     row["predicted"] = run.labels[predicted[i]] if predicted[i] < len(run.labels) else predicted[i]
                 excluded += row["n_items"] < 3
@@ -268,7 +282,7 @@ class Rollout(Experiment):
                         continue
                     matrix = values[i, :, :width]
                     maps += [
-                        {"index": indices[i], "layer": layer, "method": method, "items": words,
+                        {"index": at[i], "layer": layer, "method": method, "items": words,
                          "scores": vector[items[i]].tolist()}
                         for layer, vector in enumerate(matrix)
                     ]
@@ -277,15 +291,23 @@ class Rollout(Experiment):
                     for name, reference in imp.items():
                         ref = reference[i, :width][keep]
                         finite = np.isfinite(ref).all()
-                        columns[name] = spearman_rows(matrix[:, keep], ref) if finite else np.full(n_layers, np.nan)
+                        columns[name] = spearman_rows(matrix[:, keep], ref) if finite else np.full(len(matrix), np.nan)
                     for stat, per_layer in columns.items():
                         row.update({f"L{layer}_{method}_{stat}": float(v) for layer, v in enumerate(per_layer)})
                 instances.append(row)
         instances.sort(key=lambda row: row["index"])
         maps.sort(key=lambda row: row["index"])  # stable: layers and methods keep their order
-        statistics = [s for s in MAP_STATISTICS if s != "special_share" or special]
+        return Result(test=self.name, instances=instances, tables={"maps": maps}, meta={"excluded": excluded})
+
+    def merge(self, run: Run, parts: list[Result], options: Any, seed: int = 0) -> Result:
+        model = run.model
+        instances = joined(parts)
+        references = self._check(options) if model.trained_head else {}
+        flow_limit = len(instances) if options.flow_limit is None else min(options.flow_limit, len(instances))
+        statistics = [s for s in MAP_STATISTICS if s != "special_share" or model.special_tokens]
         return self._result(
-            instances, maps, n_layers, list(references), statistics, flow_limit, excluded, options,
+            instances, joined(parts, "maps"), model.num_attention_layers, list(references), statistics, flow_limit,
+            counted(parts, "excluded"), options,
             "the last real token's row (a decoder's explaining query; causal: it reads itself and earlier tokens only)"
             if model.causal else "the [CLS] row" if model.explanation_query is not None else "",
         )

@@ -17,7 +17,7 @@ from attnaudit.explain.registry import (
     takes_run,
     to_items,
 )
-from attnaudit.models.interface import AttentionModel, AttentionTrace, evaluation
+from attnaudit.models.interface import AttentionLayer, AttentionModel, AttentionTrace, evaluation
 
 if TYPE_CHECKING:
     from attnaudit.models.hf_model import HFModel
@@ -33,7 +33,7 @@ def attention_importance(model: AttentionModel, batch: Batch, layer: int | None 
     """
     check_task(model)
     with evaluation(model), torch.no_grad():
-        return explained_attention(model, batch, model(batch).trace, layer, head)
+        return explained_attention(model, batch, model.rows_forward(batch).trace, layer, head)
 
 
 def explained_attention(
@@ -45,11 +45,11 @@ def explained_attention(
     the source, then the same block's decoder self-attention row over the target (two distributions, side by side)."""
     index = layer_index(model, layer)
     record = trace[index]
-    rows = model.explanation_rows(batch.mask)
-    values = reduce_heads(record.weights, record.query_mask, head, rows)
+    values = reduce_heads(record.weights, record.query_mask, head, explanation_row(model, batch, record))
     if getattr(model, "target_items", False) and batch.target is not None:
         structure = cast("HFModel", model).structure  # target items: an encoder-decoder, a Hugging Face model
         own = trace[structure.layers_of(structure.sites[index].block)[0]]  # the block's self-attention, before its cross
+        rows = explanation_row(model, batch, own)
         values = torch.cat([values[:, : batch.tokens.shape[1]], reduce_heads(own.weights, own.query_mask, head, rows)], 1)
     return to_items(values, model, batch, index)
 
@@ -67,15 +67,21 @@ def attention_per_head(model: AttentionModel, batch: Batch, trace: AttentionTrac
     check_task(model)
     if trace is None:
         with evaluation(model), torch.no_grad():
-            trace = model(batch).trace
+            trace = model.rows_forward(batch).trace
     layers = [model.explained_layer % len(trace)] if hierarchical(model) else (model.cross_layers or range(len(trace)))
     stacked = []
     for index in layers:
         record = trace[index]
-        rows = model.explanation_rows(batch.mask)
+        rows = explanation_row(model, batch, record)
         heads = [
             to_items(reduce_heads(record.weights, record.query_mask, h, rows), model, batch, index)
             for h in range(record.weights.shape[1])
         ]
         stacked.append(torch.stack(heads, 1))
     return torch.stack(stacked, 1)
+
+
+def explanation_row(model: AttentionModel, batch: Batch, record: AttentionLayer) -> int | Tensor | None:
+    """Which query row of ``record`` explains each instance: the only one where the pass kept one row
+    per instance (:attr:`AttentionLayer.rows`), else :meth:`AttentionModel.explanation_rows`."""
+    return 0 if record.rows is not None else model.explanation_rows(batch.mask)

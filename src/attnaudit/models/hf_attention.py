@@ -19,6 +19,11 @@ They are normalised by :func:`attnaudit.models.normalisers.attention_weights` (n
 weight replacements mean what they mean in our own models) and recorded. Which keys a query may
 read is what the model's mask left above :func:`masked_below`.
 
+A pass that reads one query row per instance (:attr:`Capture.rows`: the ``attention`` explanation
+reads a decoder's predicting token or an encoder's ``[CLS]``) runs transformers' SDPA function for
+every query's output and the model's eager code for those rows alone: the weights of ``(B,H,1,K)``,
+not ``(B,H,Q,K)`` (:func:`_rows_only`).
+
 Outside an active pass nothing changes: the registered function is the model's eager code.
 """
 
@@ -34,6 +39,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
 from transformers.models.bert.modeling_bert import (
     eager_attention_forward as _bert_eager,
@@ -114,6 +120,8 @@ class LayerCall:
     values: Tensor | None = None
     output: Tensor | None = None
     inputs: Tensor | None = None
+    rows: Tensor | None = None
+    """``(B,)`` the query positions whose weights alone were computed (:func:`_rows_only`), or None: all."""
 
 
 @dataclass
@@ -123,6 +131,8 @@ class Capture:
     prefix: KeyValuePrefix | None = None
     keep_scores: bool = False
     """Record each layer's pre-softmax scores too (a second ``(B,H,Q,K)`` per layer; nothing in attnaudit reads them)."""
+    rows: Tensor | None = None
+    """``(B,)`` the one query row per instance whose weights the pass needs; None: every row (:func:`_rows_only`)."""
     running: LayerCall | None = None
     armed: LayerCall | None = None
     mask_cache: dict[int, tuple[Tensor, Tensor]] = field(default_factory=dict)
@@ -240,7 +250,7 @@ def _attention(
     attention_mask: Tensor | None,
     *args: Any,
     **kwargs: Any,
-) -> tuple[Tensor, Tensor]:
+) -> tuple[Tensor, Tensor | None]:
     """The registered attention function: the model's own eager code, given what a pass changes."""
     eager = own_eager(module)
     state = _ACTIVE.get()
@@ -251,6 +261,10 @@ def _attention(
     if call.allowed is None and isinstance(attention_mask, Tensor) and attention_mask.dim() == 4:
         # the model's mask says which pairs are readable: cheaper than reading it off every head's scores
         call.allowed = state.allowed_by(attention_mask)[..., : key.shape[-2]]
+    if state.rows is not None and state.prefix is None and not call.interventions and not any(
+        kwargs.get(name) is not None for name in EAGER_ONLY
+    ):
+        return _rows_only(module, eager, state.rows, call, (query, key, value), attention_mask, *args, **kwargs)
     if state.prefix is not None:
         key, value = state.prefix.update(key, value, call.layer)
         if call.allowed is None:
@@ -266,6 +280,37 @@ def _attention(
         output, weights = eager(module, query, key, value, attention_mask, *args, **kwargs)
     call.output = output
     return output, weights
+
+
+EAGER_ONLY = ("softcap", "s_aux", "sinks")
+"""Arguments of a model's eager attention that transformers' SDPA function does not apply (Gemma's logit
+soft-capping, GPT-OSS's attention sinks): a layer given one runs eager for every row."""
+
+
+def _at_rows(tensor: Tensor, rows: Tensor) -> Tensor:
+    """``(B|1, h, Q, n)`` -> ``(B, h, 1, n)``: each instance's query row ``rows[b]``."""
+    tensor = tensor.expand(rows.shape[0], *tensor.shape[1:])
+    return tensor.gather(2, rows.to(tensor.device)[:, None, None, None].expand(-1, tensor.shape[1], 1, tensor.shape[-1]))
+
+
+def _rows_only(
+    module: nn.Module, eager: Callable[..., tuple[Tensor, Tensor]], rows: Tensor, call: LayerCall,
+    operands: tuple[Tensor, Tensor, Tensor], attention_mask: Tensor | None, *args: Any, **kwargs: Any,
+) -> tuple[Tensor, Tensor | None]:
+    """Every query's output by transformers' SDPA function; the weights of query row ``rows[b]`` of each instance
+    by the model's own eager code on that row alone (its softmax is :func:`_softmax`): ``(B,H,1,K)``.
+
+    Why both: SDPA returns no weights, and eager's cost is the ``(B,H,Q,K)`` weights nobody reads here.
+    Keys and values are not recorded (what reads them needs every row)."""
+    query, key, value = operands
+    output, _ = sdpa_attention_forward(module, query, key, value, attention_mask, *args, **kwargs)
+    if call.allowed is not None:
+        call.allowed = _at_rows(call.allowed, rows)
+    mask = _at_rows(attention_mask, rows) if isinstance(attention_mask, Tensor) and attention_mask.dim() == 4 else attention_mask
+    call.rows = rows
+    eager(module, _at_rows(query, rows), key, value, mask, *args, **kwargs)
+    call.output = output
+    return output, None
 
 
 AttentionInterface.register(ATTN_IMPLEMENTATION, _attention)

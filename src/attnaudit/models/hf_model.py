@@ -283,11 +283,15 @@ class HFModel(HFCapabilities, HFRestarts, EncoderDecoderLayout, AttentionModel):
         start_layer: int | None = None,
         keep_layers: Collection[int] | None = None,
         on_layer: LayerCallback | None = None,
+        rows_only: bool = False,
     ) -> ModelOutput:
         """Attention layer ``start_layer`` (default ``cache.layer``) onwards and the head, as the model's own forward.
 
         ``on_layer(index, record)`` sees each layer's record as its block finishes; the trace keeps only
-        ``keep_layers`` (negative: from the end; None: all), so a caller folding layers in holds one at a time."""
+        ``keep_layers`` (negative: from the end; None: all), so a caller folding layers in holds one at a time.
+        ``rows_only``: the caller reads the weights at :meth:`explanation_rows` alone, so the layers that can run
+        SDPA for their outputs and compute only those rows' weights (:func:`~attnaudit.models.hf_attention._rows_only`;
+        not encoder-decoders, interventions or a restart from a key/value prefix)."""
         n = self.num_attention_layers
         start = cache.layer if start_layer is None else start_layer
         if not -n <= start < n:
@@ -316,6 +320,8 @@ class HFModel(HFCapabilities, HFRestarts, EncoderDecoderLayout, AttentionModel):
                 trace.layers.append(record)
 
         rows = self.explanation_rows(inputs["attention_mask"].bool())
+        if rows_only and self.kind != "encoder-decoder" and rows is not None and not interventions:
+            state.rows = rows if isinstance(rows, Tensor) else torch.full_like(cache.mask[:, 0], rows, dtype=torch.long)
         with (
             given_output(self._decoder_embedding(), inputs.get("decoder_input_ids"), cache.extra.get("target_embeddings")),
             hf_attention.capturing(state),
@@ -324,6 +330,10 @@ class HFModel(HFCapabilities, HFRestarts, EncoderDecoderLayout, AttentionModel):
         ):
             out = self.hf(**inputs, use_cache=False)
         return ModelOutput(logits=decision(out), trace=trace)
+
+    def rows_forward(self, batch: Batch) -> ModelOutput:
+        """``self(batch)`` with each layer's weights at the explanation rows alone where a layer can (``decode(rows_only=True)``)."""
+        return self.decode(self.encode(batch), rows_only=True)
 
     def continuation(self, source: Sequence[int], count: int, sample: bool = False, seed: int = 0) -> tuple[list[int], Tensor]:
         """Up to ``count`` tokens after ``source`` by the model's own cached forward (greedy, or sampled with a

@@ -195,7 +195,8 @@ def _finish_block(state: Pass, number: int, hidden: Tensor | None, out: Any, fin
         record = HFLayer(
             weights=call.weights, mask=call.key_mask if call.key_mask is not None else call.allowed.any(2).any(1),  # type: ignore[union-attr]
             inputs=call.inputs if call.inputs is not None else call.weights.new_empty(0), keys=call.keys, values=call.values,
-            scores=call.scores, query_mask=call.query_mask, name=state.label(layer),
+            scores=call.scores, query_mask=call.query_mask if call.rows is None else None, name=state.label(layer),
+            rows=call.rows,
             outputs=output if position == len(layers) - 1 else None,
             residual=hidden if position == 0 else None, allowed=call.allowed,
             extras=extras if position == 0 else None,

@@ -97,6 +97,9 @@ class AttentionLayer:
     query_mask: Tensor | None = None
     name: str = ""
     outputs: Tensor | None = None
+    rows: Tensor | None = None
+    """``(B,)`` where ``weights`` hold one query row per instance (``Q = 1``): its position in the layer
+    (a pass that computed only the rows explanations read, :meth:`AttentionModel.rows_forward`); None: every row."""
 
 
 @dataclass
@@ -445,6 +448,12 @@ class AttentionModel(nn.Module):
         embeddings: Tensor | None = None,
     ) -> ModelOutput:
         return self.decode(self.encode(batch, embeddings), interventions)
+
+    def rows_forward(self, batch: Any) -> ModelOutput:
+        """``self(batch)`` for a caller that reads each layer's weights at the explanation rows alone
+        (:meth:`explanation_rows`). Families that can compute just those rows return them (``Q = 1``,
+        :attr:`AttentionLayer.rows`); the others every row."""
+        return self(batch)
 
 
 @contextmanager
