@@ -2,7 +2,8 @@
 
 For each of the tiny random models of :mod:`attnaudit.architectures` (48 families: decoders, encoders,
 encoder-decoders): :func:`attnaudit.architectures.check` (captured weights, logits, a weight replacement
-and a restart against transformers' own eager forward), then, from a saved folder as a user would pass
+and a restart against transformers' own eager forward; the generated tokens' distributions and the row-only
+capture against the full one), then, from a saved folder as a user would pass
 it, ``attnaudit explain`` (decoders: two generated tokens; encoder-decoders: each token of a forced target)
 and an audit of every test that applies among ``importance``, ``permutation``
 and ``erasure`` (encoder-decoders: ``alignment`` and ``identifiability`` on a tiny German–English set).
@@ -52,7 +53,9 @@ def measure(model_type: str, workdir: Path, reviews: Path, data_dir: Path) -> di
     started = time.perf_counter()
     row = check(model_type)
     generates = row["generation"] is None if row["kind"] == "encoder" else row["generation"] <= TOLERANCE
-    row["passes"] = all(row[name] is not None and row[name] <= TOLERANCE for name in CHECKS) and row["intervention_changes"] and generates
+    rows_only = row["rows"] is None if row["kind"] == "encoder-decoder" else row["rows"] <= TOLERANCE
+    row["passes"] = all(row[name] is not None and row[name] <= TOLERANCE for name in CHECKS) and row["intervention_changes"]
+    row["passes"] = row["passes"] and generates and rows_only
     folder = save_tiny(model_type, workdir / model_type)
     failures = [f for f in (run_command(line) for line in end_to_end(model_type, folder, reviews, data_dir)) if f]
     row["end_to_end"] = "ok" if not failures else failures[0]

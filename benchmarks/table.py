@@ -328,6 +328,16 @@ ROUTES = {"interface": "attention interface", "softmax": "its own attention code
 LAYOUTS = {"pre": "pre-norm", "post": "post-norm", "sandwich": "sandwich norms", "parallel": "parallel attention + MLP"}
 
 
+def rows_sentence(rows: list[dict[str, Any]]) -> str:
+    """How many families computed only the explanation rows' weights (SDPA for the rest), and how close to the full pass."""
+    measured = [r for r in rows if r.get("rows_only_layers")]
+    if not measured:
+        return ""
+    worst = max(r["rows"] for r in measured)
+    return (f"the row-only capture (SDPA for the outputs, the explanation row's weights alone) on {len(measured)} families "
+            f"against the full one (≤ {worst:.1g}; the others keep eager for every row), ")
+
+
 def render_models(folder: Path = RESULTS) -> str:
     """The README's models block from ``architectures.json`` (:mod:`benchmarks.architecture_matrix`): how many
     families of each kind pass every check, and which explanation methods apply, grouped by route and layout."""
@@ -337,7 +347,7 @@ def render_models(folder: Path = RESULTS) -> str:
         MODELS_START, "",
         f"Generated from `benchmarks/results/architectures.json` (`{data['reproduce']}`): a tiny random model of each "
         f"family, checked against transformers' own eager forward ({', '.join(data['checks'])}; ≤ {data['tolerance']:g}), "
-        "then explained and audited from a saved folder.", "",
+        + rows_sentence(rows) + "then explained and audited from a saved folder.", "",
         "| kind | pass | architectures |", "|---|---|---|",
     ]
     for kind, counts in data["summary"].items():

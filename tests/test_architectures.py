@@ -78,8 +78,8 @@ def test_explain_and_audit_end_to_end(model_type: str, inputs: tuple[Path, Path]
 
 @pytest.mark.parametrize("model_type", list_architectures("decoder") + list_architectures("encoder"))
 def test_value_output_maps_reproduce_the_values_and_the_attention_output(model_type: str) -> None:
-    """Where projections were found, ``inputs @ W_V + b_V`` are the recorded per-query-head values (a key/value
-    head's repeated for the query heads that read it) and ``Σ_h Σ_j α_hij v_hj W_O^h + b_O`` is the output
+    """Where projections were found, ``inputs @ W_V + b_V`` are the values per query head (a key/value head's
+    repeated for the query heads that read it; the record keeps one per key/value head) and ``Σ_h Σ_j α_hij v_hj W_O^h + b_O`` is the output
     projection's output; where they were not (attention outside the interface), the model says why."""
     hf, tokenizer = build_tiny(model_type, "classifier" if ARCHITECTURES[model_type] == "encoder" else "lm")
     model = HFModel(hf, tokenizer, "classification", model_type, trained_head=False)
@@ -98,7 +98,8 @@ def test_value_output_maps_reproduce_the_values_and_the_attention_output(model_t
         handle.remove()
     w_v, b_v, w_o, heads = model.value_output_maps(1)
     values = (record.inputs @ w_v + b_v).unflatten(-1, (heads, -1)).transpose(1, 2)  # (B,H,K,dh)
-    torch.testing.assert_close(values, record.values, rtol=1e-4, atol=1e-5)
+    groups = heads // record.values.shape[1]
+    torch.testing.assert_close(values, record.values.repeat_interleave(groups, 1), rtol=1e-4, atol=1e-5)
     mixed = (record.weights @ values).transpose(1, 2).flatten(2)
     expected = mixed @ w_o + (output.bias if output.bias is not None else 0)
     shared = model.attention_projections(0)[1] is output  # ALBERT runs one layer's modules at every layer

@@ -43,7 +43,7 @@ def test_trace_shapes_and_masking(run: Run) -> None:
     assert len(out.trace) == 2 == run.model.num_attention_layers
     for record in out.trace.layers:
         assert record.weights.shape == (b, 4, t, t)
-        assert record.keys.shape == record.values.shape == (b, 4, t, 8)
+        assert record.keys.shape == record.values.shape == (b, run.model.kv_heads, t, 8)
         assert record.inputs.shape == (b, t, 32)
         assert torch.equal(record.mask, batch.mask)
         assert torch.all(record.weights[~batch.mask[:, None, None, :].expand_as(record.weights)] == 0)

@@ -129,7 +129,7 @@ def test_weights_and_logits_equal_hf_eager(family: str, tiny_hf: SimpleNamespace
         assert mine.shape == ref.shape == (b, 4, t, t)
         torch.testing.assert_close(real_rows(mine, batch.mask), real_rows(ref, batch.mask), rtol=0, atol=ATOL)
     for record in ours.trace.layers:
-        assert record.keys.shape == record.values.shape == (b, 4, t, 8)  # key/value heads repeated per query head
+        assert record.keys.shape == record.values.shape == (b, model.kv_heads, t, 8)  # one per key/value head, as the model has them
     untouched = hf_forward(model.hf, batch)  # outside decode our registered function is HF's eager attention
     torch.testing.assert_close(untouched.logits, theirs.logits, rtol=0, atol=ATOL)
     for mine, ref in zip(untouched.attentions, theirs.attentions):

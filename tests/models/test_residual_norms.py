@@ -67,6 +67,7 @@ def recomputed_output(model: AttentionModel, layer: int, record, values: torch.T
     pieces = model.residual_norms(layer)
     _, _, w_o, _ = model.value_output_maps(layer)
     values = record.values if values is None else values
+    values = values.repeat_interleave(record.weights.shape[1] // values.shape[1], 1)  # a key/value head per query head
     b, h, t, dh = values.shape
     attended = (record.weights @ values).transpose(1, 2).reshape(b, t, h * dh) @ w_o
     if pieces.output_bias is not None:

@@ -106,7 +106,8 @@ class LayerCall:
     Given: ``interventions``; ``key_mask`` ``(B,K)`` and ``query_mask`` ``(B,Q)`` (the real
     tokens); ``allowed`` ``(B,1,Q,K)`` where the pass, not the model's mask, says which key each
     query reads (a key/value prefix). Left: ``weights`` and ``scores`` ``(B,H,Q,K)`` and the
-    ``allowed`` pairs from the softmax; ``keys``/``values`` ``(B,H,K,dh)`` per query head and
+    ``allowed`` pairs from the softmax; ``keys``/``values`` ``(B,H_kv,K,dh)`` per key/value head
+    (per query head, ``H``, where an intervention changed them per query head: :func:`per_group`) and
     ``output`` ``(B,Q,H,dh)`` from the interface route; ``inputs`` from the adapter."""
 
     layer: int
@@ -271,15 +272,22 @@ def _attention(
             raise AttnAuditError("a key/value prefix needs the pass to say which keys each query reads")
         attention_mask = additive(call.allowed, query.dtype)
     groups = query.shape[1] // key.shape[1]
-    if groups > 1:
-        key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
-    key = apply_key_interventions(key, call.interventions)
-    value = apply_value_interventions(value, call.interventions)
-    call.keys, call.values = key, value
+    heads = (key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)) if groups > 1 else (key, value)
+    changed = apply_key_interventions(heads[0], call.interventions), apply_value_interventions(heads[1], call.interventions)
+    # recorded once per key/value head (a third of a trace's keys and values for SmolLM2's 9 query heads on 3) unless an
+    # intervention changed them per query head
+    call.keys = key if changed[0] is heads[0] else changed[0]
+    call.values = value if changed[1] is heads[1] else changed[1]
+    key, value = changed
     with _groups_of_one(module, groups > 1):
         output, weights = eager(module, query, key, value, attention_mask, *args, **kwargs)
     call.output = output
     return output, weights
+
+
+def per_group(tensor: Tensor, kv_heads: int) -> Tensor:
+    """Recorded keys or values ``(B,H|H_kv,K,dh)`` as one head per key/value group ``(B,H_kv,K,dh)``."""
+    return tensor[:, :: max(tensor.shape[1] // kv_heads, 1)]
 
 
 EAGER_ONLY = ("softcap", "s_aux", "sinks")

@@ -87,8 +87,7 @@ def _value_columns(calls: list[Call], attention: int, source: Tensor | None, rec
     """The linear map inside the attention module whose output columns ``(index)`` equal the recorded
     values (one per key/value head, not repeated)."""
     assert record.values is not None and record.weights is not None
-    heads = record.weights.shape[1]
-    values = record.values[:, :: max(heads // _kv_heads(calls, attention, record), 1)]  # the model's own value heads
+    values = hf_attention.per_group(record.values, _kv_heads(calls, attention, record))  # the model's own value heads
     batch, kv, length, dh = values.shape
     target = values.detach().transpose(1, 2).reshape(batch * length, kv * dh).float()
     for index in range(attention + 1, len(calls)):

@@ -17,7 +17,7 @@ from torch import Tensor
 
 from attnaudit.data.types import Batch
 from attnaudit.errors import AttnAuditError
-from attnaudit.models.hf_attention import KeyValuePrefix
+from attnaudit.models.hf_attention import KeyValuePrefix, per_group
 from attnaudit.models.hf_inputs import HFInputs, LayerTensors, real_positions, states_entering
 from attnaudit.models.hf_pass import HFLayer
 from attnaudit.models.hf_structure import Structure
@@ -103,11 +103,11 @@ class HFRestarts:
         allowed_at = [r.allowed for r in trace.layers[first:] if isinstance(r, HFLayer) and r.allowed is not None]
         if not isinstance(entry, HFLayer) or entry.residual is None or len(allowed_at) < n - first:
             return None
-        groups = self.config.heads // self.kv_heads
+        kv = self.kv_heads
         at = rows.to(entry.mask.device)[:, None]
         prefix = KeyValuePrefix(
-            keys=[r.keys[:, ::groups] if i >= first and r.keys is not None else None for i, r in enumerate(trace)],
-            values=[r.values[:, ::groups] if i >= first and r.values is not None else None for i, r in enumerate(trace)],
+            keys=[per_group(r.keys, kv) if i >= first and r.keys is not None else None for i, r in enumerate(trace)],
+            values=[per_group(r.values, kv) if i >= first and r.values is not None else None for i, r in enumerate(trace)],
             mask=entry.mask.bool(), positions=at,
         )
         pick = torch.arange(len(at), device=at.device)
@@ -155,13 +155,12 @@ class HFRestarts:
         intervention) as a :class:`KeyValuePrefix`, one key/value head per group."""
         if len(trace) != self.num_attention_layers:
             raise AttnAuditError("prefix_from needs the trace of every layer")
-        groups = self.config.heads // self.kv_heads
         width = int(lengths.max()) if len(lengths) else 0
         keys: list[Tensor | None] = []
         values: list[Tensor | None] = []
         for layer in trace:
             assert layer.keys is not None and layer.values is not None  # an interface-route pass records both
-            keys.append(layer.keys[rows, ::groups, :width])
-            values.append(layer.values[rows, ::groups, :width])
+            keys.append(per_group(layer.keys, self.kv_heads)[rows, :, :width])
+            values.append(per_group(layer.values, self.kv_heads)[rows, :, :width])
         mask = torch.arange(width, device=lengths.device)[None, :] < lengths[:, None]
         return KeyValuePrefix(keys=keys, values=values, mask=mask)

@@ -81,7 +81,8 @@ class AttentionLayer:
     """What one attention computation saw and produced.
 
     ``weights`` (B,H,Q,K); ``scores`` the pre-normaliser logits (same shape, -inf at
-    padding) or None; ``keys``/``values`` (B,H,K,d) (additive attention: H=1);
+    padding) or None; ``keys``/``values`` (B,H,K,d) (additive attention: H=1; a Hugging Face
+    grouped-query layer records one per key/value head, :func:`~attnaudit.models.hf_attention.per_group`);
     ``inputs`` (B,K,d) the states that entered the layer; ``mask`` (B,K) True at real
     keys; ``query_mask`` (B,Q) True at real queries; ``outputs`` (B,Q,d) the states that
     left the whole layer (after its feed-forward block), where the family records them

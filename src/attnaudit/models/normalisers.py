@@ -61,10 +61,10 @@ def normalise(scores: Tensor, mask: Tensor, name: str = "softmax") -> Tensor:
 
 
 def apply_key_interventions(keys: Tensor, interventions: Sequence[Intervention]) -> Tensor:
-    """Replace the keys of a layer (tensor or function), in order."""
+    """Replace the per-head keys ``(B,H,K,dh)`` of a layer (tensor or function), in order."""
     for iv in interventions:
         if iv.keys is not None:
-            keys = iv.keys(keys) if callable(iv.keys) else iv.keys.to(keys.device, keys.dtype).expand_as(keys)
+            keys = iv.keys(keys) if callable(iv.keys) else _given(iv.keys, keys)
     return keys
 
 
@@ -72,8 +72,18 @@ def apply_value_interventions(values: Tensor, interventions: Sequence[Interventi
     """Replace the per-head values ``(B,H,K,dh)`` of a layer (tensor or function), in order."""
     for iv in interventions:
         if iv.values is not None:
-            values = iv.values(values) if callable(iv.values) else iv.values.to(values.device, values.dtype).expand_as(values)
+            values = iv.values(values) if callable(iv.values) else _given(iv.values, values)
     return values
+
+
+def _given(tensor: Tensor, current: Tensor) -> Tensor:
+    """A replacement for ``current`` ``(B,H,K,dh)``: broadcast, and given per key/value head (as a Hugging Face
+    grouped-query layer records them) repeated for the query heads that read each."""
+    tensor = tensor.to(current.device, current.dtype)
+    heads = tensor.shape[1] if tensor.dim() == 4 else current.shape[1]
+    if 1 < heads < current.shape[1] and current.shape[1] % heads == 0:
+        tensor = tensor.repeat_interleave(current.shape[1] // heads, 1)
+    return tensor.expand_as(current)
 
 
 def normaliser_for(default: str, interventions: Sequence[Intervention]) -> str:
