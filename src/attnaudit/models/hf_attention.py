@@ -181,7 +181,7 @@ def _softmax(input: Tensor, dim: int | None = None, _stacklevel: int = 3, dtype:
         allowed = (scores > masked_below(scores.dtype)).any(1, keepdim=True)
     allowed = allowed.expand(scores.shape[0], 1, *scores.shape[2:])
     key_mask = call.key_mask if call.key_mask is not None else allowed.any(2).any(1)
-    weights = attention_weights(scores, key_mask, "softmax", call.interventions, allowed)
+    weights = attention_weights(scores, key_mask, "softmax", call.interventions, allowed, masked=True)  # the model added its mask
     if weights.dtype != input.dtype:
         weights = weights.to(input.dtype)  # eager code computes in float32, then casts back: the weights it uses
     call.weights, call.allowed = weights, allowed

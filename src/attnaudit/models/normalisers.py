@@ -33,16 +33,23 @@ def check_normaliser(name: str) -> str:
     )
 
 
-def normalise(scores: Tensor, mask: Tensor, name: str = "softmax") -> Tensor:
+def normalise(scores: Tensor, mask: Tensor, name: str = "softmax", masked: bool = False) -> Tensor:
     """Turn scores ``(..., K)`` into distributions over the keys where ``mask`` is True.
 
     ``mask`` broadcasts against ``scores`` (e.g. ``(B,1,1,K)``). Padded keys get exactly 0.
+    ``masked``: the scores already hold the mask (a model's own additive mask, its dtype's minimum or at
+    most :func:`~attnaudit.models.hf_attention.masked_below` at every hidden key): a softmax then
+    needs no fill, as its exponent is exactly 0 there, and only rows that read no key are zeroed.
     """
     check_normaliser(name)
-    mask = mask.expand_as(scores)
+    if masked and name == "softmax":
+        out = torch.softmax(scores, dim=-1)
+        blind = ~mask.any(-1, keepdim=True)  # rows reading no key: zeros, not eager's uniform row
+        return out.masked_fill(blind, 0.0) if bool(blind.any()) else out
+    hidden = ~mask  # broadcast by masked_fill, never expanded: (B,1,Q,K) stays one byte per pair, not per head
     # A large finite negative rather than -inf: entmax's sort-based threshold handles it,
     # and fully-masked rows (padding queries) stay finite instead of NaN.
-    filled = scores.masked_fill(~mask, torch.finfo(scores.dtype).min / 4)
+    filled = scores.masked_fill(hidden, torch.finfo(scores.dtype).min / 4)
     if name == "softmax":
         out = torch.softmax(filled, dim=-1)
     elif name.startswith("entmax:") and float(name.split(":", 1)[1]) == 1.0:
@@ -57,7 +64,7 @@ def normalise(scores: Tensor, mask: Tensor, name: str = "softmax") -> Tensor:
             out = sparsemax(filled, dim=-1)
         else:
             out = entmax_bisect(filled, alpha=float(name.split(":", 1)[1]), dim=-1)
-    return out * mask.to(out.dtype)
+    return out.masked_fill(hidden, 0.0)
 
 
 def apply_key_interventions(keys: Tensor, interventions: Sequence[Intervention]) -> Tensor:
@@ -132,14 +139,15 @@ def attention_weights(
     normaliser: str,
     interventions: Sequence[Intervention],
     allowed: Tensor | None = None,
+    masked: bool = False,
 ) -> Tensor:
     """Scores ``(B,H,Q,K)`` -> weights, with normaliser swaps and weight replacements applied.
 
     ``allowed`` ``(B,1,Q,K)``: which query may read which key (a decoder's causal and padding
     mask; None: every real key). Weight functions still receive ``key_mask`` ``(B,K)``; what
     they return is then :func:`restrict`-ed, so a replacement cannot make a token read a later
-    one (uniform becomes uniform over the keys each query sees)."""
+    one (uniform becomes uniform over the keys each query sees). ``masked``: see :func:`normalise`."""
     name = normaliser_for(normaliser, interventions)
-    weights = normalise(scores, key_mask[:, None, None, :] if allowed is None else allowed, name)
+    weights = normalise(scores, key_mask[:, None, None, :] if allowed is None else allowed, name, masked)
     replaced = apply_weight_interventions(weights, key_mask, interventions)
     return replaced if allowed is None or replaced is weights else restrict(replaced, allowed)
