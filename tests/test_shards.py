@@ -19,7 +19,7 @@ from attnaudit.shards import spans
 from attnaudit.training.trainer import train
 
 set_quiet(True)
-TESTS = ["rationale", "permutation", "erasure", "adversarial", "importance"]  # four in shards, importance whole
+TESTS = ["rationale", "permutation", "erasure", "adversarial", "importance"]  # every one in shards
 SMALL = {
     "permutation": {"permutations": 4},
     "rationale": {"ig_steps": 2, "methods": ["attention", "gradient"]},
@@ -43,13 +43,13 @@ def _identical(one: Path, other: Path) -> None:
     assert (one / "summary.csv").read_text() == (other / "summary.csv").read_text()
     for name in TESTS:
         a, b = (Result.load(folder / "results" / f"{name}.json") for folder in (one, other))
-        assert a.instances == b.instances and a.summary == b.summary, name
+        assert a.instances == b.instances and a.summary == b.summary and a.tables == b.tables, name
 
 
 def test_which_tests_are_shardable() -> None:
     shardable = {name for name, cls in discover().items() if cls.shardable}
-    assert {"permutation", "erasure", "rationale", "adversarial", "rollout"} <= shardable
-    assert not {"seeds", "uniform", "importance"} & shardable  # training-based, and per-head lists kept across instances
+    assert {"permutation", "erasure", "rationale", "adversarial", "rollout", "importance"} <= shardable
+    assert not {"seeds", "uniform"} & shardable  # training-based
     assert spans(7, 3) == [(0, 3), (3, 6), (6, 7)]
     with pytest.raises(AttnAuditError, match="shard size"):
         spans(7, 0)
@@ -67,18 +67,22 @@ def test_sharded_audit_equals_one_process(run, tmp_path: Path) -> None:
         assert not (tmp_path / f"{name}-shards" / "shards").exists()  # removed once every result is stored
 
 
-def test_a_transformers_rollout_in_shards_equals_one_process(tmp_path: Path) -> None:
-    """Rollout and flow (every layer's map, flow for the first --flow-limit instances) of a tiny Transformer."""
+def test_a_transformers_rollout_and_importance_in_shards_equal_one_process(tmp_path: Path) -> None:
+    """Rollout and flow (every layer's map, flow for the first --flow-limit instances) and importance (every head's
+    τ list, merged in the order one process appends to it) of a tiny Transformer."""
     data = synthetic_task("classification", seed=0, n_train=160, n_dev=20, n_test=20)
     tiny = train(data, "transformer", tmp_path / "run", epochs=1, embed_dim=8, d_model=8, heads=2, layers=2, d_ff=16, quiet_eval=True)
-    options = {"rollout": {"batch_size": 2, "flow_limit": 5}}
-    quick = {**QUICK, "only": ["rollout"]}
+    options = {"rollout": {"batch_size": 2, "flow_limit": 5}, "importance": {"methods": ["gradient"], "batch_size": 2}}
+    quick = {**QUICK, "only": ["rollout", "importance"]}
     audit(tmp_path / "one", run=tiny, limit=12, test_options=options, **quick)
     audit(tmp_path / "sharded", run=tiny, limit=12, test_options=options, shard_size=3, **quick)
     assert (tmp_path / "one" / "summary.csv").read_text() == (tmp_path / "sharded" / "summary.csv").read_text()
-    a, b = (Result.load(tmp_path / name / "results" / "rollout.json") for name in ("one", "sharded"))
-    assert a.instances == b.instances and a.tables == b.tables and a.summary == b.summary
-    assert sum("L0_flow_entropy" in row for row in a.instances) == 5  # flow for instances 0..4 only
+    for test in ("rollout", "importance"):
+        a, b = (Result.load(tmp_path / name / "results" / f"{test}.json") for name in ("one", "sharded"))
+        assert a.instances == b.instances and a.tables == b.tables and a.summary == b.summary, test
+    rollout = Result.load(tmp_path / "one" / "results" / "rollout.json")
+    assert sum("L0_flow_entropy" in row for row in rollout.instances) == 5  # flow for instances 0..4 only
+    assert len(a.tables["heads"]) == 2 * 3  # importance: 2 layers x (2 heads + their mean), every head's tau merged
 
 
 def test_a_shard_is_whole_batches_of_the_plan(run, tmp_path: Path) -> None:

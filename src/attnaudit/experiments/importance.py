@@ -12,6 +12,7 @@ attention/importance correlations on SST next to a strong gradient/LOO one.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,16 @@ from attnaudit.algorithms.metrics import kendall_tau, kendall_tau_rows, kendall_
 from attnaudit.data.types import Example
 from attnaudit.errors import AttnAuditError
 from attnaudit.experiments.common import base_pass
-from attnaudit.experiments.experiment import AuditSettings, Experiment, Result, register, summarise
+from attnaudit.experiments.experiment import (
+    AuditSettings,
+    Experiment,
+    Result,
+    counted,
+    joined,
+    register,
+    summarise,
+    where,
+)
 from attnaudit.explain import EXPLANATIONS, choose, item_mask
 from attnaudit.explain.attention import attention_per_head, explained_attention
 from attnaudit.explain.registry import hierarchical
@@ -93,17 +103,28 @@ class ImportanceCorrelation(Experiment):
         """Every registered explanation but ``attention``, which each is compared with."""
         return [name for name in EXPLANATIONS if name != "attention"]
 
-    def run(self, run: Run, examples: list[Example], options: Any, seed: int = 0) -> Result:
+    shardable = True
+
+    def _pairs(self, run: Run, options: Any) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+        """The chosen methods and the (attention, method) pairs compared, with the gradient-vs-LOO reference."""
         chosen = choose(options.methods, self.explanation_choices(), model=run.model)
-        methods = list(chosen)
         if options.topk < 1:
             raise AttnAuditError(f"--topk must be at least 1, got {options.topk}")
         if options.batch_size < 1:
             raise AttnAuditError(f"--batch-size must be at least 1, got {options.batch_size}")
-        pairs = [("attention", m) for m in methods]
-        if all(m in methods for m in REFERENCE):
+        pairs = [("attention", m) for m in chosen]
+        if all(m in chosen for m in REFERENCE):
             pairs.append(REFERENCE)
+        return chosen, pairs
 
+    def plan(self, run: Run, examples: list[Example], options: Any) -> list[int]:
+        return run.batch_order(examples)
+
+    def part(self, run: Run, examples: list[Example], options: Any, seed: int = 0, indices: Sequence[int] | None = None) -> Result:
+        """Instance rows, and in table ``head_taus`` every head's τ per instance in the order the batches ran
+        (merged in shard order, the per-head lists are one process's, so their summaries are too)."""
+        chosen, pairs = self._pairs(run, options)
+        methods = list(chosen)
         instances: list[dict[str, Any]] = []
         heads: dict[tuple[int, int | str, str], list[float]] = defaultdict(list)
         head_p: dict[tuple[int, int | str, str], list[float]] = defaultdict(list)
@@ -111,8 +132,9 @@ class ImportanceCorrelation(Experiment):
         decisions: list[tuple[str | None, str]] = []  # (gold, predicted) of every instance, for the accuracy
         layers_heads = (0, 0)
         total = -(-len(examples) // options.batch_size)
+        tested = where(examples, indices)
         with evaluation(run.model):
-            for indices, batch in track(run.sorted_batches(examples, options.batch_size), "importance", total=total):
+            for positions, batch in track(run.sorted_batches(examples, options.batch_size), "importance", total=total):
                 mask = item_mask(run.model, batch)
                 output = base_pass(run.model, batch)  # one pass gives the attention, every head's and the decision
                 scores = {"attention": explained_attention(run.model, batch, output.trace)}
@@ -126,7 +148,7 @@ class ImportanceCorrelation(Experiment):
                 many = per_head.shape[1] * per_head.shape[2] > 1
                 values = {k: v.detach().cpu().double() for k, v in scores.items()}
                 per_head = per_head.detach().cpu().double()
-                for b, (index, example) in enumerate(zip(indices, batch.examples)):
+                for b, (index, example) in enumerate(zip([tested[i] for i in positions], batch.examples)):
                     real = mask[b].cpu()
                     n = int(real.sum())
                     if n < 2:
@@ -138,7 +160,26 @@ class ImportanceCorrelation(Experiment):
                     if many:
                         self._per_head(per_head[b][:, :, real].numpy(), vec, methods, heads, head_p)
         instances.sort(key=lambda row: row["index"])
-        result = self._result(run, instances, pairs, methods, heads, head_p, layers_heads, excluded, options)
+        head_taus = [
+            {"layer": layer, "head": head, "method": method, "tau": tau, "p": p}
+            for (layer, head, method), taus in heads.items()
+            for tau, p in zip(taus, head_p[(layer, head, method)])
+        ]
+        meta = {"excluded": excluded, "decisions": decisions, "layers_heads": list(layers_heads)}
+        return Result(test=self.name, instances=instances, tables={"head_taus": head_taus}, meta=meta)
+
+    def merge(self, run: Run, parts: list[Result], options: Any, seed: int = 0) -> Result:
+        chosen, pairs = self._pairs(run, options)
+        heads: dict[tuple[int, int | str, str], list[float]] = defaultdict(list)
+        head_p: dict[tuple[int, int | str, str], list[float]] = defaultdict(list)
+        for part in parts:  # in shard order: each head's list in the order one process appends to it
+            for row in part.tables.get("head_taus", []):
+                key = (int(row["layer"]), row["head"], row["method"])
+                heads[key].append(row["tau"])
+                head_p[key].append(row["p"])
+        layers_heads = max((tuple(part.meta["layers_heads"]) for part in parts), default=(0, 0))
+        decisions = [(gold, pred) for part in parts for gold, pred in part.meta["decisions"]]
+        result = self._result(run, joined(parts), pairs, list(chosen), heads, head_p, layers_heads, counted(parts, "excluded"), options)
         result.summary.update(accuracy(decisions))
         return result
 
