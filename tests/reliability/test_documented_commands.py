@@ -98,7 +98,17 @@ def test_every_producing_command_runs(docs_workspace: Workspace) -> None:
     assert docs_workspace.producer_failures == []
 
 
-@pytest.mark.parametrize("chain", CHAINS, ids=[str(chain[0])[:80] for chain in CHAINS])
+SLOW = ("attnaudit sweep examples/sweep.yaml --engine ray",)
+"""Chains that start a Ray cluster (~25 s): run with the slow tests (``make test-all``) to keep ``make test`` under 10
+minutes; the Ray sweep engine itself is tested in ``make test`` (tests/test_sweep.py)."""
+
+
+def _marked(chain: list[Documented]) -> object:
+    """A chain as a test parameter, marked slow when it starts with one of :data:`SLOW`."""
+    return pytest.param(chain, marks=pytest.mark.slow) if any(s in str(chain[0]) for s in SLOW) else chain
+
+
+@pytest.mark.parametrize("chain", [_marked(chain) for chain in CHAINS], ids=[str(chain[0])[:80] for chain in CHAINS])
 def test_every_documented_command_runs(docs_workspace: Workspace, chain: list[Documented]) -> None:
     """The commands of one chain in the order shown: later ones read what earlier ones wrote.
     Every failure is listed."""

@@ -75,9 +75,15 @@ SYNTHETIC_ONLY = ("rationale",)
 """Tests that need the synthetic task's known rationales, which only the BiLSTM run has."""
 CASES = [(family, test) for family in FAMILY_RUNS for test in sorted(discover())
          if family != "bilstm" or test in SYNTHETIC_ONLY]
+SLOW = {("hf-finetuned", "adversarial"), ("hf-finetuned", "faithfulness")}
+"""The slowest defaults (~22 s and ~13 s; every other family runs them in make test): with the slow tests (make test-all)."""
 
 
-@pytest.mark.parametrize(("family", "test"), CASES, ids=[f"{family}-{test}" for family, test in CASES])
+@pytest.mark.parametrize(
+    ("family", "test"),
+    [pytest.param(*case, marks=pytest.mark.slow) if case in SLOW else case for case in CASES],
+    ids=[f"{family}-{test}" for family, test in CASES],
+)
 def test_run_with_default_options(family_runs: Workspace, family: str, test: str) -> None:
     run = FAMILY_RUNS[family]
     if run is None:
