@@ -152,9 +152,6 @@ class Adversarial(Experiment):
 
     shardable = True
 
-    def plan(self, run: Run, examples: list[Example], options: Any) -> list[int]:
-        return run.batch_order(examples)
-
     def part(self, run: Run, examples: list[Example], options: Any, seed: int = 0, indices: Sequence[int] | None = None) -> Result:
         search = self.search(run, options)
         (layer,) = resolve_layers(run.model, options.layer, allow_all=False)

@@ -329,9 +329,6 @@ class Erasure(Experiment):
 
     shardable = True
 
-    def plan(self, run: Run, examples: list[Any], options: Any) -> list[int]:
-        return run.batch_order(examples)
-
     def part(self, run: Run, examples: list[Any], options: Any, seed: int = 0, indices: Sequence[int] | None = None) -> Result:
         if options.random_orders < 1:
             raise AttnAuditError(f"--random-orders must be at least 1, got {options.random_orders}")

@@ -213,8 +213,9 @@ class Experiment:
     def plan(self, run: Run, examples: list[Example], options: Any) -> list[int]:
         """A :attr:`shardable` test's instances (positions in ``examples``) in the order one process batches them,
         ``options.batch_size`` at a time. Shards are consecutive stretches of whole batches of this order, so each
-        batch is the one a single process pads and runs, and the numbers are the same bit for bit."""
-        return list(range(len(examples)))
+        batch is the one a single process pads and runs, and the numbers are the same bit for bit. The default is the
+        order :meth:`~attnaudit.run.Run.sorted_batches` batches in (by length), which the batched tests use."""
+        return run.batch_order(examples)
 
     def part(self, run: Run, examples: list[Example], options: Any, seed: int = 0, indices: Sequence[int] | None = None) -> Result:
         """A :attr:`shardable` test's rows of ``examples`` (in :meth:`plan` order), ``indices[i]`` the position of

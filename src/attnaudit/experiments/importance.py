@@ -117,9 +117,6 @@ class ImportanceCorrelation(Experiment):
             pairs.append(REFERENCE)
         return chosen, pairs
 
-    def plan(self, run: Run, examples: list[Example], options: Any) -> list[int]:
-        return run.batch_order(examples)
-
     def part(self, run: Run, examples: list[Example], options: Any, seed: int = 0, indices: Sequence[int] | None = None) -> Result:
         """Instance rows, and in table ``head_taus`` every head's τ per instance in the order the batches ran
         (merged in shard order, the per-head lists are one process's, so their summaries are too)."""

@@ -245,9 +245,6 @@ class Permutation(Experiment):
 
     shardable = True
 
-    def plan(self, run: Run, examples: list[Example], options: Any) -> list[int]:
-        return run.batch_order(examples)
-
     def part(self, run: Run, examples: list[Example], options: Any, seed: int = 0, indices: Sequence[int] | None = None) -> Result:
         if options.permutations < 1 or options.batch_size < 1:
             raise AttnAuditError("--permutations and --batch-size must be at least 1")

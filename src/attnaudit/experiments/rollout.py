@@ -245,9 +245,6 @@ class Rollout(Experiment):
 
     shardable = True
 
-    def plan(self, run: Run, examples: list[Example], options: Any) -> list[int]:
-        return run.batch_order(examples)
-
     def part(self, run: Run, examples: list[Example], options: Any, seed: int = 0, indices: Sequence[int] | None = None) -> Result:
         checked = self._check(options)
         references = checked if run.model.trained_head else {}
