@@ -9,7 +9,8 @@ subprocess, ``benchmarks/ferret_worker.py``, exchanging JSON files with this scr
    ``benchmarks/runs/minilm-sst2-N``, fine-tuned here like ``attnaudit finetune --task sst2
    --limit N`` with its defaults, N = ``--finetune-limit`` (reused when finished). ferret loads the run's
    ``hf/`` folder with transformers 4.x; the logits of both sides are compared first.
-2. The first ``--limit`` GLUE-dev sentences (our ``sst2`` test split).
+2. ``--limit`` GLUE-dev sentences (our ``sst2`` test split): a sample stratified by label, or the first
+   ones with ``--limit-order first`` (the documented figures).
 3. a. IDENTICAL scores: our ``gradient`` and ``ig`` scores go to ferret's evaluators. Per bin
       (1, 5, 10, 20, 50 %) at our ``k = ⌈f·n⌉`` (clipped to [1, n−1]) they must equal our
       comprehensiveness / sufficiency within ``--tolerance``; ferret's default AOPC (thresholds
@@ -49,7 +50,7 @@ from attnaudit.experiments.eraser_metrics import BINS, perturbation_probs, pertu
 from attnaudit.explain import EXPLANATIONS  # noqa: E402
 from attnaudit.io import read_json  # noqa: E402
 from attnaudit.run import Run, load_run  # noqa: E402
-from benchmarks.common import RUNS, headline, time_interleaved, write_result  # noqa: E402
+from benchmarks.common import RUNS, add_limit_order, headline, time_interleaved, write_result  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "ferret_worker.py"
@@ -152,9 +153,9 @@ def our_chunk(run: Run, examples: list[Example], steps: int) -> list[dict[str, A
 
 
 def our_round(run: Run, examples: list[Example], steps: int, chunk: int) -> None:
-    """The timed work on our side: both explanations and both metrics (delete mode, our bins)."""
-    for start in range(0, len(examples), chunk):
-        batch = run.collate(examples[start : start + chunk])
+    """The timed work on our side: both explanations and both metrics (delete mode, our bins), in the
+    batches ``attnaudit run faithfulness`` makes (:meth:`~attnaudit.run.Run.sorted_batches`: by length)."""
+    for _, batch in run.sorted_batches(examples, chunk):
         scores = {m: EXPLANATIONS[m](run.model, batch, steps=steps, seed=0).detach().double().cpu() for m in METHODS}
         perturbation_probs(run.model, batch, scores, BINS, "delete")
 
@@ -326,7 +327,8 @@ def timing(run: Run, python: Path, rows: list[dict[str, Any]], examples: list[Ex
     }
     record["peer_seconds_inside_worker"] = server.inner
     record["work"] = (f"ours: gradient + ig ({args.ig_steps} steps) and comprehensiveness + sufficiency at bins "
-                      f"{list(BINS)} % (delete), chunks of {args.chunk}; ferret: GradientExplainer + "
+                      f"{list(BINS)} % (delete), batches of {args.chunk} by length as `attnaudit run faithfulness` makes them; "
+                      "ferret: GradientExplainer + "
                       f"IntegratedGradientExplainer ({args.ig_steps} steps) + AOPC_Comprehensiveness/Sufficiency "
                       "with ferret's defaults (up to 10 thresholds), one sentence at a time")
     return record
@@ -347,18 +349,19 @@ def main() -> dict[str, Any]:
     parser.add_argument("--venv", default=os.environ.get("ATTNAUDIT_FERRET_VENV", str(RUNS / "ferret-venv")),
                         help="ferret's virtual environment (default $ATTNAUDIT_FERRET_VENV, else benchmarks/runs/ferret-venv)")
     parser.add_argument("--make-venv", action="store_true", help="build --venv with benchmarks/ferret_venv.sh if missing")
+    add_limit_order(parser)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     python = worker_python(Path(args.venv), args.make_venv)
     run = tuned_run(args)
-    examples = run.examples("test", args.limit, data_dir=args.data_dir)
+    examples = run.examples("test", args.limit, data_dir=args.data_dir, order=args.limit_order)
     rows = [row for start in range(0, len(examples), args.chunk)
             for row in our_chunk(run, examples[start : start + args.chunk], args.ig_steps)]
     answer = ferret_measure(python, job(run, rows, args))
     metrics = read_json(Path(run.path) / "metrics.json")
     result: dict[str, Any] = {
         "run": str(run.path), "finetune": run.info.get("finetune"), "glue_dev_accuracy": metrics["test"].get("accuracy"),
-        "sentences": len(rows), "tolerance": args.tolerance, "ig_steps": args.ig_steps, "threads": args.threads,
+        "sentences": len(rows), "limit_order": args.limit_order, "tolerance": args.tolerance, "ig_steps": args.ig_steps, "threads": args.threads,
         "bins": list(BINS), "checks": checks(rows, answer),
         "identical_scores": identical_scores(rows, answer, args.tolerance),
         "end_to_end": end_to_end(rows, answer),

@@ -9,7 +9,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from attnaudit.data.batching import IGNORE_INDEX, Collator, iterate_batches, split_sentences
+from attnaudit.data.batching import IGNORE_INDEX, Collator, iterate_batches, length_groups, split_sentences
 from attnaudit.data.types import Example
 from attnaudit.data.vocab import Vocab
 from attnaudit.errors import AttnAuditError, AttnAuditWarning, InputError
@@ -175,3 +175,25 @@ def test_bad_arguments() -> None:
         Collator(VOCAB, ["x"], "classification", max_len=0)
     with pytest.raises(AttnAuditError, match="not seq2seq"):
         Collator(VOCAB, ["x"], "seq2seq")
+
+
+@given(st.lists(st.integers(0, 60), min_size=1, max_size=40), st.sampled_from([0.0, 0.1, 0.5]))
+def test_length_groups_partition_longest_first_within_the_slack(lengths: list[int], slack: float) -> None:
+    """Every instance in exactly one group; groups run from the longest down; padding a group to its longest
+    member keeps the computed positions within 1 + slack of the real ones (a single instance always fits)."""
+    groups = length_groups(torch.tensor(lengths), slack)
+    flat = [i for g in groups for i in g.tolist()]
+    assert sorted(flat) == list(range(len(lengths)))
+    assert [lengths[i] for i in flat] == sorted(lengths, reverse=True)
+    for g in groups:
+        sizes = [lengths[i] for i in g.tolist()]
+        assert len(sizes) == 1 or max(sizes) * len(sizes) <= (1 + slack) * sum(sizes) + 1e-9
+
+
+def test_select_takes_instances_and_cuts_their_common_padding() -> None:
+    collate = Collator(VOCAB, ["X"], "tagging")
+    batch = collate([ex("a b c d", None, tags=["X"] * 4), ex("a", None, tags=["X"]), ex("b c", None, tags=["X"] * 2)])
+    sub = batch.select(torch.tensor([2, 1]))
+    assert sub.tokens.tolist() == [batch.tokens[2, :2].tolist(), batch.tokens[1, :2].tolist()]
+    assert sub.mask.tolist() == [[True, True], [True, False]]
+    assert sub.labels is not None and sub.labels.shape == (2, 2) and sub.examples == [batch.examples[2], batch.examples[1]]

@@ -121,3 +121,18 @@ def test_bad_options_are_one_line(runs: dict) -> None:
     with pytest.raises(AttnAuditError, match=r"absolute=False is reduction='sum'; it does not combine with reduction='l2'"):
         integrated_gradients(run, batch, steps=2, absolute=False, reduction="l2")
     torch.testing.assert_close(integrated_gradients(run, batch, steps=4, absolute=False), integrated_gradients(run, batch, steps=4, reduction="sum"))
+
+
+@pytest.mark.parametrize("family", ["transformer", "pair-transformer"])
+def test_a_batch_of_mixed_lengths_gives_each_instance_its_own_scores(runs: dict, family: str) -> None:
+    """IG runs groups of similar length without the others' padding: each row equals the instance explained
+    alone (padding changes no real position's gradient), zero at its padding."""
+    run, batch = runs[family]
+    model = run.model.eval()
+    together = integrated_gradients(model, batch, steps=8, reduction="sum")
+    lengths = batch.mask.sum(1)
+    assert len(set(lengths.tolist())) > 1  # the batch mixes lengths, so the groups differ
+    for i in range(len(batch)):
+        alone = integrated_gradients(model, batch.select(torch.tensor([i])), steps=8, reduction="sum")
+        torch.testing.assert_close(together[i, : alone.shape[1]], alone[0], atol=1e-6, rtol=1e-5)
+        assert (together[i, alone.shape[1] :] == 0).all()

@@ -99,3 +99,32 @@ class Batch:
 
     def __len__(self) -> int:
         return self.tokens.shape[0]
+
+    def select(self, index: Tensor) -> Batch:
+        """Instances ``index`` (1-D), their ``(B,T)`` tensors cut after the last position real in any of them.
+
+        For computing on a group of similar lengths without the others' padding (2-D tokens; a query and a
+        target keep their width)."""
+        real = self.mask[index].reshape(len(index), self.tokens.shape[1], -1).any(-1).any(0).nonzero()
+        width = int(real.max()) + 1 if len(real) else 1
+
+        def take(t: Tensor | None, per_position: bool = False) -> Tensor | None:
+            if t is None:
+                return None
+            picked = t[index.to(t.device)]
+            return picked[:, :width] if per_position and picked.dim() >= 2 else picked
+
+        return Batch(
+            tokens=self.tokens[index][:, :width],
+            mask=self.mask[index][:, :width],
+            labels=take(self.labels, per_position=True),
+            features=take(self.features, per_position=True),
+            query=take(self.query),
+            query_mask=take(self.query_mask),
+            target=take(self.target),
+            target_mask=take(self.target_mask),
+            examples=[self.examples[i] for i in index.tolist()] if self.examples else [],
+            items=take(self.items, per_position=True),
+            explained=take(self.explained),
+            contrast=take(self.contrast),
+        )

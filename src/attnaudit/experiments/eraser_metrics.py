@@ -38,6 +38,7 @@ from scipy import stats
 from torch import Tensor
 
 from attnaudit.algorithms.metrics import kendall_tau
+from attnaudit.data.batching import length_groups
 from attnaudit.data.types import Batch
 from attnaudit.explain.loo import compact_items
 from attnaudit.explain.registry import hierarchical, item_mask
@@ -148,17 +149,16 @@ def trimmed(batch: Batch) -> Batch:
                  query=batch.query, query_mask=batch.query_mask)
 
 
-def passes(lengths: Tensor, per_position: int, budget: int | None = None) -> list[Tensor]:
+def passes(lengths: Tensor, per_position: int, budget: int | None = None, slack: float = 0.1) -> list[Tensor]:
     """Row indices in passes: by decreasing length, each pass holding about ``budget`` activation
-    elements (rows × its longest row × ``per_position``), so short rows share big passes."""
+    elements (rows × its longest row × ``per_position``) and padding its rows to its longest by at
+    most ``slack`` of their real positions (:func:`~attnaudit.data.batching.length_groups`), so
+    no pass spends its time on padding."""
     budget = _PASS_ELEMENTS if budget is None else budget
-    order = torch.argsort(lengths, descending=True, stable=True)
-    out, start = [], 0
-    while start < len(order):
-        longest = max(int(lengths[order[start]]), 1)
-        size = max(1, budget // (longest * max(per_position, 1)))
-        out.append(order[start : start + size])
-        start += size
+    out: list[Tensor] = []
+    for group in length_groups(lengths, slack):
+        size = max(1, budget // (max(int(lengths[group[0]]), 1) * max(per_position, 1)))
+        out.extend(group[start : start + size] for start in range(0, len(group), size))
     return out
 
 

@@ -7,6 +7,7 @@ import dataclasses
 import torch
 from torch import Tensor
 
+from attnaudit.data.batching import length_groups
 from attnaudit.data.types import Batch
 from attnaudit.data.vocab import Vocab
 from attnaudit.errors import AttnAuditError
@@ -71,6 +72,14 @@ def integrated_gradients(
         if reduction not in ("abs_sum", "sum"):
             raise AttnAuditError(f"ig: absolute=False is reduction='sum'; it does not combine with reduction={reduction!r}")
         reduction = "sum"
+    groups = _groups(model, batch)
+    if len(groups) > 1:  # each group without the longer ones' padding: IG runs the model once per step
+        options = {"steps": steps, "reduction": reduction, "score": score, "baseline": baseline}
+        parts = [(index, integrated_gradients(model, batch.select(index), **options)) for index in groups]
+        out = parts[0][1].new_zeros(len(batch), batch.tokens.shape[1])
+        for index, part in parts:
+            out[index.to(out.device), : part.shape[1]] = part
+        return out
     t = batch.tokens.shape[1]
     with evaluation(model):
         with torch.no_grad():
@@ -105,6 +114,14 @@ def integrated_gradients(
             internal_batch_size=len(batch) * min(steps, per_pass),
         )
     return reduce_dimensions(attributions.detach(), model, batch, reduction)
+
+
+def _groups(model: AttentionModel, batch: Batch) -> list[Tensor]:
+    """Instances of similar length (:func:`~attnaudit.data.batching.length_groups`) where a group's scores are
+    its members' with the padding cut (flat tokens, the explained items all on the source side); else one group."""
+    if batch.tokens.dim() != 2 or hierarchical(model) or getattr(model, "target_items", False):
+        return [torch.arange(len(batch))]
+    return length_groups(batch.mask.sum(1).cpu())
 
 
 def baseline_token(model: AttentionModel, name: str) -> int:
