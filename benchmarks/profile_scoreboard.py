@@ -38,7 +38,7 @@ from attnaudit.explain.attention_rollout import explained_record, layer_weights 
 from attnaudit.explain.norms_res_ln import layers_up_to, pair_mask, rolled_contributions  # noqa: E402
 from attnaudit.explain.registry import on_items, query_row  # noqa: E402
 from attnaudit.explain.value_zeroing import value_zeroing  # noqa: E402
-from attnaudit.models.interface import AttentionModel, Cache, Intervention, evaluation  # noqa: E402
+from attnaudit.models.interface import AttentionModel, Intervention, evaluation  # noqa: E402
 from attnaudit.run import Run, load_run  # noqa: E402
 from benchmarks.common import REPEATS, stats, time_interleaved, write_result  # noqa: E402
 
@@ -54,7 +54,7 @@ def rerun_zeroing(model: AttentionModel, batch: Batch) -> Tensor:
             cache = model.cache_at(trace, layer, base)
             b, t = cache.states.shape[:2]
             keep = (1.0 - torch.eye(t, dtype=cache.states.dtype)).repeat(b, 1)  # row e*t + j: token j zeroed
-            copies = Cache(cache.states.repeat_interleave(t, 0), cache.mask.repeat_interleave(t, 0), layer, dict(cache.extra))
+            copies = cache.select(torch.arange(b).repeat_interleave(t))
             zeroed = Intervention(layer=layer, values=lambda v, keep=keep: v * keep[:, None, :, None])
             changed = model.decode(copies, [zeroed], start_layer=layer).trace[0].outputs.reshape(b, t, t, -1)
             distance = 1.0 - torch.nn.functional.cosine_similarity(r.outputs[:, None], changed, dim=-1)  # (B, zeroed, Q)

@@ -120,3 +120,14 @@ def test_tagging_does_not_apply_and_bad_options_fail(bilstm: Run) -> None:
         run_test("importance", bilstm, limit=2, methods=["saliency"], plot=False)
     with pytest.raises(AttnAuditError, match="--topk"):
         run_test("importance", bilstm, limit=2, topk=0, plot=False)
+
+
+def test_loo_tokens_is_passed_to_loo_and_noted(transformer: Run, tmp_path: Path) -> None:
+    """``--loo-tokens K`` reaches the loo explanation (fewer nonzero LOO values than the exact mode) and the
+    result says the LOO figures are approximate."""
+    exact = run_test("importance", transformer, limit=8, out=tmp_path / "exact", methods=["gradient", "loo"], plot=False)
+    approx = run_test("importance", transformer, limit=8, out=tmp_path / "approx", methods=["gradient", "loo"], loo_tokens=1, plot=False)
+    assert any("APPROXIMATE (--loo-tokens 1)" in note for note in approx.meta["notes"])
+    assert not any("APPROXIMATE" in note for note in exact.meta["notes"])
+    assert approx.summary["tau_attention_vs_gradient_mean"] == pytest.approx(exact.summary["tau_attention_vs_gradient_mean"])
+    assert approx.summary["tau_attention_vs_loo_mean"] != pytest.approx(exact.summary["tau_attention_vs_loo_mean"])

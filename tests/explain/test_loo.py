@@ -79,3 +79,33 @@ def test_loo_does_not_depend_on_the_batch(runs: dict, family: str) -> None:
         alone = loo_importance(run, run.collate([batch.examples[b]]))
         k = alone.shape[1]
         torch.testing.assert_close(together[b, :k], alone[0], atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("family", ["bilstm", "transformer"])
+def test_loo_tokens_removes_only_the_highest_gradient_items(runs: dict, family: str) -> None:
+    """``loo_tokens=K``: each instance's K items of highest gradient importance get their exact LOO value,
+    every other item 0; K of at least the longest instance is the exact mode."""
+    from attnaudit.explain.gradient import gradient_importance
+
+    run, batch = runs[family]
+    exact = loo_importance(run, batch)
+    approx = loo_importance(run, batch, loo_tokens=2)
+    mask = item_mask(run, batch)
+    grads = gradient_importance(run, batch)
+    for b in range(len(batch)):
+        real = mask[b].nonzero().flatten()
+        if len(real) < 2:
+            continue
+        top = real[torch.sort(grads[b, real], descending=True, stable=True).indices[:2]]
+        torch.testing.assert_close(approx[b, top], exact[b, top])
+        others = real[~torch.isin(real, top)]
+        assert (approx[b, others] == 0).all()
+    torch.testing.assert_close(loo_importance(run, batch, loo_tokens=int(mask.sum(1).max())), exact, equal_nan=True)
+
+
+def test_loo_tokens_must_be_positive(runs: dict) -> None:
+    from attnaudit.errors import AttnAuditError
+
+    run, batch = runs["bilstm"]
+    with pytest.raises(AttnAuditError, match=r"^--loo-tokens must be at least 1, got 0$"):
+        loo_importance(run, batch, loo_tokens=0)

@@ -88,6 +88,11 @@ class ImportanceCorrelation(Experiment):
         )
         topk: int = field(default=5, metadata={"help": "k of the top-k τ variant (union of both methods' top k)."})
         ig_steps: int = field(default=50, metadata={"help": "Integration steps for ig."})
+        loo_tokens: int | None = field(
+            default=None,
+            metadata={"help": "Approximate loo (opt-in): remove only each instance's K items of highest gradient importance; "
+                      "the others score 0. Default: every item (exact)."},
+        )
         batch_size: int = field(default=32, metadata={"help": "Instances per batch."})
 
     def applies(self, run: Run) -> str | None:
@@ -136,7 +141,7 @@ class ImportanceCorrelation(Experiment):
                 output = base_pass(run.model, batch)  # one pass gives the attention, every head's and the decision
                 scores = {"attention": explained_attention(run.model, batch, output.trace)}
                 for method in methods:
-                    scores[method] = chosen[method](run.model, batch, steps=options.ig_steps, seed=seed)
+                    scores[method] = chosen[method](run.model, batch, steps=options.ig_steps, seed=seed, loo_tokens=options.loo_tokens)
                 pred = output.logits.argmax(-1).tolist()
                 decisions += [(example.label, run.labels[p]) for example, p in zip(batch.examples, pred)]
                 per_head = attention_per_head(run.model, batch, output.trace)
@@ -303,6 +308,10 @@ class ImportanceCorrelation(Experiment):
         ]
         if "ig" in methods:
             notes.append(f"ig: Integrated Gradients, zero baseline, {options.ig_steps} steps, |Σ_d attribution|")
+        if "loo" in methods and options.loo_tokens is not None:
+            notes.append(f"loo is APPROXIMATE (--loo-tokens {options.loo_tokens}): only each instance's {options.loo_tokens} items of "
+                         "highest gradient importance were removed, the others score 0 (so τ(gradient, loo) is inflated by construction); "
+                         "τ with loo is not Jain & Wallace's")
         if REFERENCE not in pairs:
             notes.append("no gradient-vs-LOO reference row: it needs both gradient and loo in --methods")
         if heads:

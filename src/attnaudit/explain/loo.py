@@ -17,6 +17,8 @@ from torch import Tensor, nn
 
 from attnaudit.algorithms.metrics import output_change
 from attnaudit.data.types import Batch
+from attnaudit.errors import AttnAuditError
+from attnaudit.explain.gradient import gradient_importance
 from attnaudit.explain.registry import (
     check_task,
     explanation,
@@ -383,26 +385,41 @@ def _finish_loo(changes: Tensor, mask: Tensor) -> Tensor:
     "loo", "output change (|Δŷ|; TVD multi-class) when the item is removed from the input (Jain & Wallace 2019)",
     ("prediction",), order=30,
 )
-def loo_importance(model: AttentionModel, batch: Batch) -> Tensor:
+def loo_importance(model: AttentionModel, batch: Batch, loo_tokens: int | None = None) -> Tensor:
     """Leave-one-out: output change (:func:`~attnaudit.algorithms.metrics.output_change`) when item i is removed.
 
     ``(B, K)``; |Δŷ| for binary models, TVD for multi-class. Exact removal (later items
     move up), computed by the cheapest exact route for the family: renormalised scores
     for ``average``, suffix/prefix reruns for ``bilstm``, sentence reassembly for HAN, and
     batched full recomputation otherwise. One-item instances get NaN.
+    ``loo_tokens`` K (approximate, opt-in): only each instance's K items of highest ``gradient``
+    importance are removed; the others score 0, below every removed one (a causal decoder's cost
+    is one rerun of the later tokens per removal, so the exact mode grows with the square of the length).
     """
     check_task(model)
     mask = item_mask(model, batch)
+    removed = mask & ~_single_items(mask)[:, None]
+    if loo_tokens is not None:
+        removed = removed & _highest_gradient(model, batch, mask, loo_tokens)
     with evaluation(model), torch.no_grad():
         cache = model.encode(batch)
         output = model.decode(cache)
         full = output.probs
         changes = full.new_zeros(mask.shape)
-        rows = (mask & ~_single_items(mask)[:, None]).nonzero()
+        rows = removed.nonzero()
         if len(rows):
             dropped = _loo_method(model)(model, batch, mask, rows, cache, output)
             changes[rows[:, 0], rows[:, 1]] = output_change(dropped, full[rows[:, 0]])
     return _finish_loo(changes, mask)
+
+
+def _highest_gradient(model: AttentionModel, batch: Batch, mask: Tensor, count: int) -> Tensor:
+    """``(B, K)`` True at each instance's ``count`` items of highest gradient importance (ties by position)."""
+    if count < 1:
+        raise AttnAuditError(f"--loo-tokens must be at least 1, got {count}")
+    scores = gradient_importance(model, batch).to(torch.float64).masked_fill(~mask, float("-inf"))
+    order = torch.sort(scores, dim=-1, descending=True, stable=True).indices
+    return (torch.argsort(order, dim=-1) < count) & mask
 
 
 @takes_run
