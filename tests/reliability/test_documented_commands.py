@@ -98,9 +98,10 @@ def test_every_producing_command_runs(docs_workspace: Workspace) -> None:
     assert docs_workspace.producer_failures == []
 
 
-SLOW = ("attnaudit sweep examples/sweep.yaml --engine ray",)
-"""Chains that start a Ray cluster (~25 s): run with the slow tests (``make test-all``) to keep ``make test`` under 10
-minutes; the Ray sweep engine itself is tested in ``make test`` (tests/test_sweep.py)."""
+SLOW = ("attnaudit sweep examples/sweep.yaml --engine ray", "attnaudit demo")
+"""Chains run with the slow tests (``make test-all``) to keep ``make test`` under 10 minutes: the one that starts a Ray
+cluster (~25 s; the Ray sweep engine itself is tested in ``make test``, tests/test_sweep.py) and the documented demo
+pair (~70 s; the quick demo is tested in ``make test``, tests/test_demo.py)."""
 
 
 def _marked(chain: list[Documented]) -> object:
