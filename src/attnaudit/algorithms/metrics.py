@@ -95,6 +95,19 @@ def _vectors(a: ArrayLike | Tensor, b: ArrayLike | Tensor) -> tuple[np.ndarray, 
     return x, y
 
 
+def rank_items(scores: Tensor, removable: Tensor) -> Tensor:
+    """Rank ``(B,K)`` of each item by decreasing score (0 = highest), ties by position; items
+    that cannot be removed rank after all removable ones (ERASER's top-k sets, leave-one-out's top-K)."""
+    filled = scores.detach().to(torch.float64).masked_fill(~removable, float("-inf"))
+    order = torch.sort(filled, dim=-1, descending=True, stable=True).indices
+    return torch.argsort(order, dim=-1)
+
+
+def top_items(ranks: Tensor, removable: Tensor, k: Tensor) -> Tensor:
+    """``(B,K)`` True at the ``k`` (per instance) highest-ranked removable items."""
+    return (ranks < k[:, None]) & removable
+
+
 def kendall_tau(a: ArrayLike | Tensor, b: ArrayLike | Tensor) -> tuple[float, float]:
     """Kendall's τ-b and its two-sided p-value (:func:`scipy.stats.kendalltau`).
 

@@ -105,7 +105,7 @@ class Batch:
 
         For computing on a group of similar lengths without the others' padding (2-D tokens; a query and a
         target keep their width)."""
-        real = self.mask[index].reshape(len(index), self.tokens.shape[1], -1).any(-1).any(0).nonzero()
+        real = self.mask[index].any(0).nonzero()
         width = int(real.max()) + 1 if len(real) else 1
 
         def take(t: Tensor | None, per_position: bool = False) -> Tensor | None:

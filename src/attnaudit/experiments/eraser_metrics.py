@@ -37,7 +37,7 @@ import torch
 from scipy import stats
 from torch import Tensor
 
-from attnaudit.algorithms.metrics import kendall_tau
+from attnaudit.algorithms.metrics import kendall_tau, rank_items, top_items
 from attnaudit.data.batching import length_groups
 from attnaudit.data.types import Batch
 from attnaudit.explain.loo import compact_items
@@ -65,19 +65,6 @@ def top_count(n: Tensor, percent: float) -> Tensor:
     exact = torch.round(n.to(torch.float64) * (percent / 100.0) * 1e9) / 1e9
     k = torch.ceil(exact).long()
     return torch.minimum(k.clamp_min(1), (n - 1).clamp_min(0))
-
-
-def rank_items(scores: Tensor, removable: Tensor) -> Tensor:
-    """Rank ``(B,K)`` of each item by decreasing score (0 = highest), ties by position; items
-    that cannot be removed rank after all removable ones."""
-    filled = scores.detach().to(torch.float64).masked_fill(~removable, float("-inf"))
-    order = torch.sort(filled, dim=-1, descending=True, stable=True).indices
-    return torch.argsort(order, dim=-1)
-
-
-def top_items(ranks: Tensor, removable: Tensor, k: Tensor) -> Tensor:
-    """``(B,K)`` True at the ``k`` (per instance) highest-ranked removable items."""
-    return (ranks < k[:, None]) & removable
 
 
 def removable_items(model: AttentionModel, batch: Batch) -> Tensor:
@@ -138,15 +125,7 @@ def perturbed(model: AttentionModel, batch: Batch, rows: Tensor, keep: Tensor, m
 
 def trimmed(batch: Batch) -> Batch:
     """``batch`` without the trailing positions that are padding in every row (2-D tokens only)."""
-    if batch.tokens.dim() != 2:
-        return batch
-    used = batch.mask.any(0).nonzero()
-    width = int(used.max()) + 1 if len(used) else 1
-    if width == batch.tokens.shape[1]:
-        return batch
-    features = None if batch.features is None else batch.features[:, :width]
-    return Batch(tokens=batch.tokens[:, :width], mask=batch.mask[:, :width], features=features,
-                 query=batch.query, query_mask=batch.query_mask)
+    return batch if batch.tokens.dim() != 2 else batch.select(torch.arange(len(batch), device=batch.tokens.device))
 
 
 def passes(lengths: Tensor, per_position: int, budget: int | None = None, slack: float = 0.1) -> list[Tensor]:

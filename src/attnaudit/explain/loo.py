@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 from torch import Tensor, nn
 
-from attnaudit.algorithms.metrics import output_change
+from attnaudit.algorithms.metrics import output_change, rank_items, top_items
 from attnaudit.data.types import Batch
 from attnaudit.errors import AttnAuditError
 from attnaudit.explain.gradient import gradient_importance
@@ -417,9 +417,8 @@ def _highest_gradient(model: AttentionModel, batch: Batch, mask: Tensor, count: 
     """``(B, K)`` True at each instance's ``count`` items of highest gradient importance (ties by position)."""
     if count < 1:
         raise AttnAuditError(f"--loo-tokens must be at least 1, got {count}")
-    scores = gradient_importance(model, batch).to(torch.float64).masked_fill(~mask, float("-inf"))
-    order = torch.sort(scores, dim=-1, descending=True, stable=True).indices
-    return (torch.argsort(order, dim=-1) < count) & mask
+    ranks = rank_items(gradient_importance(model, batch), mask)
+    return top_items(ranks, mask, torch.full((len(mask),), count, device=mask.device))
 
 
 @takes_run
