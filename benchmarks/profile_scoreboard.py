@@ -7,7 +7,8 @@ timed ``--repeats`` times (wall and process CPU seconds; min / median / max), an
 extrapolated to ``--limit`` sentences. Two speed-ups are timed against the code they replaced, in
 interleaved rounds (:func:`benchmarks.common.time_interleaved`) on ``--compare`` sentences:
 Value Zeroing computed in closed form vs rerunning the model from the layer per zeroed token, and
-attention flow solved only for the explanation query's row vs every layer and row.
+attention flow solved only for the explanation query's row vs every layer and row; each side's
+outputs are also compared with the closed form run in float64 (how far float32 rounding moves them).
 
 Needs a fine-tuned run (``attnaudit finetune --task sst2 --limit 4000``); kept out of ``make bench``.
 Writes ``benchmarks/results/profile_scoreboard.json``. Run:
@@ -37,7 +38,7 @@ from attnaudit.explain.attention_flow import flow_importance  # noqa: E402
 from attnaudit.explain.attention_rollout import explained_record, layer_weights  # noqa: E402
 from attnaudit.explain.norms_res_ln import layers_up_to, pair_mask, rolled_contributions  # noqa: E402
 from attnaudit.explain.registry import on_items, query_row  # noqa: E402
-from attnaudit.explain.value_zeroing import value_zeroing  # noqa: E402
+from attnaudit.explain.value_zeroing import cosine_distance, value_zeroing  # noqa: E402
 from attnaudit.models.interface import AttentionModel, Intervention, evaluation  # noqa: E402
 from attnaudit.run import Run, load_run  # noqa: E402
 from benchmarks.common import REPEATS, stats, time_interleaved, write_result  # noqa: E402
@@ -57,7 +58,7 @@ def rerun_zeroing(model: AttentionModel, batch: Batch) -> Tensor:
             copies = cache.select(torch.arange(b).repeat_interleave(t))
             zeroed = Intervention(layer=layer, values=lambda v, keep=keep: v * keep[:, None, :, None])
             changed = model.decode(copies, [zeroed], start_layer=layer).trace[0].outputs.reshape(b, t, t, -1)
-            distance = 1.0 - torch.nn.functional.cosine_similarity(r.outputs[:, None], changed, dim=-1)  # (B, zeroed, Q)
+            distance = cosine_distance(r.outputs[:, None], changed)  # (B, zeroed, Q)
             maps.append(distance.transpose(1, 2).clamp_min(0.0) * pair_mask(r))
     return rolled_contributions(model, batch, maps, record)
 
@@ -73,6 +74,15 @@ def batches(run: Run, sentences: int, batch_size: int, data_dir: str) -> list[Ba
     """The first ``sentences`` test sentences in the scoreboard's batches (grouped by length)."""
     examples = sorted(run.examples("test", sentences, data_dir=data_dir), key=lambda e: len(e.tokens))
     return list(run.batches(examples, batch_size))
+
+
+def in_float64(model: torch.nn.Module, fn: Any) -> Tensor:
+    """``fn()`` with the model in float64 (then float32 again: exact both ways)."""
+    model.double()
+    try:
+        return fn().double()
+    finally:
+        model.float()
 
 
 def timed(fn: Any, repeats: int) -> dict[str, Any]:
@@ -131,8 +141,11 @@ def main() -> dict[str, Any]:
         record, outputs = time_interleaved({"ours": lambda f=fast: f(run.model, small), "peer": lambda f=slow: f(run.model, small)},
                                            args.repeats)
         record["max_abs_diff"] = float((outputs["ours"] - outputs["peer"]).abs().max())
+        reference = in_float64(run.model, lambda f=fast: f(run.model, small))  # what float32 rounding is measured against
+        record["max_abs_diff_from_float64"] = {side: float((out.double() - reference).abs().max()) for side, out in outputs.items()}
         compare[name] = record
-        print(f"{name}: before / now {record['ratio']['median']:.1f}x, max diff {record['max_abs_diff']:.2e}", flush=True)
+        print(f"{name}: before / now {record['ratio']['median']:.1f}x, max diff {record['max_abs_diff']:.2e}, "
+              f"from float64 {record['max_abs_diff_from_float64']}", flush=True)
     result = {
         "run": args.run, "sentences": args.sentences, "batch_size": args.batch_size, "repeats": args.repeats,
         "ig_steps": args.ig_steps, "threads": args.threads, "percents": percents,

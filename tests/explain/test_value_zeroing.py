@@ -9,6 +9,9 @@ from contextlib import contextmanager
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy import spatial
 
 import attnaudit.explain.value_zeroing as value_zeroing_module
 from attnaudit.explain.value_zeroing import value_zeroing
@@ -166,3 +169,28 @@ def test_value_zeroing_on_sandwich_and_parallel_blocks_equals_hf_with_a_zeroed_v
             expected = torch.tensor([[cosine_distance(original[layer][i], zeroed[j][i]) for j in range(n)] for i in range(n)], dtype=torch.float64)
             causal = torch.ones(n, n, dtype=torch.bool).tril()
             torch.testing.assert_close(ours[causal], expected.clamp_min(0)[causal], atol=1e-7, rtol=1e-5)
+
+
+def test_value_zeroing_in_float32_equals_float64(encoder: tuple) -> None:
+    """A random BERT's distances (~1e-6) are below float32's resolution of ``1 − cos`` from a dot product;
+    taken as ``‖â − b̂‖² / 2`` they keep their digits, so the float32 scores equal the float64 ones."""
+    run, batch = encoder
+    with torch.no_grad():
+        single = value_zeroing(run.model, batch)
+        with float64(run.model):
+            double = value_zeroing(run.model, batch)
+    torch.testing.assert_close(single.double(), double, atol=1e-5 * float(double.abs().max()), rtol=1e-4)
+
+
+@given(st.integers(0, 2**31 - 1), st.floats(1e-6, 1.0), st.integers(2, 64))
+@settings(max_examples=50, deadline=None)
+def test_cosine_distance_is_one_minus_cosine(seed: int, scale: float, width: int) -> None:
+    """The same number as ``1 − cos`` (scipy's cosine distance); in float32 within 0.1 % of it for vectors
+    as nearly parallel as 10⁻³ apart, where ``1 − cos`` from the float32 dot product can be off by 10 %."""
+    g = torch.Generator().manual_seed(seed)
+    a = torch.randn(width, generator=g).double()
+    b = (a + scale * torch.randn(width, generator=g, dtype=torch.float64)).float().double()  # both exact in float32
+    reference = spatial.distance.cosine(a.numpy(), b.numpy())
+    assert float(value_zeroing_module.cosine_distance(a, b)) == pytest.approx(reference, rel=1e-9, abs=1e-15)
+    if scale >= 1e-3:
+        assert float(value_zeroing_module.cosine_distance(a.float(), b.float())) == pytest.approx(reference, rel=1e-3)

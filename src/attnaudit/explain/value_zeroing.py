@@ -67,8 +67,17 @@ def zeroing_map(model: AttentionModel, record: AttentionLayer, layer: int) -> Te
     original = layer_output(norms, whole.reshape(-1, whole.shape[-1]), x.reshape(-1, x.shape[-1])).view_as(whole)
     changed = layer_output(norms, whole[b, q] - removed, x[b, q])
     out = torch.zeros(parts.shape[:3], dtype=parts.dtype, device=parts.device)
-    out[b, q, k] = 1.0 - torch.nn.functional.cosine_similarity(original[b, q], changed, dim=-1)
-    return out.clamp_min(0.0)
+    out[b, q, k] = cosine_distance(original[b, q], changed)
+    return out
+
+
+def cosine_distance(a: Tensor, b: Tensor) -> Tensor:
+    """``1 − cos(a, b)`` over the last axis as ``‖â − b̂‖² / 2`` (unit vectors), which is the same number: zeroing one
+    value vector moves a layer's output only slightly, and ``1 − cos`` computed from the dot product then loses the
+    digits that matter (in float32 a fine-tuned MiniLM's scores were off by up to 8 % of the largest one against float64;
+    with the difference of the unit vectors, by 3·10⁻⁷)."""
+    unit_a, unit_b = torch.nn.functional.normalize(a, dim=-1), torch.nn.functional.normalize(b, dim=-1)
+    return 0.5 * (unit_a - unit_b).square().sum(-1)
 
 
 @explanation(
