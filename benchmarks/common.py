@@ -104,6 +104,22 @@ def _load() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else []
 
 
+def matmul_rate(repeats: int = 20, size: int = 2048) -> float:
+    """GFLOP/s of a ``size``-square float32 matrix product on the current threads (the median of ``repeats``):
+    the arithmetic ceiling a profile sets a measured rate beside."""
+    import torch  # here: the table scripts import this module and need no torch
+
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    for _ in range(3):
+        a @ b
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - start)
+    return 2 * size**3 / stats(times)["median"] / 1e9
+
+
 def time_interleaved(
     fns: dict[str, Callable[[], Any]],
     repeats: int,

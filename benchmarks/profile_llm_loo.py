@@ -25,20 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `benchmarks.comm
 
 from attnaudit.explain import EXPLANATIONS, item_mask  # noqa: E402
 from attnaudit.hf import load_hf  # noqa: E402
-from benchmarks.common import stats, write_result  # noqa: E402
-
-
-def matmul_rate(repeats: int = 20, size: int = 2048) -> float:
-    """GFLOP/s of a ``size``-square float32 matrix product on the current threads (the median of ``repeats``)."""
-    a, b = torch.randn(size, size), torch.randn(size, size)
-    for _ in range(3):
-        a @ b
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        a @ b
-        times.append(time.perf_counter() - start)
-    return 2 * size**3 / stats(times)["median"] / 1e9
+from benchmarks.common import matmul_rate, write_result  # noqa: E402
 
 
 def rerun_tokens(mask: torch.Tensor, items: torch.Tensor) -> tuple[int, int]:

@@ -50,7 +50,7 @@ from attnaudit.experiments.eraser_metrics import BINS, perturbation_probs, pertu
 from attnaudit.explain import EXPLANATIONS  # noqa: E402
 from attnaudit.io import read_json  # noqa: E402
 from attnaudit.run import Run, load_run  # noqa: E402
-from benchmarks.common import RUNS, add_limit_order, headline, time_interleaved, write_result  # noqa: E402
+from benchmarks.common import RUNS, add_limit_order, headline, matmul_rate, time_interleaved, write_result  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "ferret_worker.py"
@@ -158,6 +158,29 @@ def our_round(run: Run, examples: list[Example], steps: int, chunk: int) -> None
     for _, batch in run.sorted_batches(examples, chunk):
         scores = {m: EXPLANATIONS[m](run.model, batch, steps=steps, seed=0).detach().double().cpu() for m in METHODS}
         perturbation_probs(run.model, batch, scores, BINS, "delete")
+
+
+def arithmetic_floor(run: Run, examples: list[Example], steps: int, chunk: int) -> dict[str, Any]:
+    """What :func:`our_round` must compute at the least: the tokens its model passes take (padded, as run), their
+    linear-layer arithmetic (2 operations per weight of the attention blocks a token passes, twice more for
+    a pass that is differentiated: the gradient w.r.t. the inputs, no weight gradients) and the seconds that
+    takes at the rate of a large float32 matrix product on the same threads."""
+    per_token = 2 * sum(m.weight.numel() for block in run.model.layers for m in block.modules() if isinstance(m, torch.nn.Linear))
+    tokens = {"forward_only": 0, "forward_backward": 0}
+
+    def count(_module: torch.nn.Module, args: tuple[Any, ...]) -> None:
+        tokens["forward_backward" if torch.is_grad_enabled() else "forward_only"] += args[0].tokens.numel()
+
+    handle = run.model.register_forward_pre_hook(count)
+    try:
+        our_round(run, examples, steps, chunk)
+    finally:
+        handle.remove()
+    gflop = per_token * (tokens["forward_only"] + 2 * tokens["forward_backward"]) / 1e9
+    rate = matmul_rate()
+    return {"tokens": tokens, "linear_gflop": gflop, "matmul_gflop_per_s": rate, "seconds_at_matmul_rate": gflop / rate,
+            "what": "padded tokens of every model pass of one round of ours; 2 FLOP per linear weight of the attention "
+                    "blocks per token, x2 for passes with a backward (input gradients only); at a 2048-square float32 matmul's rate"}
 
 
 # --------------------------------------------------------------------------- ferret's side
@@ -326,6 +349,8 @@ def timing(run: Run, python: Path, rows: list[dict[str, Any]], examples: list[Ex
         "ferret": sum(2 * len(ferret_sets(np.array(f["scores"][1:-1]))) for m in METHODS for f in own[m][:count]),
     }
     record["peer_seconds_inside_worker"] = server.inner
+    record["our_arithmetic_floor"] = floor = arithmetic_floor(run, examples[:count], args.ig_steps, args.chunk)
+    floor["best_ratio_at_the_floor"] = record["seconds"]["peer"]["median"] / floor["seconds_at_matmul_rate"]
     record["work"] = (f"ours: gradient + ig ({args.ig_steps} steps) and comprehensiveness + sufficiency at bins "
                       f"{list(BINS)} % (delete), batches of {args.chunk} by length as `attnaudit run faithfulness` makes them; "
                       "ferret: GradientExplainer + "

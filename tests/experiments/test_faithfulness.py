@@ -14,7 +14,7 @@ import torch
 from attnaudit.errors import AttnAuditError
 from attnaudit.experiments.eraser_metrics import describe
 from attnaudit.experiments.experiment import Result, run_test
-from attnaudit.explain import Explanation, item_mask, list_explanations, register, unregister
+from attnaudit.explain import EXPLANATIONS, Explanation, item_mask, list_explanations, register, unregister
 from tests.reliability.helpers import assert_clean_failure, cli
 
 FAST = {"ig_steps": 2, "resamples": 50, "curve_steps": 4}
@@ -55,6 +55,8 @@ def test_scoreboard_on_tiny_runs_takes_every_method_from_the_registry(name: str,
     result = run_test("faithfulness", run, out=tmp_path, limit=12, **FAST)
     methods = [m.name for m in list_explanations(run)]
     assert result.meta["methods"] == methods
+    skipped = {n.split(": ")[1] for n in result.meta["notes"] if n.startswith("not scored: ")}
+    assert skipped == {m for m in EXPLANATIONS if m not in methods}  # every registered method, scored or said why not
     check_result(result, tmp_path, methods, ["delete", "mask"])
     assert result.meta["filler"] == "<unk>"
     # the synthetic task carries rationales: plausibility per method, within [0, 1]

@@ -159,6 +159,10 @@ def test_an_encoder_decoder_is_tested_at_its_cross_attention(tmp_path: Path) -> 
                       prompts=str(file), permutations=2, normalisers="softmax", adversary_steps=5)
     assert len(result.instances) == 2 and all(r["softmax_tvd"] == pytest.approx(0.0, abs=1e-6) for r in result.instances)
     assert all(0 < r["erase_until_change_top"] <= 1 or r["erase_until_change_top"] != r["erase_until_change_top"] for r in result.instances)
+    # BART's embedding LayerNorm makes Σ_d ∂z/∂e vanish: the default input_gradient is left out, and said
+    assert any(n.startswith("input_gradient not scored: it does not apply to this model: its input embeddings reach the decision only "
+                            "through LayerNorms") for n in result.meta["notes"])
+    assert "comprehensiveness_attention" in result.summary and not any("input_gradient" in key for key in result.summary)
 
 
 def test_bad_prompt_files_and_options_get_one_line(llama: Path, tmp_path: Path) -> None:

@@ -358,6 +358,8 @@ class Faithfulness(Experiment):
                          "token F1 of the top-k words, k = the mean rationale size (ERASER's convention for soft scores)")
         if c.unaligned:
             notes.append(f"{c.unaligned} instance(s) whose rationale could not be mapped onto the model's items have no plausibility")
+        if not options.methods:  # every method that applies was scored: say which did not, and why
+            notes += [f"not scored: {m.name}: {reason}" for m in EXPLANATIONS.values() if (reason := m.applies(run))]
         return Result(
             test=self.name, summary=summary, instances=c.rows,
             tables={"scoreboard": board, "bins": bin_rows, "curves": curve_rows, "agreement": agreement_rows},

@@ -165,6 +165,8 @@ def erasure_keys(steps: Steps, generator: torch.Generator) -> tuple[list[Tensor]
     return tops, randoms
 
 
+DEFAULT_METHODS = "attention,input_gradient"
+"""The methods ERASER scores by default; one that does not apply to the model is left out with a note."""
 STEP_SEEDS = 100_000
 """A step's adversarial search starts from the generator seeded by (seed, prompt index × this + step)."""
 
@@ -296,7 +298,7 @@ class GenerationTests(Experiment):
         epsilon: float = field(default=0.05, metadata={
             "help": "Adversaries count when the next-token distribution moves at most this far (TVD)."
         })
-        methods: str = field(default="attention,input_gradient", metadata={"help": "Explanation methods scored by ERASER (comma-separated)."})
+        methods: str = field(default=DEFAULT_METHODS, metadata={"help": "Explanation methods scored by ERASER (comma-separated)."})
         top_percent: float = field(default=20.0, metadata={"help": "ERASER: the share of a step's items removed or kept (percent)."})
         resamples: int = field(default=1000, metadata={"help": "Bootstrap resamples of the 95% CIs."})
 
@@ -323,11 +325,14 @@ class GenerationTests(Experiment):
         decision = forced_decision if model.kind == "encoder-decoder" else next_token_decision
         names = [m.strip() for m in options.methods.split(",") if m.strip()]
         with decision(model):
+            dropped = {n: r for n in names if (r := choose([n])[n].applies(model))} if options.methods == DEFAULT_METHODS else {}
+            names = [n for n in names if n not in dropped]
             methods = choose(names, option="--methods", model=model) if names else {}
             for index, example in track(list(enumerate(examples)), "generation", total=len(examples)):
                 rows += self.prompt_rows(run, index, example, options, methods, generator, seed)
-        return Result(test=self.name, summary=summarise(rows, options, seed), instances=rows,
-                      meta={"notes": [f"{len(examples)} prompts, {len(rows)} generated tokens; each token is one instance"]})
+        notes = [f"{len(examples)} prompts, {len(rows)} generated tokens; each token is one instance",
+                 *(f"{name} not scored: it does not apply to this model: {reason}" for name, reason in dropped.items())]
+        return Result(test=self.name, summary=summarise(rows, options, seed), instances=rows, meta={"notes": notes})
 
     def prompt_rows(
         self, run: Run, index: int, example: Example, options: Any, methods: dict[str, Any], generator: torch.Generator, seed: int

@@ -49,7 +49,7 @@ from attnaudit.experiments.experiment import (
     where,
 )
 from attnaudit.explain import EXPLANATIONS, Explanation, item_mask
-from attnaudit.models.interface import take_rows
+from attnaudit.models.interface import AttentionModel, take_rows
 from attnaudit.plotting import save_figure
 from attnaudit.progress import track
 from attnaudit.run import Run
@@ -72,9 +72,10 @@ NO_PREDICTION = (
 # are our 0-based layers 0..5; L2 and L4 were not reported.
 PUBLISHED = {
     "paper": "Abnar & Zuidema 2020, Quantifying Attention Flow in Transformers (ACL), Table 3",
-    "setting": "DistilBERT fine-tuned on SST-2, 100 test sentences; importance = input gradients "
-    "(|Σ_d ∂ logit / ∂ e| of one class, attention not detached: our `input_gradient`); token score = "
-    "max over query rows in their released script (our --query max); all wordpieces incl. [CLS]/[SEP]",
+    "setting": "DistilBERT fine-tuned on SST-2, 100 test sentences; importance = input gradients of one class, "
+    "attention not detached (not |Σ_d ∂ logit / ∂ e| over the input embeddings, our `input_gradient`'s default: "
+    "DistilBERT's embedding LayerNorm makes that sum 0); token score = max over query rows in their released script "
+    "(our --query max); all wordpieces incl. [CLS]/[SEP]",
     "input_gradient": {
         "L1": {"raw": [0.12, 0.21], "rollout": [0.11, 0.19], "flow": [0.11, 0.19]},
         "L3": {"raw": [0.09, 0.21], "rollout": [0.12, 0.21], "flow": [0.11, 0.21]},
@@ -141,6 +142,10 @@ def _finite(value: Any) -> TypeGuard[float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+DEFAULT_IMPORTANCE = ("gradient", "loo", "input_gradient")
+"""The reference importances compared by default; one that does not apply to a model is left out with a note."""
+
+
 @register
 class Rollout(Experiment):
     """The test of this module (its docstring gives the method, options and outputs)."""
@@ -167,7 +172,7 @@ class Rollout(Experiment):
     @dataclass
     class Options:
         importance: list[str] = field(
-            default_factory=lambda: ["gradient", "loo", "input_gradient"],
+            default_factory=lambda: list(DEFAULT_IMPORTANCE),
             metadata={
                 "help": "Reference importance: explanations of the prediction (`attnaudit explanations`), e.g. gradient, "
                 "loo, input_gradient (A&Z), ig (models with a trained head)."
@@ -209,7 +214,9 @@ class Rollout(Experiment):
         """The registered explanations of a prediction (those needing one): the references."""
         return [m.name for m in EXPLANATIONS.values() if "prediction" in m.needs]
 
-    def _check(self, options: Any) -> dict[str, Explanation]:
+    def _check(self, options: Any, model: AttentionModel) -> tuple[dict[str, Explanation], dict[str, str]]:
+        """The reference importances compared (none without a trained head) and the default ones that do not apply
+        to ``model`` (name -> why; one the user named that does not apply is a one-line error)."""
         known = self.explanation_choices()
         unknown = [name for name in options.importance if name not in known]
         if unknown or not options.importance:
@@ -218,7 +225,13 @@ class Rollout(Experiment):
             raise AttnAuditError(f"--query must be cls, mean or max, got {options.query!r}")
         if options.flow_limit is not None and options.flow_limit < 0:
             raise AttnAuditError(f"--flow-limit must be >= 0, got {options.flow_limit}")
-        return {name: EXPLANATIONS[name] for name in options.importance}
+        if not model.trained_head:
+            return {}, {}
+        dropped = {name: reason for name in options.importance if (reason := EXPLANATIONS[name].applies(model))}
+        if dropped and list(options.importance) != list(DEFAULT_IMPORTANCE):
+            name, reason = next(iter(dropped.items()))
+            raise AttnAuditError(f"--importance: {name} does not apply to this model: {reason}")
+        return {name: EXPLANATIONS[name] for name in options.importance if name not in dropped}, dropped
 
     def _scores(
         self, trace: Any, options: Any, cls_index: int | Tensor | None, flow_rows: list[int]
@@ -246,8 +259,7 @@ class Rollout(Experiment):
     shardable = True
 
     def part(self, run: Run, examples: list[Example], options: Any, seed: int = 0, indices: Sequence[int] | None = None) -> Result:
-        checked = self._check(options)
-        references = checked if run.model.trained_head else {}
+        references, _ = self._check(options, run.model)
         model = run.model
         special = set(model.special_tokens.values())
         instances: list[dict[str, Any]] = []
@@ -299,12 +311,12 @@ class Rollout(Experiment):
     def merge(self, run: Run, parts: list[Result], options: Any, seed: int = 0) -> Result:
         model = run.model
         instances = joined(parts)
-        references = self._check(options) if model.trained_head else {}
+        references, dropped = self._check(options, model)
         flow_limit = len(instances) if options.flow_limit is None else min(options.flow_limit, len(instances))
         statistics = [s for s in MAP_STATISTICS if s != "special_share" or model.special_tokens]
         return self._result(
             instances, joined(parts, "maps"), model.num_attention_layers, list(references), statistics, flow_limit,
-            counted(parts, "excluded"), options,
+            counted(parts, "excluded"), options, dropped,
             "the last real token's row (a decoder's explaining query; causal: it reads itself and earlier tokens only)"
             if model.causal else "the [CLS] row" if model.explanation_query is not None else "",
         )
@@ -319,6 +331,7 @@ class Rollout(Experiment):
         flow_limit: int,
         excluded: int,
         options: Any,
+        dropped: dict[str, str],
         explained_by: str,
     ) -> Result:
         last = n_layers - 1
@@ -346,9 +359,10 @@ class Rollout(Experiment):
             f"flow computed for the first {flow_limit} instances (--flow-limit); raw and rollout for all {len(instances)}",
             "gradient = J&W |Σ_d ∂ŷ/∂e·e| with attention detached; loo = output change when a token is removed "
             "(A&Z's blank-out replaced a token with UNK instead); input_gradient = |Σ_d ∂z_ŷ/∂e| with attention live "
-            "(A&Z's code used one class's logit the same way) — compare input_gradient with meta.published"
+            "(meta.published holds A&Z's figures against their input gradients)"
             if references
             else NO_PREDICTION,
+            *(f"{name} not compared: it does not apply to this model: {reason}" for name, reason in dropped.items()),
         ]
         tables = {"layers": correlations} if references else {}
         tables.update({"map_layers": summaries, "maps": maps})

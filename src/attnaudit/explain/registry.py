@@ -34,6 +34,8 @@ from attnaudit.run import Run
 ExplainFn = Callable[..., Tensor]
 """``fn(model, batch, **options) -> (B, K)`` over the explained items, 0 at padding."""
 Check = Callable[[AttentionModel], "str | None"]
+SettingsCheck = Callable[[AttentionModel, "dict[str, Any]"], "str | None"]
+"""``(model, settings) -> None | reason``: where a method's definition depends on its options (its settings, :meth:`Explanation.settings`)."""
 
 NEEDS: dict[str, tuple[str, Check]] = {
     "prediction": (
@@ -78,9 +80,11 @@ class Explanation:
     per_example: bool = True
     target_side: bool = False
     """It scores an encoder-decoder's earlier target tokens too, within :func:`attnaudit.models.zeroshot.target_side`."""
+    settings_check: SettingsCheck | None = None
 
-    def applies(self, target: AttentionModel | Run) -> str | None:
-        """Why this method cannot explain a model (or a run's model); None when it can."""
+    def applies(self, target: AttentionModel | Run, offered: dict[str, Any] | None = None) -> str | None:
+        """Why this method cannot explain a model (or a run's model) with the ``offered`` options (the defaults
+        for the rest); None when it can."""
         model = model_of(target)
         task = model.config.task_type
         if task not in ("classification", "pair"):
@@ -89,7 +93,10 @@ class Explanation:
             reason = NEEDS[need][1](model)
             if reason:
                 return reason
-        return self.check(model) if self.check else None
+        reason = self.check(model) if self.check else None
+        if reason is None and self.settings_check is not None:
+            reason = self.settings_check(model, self.settings(offered or {}))
+        return reason
 
     @property
     def options(self) -> tuple[str, ...]:
@@ -106,7 +113,7 @@ class Explanation:
         """The scores ``(B, K)`` for a model (or a run's model), passing on the ``offered`` options the
         method takes (a test offers its ``steps`` and ``seed`` to every method); a one-line error when
         the method does not apply to the model."""
-        reason = self.applies(target)
+        reason = self.applies(target, offered)
         if reason:
             raise AttnAuditError(f"explanation {self.name!r} does not apply to this model: {reason}")
         taken = {k: v for k, v in offered.items() if k in self.options}
@@ -205,7 +212,7 @@ EXPLANATIONS: dict[str, Explanation] = {}
 
 def explanation(
     name: str, about: str, needs: Iterable[str] = (), check: Check | None = None, default: bool = True, order: int = 100,
-    per_example: bool = True, target_side: bool = False,
+    per_example: bool = True, target_side: bool = False, settings_check: SettingsCheck | None = None,
 ) -> Callable[[ExplainFn], ExplainFn]:
     """Decorator registering ``fn(model, batch, **options) -> (B, K)`` as explanation ``name``;
     the function itself is returned unchanged."""
@@ -216,7 +223,7 @@ def explanation(
 
     def add(fn: ExplainFn) -> ExplainFn:
         method = takes_run(fn)
-        register(Explanation(name, method, about, wanted, check, default, order, per_example, target_side))
+        register(Explanation(name, method, about, wanted, check, default, order, per_example, target_side, settings_check))
         return method
 
     return add
@@ -275,9 +282,10 @@ def choose(
     allowed: Iterable[str] | None = None,
     option: str = "--methods",
     model: AttentionModel | Run | None = None,
+    offered: dict[str, Any] | None = None,
 ) -> dict[str, Explanation]:
     """The methods ``names`` (order kept, repeats dropped), each registered, in ``allowed`` (default:
-    all) and, given a ``model``, applying to it; a one-line error naming ``option`` otherwise."""
+    all) and, given a ``model``, applying to it with the ``offered`` options; a one-line error naming ``option`` otherwise."""
     choices = list(EXPLANATIONS if allowed is None else allowed)
     wanted = list(dict.fromkeys(spelled(n, choices) or n for n in names))
     strays = [n for n in wanted if n not in choices]
@@ -288,7 +296,7 @@ def choose(
     chosen = {n: EXPLANATIONS[n] for n in wanted}
     if model is not None:
         for method in chosen.values():
-            reason = method.applies(model)
+            reason = method.applies(model, offered)
             if reason:
                 raise AttnAuditError(f"{option}: {method.name} does not apply to this model: {reason}")
     return chosen
@@ -297,14 +305,17 @@ def choose(
 # --------------------------------------------------------------------------- helpers the methods share
 
 
-def methods_for(run: Run, names: Sequence[str] | None) -> tuple[dict[str, Explanation], dict[str, str]]:
-    """The methods to compute for ``run`` (``names``, or the default ones that apply) and the default ones skipped (name -> why not)."""
+def methods_for(
+    run: Run, names: Sequence[str] | None, offered: dict[str, Any] | None = None
+) -> tuple[dict[str, Explanation], dict[str, str]]:
+    """The methods to compute for ``run`` with the ``offered`` options (``names``, or the default ones that apply)
+    and the default ones skipped (name -> why not)."""
     if names is not None:
-        return choose(names, option="--method", model=run.model), {}
+        return choose(names, option="--method", model=run.model, offered=offered), {}
     chosen, skipped = {}, {}
     for method in EXPLANATIONS.values():
         if method.default:
-            reason = method.applies(run.model)
+            reason = method.applies(run.model, offered)
             if reason:
                 skipped[method.name] = reason
             else:

@@ -159,7 +159,7 @@ def explain_text(
     with _decision(run, sequence) as kind:
         if sequence:
             explained = explain_generated(
-                run, text, methods_for(run, methods), generate=generate, target=target, contrast=contrast, sample=sample, seed=seed,
+                run, text, methods_for(run, methods, offered), generate=generate, target=target, contrast=contrast, sample=sample, seed=seed,
                 offered=offered,
             )
         else:
@@ -298,7 +298,7 @@ def _batch(run: Run, text: str, max_length: int | None, kind: str) -> Batch:
 def _explain(run: Run, text: str, kind: str, names: Sequence[str] | None, max_length: int | None, offered: dict[str, Any]) -> Explained:
     """Everything for one text, computed before anything is written."""
     model = run.model
-    methods, skipped = methods_for(run, names)
+    methods, skipped = methods_for(run, names, offered)
     batch = _batch(run, text, max_length, kind)
     mask = item_mask(model, batch)[0]
     _refuse_unknown_words(run, batch, mask)

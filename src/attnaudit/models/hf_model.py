@@ -109,6 +109,7 @@ class HFModel(HFCapabilities, HFRestarts, EncoderDecoderLayout, AttentionModel):
         self.hf, self.tokenizer, self.hf_type = hf, tokenizer, str(cfg.model_type)
         self.has_head, self.trained_head = has_head, trained_head
         self.verbalizer_ids: Tensor | None = None
+        self._shift_invariant: bool | None = None
         self.uses_token_types = "token_type_ids" in getattr(tokenizer, "model_input_names", ()) and int(getattr(cfg, "type_vocab_size", 0) or 0) > 1
         self.structure = self._discover()
         self._configure()
@@ -139,6 +140,20 @@ class HFModel(HFCapabilities, HFRestarts, EncoderDecoderLayout, AttentionModel):
         if structure.route == "softmax" and getattr(self.hf.config, "_attn_implementation", "") == ATTN_IMPLEMENTATION:
             self.hf.set_attn_implementation("eager")
         return structure
+
+    def embeddings_shift_invariant(self) -> bool:
+        """Found by running the model (once, then remembered): its dry batch with every input embedding shifted by
+        the embeddings' mean magnitude in every dimension gives the same logits (a LayerNorm reads them first, as in
+        BERT's family) or not (a residual stream, a scaled embedding, ...)."""
+        if self._shift_invariant is None:
+            batch = self._dry_batch().to(self.input_device)
+            with evaluation(self), torch.no_grad():
+                embeddings = self.embed(batch)
+                before = self(batch, embeddings=embeddings).logits.float()
+                after = self(batch, embeddings=embeddings + embeddings.abs().mean()).logits.float()
+            tolerance = 1e-4 if embeddings.dtype in (torch.float32, torch.float64) else 5e-2  # half precision rounds the norm's input coarsely
+            self._shift_invariant = bool((after - before).abs().max() <= tolerance * (1.0 + before.abs().max()))
+        return self._shift_invariant
 
     def _dry_batch(self) -> Batch:
         """Two short rows of ordinary (non-special) tokens, the second padded; targets of another length."""

@@ -374,6 +374,12 @@ class AttentionModel(nn.Module):
         index per example ``(B,)`` (decoders: the last real token). Read it with :func:`take_rows`."""
         return self.explanation_query
 
+    def embeddings_shift_invariant(self) -> bool:
+        """Whether the decision ignores a constant added to every dimension of every input embedding, as when every
+        path from the embeddings passes a LayerNorm (it subtracts their mean): a gradient w.r.t. them then sums to 0
+        over the dimensions. Families without such norms keep this default."""
+        return False
+
     def lacks(self, need: str) -> str | None:
         """Why this model lacks a structural ``need`` (``value_output``, ``residual_norms``, ``lrp``), or None.
         Families that find their structure (Hugging Face models) say precisely what was not found."""

@@ -251,6 +251,10 @@ class TransformerEncoderModel(AttentionModel):
             raise AttnAuditError("a pair-task Transformer needs batches with query and query_mask")
         return batch.query, batch.query_mask.bool()
 
+    def embeddings_shift_invariant(self) -> bool:
+        """The content embedding's LayerNorm reads the token embeddings directly unless a projection maps them first."""
+        return isinstance(self.embed_proj, nn.Identity)
+
     def embed(self, batch: Batch) -> Tensor:
         """Token embeddings ``(B,T,E)``; for pair tasks text then query, ``(B,T+Q,E)``."""
         self._check_ids(batch.tokens, self.config.vocab_size, "token")
