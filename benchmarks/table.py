@@ -364,10 +364,10 @@ def render_models(folder: Path = RESULTS) -> str:
         groups.setdefault(key, []).append(row["model_type"])
     for (route, layout, missing), names in groups.items():
         lines.append(f"| {route} | {layout} | {missing} | {', '.join(names)} |")
-    if any(row["methods"].get("input_gradient") for row in rows):
-        lines += ["", "Methods are listed with their default options. `input_gradient` is listed where every path from the input "
-                  "embeddings passes a LayerNorm, so its default `|Σ_d ∂z/∂e|` is 0 up to rounding; with `--reduction l2` it applies "
-                  "([reductions](docs/sections/explain.md))."]
+    if any(row["methods"].get("input_gradient") for row in rows):  # appended to the opening paragraph: the README is short
+        lines[2] += (" Methods are listed with their default options: `input_gradient` is listed where every path from the input "
+                     "embeddings passes a LayerNorm, so its default `|Σ_d ∂z/∂e|` is 0 up to rounding; with `--reduction l2` it applies "
+                     "([reductions](docs/sections/explain.md)).")
     return "\n".join([*lines, "", MODELS_END])
 
 
