@@ -179,6 +179,16 @@ def ratio_span(stat: dict[str, Any]) -> str:
     return span(stat, ".2f" if stat["max"] < 1 else ".1f" if stat["max"] < 10 else ".0f", "×")
 
 
+def relative_paths(value: Any) -> Any:
+    """``value`` (JSON: dicts, lists, strings, numbers) with every string that is an absolute path inside this
+    checkout made relative to it, as :func:`_relative` does for command-line words."""
+    if isinstance(value, dict):
+        return {key: relative_paths(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [relative_paths(item) for item in value]
+    return _relative(value) if isinstance(value, str) else value
+
+
 def write_result(name: str, payload: dict[str, Any]) -> Path:
-    """Write ``benchmarks/results/<name>.json`` atomically with provenance."""
-    return atomic_write_json(RESULTS / f"{name}.json", {"name": name, **payload, **provenance()})
+    """Write ``benchmarks/results/<name>.json`` atomically with provenance; paths inside the checkout relative to it."""
+    return atomic_write_json(RESULTS / f"{name}.json", relative_paths({"name": name, **payload, **provenance()}))

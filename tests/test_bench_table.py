@@ -161,3 +161,16 @@ def test_llm_scale_table_of_a_hand_made_result(tmp_path: Path) -> None:
     assert "Streaming rollout at T = 2048: peak 600 MiB against 4,096 MiB for HF's eager forward (7× less)." in lines
     assert "capture at T=2048 (too big); rollout at T=2048 (too big)" in text
     assert "![time and peak memory against T](../../benchmarks/results/llm_scale_cpu.png)" in lines
+
+
+def test_results_keep_no_path_of_this_machine() -> None:
+    """write_result makes every path inside the checkout relative (nested values included); paths elsewhere stay;
+    and no stored result holds this checkout's absolute path."""
+    inside = str(common.ROOT / "benchmarks" / "runs" / "x" / "a.png")
+    value = {"run": inside, "figures": [inside, "/elsewhere/b.png"], "n": 3, "nested": {"path": inside}}
+    assert common.relative_paths(value) == {
+        "run": "benchmarks/runs/x/a.png", "figures": ["benchmarks/runs/x/a.png", "/elsewhere/b.png"], "n": 3,
+        "nested": {"path": "benchmarks/runs/x/a.png"},
+    }
+    for path in common.RESULTS.glob("*.json"):
+        assert str(common.ROOT) not in path.read_text(encoding="utf-8"), path.name
