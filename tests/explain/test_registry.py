@@ -14,6 +14,7 @@ from attnaudit.errors import AttnAuditError
 from attnaudit.explain import (
     EXPLANATIONS,
     Explanation,
+    applying,
     choose,
     default_names,
     explanation,
@@ -209,3 +210,14 @@ def test_memoised_scores_are_never_handed_to_new_examples_at_a_recycled_address(
             assert len(calls) == 20 and len(memo) == 20 * len(batch)
     finally:
         unregister("counted")
+
+
+def test_applying_leaves_out_a_default_that_does_not_apply_and_refuses_a_named_one(runs: dict) -> None:
+    """Our Transformer's embeddings enter a LayerNorm first: input_gradient's default |Σ_d| does not apply to it."""
+    model = runs["transformer"][0].model
+    defaults = ("gradient", "input_gradient")
+    chosen, dropped = applying(list(defaults), model, "--methods", defaults)
+    assert list(chosen) == ["gradient"] and list(dropped) == ["input_gradient"] and "LayerNorm" in dropped["input_gradient"]
+    with pytest.raises(AttnAuditError, match=r"^--methods: input_gradient does not apply to this model: .*LayerNorm"):
+        applying(["input_gradient"], model, "--methods", defaults)
+    assert applying(["gradient"], model, "--methods", defaults) == ({"gradient": EXPLANATIONS["gradient"]}, {})

@@ -51,7 +51,7 @@ from attnaudit.experiments.attention_search import Search, max_valid_jsd, search
 from attnaudit.experiments.common import Explained, prepare, take_rows
 from attnaudit.experiments.eraser_metrics import describe, removable_items, top_count
 from attnaudit.experiments.experiment import AuditSettings, Experiment, Result, register
-from attnaudit.explain import choose
+from attnaudit.explain import applying
 from attnaudit.explain.generation import encode_exactly, forced_row, generate_tokens, id_rows, step_batches, target_ids
 from attnaudit.models.interface import Intervention, evaluation
 from attnaudit.models.normalisers import check_normaliser
@@ -325,9 +325,7 @@ class GenerationTests(Experiment):
         decision = forced_decision if model.kind == "encoder-decoder" else next_token_decision
         names = [m.strip() for m in options.methods.split(",") if m.strip()]
         with decision(model):
-            dropped = {n: r for n in names if (r := choose([n])[n].applies(model))} if options.methods == DEFAULT_METHODS else {}
-            names = [n for n in names if n not in dropped]
-            methods = choose(names, option="--methods", model=model) if names else {}
+            methods, dropped = applying(names, model, "--methods", DEFAULT_METHODS.split(",")) if names else ({}, {})
             for index, example in track(list(enumerate(examples)), "generation", total=len(examples)):
                 rows += self.prompt_rows(run, index, example, options, methods, generator, seed)
         notes = [f"{len(examples)} prompts, {len(rows)} generated tokens; each token is one instance",

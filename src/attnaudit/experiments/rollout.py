@@ -48,7 +48,7 @@ from attnaudit.experiments.experiment import (
     summarise,
     where,
 )
-from attnaudit.explain import EXPLANATIONS, Explanation, item_mask
+from attnaudit.explain import EXPLANATIONS, Explanation, applying, item_mask
 from attnaudit.models.interface import AttentionModel, take_rows
 from attnaudit.plotting import save_figure
 from attnaudit.progress import track
@@ -225,13 +225,7 @@ class Rollout(Experiment):
             raise AttnAuditError(f"--query must be cls, mean or max, got {options.query!r}")
         if options.flow_limit is not None and options.flow_limit < 0:
             raise AttnAuditError(f"--flow-limit must be >= 0, got {options.flow_limit}")
-        if not model.trained_head:
-            return {}, {}
-        dropped = {name: reason for name in options.importance if (reason := EXPLANATIONS[name].applies(model))}
-        if dropped and list(options.importance) != list(DEFAULT_IMPORTANCE):
-            name, reason = next(iter(dropped.items()))
-            raise AttnAuditError(f"--importance: {name} does not apply to this model: {reason}")
-        return {name: EXPLANATIONS[name] for name in options.importance if name not in dropped}, dropped
+        return applying(options.importance, model, "--importance", DEFAULT_IMPORTANCE) if model.trained_head else ({}, {})
 
     def _scores(
         self, trace: Any, options: Any, cls_index: int | Tensor | None, flow_rows: list[int]

@@ -302,6 +302,19 @@ def choose(
     return chosen
 
 
+def applying(
+    names: Sequence[str], model: AttentionModel | Run, option: str, defaults: Sequence[str]
+) -> tuple[dict[str, Explanation], dict[str, str]]:
+    """The methods ``names`` for ``model``: when they are a test's ``defaults``, those that do not apply are left out
+    and returned apart (name -> why, for the result's notes); a method the user named that does not apply is a
+    one-line error (:func:`choose`)."""
+    if list(names) != list(defaults):
+        return choose(names, option=option, model=model), {}
+    chosen = choose(names, option=option)
+    dropped = {name: reason for name, method in chosen.items() if (reason := method.applies(model))}
+    return {name: method for name, method in chosen.items() if name not in dropped}, dropped
+
+
 # --------------------------------------------------------------------------- helpers the methods share
 
 
