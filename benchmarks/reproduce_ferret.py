@@ -161,26 +161,30 @@ def our_round(run: Run, examples: list[Example], steps: int, chunk: int) -> None
 
 
 def arithmetic_floor(run: Run, examples: list[Example], steps: int, chunk: int) -> dict[str, Any]:
-    """What :func:`our_round` must compute at the least: the tokens its model passes take (padded, as run), their
-    linear-layer arithmetic (2 operations per weight of the attention blocks a token passes, twice more for
-    a pass that is differentiated: the gradient w.r.t. the inputs, no weight gradients) and the seconds that
+    """What :func:`our_round` must compute at the least: the linear-layer arithmetic of its model passes as run
+    (2 operations per weight of the attention blocks per row a linear layer is given, padding included, twice more
+    for a pass that is differentiated: the gradient w.r.t. the inputs, no weight gradients) and the seconds that
     takes at the rate of a large float32 matrix product on the same threads."""
-    per_token = 2 * sum(m.weight.numel() for block in run.model.layers for m in block.modules() if isinstance(m, torch.nn.Linear))
-    tokens = {"forward_only": 0, "forward_backward": 0}
+    flop = {"forward_only": 0, "forward_backward": 0}
 
-    def count(_module: torch.nn.Module, args: tuple[Any, ...]) -> None:
-        tokens["forward_backward" if torch.is_grad_enabled() else "forward_only"] += args[0].tokens.numel()
+    def count(module: torch.nn.Module, args: tuple[Any, ...]) -> None:
+        rows = args[0].numel() // module.in_features  # type: ignore[operator]
+        flop["forward_backward" if torch.is_grad_enabled() else "forward_only"] += 2 * rows * module.weight.numel()  # type: ignore[operator]
 
-    handle = run.model.register_forward_pre_hook(count)
+    linears = [m for block in run.model.layers for m in block.modules() if isinstance(m, torch.nn.Linear)]
+    handles = [m.register_forward_pre_hook(count) for m in linears]
     try:
         our_round(run, examples, steps, chunk)
     finally:
-        handle.remove()
-    gflop = per_token * (tokens["forward_only"] + 2 * tokens["forward_backward"]) / 1e9
+        for handle in handles:
+            handle.remove()
+    gflop = (flop["forward_only"] + 2 * flop["forward_backward"]) / 1e9
     rate = matmul_rate()
-    return {"tokens": tokens, "linear_gflop": gflop, "matmul_gflop_per_s": rate, "seconds_at_matmul_rate": gflop / rate,
-            "what": "padded tokens of every model pass of one round of ours; 2 FLOP per linear weight of the attention "
-                    "blocks per token, x2 for passes with a backward (input gradients only); at a 2048-square float32 matmul's rate"}
+    return {"forward_gflop": {k: v / 1e9 for k, v in flop.items()}, "linear_gflop": gflop, "matmul_gflop_per_s": rate,
+            "seconds_at_matmul_rate": gflop / rate,
+            "what": "linear-layer arithmetic of the attention blocks in every model pass of one round of ours, as run (2 FLOP "
+                    "per weight per row given, padding included), x2 for passes with a backward (input gradients only); "
+                    "at a 2048-square float32 matmul's rate"}
 
 
 # --------------------------------------------------------------------------- ferret's side

@@ -338,6 +338,16 @@ def rows_sentence(rows: list[dict[str, Any]]) -> str:
             f"against the full one (≤ {worst:.1g}; the others keep eager for every row), ")
 
 
+def cut_sentence(rows: list[dict[str, Any]]) -> str:
+    """How many families run a logits-only pass's last block tail at the read rows alone, and how close to the full pass."""
+    cut = [r for r in rows if r.get("read_cut")]
+    if not cut:
+        return ""
+    worst = max(r["logits_only"] for r in cut)
+    return (f"the logits-only pass (the last block after its attention at the read row alone) on {len(cut)} families "
+            f"against the full one, logits and input gradients (≤ {worst:.1g} relative; the others run the whole block), ")
+
+
 def render_models(folder: Path = RESULTS) -> str:
     """The README's models block from ``architectures.json`` (:mod:`benchmarks.architecture_matrix`): how many
     families of each kind pass every check, and which explanation methods apply, grouped by route and layout."""
@@ -347,7 +357,7 @@ def render_models(folder: Path = RESULTS) -> str:
         MODELS_START, "",
         f"Generated from `benchmarks/results/architectures.json` (`{data['reproduce']}`): a tiny random model of each "
         f"family, checked against transformers' own eager forward ({', '.join(data['checks'])}; ≤ {data['tolerance']:g}), "
-        + rows_sentence(rows) + "then explained and audited from a saved folder.", "",
+        + rows_sentence(rows) + cut_sentence(rows) + "then explained and audited from a saved folder.", "",
         "| kind | pass | architectures |", "|---|---|---|",
     ]
     for kind, counts in data["summary"].items():

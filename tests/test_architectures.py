@@ -52,6 +52,7 @@ def test_adapter_equals_eager(model_type: str) -> None:
     assert result["causal"] == (ARCHITECTURES[model_type] == "decoder")
     if ARCHITECTURES[model_type] != "encoder-decoder":  # computing only the explanation rows changes nothing
         assert result["rows"] <= TOLERANCE, result["rows"]
+        assert result["logits_only"] <= TOLERANCE, result["logits_only"]  # the read-rows cut changes no logit, no gradient
 
 
 @pytest.fixture(scope="module")

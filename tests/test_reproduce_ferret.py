@@ -110,10 +110,11 @@ def test_comparisons_of_a_hand_made_worker_answer() -> None:
     assert e2e["kendall_tau_vs_abs_ferret"]["fraction_positive"] == pytest.approx(0.5)
 
 
-def test_arithmetic_floor_counts_the_round_s_tokens_on_a_tiny_bert(tiny_hf, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
-    """Each linear weight of the blocks costs 2 FLOP a token (hand count from the config), a differentiated pass
-    twice that; IG's steps and the gradient are the passes with a backward, at least every real token (steps + 1)
-    times and at most every padded one; the seconds are the FLOP over the (here fixed) matmul rate."""
+def test_arithmetic_floor_counts_the_round_s_work_on_a_tiny_bert(tiny_hf, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    """Each linear weight of the blocks costs 2 FLOP a row it is given (hand count from the config), a differentiated
+    pass twice that; IG's steps and the gradient are the passes with a backward: at least every real token (steps + 1)
+    times through every block but the last one's tail after its attention (run at the [CLS] row alone, the read-rows
+    cut), at most every padded token through every block; the seconds are the FLOP over the (here fixed) matmul rate."""
     from attnaudit.hf import load_hf
 
     run = load_hf(tiny_hf.dir, task=tiny_hf.task(), device="cpu")
@@ -122,13 +123,15 @@ def test_arithmetic_floor_counts_the_round_s_tokens_on_a_tiny_bert(tiny_hf, monk
     steps = 3
     floor = bf.arithmetic_floor(run, examples, steps, chunk=4)
     cfg = run.model.hf.config
-    h, ff = cfg.hidden_size, cfg.intermediate_size
-    per_token = 2 * cfg.num_hidden_layers * (4 * h * h + 2 * h * ff)
-    tokens = floor["tokens"]
-    assert floor["linear_gflop"] == pytest.approx(per_token * (tokens["forward_only"] + 2 * tokens["forward_backward"]) / 1e9)
+    h, ff, layers = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers
+    every_block = 2 * layers * (4 * h * h + 2 * h * ff)
+    but_the_tail = every_block - 2 * 2 * h * ff  # the last block's feed-forward at one row of each example
+    work = floor["forward_gflop"]
+    assert floor["linear_gflop"] == pytest.approx(work["forward_only"] + 2 * work["forward_backward"])
     batches = [batch for _, batch in run.sorted_batches(examples, 4)]
     real = sum(int(b.mask.sum()) for b in batches)
     padded = sum(b.tokens.numel() for b in batches)
-    assert (steps + 1) * real <= tokens["forward_backward"] <= (steps + 1) * padded
-    assert tokens["forward_only"] >= 2 * real  # IG's and the metrics' unperturbed predictions, then the perturbed inputs
+    assert run.model.read_cut() is not None
+    assert (steps + 1) * real * but_the_tail <= work["forward_backward"] * 1e9 < (steps + 1) * padded * every_block
+    assert work["forward_only"] * 1e9 >= 2 * real * but_the_tail  # IG's and the metrics' unperturbed predictions, then the perturbed inputs
     assert floor["seconds_at_matmul_rate"] == pytest.approx(floor["linear_gflop"] / 100.0)

@@ -336,8 +336,10 @@ def check(model_type: str, seed: int = 0) -> dict[str, Any]:
     replacing them by hand inside eager's softmax; ``restart``, restarting at that layer against the
     full pass; ``rows``, the pass that computes only the explanation rows' weights (SDPA for the outputs,
     :meth:`~attnaudit.models.hf_model.HFModel.rows_forward`) against the full one, with ``rows_only_layers`` the
-    layers that took that route (None for encoder-decoders). Also what the dry run found (route, causal, layouts)
-    and which explanation methods apply."""
+    layers that took that route (None for encoder-decoders); ``logits_only``, the pass read for its logits alone
+    (:meth:`~attnaudit.models.hf_model.HFModel.logits_forward`: the last block's tail at the read rows where
+    ``read_cut`` names the module cut, else the whole pass) against the full one, logits and input gradients (None
+    for encoder-decoders). Also what the dry run found (route, causal, layouts) and which explanation methods apply."""
     from attnaudit.explain import EXPLANATIONS
     from attnaudit.models.hf_layouts import BlockLayout
     from attnaudit.models.hf_model import HFModel
@@ -378,7 +380,33 @@ def check(model_type: str, seed: int = 0) -> dict[str, Any]:
         "generation": None if kind == "encoder" else _generation_difference(model, tokenizer),
         "rows": None if rows is None else _rows_difference(model, batch, ours, rows),
         "rows_only_layers": None if rows is None else sum(r.rows is not None for r in rows.trace.layers),
+        "logits_only": None if kind == "encoder-decoder" else _logits_only_difference(model, batch),
+        "read_cut": None if kind == "encoder-decoder" else _cut_name(model),
     }
+
+
+def _logits_only_difference(model: Any, batch: Any) -> float:
+    """``logits_forward`` against the full pass (eval mode, attention detached as the ``gradient`` method does): the
+    largest difference of the logits and of the input gradient of their squares' sum, relative to the largest value."""
+    from attnaudit.models.interface import detach_weights, evaluation
+
+    results = []
+    with evaluation(model):
+        embeddings = model.embed(batch).detach()
+        for forward in (model.forward, model.logits_forward):
+            given = embeddings.clone().requires_grad_(True)
+            logits = forward(batch, [detach_weights()], embeddings=given).logits.float()
+            (grad,) = torch.autograd.grad(logits.square().sum(), given)
+            results.append((logits.detach(), grad))
+    (logits, grad), (fast_logits, fast_grad) = results
+    return max(_difference(fast_logits, logits) / (1.0 + float(logits.abs().max())),
+               _difference(fast_grad, grad) / (1e-12 + float(grad.abs().max())))
+
+
+def _cut_name(model: Any) -> str | None:
+    """The name of the last block's child that :meth:`~attnaudit.models.hf_model.HFModel.read_cut` cuts at, or None."""
+    cut = model.read_cut()
+    return None if cut is None else next(name for name, child in cut.block.named_children() if child is cut.module)
 
 
 def _generation_difference(model: Any, tokenizer: PreTrainedTokenizerFast) -> float:

@@ -164,7 +164,7 @@ def perturbed_probs(
     with evaluation(model), torch.no_grad():
         for part in passes(length, per_item * width):
             sub = perturbed(model, batch, u_rows[part].to(device), u_keep[part].to(device), mode, fill_id)
-            probs = model(sub).probs.double().cpu()
+            probs = model.logits_forward(sub).probs.double().cpu()
             out[part] = probs.gather(1, target.cpu()[u_rows[part]][:, None]).squeeze(1)
     return out[inverse]
 
@@ -172,7 +172,7 @@ def perturbed_probs(
 def predictions(model: AttentionModel, batch: Batch) -> tuple[Tensor, Tensor]:
     """The predicted class ``ŷ`` ``(B,)`` and its probability ``p(ŷ|x)`` ``(B,)`` (float64) on the unperturbed batch."""
     with evaluation(model), torch.no_grad():
-        return decisions(model(batch).probs)
+        return decisions(model.logits_forward(batch).probs)
 
 
 def decisions(probs: Tensor) -> tuple[Tensor, Tensor]:

@@ -28,6 +28,6 @@ def gradient_importance(model: AttentionModel, batch: Batch, reduction: str = "a
     reduction, score = choice("reduction", reduction), choice("score", score)  # a bad name fails before any work
     with evaluation(model), torch.enable_grad():
         embeddings = model.embed(batch).detach().requires_grad_(True)
-        values = decision_values(model(batch, [detach_weights()], embeddings=embeddings), score)
+        values = decision_values(model.logits_forward(batch, [detach_weights()], embeddings=embeddings), score)
         (grad,) = torch.autograd.grad(decision_score(batch, values).sum(), embeddings)
     return reduce_dimensions((grad * embeddings).detach(), model, batch, reduction)

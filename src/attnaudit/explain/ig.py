@@ -83,7 +83,7 @@ def integrated_gradients(
     t = batch.tokens.shape[1]
     with evaluation(model):
         with torch.no_grad():
-            probs = model(batch).probs
+            probs = model.logits_forward(batch).probs
             chosen = explained_class(batch, probs)
             contrast = batch.contrast.to(probs.device) if batch.contrast is not None else None
             embeddings = model.embed(batch)
@@ -101,7 +101,7 @@ def integrated_gradients(
             emb = x if tail is None else torch.cat([x, tail], 1)
             sub = Batch(tokens=tokens, mask=mask, features=features, query=query, query_mask=query_mask,
                         target=target, target_mask=target_mask, explained=explained, contrast=contrast)
-            return decision_score(sub, decision_values(model(sub, embeddings=emb), score))[:, None]  # column 0: what is explained
+            return decision_score(sub, decision_values(model.logits_forward(sub, embeddings=emb), score))[:, None]  # column 0: what is explained
 
         per_pass = max(1, pass_rows(model, t) // max(len(batch), 1))
         attributions = IntegratedGradients(forward).attribute(

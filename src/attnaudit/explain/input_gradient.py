@@ -53,7 +53,7 @@ def decision_gradient(model: AttentionModel, batch: Batch, score: str = "logit")
     score = choice("score", score)
     with evaluation(model), torch.enable_grad():
         embeddings = model.embed(batch).detach().requires_grad_(True)
-        values = decision_values(model(batch, embeddings=embeddings), score)
+        values = decision_values(model.logits_forward(batch, embeddings=embeddings), score)
         (grad,) = torch.autograd.grad(decision_score(batch, values).sum(), embeddings)
     return embeddings.detach(), grad
 

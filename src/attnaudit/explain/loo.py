@@ -126,7 +126,7 @@ def _loo_recompute(
     for part in _chunks(len(rows), per_row, _PASS_ELEMENTS):
         sub = rows[order[part]]
         kept = _drop_one(batch.mask.bool(), sub)  # every real token but the removed item (a prompt's template stays)
-        out.append(model(compact_items(batch, sub[:, 0], kept, model.config.pad_id)).probs)
+        out.append(model.logits_forward(compact_items(batch, sub[:, 0], kept, model.config.pad_id)).probs)
     probs = torch.cat(out)
     return probs[torch.argsort(order)]
 
@@ -437,11 +437,11 @@ def loo_importance_reference(model: AttentionModel, batch: Batch) -> Tensor:
     everyone = torch.arange(len(batch), device=mask.device)
     fixed = batch.mask.bool() & ~mask if batch.items is not None else torch.zeros_like(mask)  # a prompt's template stays
     with evaluation(model), torch.no_grad():
-        full = model(batch).probs
+        full = model.logits_forward(batch).probs
 
         def forward(keep: Tensor) -> Tensor:
             sub = compact_items(batch, everyone, ((keep > 0.5) & mask) | fixed, model.config.pad_id)
-            return output_change(model(sub).probs, full)
+            return output_change(model.logits_forward(sub).probs, full)
 
         attributions = FeatureAblation(forward).attribute(mask.to(full.dtype), baselines=0.0)
     return _finish_loo(-attributions, mask)

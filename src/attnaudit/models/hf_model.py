@@ -55,6 +55,7 @@ from attnaudit.models.hf_inputs import HFInputs, pass_inputs, pass_masks, real_p
 from attnaudit.models.hf_layouts import read_layouts
 from attnaudit.models.hf_pass import HFLayer, Pass, decided, given_output, wrapped
 from attnaudit.models.hf_projections import read_projections
+from attnaudit.models.hf_readout import Cut, find_cut, read_rows_only
 from attnaudit.models.hf_restarts import HFRestarts
 from attnaudit.models.hf_structure import Structure, discover
 from attnaudit.models.interface import (
@@ -110,6 +111,7 @@ class HFModel(HFCapabilities, HFRestarts, EncoderDecoderLayout, AttentionModel):
         self.has_head, self.trained_head = has_head, trained_head
         self.verbalizer_ids: Tensor | None = None
         self._shift_invariant: bool | None = None
+        self._cuts: list[Cut | None] = []  # the read-rows cut once found (:meth:`logits_forward`); empty: not looked for
         self.uses_token_types = "token_type_ids" in getattr(tokenizer, "model_input_names", ()) and int(getattr(cfg, "type_vocab_size", 0) or 0) > 1
         self.structure = self._discover()
         self._configure()
@@ -299,6 +301,7 @@ class HFModel(HFCapabilities, HFRestarts, EncoderDecoderLayout, AttentionModel):
         keep_layers: Collection[int] | None = None,
         on_layer: LayerCallback | None = None,
         rows_only: bool = False,
+        cut: Cut | None = None,
     ) -> ModelOutput:
         """Attention layer ``start_layer`` (default ``cache.layer``) onwards and the head, as the model's own forward.
 
@@ -306,7 +309,8 @@ class HFModel(HFCapabilities, HFRestarts, EncoderDecoderLayout, AttentionModel):
         ``keep_layers`` (negative: from the end; None: all), so a caller folding layers in holds one at a time.
         ``rows_only``: the caller reads the weights at :meth:`explanation_rows` alone, so the layers that can run
         SDPA for their outputs and compute only those rows' weights (:func:`~attnaudit.models.hf_attention._rows_only`;
-        not encoder-decoders, interventions or a restart from a key/value prefix)."""
+        not encoder-decoders, interventions or a restart from a key/value prefix). ``cut``: the last block's tail runs at
+        the explanation rows alone (:mod:`attnaudit.models.hf_readout`; the last layer's record then holds those rows)."""
         n = self.num_attention_layers
         start = cache.layer if start_layer is None else start_layer
         if not -n <= start < n:
@@ -335,9 +339,13 @@ class HFModel(HFCapabilities, HFRestarts, EncoderDecoderLayout, AttentionModel):
                 trace.layers.append(record)
 
         rows = self.explanation_rows(inputs["attention_mask"].bool())
-        if rows_only and self.kind != "encoder-decoder" and rows is not None and not interventions:
-            state.rows = rows if isinstance(rows, Tensor) else torch.full_like(cache.mask[:, 0], rows, dtype=torch.long)
+        read = None if rows is None else rows if isinstance(rows, Tensor) else torch.full_like(cache.mask[:, 0], rows, dtype=torch.long)
+        if rows_only and self.kind != "encoder-decoder" and read is not None and not interventions:
+            state.rows = read
+        if cut is not None and (read is None or self.kind == "encoder-decoder"):
+            raise AttnAuditError("the read-rows cut needs one read row per example (encoders, decoders)")
         with (
+            read_rows_only(cut, read),
             given_output(self._decoder_embedding(), inputs.get("decoder_input_ids"), cache.extra.get("target_embeddings")),
             hf_attention.capturing(state),
             wrapped(state, finished),
@@ -345,6 +353,27 @@ class HFModel(HFCapabilities, HFRestarts, EncoderDecoderLayout, AttentionModel):
         ):
             out = self.hf(**inputs, use_cache=False)
         return ModelOutput(logits=decision(out), trace=trace)
+
+    def logits_forward(
+        self, batch: Batch, interventions: Sequence[Intervention] = (), embeddings: Tensor | None = None
+    ) -> ModelOutput:
+        """``self(batch, interventions, embeddings)`` read for its logits alone: no trace, and the last block's tail at
+        the read rows only where the dry batch gave the same logits that way (:mod:`attnaudit.models.hf_readout`)."""
+        return self.decode(self.encode(batch, embeddings), interventions, keep_layers=(), cut=self.read_cut())
+
+    def read_cut(self) -> Cut | None:
+        """The last block's read-rows cut (:func:`~attnaudit.models.hf_readout.find_cut` on the dry batch, once), or None."""
+        if not self._cuts:
+            self._cuts.append(None)
+            if self.kind != "encoder-decoder":
+                batch = self._dry_batch().to(self.input_device)
+
+                def run(cut: Cut | None) -> Tensor:
+                    with evaluation(self), torch.no_grad():
+                        return self.decode(self.encode(batch), keep_layers=(), cut=cut).logits.float()
+
+                self._cuts[0] = find_cut(self.structure.blocks, self.structure.sites[-1].module, run)
+        return self._cuts[0]
 
     def rows_forward(self, batch: Batch) -> ModelOutput:
         """``self(batch)`` with each layer's weights at the explanation rows alone where a layer can (``decode(rows_only=True)``)."""

@@ -456,6 +456,14 @@ class AttentionModel(nn.Module):
     ) -> ModelOutput:
         return self.decode(self.encode(batch, embeddings), interventions)
 
+    def logits_forward(
+        self, batch: Any, interventions: Sequence[Intervention] = (), embeddings: Tensor | None = None
+    ) -> ModelOutput:
+        """``self(batch, interventions, embeddings)`` for a caller that reads the logits alone (gradients, perturbed
+        inputs): a family may skip what no logit needs (Hugging Face models: the trace, and the last block's
+        position-wise tail beyond the read rows); the others run the whole pass."""
+        return self(batch, interventions, embeddings)
+
     def rows_forward(self, batch: Any) -> ModelOutput:
         """``self(batch)`` for a caller that reads each layer's weights at the explanation rows alone
         (:meth:`explanation_rows`). Families that can compute just those rows return them (``Q = 1``,
