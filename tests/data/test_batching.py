@@ -177,17 +177,23 @@ def test_bad_arguments() -> None:
         Collator(VOCAB, ["x"], "seq2seq")
 
 
-@given(st.lists(st.integers(0, 60), min_size=1, max_size=40), st.sampled_from([0.0, 0.1, 0.5]))
-def test_length_groups_partition_longest_first_within_the_slack(lengths: list[int], slack: float) -> None:
+@given(st.lists(st.integers(0, 60), min_size=1, max_size=40), st.sampled_from([0.0, 0.1, 0.5]), st.sampled_from([0, 30, 200]))
+def test_length_groups_partition_longest_first_within_the_slack(lengths: list[int], slack: float, floor: int) -> None:
     """Every instance in exactly one group; groups run from the longest down; padding a group to its longest
-    member keeps the computed positions within 1 + slack of the real ones (a single instance always fits)."""
-    groups = length_groups(torch.tensor(lengths), slack)
+    member keeps the computed positions within 1 + slack of the real ones or within ``floor`` (a single instance
+    always fits); and a group stops only where the next instance would break both, so no two neighbours could merge."""
+    groups = length_groups(torch.tensor(lengths), slack, floor)
     flat = [i for g in groups for i in g.tolist()]
     assert sorted(flat) == list(range(len(lengths)))
     assert [lengths[i] for i in flat] == sorted(lengths, reverse=True)
-    for g in groups:
-        sizes = [lengths[i] for i in g.tolist()]
-        assert len(sizes) == 1 or max(sizes) * len(sizes) <= (1 + slack) * sum(sizes) + 1e-9
+    sized = [[lengths[i] for i in g.tolist()] for g in groups]
+    for sizes in sized:
+        padded = max(max(sizes), 1) * len(sizes)
+        assert len(sizes) == 1 or padded <= (1 + slack) * sum(sizes) + 1e-9 or padded <= floor
+    for sizes, after in zip(sized, sized[1:]):
+        grown = [*sizes, after[0]]
+        padded = max(max(grown), 1) * len(grown)
+        assert padded > (1 + slack) * sum(grown) + 1e-9 and padded > floor
 
 
 def test_select_takes_instances_and_cuts_their_common_padding() -> None:

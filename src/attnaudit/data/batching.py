@@ -40,17 +40,19 @@ def _pad(rows: Sequence[Sequence[int]], value: int = 0) -> tuple[torch.Tensor, t
     return ids, mask
 
 
-def length_groups(lengths: torch.Tensor, slack: float = 0.1) -> list[torch.Tensor]:
+def length_groups(lengths: torch.Tensor, slack: float = 0.1, floor: int = 0) -> list[torch.Tensor]:
     """Instance indices in groups of similar length, longest first: a group grows while padding every
     member to its longest keeps the positions computed within ``1 + slack`` of the real ones, so a
     batched computation whose cost scales with the padded width (Integrated Gradients runs it once per
-    step) does not spend it on padding."""
+    step) does not spend it on padding; and, whatever its padding, while it holds at most ``floor``
+    positions (a pass that small costs its fixed overhead more than its padding)."""
     order = torch.argsort(lengths, descending=True, stable=True).tolist()
     sizes = lengths.tolist()
     groups: list[list[int]] = []
     real = 0  # real positions of the last group
     for i in order:
-        if groups and max(sizes[groups[-1][0]], 1) * (len(groups[-1]) + 1) <= (1 + slack) * (real + sizes[i]):
+        padded = max(sizes[groups[-1][0]], 1) * (len(groups[-1]) + 1) if groups else 0
+        if groups and (padded <= (1 + slack) * (real + sizes[i]) or padded <= floor):
             groups[-1].append(i)
             real += sizes[i]
         else:
