@@ -72,11 +72,17 @@ def _relative(word: str) -> str:
     return word
 
 
+THREAD_ENVIRONMENT = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "MKL_NUM_THREADS", "KMP_BLOCKTIME", "KMP_AFFINITY")
+"""Environment variables that change how torch's CPU threads run (``OMP_WAIT_POLICY=PASSIVE`` alone moved the ferret
+comparison from 1.71x to 1.85x: ferret's many small operations wait longer for sleeping threads): stored with every result where set."""
+
+
 def provenance() -> dict[str, Any]:
-    """Command line, commit, cores, load average (1, 5, 15 min, when the result is written),
-    platform and machine, stored with every result."""
+    """Command line, the thread environment (:data:`THREAD_ENVIRONMENT`, where set), commit, cores, load average
+    (1, 5, 15 min, when the result is written), platform and machine, stored with every result."""
     return {
         "command": os.environ.get(COMMAND_ENV) or " ".join([Path(sys.executable).name, *map(_relative, sys.argv)]),
+        "environment": {name: os.environ[name] for name in THREAD_ENVIRONMENT if name in os.environ},
         "commit": commit(),
         "cores": os.cpu_count(),
         "load_average": [round(x, 2) for x in os.getloadavg()],

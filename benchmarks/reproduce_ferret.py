@@ -378,6 +378,7 @@ def main() -> dict[str, Any]:
     parser.add_argument("--venv", default=os.environ.get("ATTNAUDIT_FERRET_VENV", str(RUNS / "ferret-venv")),
                         help="ferret's virtual environment (default $ATTNAUDIT_FERRET_VENV, else benchmarks/runs/ferret-venv)")
     parser.add_argument("--make-venv", action="store_true", help="build --venv with benchmarks/ferret_venv.sh if missing")
+    parser.add_argument("--name", default="ferret", help="result name: benchmarks/results/NAME.json")
     add_limit_order(parser)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -400,7 +401,7 @@ def main() -> dict[str, Any]:
         result["timing"] = timing(run, python, rows, examples, answer["own"], args)
         result.update(headline(result["timing"]))
     result["load_average"] = list(os.getloadavg())
-    write_result("ferret", result)
+    write_result(args.name, result)
     print(json.dumps({k: result[k] for k in ("checks", "identical_scores", "end_to_end")}, indent=1)[:6000])
     return result
 

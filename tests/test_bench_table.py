@@ -174,3 +174,13 @@ def test_results_keep_no_path_of_this_machine() -> None:
     }
     for path in common.RESULTS.glob("*.json"):
         assert str(common.ROOT) not in path.read_text(encoding="utf-8"), path.name
+
+
+def test_provenance_records_the_thread_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The variables that change how CPU threads run are stored with a result where set, and only those."""
+    for name in common.THREAD_ENVIRONMENT:
+        monkeypatch.delenv(name, raising=False)
+    assert common.provenance()["environment"] == {}
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
+    monkeypatch.setenv("UNRELATED_SETTING", "x")
+    assert common.provenance()["environment"] == {"OMP_WAIT_POLICY": "PASSIVE"}
