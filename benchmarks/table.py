@@ -328,24 +328,27 @@ ROUTES = {"interface": "attention interface", "softmax": "its own attention code
 LAYOUTS = {"pre": "pre-norm", "post": "post-norm", "sandwich": "sandwich norms", "parallel": "parallel attention + MLP"}
 
 
-def rows_sentence(rows: list[dict[str, Any]]) -> str:
-    """How many families computed only the explanation rows' weights (SDPA for the rest), and how close to the full pass."""
-    measured = [r for r in rows if r.get("rows_only_layers")]
+def _shortcut_sentence(rows: list[dict[str, Any]], taken: str, difference: str, what: str, others: str) -> str:
+    """How many families took a shortcut (``taken`` set in their row) and its worst ``difference`` from the full pass."""
+    measured = [r for r in rows if r.get(taken)]
     if not measured:
         return ""
-    worst = max(r["rows"] for r in measured)
-    return (f"the row-only capture (SDPA for the outputs, the explanation row's weights alone) on {len(measured)} families "
-            f"against the full one (≤ {worst:.1g}; the others keep eager for every row), ")
+    worst = max(r[difference] for r in measured)
+    return f"{what} on {len(measured)} families against the full one{others.format(worst=worst)}, "
+
+
+def rows_sentence(rows: list[dict[str, Any]]) -> str:
+    """How many families computed only the explanation rows' weights (SDPA for the rest), and how close to the full pass."""
+    return _shortcut_sentence(rows, "rows_only_layers", "rows",
+                              "the row-only capture (SDPA for the outputs, the explanation row's weights alone)",
+                              " (≤ {worst:.1g}; the others keep eager for every row)")
 
 
 def cut_sentence(rows: list[dict[str, Any]]) -> str:
     """How many families run a logits-only pass's last block tail at the read rows alone, and how close to the full pass."""
-    cut = [r for r in rows if r.get("read_cut")]
-    if not cut:
-        return ""
-    worst = max(r["logits_only"] for r in cut)
-    return (f"the logits-only pass (the last block after its attention at the read row alone) on {len(cut)} families "
-            f"against the full one, logits and input gradients (≤ {worst:.1g} relative; the others run the whole block), ")
+    return _shortcut_sentence(rows, "read_cut", "logits_only",
+                              "the logits-only pass (the last block after its attention at the read row alone)",
+                              ", logits and input gradients (≤ {worst:.1g} relative; the others run the whole block)")
 
 
 def render_models(folder: Path = RESULTS) -> str:

@@ -92,22 +92,23 @@ def _work(block: nn.Module) -> Iterator[list[int]]:
             handle.remove()
 
 
-def _after_attention(block: nn.Module, attention: nn.Module, run: Callable[[Cut | None], Tensor]) -> list[nn.Module]:
-    """The direct children of ``block`` whose call finishes after ``attention``'s last one, in call order."""
+def _after_attention(block: nn.Module, attention: nn.Module, run: Callable[[Cut | None], Tensor]) -> tuple[list[nn.Module], Tensor]:
+    """The direct children of ``block`` whose call finishes after ``attention``'s last one, in call order, and the
+    plain pass's logits (the reference the candidates are checked against)."""
     finished: list[nn.Module] = []
     children = list(block.children())
     handles = [child.register_forward_hook(lambda m, _a, _o: finished.append(m)) for child in children]
     handles.append(attention.register_forward_hook(lambda m, _a, _o: finished.append(m)))
     try:
-        run(None)
+        reference = run(None)
     finally:
         for handle in handles:
             handle.remove()
     last = max((i for i, m in enumerate(finished) if m is attention), default=None)
     if last is None:
-        return []
+        return [], reference
     after = [m for m in finished[last:] if any(m is c for c in children)]
-    return list({id(m): m for m in after}.values())
+    return list({id(m): m for m in after}.values()), reference
 
 
 def find_cut(blocks: list[nn.Module], attention: nn.Module, run: Callable[[Cut | None], Tensor]) -> Cut | None:
@@ -119,9 +120,8 @@ def find_cut(blocks: list[nn.Module], attention: nn.Module, run: Callable[[Cut |
     block = blocks[-1]
     if any(b is block for b in blocks[:-1]):
         return None
-    candidates = _after_attention(block, attention, run)
     with _work(block) as work:
-        reference = run(None)
+        candidates, reference = _after_attention(block, attention, run)
     best, least = None, work[0]
     for module in candidates:
         cut = Cut(module, block)
