@@ -823,7 +823,8 @@ def main() -> None:
     """Console entry point: one-line errors with exit code 2, one-line warnings."""
     warnings.showwarning = _show_warning
     try:
-        register_run_commands()
+        if "run" in sys.argv[1:]:  # the tests' commands import every test (torch, transformers): only `run` needs them
+            register_run_commands()
         # Not standalone, typer *returns* an exit code instead of exiting: Ctrl-C arrives as 130, typer.Exit as its code.
         code = app(standalone_mode=False)
         if code == INTERRUPTED:
