@@ -20,6 +20,7 @@ from transformers import (
 
 from attnaudit.data.types import Batch, Example, TaskData
 from attnaudit.errors import AttnAuditError, InputError
+from attnaudit.explain.text import explain_text
 from attnaudit.hf import HFCollator, HFModel, load_hf, save_hf_run
 from attnaudit.models.interface import Intervention
 from attnaudit.models.normalisers import normalise
@@ -224,3 +225,16 @@ def test_real_minilm() -> None:
     t = batch.tokens.shape[1]
     assert [tuple(w.shape) for w in out.trace.weights] == [(1, 12, t, t)] * 6
     torch.testing.assert_close(out.trace.weights[-1], theirs.attentions[-1], rtol=0, atol=1e-6)
+
+
+def test_a_vocabulary_of_fewer_than_seven_ordinary_tokens_loads(tmp_path: Path) -> None:
+    """The dry run's batch repeats the ordinary tokens a tiny vocabulary has (it took 7 distinct ones)."""
+    from transformers import BertConfig, BertForSequenceClassification, BertTokenizer
+
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "good", "bad", "movie"]
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64)
+    BertForSequenceClassification(config).save_pretrained(tmp_path, safe_serialization=True)
+    BertTokenizer(vocab={w: i for i, w in enumerate(vocab)}).save_pretrained(tmp_path)
+    explained = explain_text(str(tmp_path), "good movie", methods=["attention"])
+    assert explained.tokens == ["[CLS]", "good", "movie", "[SEP]"] and len(explained.scores["attention"]) == 4

@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from attnaudit.errors import InputError
@@ -62,6 +62,26 @@ def _sniff(path: Path) -> str:
 
 def load_tensors(path: str | Path) -> dict[str, torch.Tensor]:
     """Read a safetensors file; refuse pickles and report corruption as one line."""
+    path = _refuse_pickle(path)
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+        raise _corrupt(path, exc) from None
+
+
+def check_safetensors(path: str | Path) -> None:
+    """Refuse, before any loader reads it, a weights file that is a pickle in disguise or whose header or data are
+    cut or malformed (a one-line :class:`InputError`); the tensors are not read (the header and sizes are)."""
+    path = _refuse_pickle(path)
+    try:
+        with safe_open(str(path), framework="pt") as fh:
+            fh.keys()
+    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+        raise _corrupt(path, exc) from None
+
+
+def _refuse_pickle(path: str | Path) -> Path:
+    """``path``, refused (one line) when missing, unreadable or a pickle."""
     path = Path(path)
     if not path.exists():
         raise InputError(path, "checkpoint not found")
@@ -71,10 +91,11 @@ def load_tensors(path: str | Path) -> dict[str, torch.Tensor]:
         raise InputError(path, f"cannot read the checkpoint ({exc.strerror or exc})") from None
     if kind == "pickle":
         raise InputError(path, "looks like a pickle/torch.save file; attnaudit only loads safetensors and never unpickles")
-    try:
-        return load_file(str(path))
-    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
-        raise InputError(path, f"corrupt or truncated safetensors file ({str(exc).splitlines()[0][:120]})") from None
+    return path
+
+
+def _corrupt(path: Path, exc: BaseException) -> InputError:
+    return InputError(path, f"corrupt or truncated safetensors file ({str(exc).splitlines()[0][:120]})")
 
 
 def checked_weight(path: Path, key: str, value: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

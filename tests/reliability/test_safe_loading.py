@@ -282,6 +282,25 @@ def test_hugging_face_bad_weights_are_refused(kind: str, tiny_hf: SimpleNamespac
         load_hf(tmp_path / "bert", device="cpu")
 
 
+HF_BROKEN = {
+    "truncated header": lambda data, marker: data[:500],
+    "truncated data": lambda data, marker: data[: len(data) - 1000],
+    "pickle in disguise": lambda data, marker: _pickle(marker, 4),
+}
+
+
+@pytest.mark.parametrize("kind", list(HF_BROKEN))
+def test_cli_refuses_a_broken_hugging_face_weights_file_in_one_line(kind: str, tiny_hf: SimpleNamespace, tmp_path: Path) -> None:
+    folder, marker = tmp_path / "bert", tmp_path / "unpickled"
+    shutil.copytree(tiny_hf.dir, folder)
+    weights = folder / "model.safetensors"
+    weights.write_bytes(HF_BROKEN[kind](weights.read_bytes(), marker))
+    before = weights.read_bytes()
+    proc = cli("explain", "--hf", folder, "--text", "good movie", "--method", "attention", "--out", tmp_path / "out")
+    line = assert_clean_failure(proc, "model.safetensors", out=tmp_path / "out")
+    assert ("pickle" in line) == (kind == "pickle in disguise") and not marker.exists() and weights.read_bytes() == before
+
+
 # --------------------------------------------------------------------------- file modes
 
 

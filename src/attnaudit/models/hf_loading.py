@@ -24,7 +24,7 @@ from attnaudit.errors import AttnAuditError, InputError
 from attnaudit.models import gguf_cache
 from attnaudit.models.hf_config import model_kind
 from attnaudit.models.hf_model import HFModel
-from attnaudit.weights import checked_weight
+from attnaudit.weights import check_safetensors, checked_weight
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -286,6 +286,9 @@ def build_hf_model(
     if num_labels is not None and not has_head:
         common["num_labels"] = num_labels
     common.update(placement or {})
+    if not gguf:  # a cut or disguised weights file is one line here, not transformers' exception mid-load
+        for file in sorted(weights_folder.glob("*.safetensors")) if (weights_folder := _weights_folder(folder)) else []:
+            check_safetensors(file)
     hf = _load(loader, folder, gguf, **common)
     if gguf:
         _detach_gguf_quantizer(hf)

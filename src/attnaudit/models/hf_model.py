@@ -160,7 +160,8 @@ class HFModel(HFCapabilities, HFRestarts, EncoderDecoderLayout, AttentionModel):
     def _dry_batch(self) -> Batch:
         """Two short rows of ordinary (non-special) tokens, the second padded; targets of another length."""
         special = set(self.tokenizer.all_special_ids)
-        ids = [i for i in range(min(self.config.vocab_size, 1000)) if i not in special][:7]
+        ordinary = [i for i in range(min(self.config.vocab_size, 1000)) if i not in special] or [self.config.pad_id]
+        ids = (ordinary * 7)[:7]  # a vocabulary of fewer than 7 ordinary tokens repeats them
         tokens = torch.tensor([ids[:7], ids[:5] + [self.config.pad_id] * 2])
         mask = tokens.new_tensor([[1] * 7, [1] * 5 + [0] * 2]).bool()
         batch = Batch(tokens=tokens, mask=mask, examples=[])
