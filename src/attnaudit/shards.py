@@ -28,6 +28,7 @@ from typing import Any, Protocol
 
 import torch
 
+from attnaudit import bounds
 from attnaudit.data.types import Example
 from attnaudit.errors import AttnAuditError, error_line
 from attnaudit.experiments.experiment import Experiment, Result, get_experiment, make_options
@@ -267,6 +268,8 @@ def connect(ray: Any, address: str | None, workers: int | None) -> bool:
     try:
         if address:
             ray.init(address=address, log_to_driver=False)
+            if workers is not None:  # no more workers than the cluster has cores for
+                bounds.workers(workers, offered=int(ray.cluster_resources().get("CPU", 0)) or 1)
         else:
             ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False)
     except (ConnectionError, RuntimeError, ValueError) as exc:
@@ -292,6 +295,8 @@ def check_engine(engine: str, workers: int | None, address: str | None) -> None:
         raise AttnAuditError(f"unknown engine {engine!r}; choose {' or '.join(ENGINES)}")
     if workers is not None and workers < 1:
         raise AttnAuditError(f"--workers must be at least 1, got {workers}")
+    if workers is not None and not address:  # a local pool or Ray: no more workers than cores (a cluster's are its own)
+        bounds.workers(workers)
     if engine != "ray" and (workers is not None or address):
         raise AttnAuditError("--workers and --address are for --engine ray")
     if engine == "ray":

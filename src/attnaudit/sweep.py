@@ -30,6 +30,7 @@ from typing import Any
 
 import yaml
 
+from attnaudit import bounds
 from attnaudit.errors import AttnAuditError, AttnAuditWarning, InputError, error_line
 from attnaudit.io import (
     atomic_write,
@@ -656,6 +657,8 @@ def sweep(
         raise AttnAuditError(f"unknown engine {engine!r}; choose {' or '.join(ENGINES)}")
     if workers is not None and workers < 1:
         raise AttnAuditError(f"--workers must be at least 1, got {workers}")
+    if workers is not None and not address:  # a local pool or Ray: no more workers than cores (a cluster's are its own)
+        bounds.workers(workers)
     if address and engine != "ray":
         raise AttnAuditError("--address is for --engine ray")
     settings = config if isinstance(config, SweepConfig) else load_config(config)

@@ -22,6 +22,7 @@ from typing import Any, ClassVar, Protocol
 
 import pandas as pd
 
+from attnaudit.bounds import check_test_options
 from attnaudit.data.subsets import describe, limited
 from attnaudit.data.types import Example
 from attnaudit.errors import AttnAuditError, InputError, named, spelled, unknown
@@ -315,7 +316,9 @@ def make_options(experiment: Experiment, values: dict[str, Any]) -> Any:
         numbers = value if isinstance(value, (list, tuple)) else [value]
         if any(isinstance(v, float) and not math.isfinite(v) for v in numbers):
             raise AttnAuditError(f"test {experiment.name!r}: option {name} must be finite, got {value!r}")
-    return experiment.Options(**values)
+    options = experiment.Options(**values)
+    check_test_options(asdict(options))  # what a value costs, before any model is loaded
+    return options
 
 
 def run_identity(run: Run) -> str:

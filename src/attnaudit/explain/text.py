@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, cast
 import pandas as pd
 import torch
 
+from attnaudit.bounds import ig_steps
 from attnaudit.data.types import Batch, Example
 from attnaudit.errors import AttnAuditError, unknown, warn
 from attnaudit.explain import EXPLANATIONS, choose, item_mask, item_names, item_values
@@ -151,6 +152,7 @@ def explain_text(
     if aggregate is not None and (not sequence or aggregate not in AGGREGATIONS):
         choices = ", ".join(AGGREGATIONS)
         raise AttnAuditError(f"--aggregate must be one of {choices}" if sequence else "--aggregate applies with --generate or --target")
+    ig_steps(steps)
     offered = {"seed": seed, "steps": steps, **method_options(options)}
     folder = check_output_dir(out) if out is not None else None
     run = _load(source, prompt, verbalizer, device, data_dir, {"dtype": dtype, "device_map": device_map, "max_memory": max_memory})

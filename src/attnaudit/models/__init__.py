@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from importlib import import_module
 
+from attnaudit.bounds import model_parameters
 from attnaudit.errors import AttnAuditError
 from attnaudit.models.interface import (
     AttentionLayer,
@@ -42,6 +43,7 @@ def build_model(config: ModelConfig) -> AttentionModel:
         raise AttnAuditError(f"unknown model {config.model!r}; choose one of {', '.join(MODELS)}")
     module, builder, _ = MODELS[config.model]
     build: Callable[[ModelConfig], AttentionModel] = getattr(import_module(module), builder)
+    model_parameters(lambda: build(config), f"a {config.model} model")  # refused before any memory is allocated
     return build(config)
 
 

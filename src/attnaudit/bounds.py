@@ -1,0 +1,111 @@
+"""Upper bounds on the options that size the work, checked before anything is allocated or loaded.
+
+One place knows what an option costs: each check estimates the memory the value asks for, from the
+value and what is known before the model is loaded, and refuses a value the machine cannot hold in one
+line that gives the estimate and the limit (exit 2). The checks are called where the values enter:
+every test's options (:func:`attnaudit.experiments.experiment.make_options`: ``run``, ``--set``, sweeps),
+``explain`` (``--steps``), model construction (:func:`attnaudit.models.build_model`) and the Ray engine
+(workers).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from typing import Any
+
+from attnaudit.errors import AttnAuditError
+
+SHARE = 0.5
+"""The share of the memory available now that one allocation may ask for: the rest is the model,
+the data and everything else the process and the machine hold."""
+TRAINING_BYTES = 16
+"""Bytes a float32 parameter costs in training: the weight, its gradient and Adam's two moments."""
+
+
+def available_memory() -> int:
+    """Bytes of memory available now (``MemAvailable``; the physical memory where the kernel does not say)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def size(n: float) -> str:
+    """``n`` bytes for a person: ``74.5 GiB``."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if n < 1024 or unit == "PiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def check_memory(option: str, value: Any, need: float, what: str, fix: str, share: float = SHARE) -> None:
+    """Refuse ``option`` = ``value`` when ``need`` bytes (``what`` they hold) exceed ``share`` of the memory available."""
+    limit = share * available_memory()
+    if need > limit:
+        raise AttnAuditError(
+            f"{option} {value}: needs about {size(need)} of memory ({what}); {size(limit)} is the limit here "
+            f"({share:.0%} of the {size(available_memory())} available): {fix}"
+        )
+
+
+def ig_steps(steps: int, option: str = "--steps") -> None:
+    """Integrated Gradients' ``steps``: Captum places them at Gauss–Legendre nodes, which numpy's ``leggauss``
+    finds as the eigenvalues of an ``steps × steps`` float64 matrix (8·steps² bytes: 74.5 GiB at 100,000)."""
+    if isinstance(steps, int) and steps > 0:
+        largest = int(math.sqrt(SHARE * available_memory() / 8))
+        check_memory(option, steps, 8.0 * steps * steps, "Integrated Gradients' Gauss-Legendre nodes, a steps x steps matrix",
+                     f"give at most {largest:,} (20-50 steps are the usual choice)")
+
+
+def permutations(count: int, batch_size: int, option: str = "--permutations") -> None:
+    """The permutation test keeps, per batch, each instance's output change and flip for every permutation
+    (two float64 per instance and permutation)."""
+    if isinstance(count, int) and isinstance(batch_size, int) and count > 0 and batch_size > 0:
+        check_memory(option, count, 16.0 * count * batch_size, f"two numbers per permutation for each of a batch's {batch_size} instances",
+                     "give fewer permutations (the published test uses 100) or a smaller --batch-size")
+
+
+def model_parameters(make: Callable[[], Any], what: str) -> int:
+    """Build ``make()`` on PyTorch's ``meta`` device (shapes, no memory), count its parameters and refuse a model
+    whose training would not fit (:data:`TRAINING_BYTES` a parameter); the count. The random state is untouched."""
+    import torch
+
+    try:
+        with torch.random.fork_rng(devices=[]), torch.device("meta"):
+            module = make()
+    except AttnAuditError:
+        raise
+    except Exception:  # noqa: BLE001 - a family whose construction needs real tensors: its real build reports any fault
+        return -1
+    count = sum(p.numel() for p in module.parameters())
+    check_memory("model size", f"{count:,} parameters", float(TRAINING_BYTES * count),
+                 f"{what}: weights, gradients and Adam's two moments in float32", "choose smaller sizes (--hidden-dim, --embed-dim, --d-model, --layers)")
+    return count
+
+
+def workers(count: int, offered: int | None = None, option: str = "--workers") -> None:
+    """Refuse more workers than the machine (or the cluster, ``offered``) has CPU cores for."""
+    cores = offered if offered is not None else os.cpu_count() or 1
+    if count > cores:
+        raise AttnAuditError(f"{option} {count}: only {cores} CPU core(s) {'in the cluster' if offered is not None else 'here'}; give at most {cores}")
+
+
+TEST_OPTIONS: dict[str, Callable[[dict[str, Any]], None]] = {
+    "ig_steps": lambda values: ig_steps(values["ig_steps"], "--ig-steps"),
+    "permutations": lambda values: permutations(values["permutations"], int(values.get("batch_size") or 1)),
+}
+"""A test option's bound by its name, given every option value of the test (defaults filled in)."""
+
+
+def check_test_options(values: dict[str, Any]) -> None:
+    """Every bounded option among a test's option ``values`` (all of them, defaults included)."""
+    for name, check in TEST_OPTIONS.items():
+        if name in values and values[name] is not None:
+            check(values)
