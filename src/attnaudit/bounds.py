@@ -86,7 +86,8 @@ def model_parameters(make: Callable[[], Any], what: str) -> int:
         return -1
     count = sum(p.numel() for p in module.parameters())
     check_memory("model size", f"{count:,} parameters", float(TRAINING_BYTES * count),
-                 f"{what}: weights, gradients and Adam's two moments in float32", "choose smaller sizes (--hidden-dim, --embed-dim, --d-model, --layers)")
+                 f"{what}: weights, gradients and Adam's two moments in float32",
+                 "choose smaller sizes (--hidden-dim, --embed-dim, --d-model, --layers)")
     return count
 
 
@@ -94,7 +95,8 @@ def workers(count: int, offered: int | None = None, option: str = "--workers") -
     """Refuse more workers than the machine (or the cluster, ``offered``) has CPU cores for."""
     cores = offered if offered is not None else os.cpu_count() or 1
     if count > cores:
-        raise AttnAuditError(f"{option} {count}: only {cores} CPU core(s) {'in the cluster' if offered is not None else 'here'}; give at most {cores}")
+        where = "in the cluster" if offered is not None else "here"
+        raise AttnAuditError(f"{option} {count}: only {cores} CPU core(s) {where}; give at most {cores}")
 
 
 TEST_OPTIONS: dict[str, Callable[[dict[str, Any]], None]] = {

@@ -56,7 +56,8 @@ def test_ig_steps_estimate_is_the_gauss_legendre_matrix(monkeypatch: pytest.Monk
 
 @given(st.integers(1, 64), st.integers(1, 64), st.integers(1, 3))
 def test_model_size_counts_the_parameters_without_allocating_them(embed: int, hidden: int, layers: int) -> None:
-    config = ModelConfig(model="transformer", task_type="classification", vocab_size=50, num_labels=3, embed_dim=embed, d_model=2 * hidden, heads=2, layers=layers)
+    config = ModelConfig(model="transformer", task_type="classification", vocab_size=50, num_labels=3, embed_dim=embed,
+                         d_model=2 * hidden, heads=2, layers=layers)
     counted = bounds.model_parameters(lambda: build_model(config), "a transformer")
     assert counted == sum(p.numel() for p in build_model(config).parameters())
 
@@ -65,7 +66,8 @@ def test_a_model_is_refused_by_its_training_memory(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(bounds, "available_memory", lambda: 1 * GIB)  # limit: 512 MiB, i.e. 32 Mi parameters at 16 bytes
     small = ModelConfig(model="bilstm", task_type="classification", vocab_size=1000, num_labels=2, embed_dim=100, hidden_dim=100)
     assert build_model(small) is not None
-    large = ModelConfig(model="bilstm", task_type="classification", vocab_size=1_000_000, num_labels=2, embed_dim=100, hidden_dim=100)  # 100 M embedding weights
+    # 100 M embedding weights
+    large = ModelConfig(model="bilstm", task_type="classification", vocab_size=1_000_000, num_labels=2, embed_dim=100, hidden_dim=100)
     with pytest.raises(AttnAuditError, match=r"model size 10\d,\d{3},\d{3} parameters: needs about 1\.\d GiB"):
         build_model(large)
 
