@@ -46,7 +46,7 @@ from attnaudit.experiments.experiment import (
     run_test,
 )
 from attnaudit.explain.registry import Memo, memoised
-from attnaudit.io import atomic_write_json, remove_stray_tmp, writes_folder
+from attnaudit.io import atomic_write_json, refuse_inside, remove_stray_tmp, writes_folder
 from attnaudit.options import check_max_length, check_seed, parse_assignment
 from attnaudit.progress import status
 from attnaudit.report import build_report
@@ -307,6 +307,7 @@ def audit(
     if hf_options and hf is None:
         given = "/".join("--" + k.replace("_", "-") for k in hf_options)
         raise AttnAuditError(f"{given} appl{'ies' if len(hf_options) == 1 else 'y'} with --hf only")
+    refuse_inside(out, run.path if isinstance(run, Run) else run)
     target = _load_target(out, task, model, run, hf, data_dir, device, seed, train_options, hf_options)
     if target.model.causal:
         order, options = _plan(only, skip, test_options or {}, decoder=True)

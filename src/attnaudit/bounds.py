@@ -72,6 +72,20 @@ def permutations(count: int, batch_size: int, option: str = "--permutations") ->
                      "give fewer permutations (the published test uses 100) or a smaller --batch-size")
 
 
+BPE_ENTRY_BYTES = 66
+"""Bytes the Hugging Face BPE trainer reserves per vocabulary entry before it reads a word (its hash tables:
+``--source-vocab 2147483648`` asked for 141.7 GB and aborted the interpreter)."""
+
+
+def bpe_vocabulary(entries: int, width: int, option: str) -> None:
+    """A BPE vocabulary of ``entries``: the trainer's tables, then an embedding (and output) row of ``width`` per entry in training."""
+    if isinstance(entries, int) and entries > 0:
+        rows = TRAINING_BYTES * 2 * max(width, 1) if isinstance(width, int) else 0
+        check_memory(option, entries, float(entries) * (BPE_ENTRY_BYTES + rows),
+                     f"the BPE trainer's tables and two embedding rows of width {width} per entry in training",
+                     "give a smaller vocabulary (8,000 is the default)")
+
+
 def model_parameters(make: Callable[[], Any], what: str) -> int:
     """Build ``make()`` on PyTorch's ``meta`` device (shapes, no memory), count its parameters and refuse a model
     whose training would not fit (:data:`TRAINING_BYTES` a parameter); the count. The random state is untouched."""

@@ -711,6 +711,8 @@ def _make_run_command(name: str, experiment: Any) -> None:
             if default:  # shown as text: rich would take "[default: ...]" for markup
                 help_text = f"{help_text} Default: {','.join(str(v) for v in default)}.".strip()
             default = None
+        if hints[f.name] is bool:  # a switch on by default must be able to go off: --per-layer/--no-per-layer
+            flag = f"{flag}/--no-{flag[2:]}"
         option = typer.Option(flag, help=help_text)
         own.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=Annotated[_cli_type(hints[f.name]), option]))
 

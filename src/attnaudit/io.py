@@ -68,6 +68,16 @@ def check_output_dir(path: str | Path) -> Path:
     return path
 
 
+def refuse_inside(out: str | Path, folder: str | Path | None, what: str = "the run folder") -> None:
+    """A one-line error when the output folder ``out`` is ``folder`` or lies inside it: the run (or model)
+    folder a command reads is only read (an ``--out`` there once mixed results into the run)."""
+    if folder is None or not Path(folder).is_dir():
+        return
+    inside, read = Path(out).resolve(), Path(folder).resolve()
+    if inside == read or read in inside.parents:
+        raise AttnAuditError(f"--out {out}: inside {what} {folder}, which is only read; give a folder outside it")
+
+
 def file_mode() -> int:
     """The mode a newly created file gets under the current umask (``0o666 & ~umask``)."""
     umask = os.umask(0)

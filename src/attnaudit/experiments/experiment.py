@@ -35,6 +35,7 @@ from attnaudit.io import (
     digest,
     locked,
     read_json,
+    refuse_inside,
     remove_stray_tmp,
 )
 from attnaudit.run import Run
@@ -401,6 +402,7 @@ def run_test(
     opts = make_options(experiment, options)
     if out is not None:
         directory = check_output_dir(out)  # before loading the run: a bad --out fails at once
+        refuse_inside(out, run.path if isinstance(run, Run) else run)
     if not isinstance(run, Run):
         run = load_run(run, device=device, data_dir=data_dir)
     if out is None:

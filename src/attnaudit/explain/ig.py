@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -124,6 +125,13 @@ def _groups(model: AttentionModel, batch: Batch) -> list[Tensor]:
     return length_groups(batch.mask.sum(1).cpu())
 
 
+def _has_token(tokenizer: Any, name: str) -> bool:
+    """Whether a tokenizer (None: our vocabularies, with pad and unk only) has an ``unk``/``pad``/``mask``/``eos`` token."""
+    if tokenizer is None:
+        return name in ("pad", "unk")
+    return getattr(tokenizer, f"{name}_token_id", None) is not None
+
+
 def baseline_token(model: AttentionModel, name: str) -> int:
     """The id of the ``unk``/``pad``/``mask``/``eos`` token: a Hugging Face model's tokenizer's, else our
     vocabularies' (``<pad>`` 0, ``<unk>`` 1; they have no mask or end token); a one-line error when there is none."""
@@ -133,8 +141,10 @@ def baseline_token(model: AttentionModel, name: str) -> int:
     else:
         found = {"pad": Vocab.pad_id, "unk": Vocab.unk_id}.get(name)
     if found is None:
+        # Suggest only the tokens this model has (``mask`` was once offered to a model without one).
+        offered = [other for other in BASELINES[1:] if other != name and _has_token(tokenizer, other)]
         raise AttnAuditError(f"ig baseline {name!r}: this model's {'tokenizer' if tokenizer is not None else 'vocabulary'} has no {name} token; "
-                             f"choose zero or another of {', '.join(BASELINES[1:])}")
+                             f"choose {' or '.join(['zero', *offered]) if offered else 'zero'}")
     if not 0 <= int(found) < model.config.vocab_size:
         raise AttnAuditError(f"ig baseline {name!r}: token id {found} is outside the model's {model.config.vocab_size} embeddings")
     return int(found)

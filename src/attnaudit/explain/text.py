@@ -43,6 +43,7 @@ from attnaudit.io import (
     check_output_dir,
     is_run_dir,
     locked,
+    refuse_inside,
 )
 from attnaudit.models.interface import evaluation
 from attnaudit.run import Run
@@ -149,12 +150,16 @@ def explain_text(
     if max_length is not None and max_length < 1:
         raise AttnAuditError(f"--max-length must be at least 1, got {max_length}")
     sequence = _check_sequence(generate, target, contrast, max_length)
+    if sample and generate is None:  # refused like --aggregate: a forced --target, or one decision, draws nothing
+        raise AttnAuditError("--sample applies with --generate N (a --target is forced, not drawn)")
     if aggregate is not None and (not sequence or aggregate not in AGGREGATIONS):
         choices = ", ".join(AGGREGATIONS)
         raise AttnAuditError(f"--aggregate must be one of {choices}" if sequence else "--aggregate applies with --generate or --target")
     ig_steps(steps)
     offered = {"seed": seed, "steps": steps, **method_options(options)}
     folder = check_output_dir(out) if out is not None else None
+    if out is not None and isinstance(source, (str, Path)) and Path(source).is_dir():
+        refuse_inside(out, source, "the model folder")
     run = _load(source, prompt, verbalizer, device, data_dir, {"dtype": dtype, "device_map": device_map, "max_memory": max_memory})
     set_seed(seed)
     explained: Explained | Generated

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 from torch import nn
 
-from attnaudit import __version__
+from attnaudit import __version__, bounds
 from attnaudit.data.tasks import load_task
 from attnaudit.data.types import Batch, Example, TaskData
 from attnaudit.data.word_alignments import PAD_ID, Seq2SeqCollator, SubwordTokenizer
@@ -165,6 +165,8 @@ def train_nmt(
     :func:`train_hf_nmt`).
     """
     cfg = _nmt_config(options, bleu_split)
+    bounds.bpe_vocabulary(cfg.source_vocab, cfg.d_model, "--source-vocab")  # before the data: the trainer reserves its tables at once
+    bounds.bpe_vocabulary(cfg.target_vocab, cfg.d_model, "--target-vocab")
     if arch != "nmt":
         from attnaudit.models.hf_fresh import ARCHITECTURES
 
