@@ -104,6 +104,8 @@ def _load_target(
         raise AttnAuditError("audit needs exactly one of: --run RUN, --hf MODEL --task T, or --task T --model M")
     if train_options and model is None:
         raise AttnAuditError(f"training options ({', '.join(sorted(train_options))}) only apply with --task/--model")
+    if run is not None and task:  # as `run TEST RUN --task` refuses it: the task was once silently ignored
+        raise AttnAuditError("--task applies with --hf or --model; a run directory is audited on the task it was trained on")
     if isinstance(run, Run):
         return run
     if run is not None:

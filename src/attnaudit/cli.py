@@ -800,6 +800,14 @@ def register_run_commands() -> None:
 
 
 _shown_warnings: set[str] = set()
+_UNPRINTABLE = {c: f"\\x{c:02x}" for c in [*range(32), *range(127, 160)]}
+_UNPRINTABLE |= {c: f"\\u{c:04x}" for c in [*range(0x202A, 0x202F), *range(0x2066, 0x206A)]}  # bidirectional overrides
+
+
+def printable(message: object) -> str:
+    """``message`` as one line that cannot drive the terminal: control characters (a newline, an escape
+    sequence echoed from an argument) and bidirectional overrides are shown as escapes."""
+    return str(message).translate(_UNPRINTABLE)
 
 
 def _show_warning(message: Any, category: type[Warning], *_: Any, **__: Any) -> None:
@@ -808,7 +816,7 @@ def _show_warning(message: Any, category: type[Warning], *_: Any, **__: Any) -> 
     # would otherwise repeat every epoch.
     if issubclass(category, AttnAuditWarning) and str(message) not in _shown_warnings:
         _shown_warnings.add(str(message))
-        print(f"warning: {message}", file=sys.stderr)
+        print(f"warning: {printable(message)}", file=sys.stderr)
 
 
 def _names(values: list[str] | None) -> list[str] | None:
@@ -834,12 +842,12 @@ def main() -> None:
         if isinstance(code, int) and code:
             sys.exit(code)
     except AttnAuditError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {printable(exc)}", file=sys.stderr)
         sys.exit(exc.exit_code)
     except OSError as exc:  # an I/O fault (permissions, a full disk, a read-only folder): one line naming the file
         from attnaudit.errors import os_error_line
 
-        print(f"error: {os_error_line(exc)}", file=sys.stderr)
+        print(f"error: {printable(os_error_line(exc))}", file=sys.stderr)
         sys.exit(2)
     except (typer.Exit, SystemExit) as exc:
         code = getattr(exc, "exit_code", getattr(exc, "code", 0))
@@ -856,14 +864,14 @@ def main() -> None:
         from typer._click.exceptions import ClickException
 
         if isinstance(exc, ClickException):
-            print(f"error: {exc.format_message()}", file=sys.stderr)
+            print(f"error: {printable(exc.format_message())}", file=sys.stderr)
             sys.exit(2)
         if _DEBUG["on"]:
             raise
         # The last resort: a failure no check foresaw is still one line, and says how to see and report it.
         command = " ".join(word for word in sys.argv[1:3] if not word.startswith("-")) or "attnaudit"
         message = str(exc).strip().splitlines()
-        print(f"error: attnaudit {command} failed unexpectedly: {type(exc).__name__}: {message[0] if message else ''} "
+        print(f"error: attnaudit {printable(command)} failed unexpectedly: {type(exc).__name__}: {printable(message[0]) if message else ''} "
               "(run it again with `attnaudit --debug ...` for the traceback, and please report it)", file=sys.stderr)
         sys.exit(1)
 

@@ -107,7 +107,7 @@ def test_token_baselines_of_a_hugging_face_encoder(tiny_hf: SimpleNamespace) -> 
         fx = reference_value(model, batch, model.embed(batch), pred, "probability")
         f0 = reference_value(model, batch, baseline_embeddings(model, batch, "mask"), pred, "probability")
     torch.testing.assert_close(signed.sum(1), fx - f0, atol=1e-3, rtol=0)
-    no_eos = r"^ig baseline 'eos': this model's tokenizer has no eos token; choose zero or another of unk, pad, mask, eos$"
+    no_eos = r"^ig baseline 'eos': this model's tokenizer has no eos token; choose zero, unk, pad or mask$"
     with pytest.raises(AttnAuditError, match=no_eos):
         integrated_gradients(run, batch, steps=2, baseline="eos")
 
@@ -116,7 +116,7 @@ def test_bad_options_are_one_line(runs: dict) -> None:
     run, batch = runs["bilstm"]
     with pytest.raises(AttnAuditError, match=r"^unknown baseline 'unknown'; did you mean 'unk'\? \(choose from zero, unk, pad, mask, eos\)$"):
         integrated_gradients(run, batch, steps=2, baseline="unknown")
-    with pytest.raises(AttnAuditError, match="this model's vocabulary has no mask token"):
+    with pytest.raises(AttnAuditError, match="this model's vocabulary has no mask token; choose zero, unk or pad$"):
         integrated_gradients(run, batch, steps=2, baseline="mask")
     with pytest.raises(AttnAuditError, match=r"absolute=False is reduction='sum'; it does not combine with reduction='l2'"):
         integrated_gradients(run, batch, steps=2, absolute=False, reduction="l2")

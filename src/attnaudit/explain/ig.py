@@ -142,9 +142,10 @@ def baseline_token(model: AttentionModel, name: str) -> int:
         found = {"pad": Vocab.pad_id, "unk": Vocab.unk_id}.get(name)
     if found is None:
         # Suggest only the tokens this model has (``mask`` was once offered to a model without one).
-        offered = [other for other in BASELINES[1:] if other != name and _has_token(tokenizer, other)]
+        offered = ["zero", *(other for other in BASELINES[1:] if other != name and _has_token(tokenizer, other))]
+        choices = f"{', '.join(offered[:-1])} or {offered[-1]}" if len(offered) > 1 else "zero"
         raise AttnAuditError(f"ig baseline {name!r}: this model's {'tokenizer' if tokenizer is not None else 'vocabulary'} has no {name} token; "
-                             f"choose {' or '.join(['zero', *offered]) if offered else 'zero'}")
+                             f"choose {choices}")
     if not 0 <= int(found) < model.config.vocab_size:
         raise AttnAuditError(f"ig baseline {name!r}: token id {found} is outside the model's {model.config.vocab_size} embeddings")
     return int(found)

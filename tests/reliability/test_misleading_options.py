@@ -1,0 +1,97 @@
+"""Options that were silently ignored or misleading (issue #47) and what the CLI fuzzer found (test_cli_fuzz.py):
+each is now refused in one line before any work, or named correctly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+
+from attnaudit.architectures import save_tiny
+from attnaudit.run import Run
+
+from .helpers import assert_clean_failure, cli, written
+
+
+@pytest.fixture(scope="module")
+def gpt2(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny saved GPT-2 (a decoder whose tokenizer has no mask token)."""
+    return save_tiny("gpt2", tmp_path_factory.mktemp("gpt2") / "model")
+
+
+def digest(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("extra", [[], ["--target", " a b"]], ids=["alone", "with-target"])
+def test_sample_applies_with_generate_only(gpt2: Path, extra: list[str], tmp_path: Path) -> None:
+    """`--sample` without `--generate` (one decision, or a forced --target) was accepted and ignored; refused like --aggregate."""
+    line = assert_clean_failure(cli("explain", "--hf", gpt2, "--text", "a b c", "--sample", *extra, "--out", tmp_path / "out"), "--sample",
+                                out=tmp_path / "out")
+    assert "applies with --generate" in line
+
+
+def test_an_unknown_method_among_known_ones_is_named(trained: Run, tmp_path: Path) -> None:
+    for args in (("explain", "--run", trained.path, "--text", "a b", "--method", "attention,bogus"),
+                 ("run", "faithfulness", trained.path, "--methods", "attention,bogus", "--out", tmp_path / "out")):
+        line = assert_clean_failure(cli(*args), "unknown method 'bogus'", out=tmp_path / "out")
+        assert "'attention'" not in line.split("(choose")[0]
+
+
+def test_a_baseline_the_model_lacks_is_not_suggested(gpt2: Path) -> None:
+    line = assert_clean_failure(cli("explain", "--hf", gpt2, "--text", "a b c", "--method", "ig", "--baseline", "mask", "--steps", "2"),
+                                "ig baseline 'mask'")
+    advice = line.split("choose", 1)[1]
+    assert "has no mask token" in line and "mask" not in advice and "zero" in advice
+
+
+@pytest.mark.parametrize("command", ["run", "audit", "explain"])
+def test_an_out_inside_the_run_folder_is_refused(command: str, run_copy: Path) -> None:
+    inside = run_copy / "results-here"
+    before = digest(run_copy)
+    args = {
+        "run": ("run", "importance", run_copy, "--limit", "4", "--out", inside, "--quiet"),
+        "audit": ("audit", "--run", run_copy, "--only", "importance", "--limit", "4", "--out", inside, "--quiet"),
+        "explain": ("explain", "--run", run_copy, "--text", "a b", "--out", inside, "--quiet"),
+    }[command]
+    line = assert_clean_failure(cli(*args), f"--out {inside}", out=inside)
+    assert "inside the run folder" in line or "inside the model folder" in line
+    assert not inside.exists() and digest(run_copy) == before
+    assert_clean_failure(cli(*args[:-3], "--out", run_copy, "--quiet"), f"--out {run_copy}")  # the run folder itself
+    assert digest(run_copy) == before
+
+
+def test_a_task_given_to_an_audit_of_a_run_is_refused(trained: Run, tmp_path: Path) -> None:
+    """`audit --run RUN --task T` audited RUN's own task and said nothing of T (as `run TEST RUN --task` refuses)."""
+    line = assert_clean_failure(cli("audit", "--run", trained.path, "--task", "sst", "--out", tmp_path / "a", "--quiet"), "--task",
+                                out=tmp_path / "a")
+    assert "a run directory is audited on the task it was trained on" in line and not (tmp_path / "a").exists()
+
+
+@pytest.mark.parametrize(("test", "switch"), [("shuffle", "per-layer"), ("rollout", "include-special")])
+def test_a_switch_on_by_default_can_be_turned_off(test: str, switch: str, trained: Run, tmp_path: Path) -> None:
+    """The tests' boolean options default to on and had no off form: `--no-per-layer` was "No such option"."""
+    proc = cli("run", test, trained.path, f"--no-{switch}", "--out", tmp_path / "out")
+    line = assert_clean_failure(proc, f"test '{test}' does not apply")  # parsed: the BiLSTM is what is refused
+    assert "No such option" not in line
+
+
+def test_a_bpe_vocabulary_beyond_memory_is_one_line(tmp_path: Path) -> None:
+    """`train-nmt --source-vocab 2147483648` made the tokenizers library abort the interpreter (exit 134, a Rust backtrace)."""
+    for option in ("--source-vocab", "--target-vocab"):
+        proc = cli("train-nmt", "--task", "synthetic-translation", "--out", tmp_path / "nmt", option, "2147483648", "--quiet")
+        line = assert_clean_failure(proc, f"{option} 2147483648: needs about", out=tmp_path / "nmt")
+        assert "BPE trainer" in line and "limit here" in line and not (tmp_path / "nmt").exists()
+
+
+def test_control_characters_of_an_argument_do_not_reach_the_terminal(tmp_path: Path) -> None:
+    """An argument echoed in an error (a file name with an escape sequence, a newline, a bidirectional override)
+    is shown escaped: one line, nothing that recolours or rewrites the terminal."""
+    name = "a\x1b[31mb\nc\u202ed"
+    proc = cli("train", "--task", f"csv:{tmp_path / name}", "--model", "bilstm", "--out", tmp_path / "run")
+    line = assert_clean_failure(proc, "file not found", out=tmp_path / "run")
+    assert "\\x1b[31mb\\x0ac\\u202ed" in line
+    assert not any(ord(c) < 32 or c == "\u202e" for c in proc.stderr.rstrip("\n"))
+    assert written(tmp_path / "run") == []
