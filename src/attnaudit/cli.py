@@ -46,7 +46,7 @@ app.add_typer(run_app, name="run")
 out_console = Console()
 
 DataDir = Annotated[
-    Path | None, typer.Option("--data-dir", envvar="ATTNAUDIT_DATA", help="Folder with the named datasets.")
+    Path | None, typer.Option("--data-dir", envvar="ATTNAUDIT_DATA", file_okay=False, help="Folder with the named datasets.")
 ]
 Device = Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars or status lines.")]
@@ -622,7 +622,7 @@ def sweep(
     workers: Annotated[int | None, typer.Option(help="Jobs run at once (default: one per CPU core).")] = None,
     out: Annotated[Path | None, typer.Option(help="Sweep folder (default: the file's `out`).")] = None,
     data_dir: Annotated[
-        Path | None, typer.Option("--data-dir", help="Datasets folder (default: the file's `data_dir`, else $ATTNAUDIT_DATA).")
+        Path | None, typer.Option("--data-dir", file_okay=False, help="Datasets folder (default: the file's `data_dir`, else $ATTNAUDIT_DATA).")
     ] = None,
     quiet: Quiet = False,
 ) -> None:

@@ -95,3 +95,20 @@ def test_control_characters_of_an_argument_do_not_reach_the_terminal(tmp_path: P
     assert "\\x1b[31mb\\x0ac\\u202ed" in line
     assert not any(ord(c) < 32 or c == "\u202e" for c in proc.stderr.rstrip("\n"))
     assert written(tmp_path / "run") == []
+
+
+def test_a_data_dir_that_is_a_file_is_refused(trained: Run, tmp_path: Path) -> None:
+    """A --data-dir naming a file was accepted wherever the task did not need it (the fuzzer's `sweep --data-dir FILE`)."""
+    a_file = Path(str(trained.path)) / "config.json"
+    for args in (("datasets",), ("evaluate", trained.path), ("sweep", tmp_path / "sweep.yaml")):
+        proc = cli(*args, "--data-dir", a_file)
+        assert_clean_failure(proc, "'--data-dir'")
+        assert "is a file" in proc.stderr
+
+
+def test_an_nmt_size_of_zero_is_refused(tmp_path: Path) -> None:
+    """`train-nmt --d-ff 0` trained a model without its feed-forward layers and said nothing."""
+    for option in ("--d-ff", "--layers", "--heads", "--d-model", "--max-train-len"):
+        proc = cli("train-nmt", "--task", "synthetic-translation", "--out", tmp_path / "nmt", option, "0", "--quiet")
+        line = assert_clean_failure(proc, f"{option} must be at least 1, got 0", out=tmp_path / "nmt")
+        assert line and not (tmp_path / "nmt").exists()

@@ -286,6 +286,9 @@ def _nmt_config(options: dict[str, Any], bleu_split: str | None) -> NMTConfig:
     if unknown:
         raise AttnAuditError(f"unknown NMT training option(s): {', '.join(sorted(unknown))}")
     cfg = NMTConfig(**{k: v for k, v in options.items() if v is not None})
+    for name in ("layers", "heads", "d_model", "d_ff", "epochs", "batch_size", "max_train_len"):
+        if getattr(cfg, name) < 1:  # --d-ff 0 trained a model without its feed-forward layers, silently
+            raise AttnAuditError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(cfg, name)}")
     if cfg.max_train_len > cfg.max_len:
         raise AttnAuditError(f"max_train_len={cfg.max_train_len} exceeds max_len={cfg.max_len}")
     if bleu_split not in (None, "dev", "test"):
