@@ -16,9 +16,12 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+import typer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -27,7 +30,7 @@ from attnaudit.progress import is_quiet, set_quiet
 from attnaudit.training.trainer import train
 
 from .fuzz import Option, Workspace, attempt, base, schema, show, values, with_value
-from .helpers import cli, synthetic_rows, write_table
+from .helpers import cli, fresh_cli, synthetic_rows, write_table
 
 SCHEMA = schema()
 SHARED_ON = ("run", "permutation")
@@ -41,10 +44,14 @@ REFUSED = {"int": "-1", "float": "nan", "text": "a\x01b\x1b[31mc\x7f", "path": "
 
 
 def cases(every_value: bool) -> list[tuple[Option, str]]:
-    """(option, value) pairs: every command × option with one value by rotation, or with each of its values."""
+    """(option, value) pairs: every command × option with one value by rotation, or with each of its values
+    (``FUZZ_ONLY=cheap``: not demo and sweep, the shared run options on one test)."""
     chosen: list[tuple[Option, str]] = []
+    cheap = os.environ.get("FUZZ_ONLY") == "cheap"
     for command, (own, shared) in SCHEMA.items():
-        options = own + (shared if every_value or command == SHARED_ON else [])
+        if cheap and command[0] in COSTLY:
+            continue
+        options = own + (shared if (every_value and not cheap) or command == SHARED_ON else [])
         for option in options:
             pool = values(option)
             if every_value:
@@ -60,6 +67,26 @@ def cases(every_value: bool) -> list[tuple[Option, str]]:
 def options_covered() -> int:
     """Command × option pairs of the schema (the run tests' shared options counted once per test)."""
     return sum(len(own) + len(shared) for own, shared in SCHEMA.values())
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _command_built_once() -> Iterator[None]:
+    """typer rebuilds the whole click command tree (39 commands, ~0.05 s) on every call of the app; a process
+    calls it once, the fuzzer hundreds of times: the tree is built once here (a click command keeps no state
+    between invocations; :func:`test_in_process_is_the_console_script` checks the outputs agree)."""
+    import typer.main
+
+    real, built = typer.main.get_command, {}
+
+    def get_command(app: typer.Typer) -> Any:
+        if id(app) not in built:
+            built[id(app)] = real(app)
+        return built[id(app)]
+
+    patch = pytest.MonkeyPatch()
+    patch.setattr(typer.main, "get_command", get_command)
+    yield
+    patch.undo()
 
 
 @pytest.fixture(scope="module")
@@ -124,18 +151,31 @@ def test_every_command_and_option(workspace: Workspace) -> None:
     assert fuzz(workspace, chosen) == []
 
 
-@settings(max_examples=12, derandomize=True, deadline=None, database=None, suppress_health_check=list(HealthCheck))
-@given(data=st.data())
-def test_drawn_combinations(workspace: Workspace, data: st.DataObject) -> None:
-    """Two or three hostile options at once, on one command (hypothesis, derandomized)."""
-    command = data.draw(st.sampled_from(sorted(c for c in SCHEMA if c[0] not in COSTLY and (c[0] != "run" or c == SHARED_ON))))
+def draw_and_run(workspace: Workspace, data: st.DataObject, costly: bool = False) -> None:
+    """Two or three hostile options at once on one command (hypothesis); ``costly``: demo and sweep too."""
+    commands = sorted(c for c in SCHEMA if SCHEMA[c][0] and (costly or (c[0] not in COSTLY and (c[0] != "run" or c == SHARED_ON))))
+    command = data.draw(st.sampled_from(commands))
     own, shared = SCHEMA[command]
-    options = data.draw(st.lists(st.sampled_from(own + shared), min_size=2, max_size=3, unique=True))
+    options = data.draw(st.lists(st.sampled_from(own + shared), min_size=min(2, len(own + shared)), max_size=3, unique=True))
     words = base(command)
     for option in options:
         words = with_value(words, option, data.draw(st.sampled_from(values(option))))
     outcome, broken = attempt(workspace, words)
     assert not broken, show(outcome, broken)
+
+
+@settings(max_examples=25, derandomize=True, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_drawn_combinations(workspace: Workspace, data: st.DataObject) -> None:
+    """Hostile options combined (derandomized: the same 25 cases on every machine)."""
+    draw_and_run(workspace, data)
+
+
+@pytest.mark.slow
+@settings(max_examples=400, derandomize=True, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_many_drawn_combinations(workspace: Workspace, data: st.DataObject) -> None:
+    draw_and_run(workspace, data, costly=True)
 
 
 @pytest.mark.slow
@@ -156,3 +196,19 @@ def test_the_fuzzer_sees_every_command_and_test() -> None:
     assert all(values(option) for own, shared in SCHEMA.values() for option in own + shared)
     assert Path(__file__).with_name("fuzz.py").is_file()
 
+
+
+@pytest.mark.parametrize(
+    "words",
+    [["train", "--task", "x", "--model", "bilstm", "--out", "@out", "--epochs", "nan"], ["datasets", "--data-dir", "@file"],
+     ["explain", "--run", "@run", "--text", "a\x1b[31m", "--steps", "0"]],
+    ids=["nan", "file-as-folder", "below-range"],
+)
+def test_in_process_is_the_console_script(workspace: Workspace, words: list[str]) -> None:
+    """The fuzzer's in-process calls (one command tree) say what the console script in a fresh interpreter says
+    (cases refused while parsing: no model library is imported, a fresh interpreter costs half a second)."""
+    out = workspace.fresh_out()
+    resolved = workspace.resolve(words, out)
+    inside, fresh = cli(*resolved, cwd=workspace.cwd), fresh_cli(*resolved, cwd=workspace.cwd)
+    assert (inside.returncode, inside.stderr, inside.stdout) == (fresh.returncode, fresh.stderr, fresh.stdout)
+    assert inside.returncode == 2 and inside.stderr.startswith("error:")
