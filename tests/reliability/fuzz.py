@@ -255,6 +255,9 @@ class Workspace:
 
 # --------------------------------------------------------------------------- the promise
 
+PRODUCERS = frozenset({"train", "finetune", "train-nmt", "demo", "sweep"})
+"""Commands that write a new run (or runs) into their --out and read no run."""
+
 
 @dataclass
 class Outcome:
@@ -273,14 +276,29 @@ def attempt(workspace: Workspace, words: list[str]) -> tuple[Outcome, list[str]]
     proc = cli(*resolved, cwd=workspace.cwd)
     outcome = Outcome(resolved, proc.returncode, proc.stderr, proc.stdout)
     broken = promise(outcome, out)
-    if workspace.digest() != before:
-        changed = sorted(k for k in set(before) | set(workspace.digest()) if before.get(k) != workspace.digest().get(k))
-        broken.append(f"inputs changed: {changed[:5]}")
+    after = workspace.digest()
+    if after != before:
+        # A command that writes a new run may make it anywhere, inside another run's folder too; one that
+        # reads the run must add nothing to it; none may change or remove an input file.
+        changed = sorted(k for k in before if before[k] != after.get(k) and not _named_out(words, resolved, k))
+        added = [] if words[0] in PRODUCERS else sorted(set(after) - set(before))
+        if changed or added:
+            broken.append(f"inputs changed: {changed[:3]}, added: {added[:3]}")
         restore(workspace)
     for leftover in workspace.cwd.iterdir():  # `--out ''` is the working folder: emptied for the next case
         shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
     shutil.rmtree(out.parent, ignore_errors=True)
     return outcome, broken
+
+
+def _named_out(words: list[str], resolved: list[str], file: str) -> bool:
+    """Whether ``file`` lies in the folder a producing command was given as ``--out``: training into an existing
+    run's folder retrains it in place, by design (training/checkpoint.py ``refuse_other_run``; refused when the
+    run holds test results)."""
+    if words[0] not in PRODUCERS or "--out" not in resolved:
+        return False
+    out = Path(resolved[len(resolved) - 1 - resolved[::-1].index("--out") + 1])
+    return out in Path(file).parents
 
 
 def promise(outcome: Outcome, out: Path) -> list[str]:

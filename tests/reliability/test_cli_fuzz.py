@@ -127,6 +127,7 @@ def fuzz(workspace: Workspace, chosen: list[tuple[Option, str]]) -> list[str]:
             print(f"{time.process_time() - started:.1f} s CPU: {option} {value[:20]!r} exit {outcome.code}")
         if broken:
             found.append(f"{option}: " + show(outcome, broken))
+            print("BROKEN " + found[-1])
         codes[outcome.code] = codes.get(outcome.code, 0) + 1
         if os.environ.get("FUZZ_SHOW"):
             print(f"{option} {value[:30]!r} -> {outcome.code} {outcome.stderr.strip()[-150:]!r}")
@@ -179,9 +180,12 @@ def test_many_drawn_combinations(workspace: Workspace, data: st.DataObject) -> N
 
 
 @pytest.mark.slow
-def test_every_value_of_every_option(workspace: Workspace) -> None:
-    chosen = cases(every_value=True)
-    print(f"fuzzed: {len(chosen)} command x option x value cases over {options_covered()} command x option pairs")
+@pytest.mark.timeout(3600)
+@pytest.mark.parametrize("command", sorted(SCHEMA), ids=" ".join)
+def test_every_value_of_every_option(workspace: Workspace, command: tuple[str, ...]) -> None:
+    """Every hostile value of every option of ``command`` (the run tests with their shared options too)."""
+    chosen = [(option, value) for option, value in cases(every_value=True) if option.command == command]
+    print(f"{' '.join(command)}: {len(chosen)} option x value cases")
     assert fuzz(workspace, chosen) == []
 
 
