@@ -113,8 +113,29 @@ def workers(count: int, offered: int | None = None, option: str = "--workers") -
         raise AttnAuditError(f"{option} {count}: only {cores} CPU core(s) {where}; give at most {cores}")
 
 
+def adversaries(count: int, batch_size: int, option: str = "--adversaries") -> None:
+    """The adversarial search keeps, for each instance of a batch, ``count`` attention logits per key with
+    their gradient and Adam's two moments: 16 bytes per adversary and instance at the least (one key, one
+    head; 2,147,483,648 asked torch for 64 GiB)."""
+    if isinstance(count, int) and isinstance(batch_size, int) and count > 0 and batch_size > 0:
+        check_memory(option, count, 16.0 * count * batch_size,
+                     f"at least four numbers per adversary for each of a batch's {batch_size} instances",
+                     "give fewer adversaries (the published test uses 5) or a smaller --batch-size")
+
+
+def seeds(values: Any) -> None:
+    """Every seed of a test's ``--seeds`` in range before any sub-run trains (``run diagnostic --seeds -1``
+    trained the base sub-run, then refused the seed, leaving the sub-run in --out)."""
+    from attnaudit.options import check_seed
+
+    for seed in values if isinstance(values, (list, tuple)) else [values]:
+        check_seed(seed, "--seeds")
+
+
 TEST_OPTIONS: dict[str, Callable[[dict[str, Any]], None]] = {
+    "adversaries": lambda values: adversaries(values["adversaries"], int(values.get("batch_size") or 1)),
     "ig_steps": lambda values: ig_steps(values["ig_steps"], "--ig-steps"),
+    "seeds": lambda values: seeds(values["seeds"]),
     "permutations": lambda values: permutations(values["permutations"], int(values.get("batch_size") or 1)),
 }
 """A test option's bound by its name, given every option value of the test (defaults filled in)."""

@@ -12,10 +12,14 @@ exit 0, 2 or 130; a failure is one ``error:`` line (``warning:`` lines allowed),
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import inspect
+import os
 import shutil
+import signal
 import typing
+from collections.abc import Iterator
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -267,13 +271,44 @@ class Outcome:
     stdout: str
 
 
+class OverBudget(BaseException):
+    """A case ran past its CPU budget (a BaseException: the CLI's own handlers let it through)."""
+
+
+@contextlib.contextmanager
+def cpu_budget(seconds: float) -> Iterator[None]:
+    """Raise :class:`OverBudget` once this process has spent ``seconds`` of CPU time in the block."""
+    def over(*_: object) -> None:
+        raise OverBudget
+
+    previous = signal.signal(signal.SIGVTALRM, over)
+    signal.setitimer(signal.ITIMER_VIRTUAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_VIRTUAL, 0)
+        signal.signal(signal.SIGVTALRM, previous)
+
+
+BUDGET = float(os.environ.get("FUZZ_BUDGET", "30"))
+"""CPU-seconds a case may take: the tiny inputs need well under 5; a value that starts unbounded work (two
+billion epochs) is stopped here and reported as such."""
+
+
 def attempt(workspace: Workspace, words: list[str]) -> tuple[Outcome, list[str]]:
     """Run ``attnaudit WORDS`` (``@name`` resolved) in this process; the outcome and every broken promise."""
     out = workspace.fresh_out()
     out.parent.mkdir(parents=True, exist_ok=True)
     resolved = workspace.resolve(words, out)
     before = workspace.digest()
-    proc = cli(*resolved, cwd=workspace.cwd)
+    try:
+        with cpu_budget(BUDGET):
+            proc = cli(*resolved, cwd=workspace.cwd)
+    except OverBudget:
+        outcome = Outcome(resolved, -1, "", "")
+        restore(workspace)
+        shutil.rmtree(out.parent, ignore_errors=True)
+        return outcome, [f"still working after {BUDGET:.0f} CPU-seconds: no bound on the time this value asks for"]
     outcome = Outcome(resolved, proc.returncode, proc.stderr, proc.stdout)
     broken = promise(outcome, out)
     after = workspace.digest()

@@ -112,3 +112,29 @@ def test_an_nmt_size_of_zero_is_refused(tmp_path: Path) -> None:
         proc = cli("train-nmt", "--task", "synthetic-translation", "--out", tmp_path / "nmt", option, "0", "--quiet")
         line = assert_clean_failure(proc, f"{option} must be at least 1, got 0", out=tmp_path / "nmt")
         assert line and not (tmp_path / "nmt").exists()
+
+
+@pytest.mark.parametrize(("option", "value", "needle"), [("--lr", "nan", "a finite lr > 0"), ("--lr", "inf", "a finite lr > 0"),
+                                                          ("--max-len", "-1", "--max-len must be at least 1, got -1")])
+def test_finetune_values_found_by_the_fuzzer(option: str, value: str, needle: str, tmp_path: Path) -> None:
+    """`--lr nan` was torch's "Invalid learning rate" (failed unexpectedly, exit 1), `--lr inf` trained to NaN
+    weights and left them in --out, `--max-len -1` an OverflowError in the tokenizer."""
+    proc = cli("finetune", "--hf", "missing-model-never-loaded", "--task", "synthetic", "--out", tmp_path / "ft", option, value)
+    line = assert_clean_failure(proc, needle, out=tmp_path / "ft")
+    assert line and not (tmp_path / "ft").exists()
+
+
+def test_adversaries_beyond_memory_are_one_line(trained: Run, tmp_path: Path) -> None:
+    """`run adversarial --adversaries 2147483648` asked torch for 64 GiB (failed unexpectedly); 10**23 overflowed."""
+    for value in ("2147483648", "99999999999999999999999"):
+        proc = cli("run", "adversarial", trained.path, "--adversaries", value, "--out", tmp_path / "out")
+        line = assert_clean_failure(proc, f"--adversaries {value}: needs about", out=tmp_path / "out")
+        assert "limit here" in line and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("test", ["diagnostic", "seeds", "uniform"])
+def test_a_seed_out_of_range_is_refused_before_any_sub_run(test: str, trained: Run, tmp_path: Path) -> None:
+    """`run diagnostic --seeds -1` trained the base sub-run into --out, then refused the seed."""
+    proc = cli("run", test, trained.path, "--seeds=-1", "--epochs", "1", "--out", tmp_path / "out")
+    line = assert_clean_failure(proc, "--seeds must be an integer from 0 to", out=tmp_path / "out")
+    assert line and not (tmp_path / "out").exists()

@@ -22,6 +22,7 @@ retrained (``metrics.json`` is written last, as the commit point).
 
 from __future__ import annotations
 
+import math
 import random
 from fnmatch import fnmatchcase
 from pathlib import Path
@@ -87,12 +88,15 @@ def freeze(model: nn.Module, patterns: tuple[str, ...]) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
-def _check(epochs: int, batch_size: int, lr: float, warmup: float, limit: int | None, train_layers: int | None) -> None:
+def _check(epochs: int, batch_size: int, lr: float, warmup: float, limit: int | None, train_layers: int | None,
+           max_len: int | None = None) -> None:
     """Refuse impossible settings before anything is loaded or written."""
-    if epochs < 1 or batch_size < 1 or lr <= 0 or not 0 <= warmup < 1:
-        raise AttnAuditError("finetune needs epochs >= 1, batch_size >= 1, lr > 0 and 0 <= warmup < 1")
+    if epochs < 1 or batch_size < 1 or not 0 < lr < math.inf or not 0 <= warmup < 1:  # --lr nan/inf: one line, not torch's error
+        raise AttnAuditError("finetune needs epochs >= 1, batch_size >= 1, a finite lr > 0 and 0 <= warmup < 1")
     if limit is not None and limit < 1:
         raise AttnAuditError(f"--limit must be at least 1, got {limit}")
+    if max_len is not None and max_len < 1:  # -1 reached the tokenizer: OverflowError, "failed unexpectedly"
+        raise AttnAuditError(f"--max-len must be at least 1, got {max_len}")
     if train_layers is not None and train_layers < 0:
         raise AttnAuditError(f"--train-layers must be at least 0, got {train_layers}")
 
@@ -146,7 +150,7 @@ def finetune(
     from attnaudit.hf import load_hf, load_hf_run
     from attnaudit.pretrained import resolve_source
 
-    _check(epochs, batch_size, lr, warmup, limit, train_layers)
+    _check(epochs, batch_size, lr, warmup, limit, train_layers, max_len)
     out = Path(out)
     from attnaudit.data.tasks import load_task
 
