@@ -68,13 +68,14 @@ def check_output_dir(path: str | Path) -> Path:
     return path
 
 
-def refuse_inside(out: str | Path, folder: str | Path | None, what: str = "the run folder") -> None:
+def refuse_inside(out: str | Path, folder: str | Path | None, what: str = "the run folder", allowed: str | None = None) -> None:
     """A one-line error when the output folder ``out`` is ``folder`` or lies inside it: the run (or model)
-    folder a command reads is only read (an ``--out`` there once mixed results into the run)."""
+    folder a command reads is only read (an ``--out`` there once mixed results into the run), but for its
+    subfolder ``allowed`` (a run's own ``results``, where a test writes without ``--out``)."""
     if folder is None or not Path(folder).is_dir():
         return
     inside, read = Path(out).resolve(), Path(folder).resolve()
-    if inside == read or read in inside.parents:
+    if (inside == read or read in inside.parents) and not (allowed and inside == read / allowed):
         raise AttnAuditError(f"--out {out}: inside {what} {folder}, which is only read; give a folder outside it")
 
 

@@ -402,7 +402,7 @@ def run_test(
     opts = make_options(experiment, options)
     if out is not None:
         directory = check_output_dir(out)  # before loading the run: a bad --out fails at once
-        refuse_inside(out, run.path if isinstance(run, Run) else run)
+        refuse_inside(out, run.path if isinstance(run, Run) else run, allowed="results")  # RUN/results: the default
     if not isinstance(run, Run):
         run = load_run(run, device=device, data_dir=data_dir)
     if out is None:
