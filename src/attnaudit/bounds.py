@@ -123,6 +123,14 @@ def adversaries(count: int, batch_size: int, option: str = "--adversaries") -> N
                      "give fewer adversaries (the published test uses 5) or a smaller --batch-size")
 
 
+def resamples(count: int, option: str = "--resamples") -> None:
+    """A percentile bootstrap draws every resample at once (scipy): an index and a value, 16 bytes, per
+    resample and instance, and an interval needs two instances at the least (2147483648 asked numpy for 64 GiB)."""
+    if isinstance(count, int) and count > 0:
+        check_memory(option, count, 32.0 * count, "scipy's bootstrap: an index and a value per resample for each of at least two instances",
+                     "give fewer resamples (1,000 is the default)")
+
+
 def seeds(values: Any) -> None:
     """Every seed of a test's ``--seeds`` in range before any sub-run trains (``run diagnostic --seeds -1``
     trained the base sub-run, then refused the seed, leaving the sub-run in --out)."""
@@ -136,6 +144,7 @@ TEST_OPTIONS: dict[str, Callable[[dict[str, Any]], None]] = {
     "adversaries": lambda values: adversaries(values["adversaries"], int(values.get("batch_size") or 1)),
     "ig_steps": lambda values: ig_steps(values["ig_steps"], "--ig-steps"),
     "seeds": lambda values: seeds(values["seeds"]),
+    "resamples": lambda values: resamples(values["resamples"]),
     "permutations": lambda values: permutations(values["permutations"], int(values.get("batch_size") or 1)),
 }
 """A test option's bound by its name, given every option value of the test (defaults filled in)."""

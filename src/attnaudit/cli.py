@@ -855,6 +855,10 @@ def main() -> None:
     except KeyboardInterrupt:
         print("error: interrupted (resume with the same command)", file=sys.stderr)
         sys.exit(INTERRUPTED)
+    except MemoryError as exc:  # a size no bound foresaw: the machine's limit, not a bug to report
+        print(f"error: out of memory: {printable(exc) or 'an allocation failed'}; give smaller sizes (--batch-size, --limit, ...)",
+              file=sys.stderr)
+        sys.exit(2)
     except typer.Abort:
         print("error: aborted", file=sys.stderr)
         sys.exit(1)

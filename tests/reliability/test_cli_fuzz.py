@@ -119,6 +119,8 @@ def workspace(tmp_path_factory: pytest.TempPathFactory) -> Workspace:
 UNBOUNDED_TIME = {
     ("finetune", "--epochs"): "no early stopping: 2147483648 epochs of 8 sentences run for days",
     ("run adversarial", "--steps"): "2147483648 optimiser steps per batch",
+    ("run erasure", "--random-orders"): "2147483648 random erasure orders per instance",
+    ("run faithfulness", "--curve-steps"): "2147483648 points on each deletion curve",
 }
 """Options whose huge values start work no bound stops (issue #47 item 1 asks for time estimates too): the
 fuzzer stops them at :data:`fuzz.BUDGET` CPU-seconds and reports them here instead of failing."""

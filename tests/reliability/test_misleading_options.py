@@ -138,3 +138,23 @@ def test_a_seed_out_of_range_is_refused_before_any_sub_run(test: str, trained: R
     proc = cli("run", test, trained.path, "--seeds=-1", "--epochs", "1", "--out", tmp_path / "out")
     line = assert_clean_failure(proc, "--seeds must be an integer from 0 to", out=tmp_path / "out")
     assert line and not (tmp_path / "out").exists()
+
+
+def test_resamples_beyond_memory_are_one_line(trained: Run, tmp_path: Path) -> None:
+    """`run faithfulness --resamples 2147483648` was numpy's MemoryError (64 GiB), 10**23 "Maximum allowed dimension"."""
+    for value in ("2147483648", "99999999999999999999999"):
+        proc = cli("run", "faithfulness", trained.path, "--resamples", value, "--out", tmp_path / "out")
+        line = assert_clean_failure(proc, f"--resamples {value}: needs about", out=tmp_path / "out")
+        assert "limit here" in line
+
+
+def test_memory_no_bound_foresaw_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An allocation that fails anyway is the machine's limit: one line, exit 2, not "please report it"."""
+    from attnaudit.data import tasks
+
+    def exhausted() -> None:
+        raise MemoryError("Unable to allocate 64.0 GiB for an array")
+
+    monkeypatch.setattr(tasks, "list_tasks", exhausted)
+    line = assert_clean_failure(cli("datasets"), "out of memory: Unable to allocate 64.0 GiB")
+    assert "please report" not in line and "smaller sizes" in line
