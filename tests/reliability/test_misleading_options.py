@@ -158,3 +158,17 @@ def test_memory_no_bound_foresaw_is_one_line(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setattr(tasks, "list_tasks", exhausted)
     line = assert_clean_failure(cli("datasets"), "out of memory: Unable to allocate 64.0 GiB")
     assert "please report" not in line and "smaller sizes" in line
+
+
+@pytest.mark.parametrize(("option", "value", "needle"), [
+    ("--lr", "nan", "--lr must be a finite number above 0"), ("--lr", "-1", "--lr must be a finite number above 0"),
+    ("--lr", "inf", "--lr must be a finite number above 0"), ("--warmup", "0", "--warmup must be at least 1"),
+    ("--max-steps", "0", "--max-steps must be at least 1"), ("--d-ff", "2147483648", "needs about"),
+    ("--layers", "99999999999999999999999", "needs about"),
+])
+def test_train_nmt_values_found_by_the_fuzzer(option: str, value: str, needle: str, tmp_path: Path) -> None:
+    """Each was "failed unexpectedly" (torch's invalid learning rate, a division by zero in the schedule, a 64 GiB
+    allocation, an overflow) or exit 2 with the BPE files and a half checkpoint left in --out (`--max-steps 0`, `--lr inf`)."""
+    proc = cli("train-nmt", "--task", "synthetic-translation", "--out", tmp_path / "nmt", "--quiet", option, value)
+    line = assert_clean_failure(proc, needle, out=tmp_path / "nmt")
+    assert line and not (tmp_path / "nmt").exists()

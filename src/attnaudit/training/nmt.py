@@ -286,9 +286,16 @@ def _nmt_config(options: dict[str, Any], bleu_split: str | None) -> NMTConfig:
     if unknown:
         raise AttnAuditError(f"unknown NMT training option(s): {', '.join(sorted(unknown))}")
     cfg = NMTConfig(**{k: v for k, v in options.items() if v is not None})
-    for name in ("layers", "heads", "d_model", "d_ff", "epochs", "batch_size", "max_train_len"):
-        if getattr(cfg, name) < 1:  # --d-ff 0 trained a model without its feed-forward layers, silently
-            raise AttnAuditError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(cfg, name)}")
+    for name in ("layers", "heads", "d_model", "d_ff", "epochs", "batch_size", "max_train_len", "warmup", "max_steps"):
+        value = getattr(cfg, name)
+        if value is not None and value < 1:  # --d-ff 0 trained silently; --warmup 0 divided by zero in the schedule
+            raise AttnAuditError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
+    if not 0 < cfg.lr < math.inf:
+        raise AttnAuditError(f"--lr must be a finite number above 0, got {cfg.lr}")
+    # Encoder and decoder layers (attention: 4 d², cross-attention too, feed-forward: 2 d d_ff), 16 bytes a parameter in training.
+    per_layer = 2 * (8 * cfg.d_model * cfg.d_model + 2 * cfg.d_model * cfg.d_ff)
+    bounds.check_memory("--layers/--d-model/--d-ff", f"{cfg.layers}/{cfg.d_model}/{cfg.d_ff}", float(bounds.TRAINING_BYTES) * cfg.layers * per_layer,
+                        "the encoder's and decoder's layers in training", "give fewer layers or smaller widths")
     if cfg.max_train_len > cfg.max_len:
         raise AttnAuditError(f"max_train_len={cfg.max_train_len} exceeds max_len={cfg.max_len}")
     if bleu_split not in (None, "dev", "test"):
