@@ -96,7 +96,11 @@ def model_parameters(make: Callable[[], Any], what: str) -> int:
             module = make()
     except AttnAuditError:
         raise
-    except Exception:  # noqa: BLE001 - a family whose construction needs real tensors: its real build reports any fault
+    except Exception as exc:  # noqa: BLE001 - a family whose construction needs real tensors: its real build reports any fault
+        if "overflow" in str(exc).lower():  # a size past what torch can address (--hidden-dim 2147483648): never buildable
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise AttnAuditError(f"model size: {what} with these sizes is past what torch can address ({first}); "
+                                 "choose smaller sizes (--hidden-dim, --embed-dim, --d-model, --layers)") from exc
         return -1
     count = sum(p.numel() for p in module.parameters())
     check_memory("model size", f"{count:,} parameters", float(TRAINING_BYTES * count),

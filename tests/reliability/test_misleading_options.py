@@ -172,3 +172,16 @@ def test_train_nmt_values_found_by_the_fuzzer(option: str, value: str, needle: s
     proc = cli("train-nmt", "--task", "synthetic-translation", "--out", tmp_path / "nmt", "--quiet", option, value)
     line = assert_clean_failure(proc, needle, out=tmp_path / "nmt")
     assert line and not (tmp_path / "nmt").exists()
+
+
+@pytest.mark.parametrize(("option", "value", "needle"), [
+    ("--hidden-dim", "2147483648", "past what torch can address"), ("--embed-dim", "99999999999999999999999", "past what torch can address"),
+    ("--weight-decay", "nan", "--weight-decay must be a finite number >= 0"),
+    ("--weight-decay", "inf", "--weight-decay must be a finite number >= 0"),
+])
+def test_train_values_found_by_the_fuzzer(option: str, value: str, needle: str, tmp_path: Path) -> None:
+    """A size whose model cannot even be laid out on the meta device went on to a real allocation (128 GiB, or an
+    overflow: failed unexpectedly); `--weight-decay nan` was torch's error, `inf` trained to NaN weights left in --out."""
+    proc = cli("train", "--task", "synthetic", "--model", "bilstm", "--epochs", "1", "--out", tmp_path / "run", "--quiet", option, value)
+    line = assert_clean_failure(proc, needle, out=tmp_path / "run")
+    assert line and not (tmp_path / "run").exists()

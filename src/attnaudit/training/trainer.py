@@ -141,7 +141,7 @@ class TrainConfig:
             (self.epochs < 1, f"--epochs must be at least 1, got {self.epochs}"),
             (self.batch_size < 1, f"--batch-size must be at least 1, got {self.batch_size}"),
             (not 0 < self.lr <= 1, f"--lr must be in (0, 1], got {self.lr}"),
-            (self.weight_decay < 0, f"--weight-decay must be >= 0, got {self.weight_decay}"),
+            (not 0 <= self.weight_decay < float("inf"), f"--weight-decay must be a finite number >= 0, got {self.weight_decay}"),
             (self.patience < 1, f"--patience must be at least 1 epoch, got {self.patience}"),
             (not self.clip >= 0, f"--clip must be >= 0 (0: no clipping), got {self.clip}"),
             (self.min_freq < 1, f"--min-freq must be at least 1, got {self.min_freq}"),
