@@ -66,7 +66,7 @@ def _option(command: tuple[str, ...], name: str, annotation: Any, kind: str | No
     kind = kind or _kind(base)
     if isinstance(info, ArgumentInfo):
         return Option(command, None, kind)
-    decls = ([info.default] if isinstance(info.default, str) else []) + list(info.param_decls)
+    decls = ([info.default] if isinstance(info.default, str) else []) + list(info.param_decls or [])
     longs = [part for decl in decls for part in decl.split("/") if part.startswith("--")]
     flag = longs[0] if longs else "--" + name.replace("_", "-")
     if kind != "flag" or base is not bool:
@@ -203,7 +203,7 @@ def with_value(words: list[str], option: Option, value: str) -> list[str]:
             at = words.index(flag)
             del words[at:at + (1 if option.kind == "flag" else 2)]
     if option.kind == "flag":
-        return [*words, option.off if value == "@off" else option.flag]  # type: ignore[list-item]
+        return [*words, str(option.off if value == "@off" and option.off else option.flag)]
     return [*words, option.flag, value]
 
 

@@ -141,7 +141,7 @@ def fuzz(workspace: Workspace, chosen: list[tuple[Option, str]]) -> list[str]:
         if time.process_time() - started > 0.5:  # shown with -s: where the budget goes
             print(f"{time.process_time() - started:.1f} s CPU: {option} {value[:20]!r} exit {outcome.code}")
         if broken and known(option, broken):
-            print(f"KNOWN {option}: {UNBOUNDED_TIME[(' '.join(option.command), option.flag)]}: {value!r}")
+            print(f"KNOWN {option}: {UNBOUNDED_TIME[(' '.join(option.command), str(option.flag))]}: {value!r}")
         elif broken:
             found.append(f"{option}: " + show(outcome, broken))
             print("BROKEN " + found[-1])
