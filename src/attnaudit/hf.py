@@ -26,7 +26,7 @@ from attnaudit.models.hf_loading import (
     build_hf_model,
 )
 from attnaudit.models.hf_model import HFModel
-from attnaudit.options import check_dtype, check_max_length, parse_device_map, parse_max_memory
+from attnaudit.options import check_devices, check_dtype, check_max_length, parse_device_map, parse_max_memory
 from attnaudit.pretrained import resolve_source
 from attnaudit.run import Run, TaskSpec, absolute_dir, read_config, write_config
 
@@ -66,11 +66,12 @@ def _placement(device_map: str | dict[str, str | int] | None, max_memory: str | 
     import shutil
     import tempfile
 
+    memory = parse_max_memory(max_memory) if isinstance(max_memory, str) else max_memory
+    mapping = parse_device_map(device_map) if isinstance(device_map, str) else device_map
+    check_devices(mapping, memory)
     folder = tempfile.mkdtemp(prefix="attnaudit-offload-")
     atexit.register(shutil.rmtree, folder, ignore_errors=True)
-    memory = parse_max_memory(max_memory) if isinstance(max_memory, str) else max_memory
-    placement: dict[str, Any] = {"device_map": parse_device_map(device_map) if isinstance(device_map, str) else device_map,
-                                 "offload_folder": folder}
+    placement: dict[str, Any] = {"device_map": mapping, "offload_folder": folder}
     if memory:
         placement["max_memory"] = memory
     return placement

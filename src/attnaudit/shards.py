@@ -300,7 +300,30 @@ def check_engine(engine: str, workers: int | None, address: str | None) -> None:
     if engine != "ray" and (workers is not None or address):
         raise AttnAuditError("--workers and --address are for --engine ray")
     if engine == "ray":
+        if address:
+            check_address(address)
         import_ray()
+
+
+PROBE_SECONDS = 3.0
+"""How long :func:`check_address` waits for a Ray head to accept a connection."""
+
+
+def check_address(address: str) -> None:
+    """A Ray ``--address`` (``host:port``, ``ray://host:port`` or ``auto``) parsed, and its host asked for a
+    connection for at most :data:`PROBE_SECONDS`, before any work: one line, not Ray's retries and logs."""
+    import socket
+
+    if address == "auto":
+        return
+    host, colon, port = address.removeprefix("ray://").rpartition(":")
+    if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise AttnAuditError(f"--address {address!r} is not host:port (e.g. 127.0.0.1:6379), ray://host:port or auto")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=PROBE_SECONDS).close()
+    except OSError as exc:
+        raise AttnAuditError(f"--address {address}: no Ray cluster answers there ({exc.strerror or exc}); "
+                             "start one (ray start --head) or leave --address out for a local Ray") from None
 
 
 @contextmanager

@@ -42,7 +42,7 @@ from attnaudit.io import (
 )
 from attnaudit.options import SEED_MAX, check_dtype, check_max_length, check_value, conforms, type_name
 from attnaudit.progress import status, track
-from attnaudit.shards import ENGINES, ray_session
+from attnaudit.shards import ENGINES, check_address, ray_session
 from attnaudit.study import write_study
 
 JOB_FILE = "job.json"
@@ -661,6 +661,8 @@ def sweep(
         bounds.workers(workers)
     if address and engine != "ray":
         raise AttnAuditError("--address is for --engine ray")
+    if address:
+        check_address(address)
     settings = config if isinstance(config, SweepConfig) else load_config(config)
     folder = out or settings.out
     if not folder:

@@ -255,6 +255,20 @@ def _loader(kind: str, has_head: bool, num_labels: int | None, source: str) -> A
     return AutoModelForCausalLM if kind == "decoder" else AutoModel
 
 
+def _check_module_names(loader: Any, config: Any, device_map: dict[str, Any], source: str) -> None:
+    """Every module a device map names is one of the model's (built without weights from its config: nothing is
+    loaded); a map naming a module that does not exist would otherwise be ignored or fail inside accelerate."""
+    from accelerate import init_empty_weights
+
+    with init_empty_weights(), _quiet_transformers():
+        names = {name for name, _ in loader.from_config(config).named_modules()}
+    unknown_names = [name for name in device_map if name and name not in names]
+    if unknown_names:
+        tops = sorted({name.split(".")[0] for name in names if name})
+        raise AttnAuditError(f"--device-map names module {unknown_names[0]!r}, which {source} does not have; "
+                             f"its top-level modules: {', '.join(tops)} ('' is the whole model)")
+
+
 def build_hf_model(
     source: str,
     task_type: str,
@@ -286,6 +300,8 @@ def build_hf_model(
     if num_labels is not None and not has_head:
         common["num_labels"] = num_labels
     common.update(placement or {})
+    if isinstance(common.get("device_map"), dict):
+        _check_module_names(loader, config, common["device_map"], source)
     if not gguf:  # a cut or disguised weights file is one line here, not transformers' exception mid-load
         for file in sorted(weights_folder.glob("*.safetensors")) if (weights_folder := _weights_folder(folder)) else []:
             check_safetensors(file)
