@@ -220,7 +220,10 @@ def load_hf_run(path: str | Path, device: str | None = "auto", data_dir: str | P
         trained = bool(raw["model"].get("extra", {}).get("trained_head", True))
     except (TypeError, AttributeError) as exc:
         raise InputError(path / "config.json", f"malformed Hugging Face run config: {exc}") from None
-    model_dir = path / str(raw.get("hf", {}).get("dir", HF_DIR))
+    given = str(raw.get("hf", {}).get("dir", HF_DIR))
+    model_dir = path / given
+    if not model_dir.resolve().is_relative_to(path.resolve()):  # a run reads nothing outside its own folder
+        raise InputError(path / "config.json", f"hf.dir {given!r} leads outside the run folder; it names a folder inside it ({HF_DIR!r})")
     if not (model_dir / "config.json").exists():
         raise InputError(model_dir, "Hugging Face model directory missing from the run")
     model = build_hf_model(str(model_dir), spec.task_type, trained_head=trained)

@@ -308,8 +308,8 @@ class GenerationTests(Experiment):
             return "generation needs a Hugging Face decoder or encoder-decoder"
         if getattr(model, "kind", "") == "encoder-decoder":
             return None
-        if model.config.extra.get("output") != "next_token":
-            return "this model does not generate text (a classifier, or an LLM classifying zero-shot)"
+        if model.config.extra.get("output") not in ("next_token", "verbalizer"):  # zero-shot (--task): its LM generates
+            return "this model does not generate text (an encoder, or a classifier with a trained head)"
         return None
 
     def inputs(self, run: Run, options: Any) -> list[Example] | None:
@@ -320,11 +320,11 @@ class GenerationTests(Experiment):
         model = cast("HFModel", run.model)
         generator = torch.Generator().manual_seed(seed)
         rows: list[dict[str, Any]] = []
-        from attnaudit.models.zeroshot import forced_decision, next_token_decision
+        from attnaudit.models.zeroshot import forced_decision, language_model, next_token_decision
 
         decision = forced_decision if model.kind == "encoder-decoder" else next_token_decision
         names = [m.strip() for m in options.methods.split(",") if m.strip()]
-        with decision(model):
+        with language_model(model), decision(model):  # a decoder loaded with --task generates from the task's texts
             methods, dropped = applying(names, model, "--methods", DEFAULT_METHODS.split(",")) if names else ({}, {})
             for index, example in track(list(enumerate(examples)), "generation", total=len(examples)):
                 rows += self.prompt_rows(run, index, example, options, methods, generator, seed)

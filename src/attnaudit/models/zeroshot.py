@@ -202,6 +202,26 @@ def make_zero_shot(model: HFModel, prompt: str, verbalizer: dict[str, str], labe
 
 
 @contextlib.contextmanager
+def language_model(model: HFModel) -> Iterator[HFModel]:
+    """Within the block a decoder made a zero-shot classifier (:func:`make_zero_shot`, e.g. by ``--task``) is its
+    causal LM again: next-token logits over the whole vocabulary, no verbalizer (what generating text reads).
+    Restored on exit; any other model is left as it is."""
+    extra = model.config.extra
+    if extra.get("output") != "verbalizer":
+        yield model
+        return
+    saved = (model.trained_head, model.config.num_labels, model.verbalizer_ids, dict(extra))
+    model.trained_head, model.config.num_labels, model.verbalizer_ids = False, int(model.config.vocab_size), None
+    extra.update(output="next_token", trained_head=False)
+    try:
+        yield model
+    finally:
+        model.trained_head, model.config.num_labels, model.verbalizer_ids = saved[:3]
+        extra.clear()
+        extra.update(saved[3])
+
+
+@contextlib.contextmanager
 def next_token_decision(model: HFModel) -> Iterator[HFModel]:
     """Within the block a causal LM's predicted next token is its prediction: the classes are the whole vocabulary.
 
