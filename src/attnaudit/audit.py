@@ -418,6 +418,8 @@ def _write_record(
         "task": target.task.spec,
         "hf": target.info.get("source") if target.family == "hf" else None,
         "architecture": target.config.extra.get("hf_type") or target.family,  # llama, bert, ...; bilstm, transformer
+        "kind": getattr(target.model, "kind", None),  # a Hugging Face model's: encoder, decoder or encoder-decoder
+        "zero_shot": bool(target.config.extra.get("zero_shot")),  # a decoder classifying by prompt and verbalizer
         **{key: target.info[key] for key in ("max_length", "dtype", "device_map") if key in target.info},  # how it was loaded
         "split": split,
         "limit": limit,
