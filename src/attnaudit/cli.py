@@ -285,8 +285,20 @@ def tests(
     from attnaudit.experiments.experiment import applicability
 
     target = _load_model(hf, run, task, prompt, verbalizer, data_dir, device)
-    for name, reason in applicability(target).items():
-        print(f"{name}: runs" if reason is None else f"{name}: does not apply: {reason}")
+    for line in applicability_lines(applicability(target)):
+        print(line)
+
+
+def applicability_lines(reasons: dict[str, str | None]) -> list[str]:
+    """The tests that run on one line, then one line per reason naming the tests it stops (each reason said once)."""
+    runs = [name for name, reason in reasons.items() if reason is None]
+    grouped: dict[str, list[str]] = {}
+    for name, reason in reasons.items():
+        if reason is not None:
+            grouped.setdefault(reason, []).append(name)
+    lines = [f"runs ({len(runs)}): {', '.join(runs) or 'none'}"]
+    lines += [f"does not apply ({len(names)}: {', '.join(names)}): {reason}" for reason, names in grouped.items()]
+    return lines
 
 
 def _load_model(
