@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from attnaudit.data.subsets import check_order
+from attnaudit.data.subsets import check_order, describe
 from attnaudit.errors import AttnAuditError, error_line, os_error_line, spelled, storage_full, unknown
 from attnaudit.experiments.experiment import (
     Experiment,
@@ -236,6 +236,22 @@ def _reusable(path: Path, name: str, expected: str) -> tuple[Result | None, str]
     return result, ""
 
 
+def audited_line(target: Run, split: str, limit: int | None, data_dir: str | Path | None, order: str, seed: int) -> str:
+    """What the audit tests, said before the work starts: how many of the split's instances, chosen how, and where
+    the split is a share held out of the user's file, that ``--split all`` audits every row (a model loaded by
+    ``--hf`` was not trained on them)."""
+    full = target.examples(split, None, data_dir=data_dir)
+    chosen = target.examples(split, limit, data_dir=data_dir, seed=seed, order=order)
+    subset = describe(split, full, chosen, limit, order, seed)
+    which = "every split (train, dev and test)" if split == "all" else f"the {split} split"
+    line = f"audited: {which}, {subset['n']} of its {subset['of']} instances ({subset['chosen']})"
+    held_out = split in ("dev", "test") and any("split off" in note and split in note for note in target.data(data_dir).notes)
+    if held_out and target.path is None:
+        total = len(target.examples("all", None, data_dir=data_dir))
+        line += f"; the {split} split is 10 % of the data ({total} instances): --split all audits every one"
+    return line
+
+
 @writes_folder("out")
 def audit(
     out: str | Path,
@@ -320,6 +336,7 @@ def audit(
     target = replace(target, subruns=out / "subruns")  # the audited run directory is only read
     outcome = AuditResult(out=out)
     status(f"auditing {target.family} on {target.task.spec or 'its data'}: {len(order)} test(s) -> {out}")
+    status(audited_line(target, split, limit, data_dir, limit_order, seed))
     source = _source(target, hf, task, data_dir, device, hf_options) if engine == "ray" else None
     with engine_for(engine, source, out / SHARDS, workers, address, shard_size) as compute, memoised(target.model) as memo:
         settings = {"split": split, "limit": limit, "seed": seed, "figures": figures, "data_dir": data_dir,

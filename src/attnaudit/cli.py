@@ -203,7 +203,7 @@ def train(
 @app.command()
 def evaluate(
     run: Annotated[Path, typer.Argument(help="Run directory.")],
-    split: Annotated[str, typer.Option(help="train, dev or test.")] = "test",
+    split: Annotated[str, typer.Option(help="train, dev, test or all.")] = "test",
     data_dir: DataDir = None,
     device: Device = "auto",
     quiet: Quiet = False,
@@ -530,7 +530,7 @@ def audit(
     set_: Annotated[
         list[str] | None, typer.Option("--set", help="Test option TEST.OPTION=VALUE, e.g. permutation.permutations=20 (repeatable).")
     ] = None,
-    split: Annotated[str, typer.Option(help="Split to test on.")] = "test",
+    split: Annotated[str, typer.Option(help="Split to test on: train, dev, test or all (every instance: for a model not trained on them).")] = "test",
     limit: Annotated[int | None, typer.Option(help="Test N instances of the split: a seeded sample stratified by label (see --limit-order).")] = None,
     limit_order: LimitOrder = "stratified",
     heatmaps: Annotated[int, typer.Option(help="Most and least faithful instances shown as heatmaps (each).")] = 3,
@@ -766,7 +766,7 @@ def _make_run_command(name: str, experiment: Any) -> None:
         inspect.Parameter("run_dir", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None,
                           annotation=Annotated[Path | None, typer.Argument(help="Run directory (from `attnaudit train`).")]),
         inspect.Parameter("split", inspect.Parameter.KEYWORD_ONLY, default="test",
-                          annotation=Annotated[str, typer.Option(help="Split to test on.")]),
+                          annotation=Annotated[str, typer.Option(help="Split to test on: train, dev, test or all.")]),
         inspect.Parameter("limit", inspect.Parameter.KEYWORD_ONLY, default=None,
                           annotation=Annotated[
                               int | None, typer.Option(help="Test N instances of the split: a seeded sample stratified by label (see --limit-order).")

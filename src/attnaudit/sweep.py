@@ -301,8 +301,8 @@ def _audit_section(reader: _Reader, node: yaml.Node, config: SweepConfig) -> Non
         config.skip = _test_list(reader, section["skip"][1], "audit.skip", registry)
     if "split" in section:
         split = reader.value(section["split"][1])
-        if split not in ("train", "dev", "test"):
-            reader.fail(section["split"][1], f"audit.split: expected train, dev or test, got {split!r}")
+        if split not in ("train", "dev", "test", "all"):
+            reader.fail(section["split"][1], f"audit.split: expected train, dev, test or all, got {split!r}")
         config.split = split
     if "limit" in section:
         limit = reader.value(section["limit"][1])
