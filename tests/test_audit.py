@@ -233,6 +233,7 @@ def test_the_audit_says_what_it_tests_before_working_and_offers_the_whole_file(t
     path.write_text("text,label\n" + "".join("the movie was good,pos\nbad plot,neg\n" for _ in range(20)), encoding="utf-8")
     run = load_hf(tiny_hf.dir, task=f"csv:{path}", device="cpu")
     line = audited_line(run, "test", None, None, "stratified", 0)
-    assert line == "audited: the test split, 4 of its 4 instances (all); the test split is 10 % of the data (40 instances): --split all audits every one"
+    assert line == ("audited: the test split, 4 of its 4 instances (all); "
+                    "the test split is 10 % of the data (40 instances): --split all audits every one")
     assert audited_line(run, "all", 10, None, "first", 0) == "audited: every split (train, dev and test), 10 of its 40 instances (first)"
     assert len(run.examples("all")) == 40
