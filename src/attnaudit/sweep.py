@@ -556,11 +556,32 @@ def _crashed(job: Job, exc: BaseException) -> dict[str, Any]:
 
 
 def _init_worker() -> None:
-    """Process-pool initialiser: one thread per worker (the pool is the parallelism)."""
+    """Process-pool initialiser: one thread per worker (the pool is the parallelism); Ctrl-C, which the terminal sends
+    to every process of the sweep, is the parent's to handle (it stops the workers): no worker prints a traceback."""
+    import signal
+
     import torch
 
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
+
+
+STOP_SECONDS = 5.0
+"""How long an interrupted sweep waits for a terminated worker to exit before killing it."""
+
+
+def _stop_pool(pool: Any) -> None:
+    """Cancel the queued jobs and end the running ones now (their folders resume on the next run). The executor has no
+    public way to end running workers (``shutdown`` waits for them), hence its ``_processes``."""
+    processes = list((getattr(pool, "_processes", None) or {}).values())
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in processes:
+        process.terminate()
+    for process in processes:
+        process.join(STOP_SECONDS)
+        if process.is_alive():
+            process.kill()
 
 
 def _run_local(jobs: list[Job], workers: int) -> Iterator[dict[str, Any]]:
@@ -569,13 +590,18 @@ def _run_local(jobs: list[Job], workers: int) -> Iterator[dict[str, Any]]:
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
     context = multiprocessing.get_context("spawn")  # fork would copy torch's thread pools and locks
-    with ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_init_worker) as pool:
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_init_worker)
+    try:
         futures = {pool.submit(run_job, job): job for job in jobs}
         for future in as_completed(futures):
             try:
                 yield future.result()
             except Exception as exc:  # BrokenProcessPool and the like: the job's worker died
                 yield _crashed(futures[future], exc)
+    except BaseException:  # Ctrl-C (KeyboardInterrupt), or the caller stopped reading: end the workers, do not wait
+        _stop_pool(pool)
+        raise
+    pool.shutdown(wait=True)
 
 
 def _run_ray(jobs: list[Job], address: str | None, workers: int | None) -> Iterator[dict[str, Any]]:
