@@ -495,6 +495,8 @@ def finetune(
     limit: Annotated[int | None, typer.Option(help="Train on a seeded random sample of N training examples.")] = None,
     max_len: Annotated[int | None, typer.Option(help="Truncate inputs to N wordpieces.")] = None,
     train_layers: Annotated[int | None, typer.Option(help="Train only the head and the last N layers (default: all parameters).")] = None,
+    masking: Annotated[bool, typer.Option(help="Masked fine-tuning (Madsen et al. 2024): half of each batch masked at a ratio drawn "
+                                          "from U[0, 1), so that erased inputs are in distribution (needs a mask token).")] = False,
     seed: Annotated[int, typer.Option(**SEED_RANGE, help="Random seed (head initialisation, sampling, shuffling, dropout).")] = 0,
     data_dir: DataDir = None,
     device: Device = "auto",
@@ -507,13 +509,15 @@ def finetune(
     attnaudit finetune --task sst2 --out runs/minilm-sst2 --limit 2000 --data-dir ../shared/data
 
     attnaudit finetune --hf smollm2 --task sst2 --out runs/smollm2-sst2 --limit 200 --train-layers 2 --lr 3e-4 --max-len 64 --data-dir ../shared/data
+
+    attnaudit finetune --task sst2 --out runs/minilm-sst2-masked --limit 2000 --masking --data-dir ../shared/data
     """  # noqa: E501 (the --help summary line and example commands stay unwrapped)
     from attnaudit.training.finetune import finetune as finetune_fn
 
     set_quiet(quiet)
     run = finetune_fn(
         task, out, hf=hf, epochs=epochs, lr=lr, batch_size=batch_size, limit=limit, seed=seed,
-        data_dir=data_dir, device=device, max_len=max_len, train_layers=train_layers,
+        data_dir=data_dir, device=device, max_len=max_len, train_layers=train_layers, masking=masking,
     )
     out_console.print(f"run written to [bold]{run.path}[/]")
 
