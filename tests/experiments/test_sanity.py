@@ -36,7 +36,7 @@ from attnaudit.training.trainer import train
 from tests.reliability.helpers import in_process, written
 
 set_quiet(True)
-QUICK = {"variants": ["cascading"], "random_logit": False, "data_randomisation": False, "resamples": 200}
+QUICK = {"variants": ["cascading"], "no_random_logit": True, "no_data_randomisation": True, "resamples": 200}
 
 
 def _layers(run: Run):  # type: ignore[no-untyped-def]
@@ -212,7 +212,7 @@ def test_random_scores_fail_and_gradient_passes_on_a_trained_model(tiny_attentio
 def test_every_family_through_the_interface(family: str, sparsemax_run: Run, hf_run: Run, tmp_path: Path) -> None:
     run = sparsemax_run if family == "sparsemax" else hf_run
     result = run_test("sanity", run, out=tmp_path, limit=6, plot=False, methods=["attention", "gradient"],
-                      variants=["cascading", "independent"], resamples=200, data_randomisation=True, epochs=1)
+                      variants=["cascading", "independent"], resamples=200, epochs=1)
     assert {row["method"] for row in result.tables["methods"]} == {"attention", "gradient"}
     logit = {row["method"]: row["random_logit"] for row in result.tables["methods"]}
     assert logit["attention"].startswith("does not apply")
@@ -250,3 +250,38 @@ def test_bad_options_one_line_exit_2_nothing_written(args: list[str], message: s
 def test_does_not_apply_to_taggers(tiny_attention_run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(AttnAuditError, match="one per token"):
         run_test("sanity", tiny_attention_run("tagger"), out=tmp_path, limit=2)
+
+
+def _python_with_quantus() -> str | None:
+    """A Python that imports quantus: this one, else $QUANTUS_PYTHON or /tmp/venv-quantus (benchmarks/compare_quantus.py)."""
+    import importlib.util
+    import os
+    import sys
+
+    if importlib.util.find_spec("quantus") is not None:
+        return sys.executable
+    candidate = os.environ.get("QUANTUS_PYTHON", "/tmp/venv-quantus/bin/python")
+    return candidate if Path(candidate).exists() else None
+
+
+@pytest.mark.slow  # imports quantus and torch in a second Python (~10 s)
+def test_measures_agree_with_quantus(tmp_path: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    python = _python_with_quantus()
+    if python is None:
+        pytest.skip("quantus is not installed (python3 -m venv /tmp/venv-quantus && /tmp/venv-quantus/bin/pip install quantus)")
+    root = Path(__file__).resolve().parents[2]
+    out = tmp_path / "quantus.json"
+    proc = subprocess.run(
+        [sys.executable, str(root / "benchmarks" / "compare_quantus.py"), "--python", python, "--check", "--n", "20",
+         "--repeats", "1", "--out", str(out)], capture_output=True, text=True, cwd=root,
+    )
+    if not out.exists() and "not installed" in proc.stderr:
+        pytest.skip(proc.stderr.strip())
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(out.read_text())
+    assert set(result["agreement"]) == {"spearman", "topk", "entropy", "emprt_rise"}
+    assert all(row["max_abs_difference"] <= 1e-6 and row["instances"] > 0 for row in result["agreement"].values())

@@ -184,8 +184,10 @@ class Sanity(Experiment):
         )
         bins: int = field(default=10, metadata={"help": "Histogram bins of eMPRT's discrete entropy (Quantus' default is 100, for images)."})
         resamples: int = field(default=1000, metadata={"help": "Bootstrap resamples of the verdict's interval."})
-        random_logit: bool = field(default=True, metadata={"help": "Run the random-logit test."})
-        data_randomisation: bool = field(default=True, metadata={"help": "Train the permuted-label model (native families)."})
+        no_random_logit: bool = field(default=False, metadata={"help": "Leave out the random-logit test."})
+        no_data_randomisation: bool = field(
+            default=False, metadata={"help": "Leave out data randomisation (training the permuted-label model, native families)."}
+        )
         epochs: int | None = field(default=None, metadata={"help": "Epochs of the permuted-label model (default: the base run's)."})
         ig_steps: int = field(default=20, metadata={"help": "Integration steps for ig."})
         batch_size: int = field(default=16, metadata={"help": "Instances per batch."})
@@ -246,7 +248,7 @@ class Sanity(Experiment):
         second = explain("second random model (floor)")
         rand.state({})
         logit = None
-        if options.random_logit and len(run.labels) > 1:
+        if not options.no_random_logit and len(run.labels) > 1:
             others = other_classes(predicted, len(run.labels), seed)
             logit = (others, explain("random other class", others))
         rand.release()
@@ -293,7 +295,7 @@ class Sanity(Experiment):
         run: Run, batches: Batches, methods: dict[str, Explanation], offered: dict[str, Any], options: Any, seed: int
     ) -> dict[str, Any]:
         """The permuted-label model's explanations and scores, or why there is none."""
-        if not options.data_randomisation:
+        if options.no_data_randomisation:
             return {"status": "not run (--no-data-randomisation)"}
         reason = trainable_reason(run)
         if reason:
