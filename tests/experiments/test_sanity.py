@@ -213,7 +213,9 @@ def test_every_family_through_the_interface(family: str, sparsemax_run: Run, hf_
     run = sparsemax_run if family == "sparsemax" else hf_run
     result = run_test("sanity", run, out=tmp_path, limit=6, plot=False, methods=["attention", "gradient"],
                       variants=["cascading", "independent"], resamples=200, epochs=1)
-    assert {row["method"] for row in result.tables["methods"]} == {"attention", "gradient"}
+    rows = {row["method"]: row for row in result.tables["methods"]}
+    assert set(rows) == {"attention", "gradient"}
+    assert rows["gradient"]["spearman_full"] < 0.9 and rows["attention"]["spearman_full"] < 0.9  # the copy's weights are the ones explained
     logit = {row["method"]: row["random_logit"] for row in result.tables["methods"]}
     assert logit["attention"].startswith("does not apply")
     if family == "hf":

@@ -165,7 +165,8 @@ class Sanity(Experiment):
     )
     settings = AuditSettings(
         rank=58,
-        options={"epochs": 3},
+        options={"epochs": 3, "variants": ["cascading"]},  # an audit: Adebayo's main variant, a short permuted-label run
+        decoder_options={"methods": ["attention", "gradient"]},  # 30 layers of a decoder: the two cheapest that apply
     )
 
     @dataclass
