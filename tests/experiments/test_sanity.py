@@ -287,3 +287,12 @@ def test_measures_agree_with_quantus(tmp_path: Path) -> None:
     result = json.loads(out.read_text())
     assert set(result["agreement"]) == {"spearman", "topk", "entropy", "emprt_rise"}
     assert all(row["max_abs_difference"] <= 1e-6 and row["instances"] > 0 for row in result["agreement"].values())
+
+
+@pytest.mark.parametrize("name", ["han", "pair", "transformer-pair"])
+def test_hierarchical_and_pair_models(name: str, tiny_attention_run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    run = tiny_attention_run(name)
+    result = run_test("sanity", run, out=tmp_path, limit=4, plot=False, methods=["attention", "gradient"], **QUICK)
+    assert result.summary["layers"] >= 4 and [b["order"] for b in result.tables["blocks"]] == list(range(1, result.summary["layers"] + 1))
+    assert all(row["n"] > 0 for row in result.tables["layers"] if row["step"] > 0)
+    assert result.tables["blocks"][-1]["block"].startswith("embedding")  # the embeddings are the bottom layer

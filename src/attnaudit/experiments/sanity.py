@@ -275,11 +275,12 @@ class Sanity(Experiment):
         complexity), with step 0 the original; and the explanations of every step."""
         rows: list[dict[str, Any]] = []
         steps: dict[tuple[str, int], Scores] = {}
-        base = {m: nanmean(complexities(s, options.bins)) for m, s in original.items()}
         for variant in options.variants:
-            for method in original:
+            for method, values in original.items():  # step 0: the original against itself (1 where defined)
+                rho, top = similarities(values, values, options.topk)
                 rows.append({"variant": variant, "step": 0, "block": "(none: original)", "method": method,
-                             "spearman": 1.0, "topk": 1.0, "complexity": base[method]})
+                             "spearman": nanmean(rho), "topk": nanmean(top), "n": int(np.isfinite(rho).sum()),
+                             "complexity": nanmean(complexities(values, options.bins))})
             walk = rand.cascading(1) if variant == "cascading" else rand.independent(1)
             for step, block, _params in track(walk, f"sanity {variant}", total=len(rand.blocks)):
                 scores = explain(f"{variant} step {step}/{len(rand.blocks)} ({block.name})")
