@@ -411,7 +411,7 @@ class Sanity(Experiment):
             ax.set_xticks(range(len(names)), names, rotation=60, ha="right", fontsize=7)
             ax.set_ylabel("Spearman ρ with the original explanation")
             ax.set_title(f"{variant}: layers randomised (top down)" if variant == "cascading" else f"{variant}: one layer randomised")
-            ax.set_ylim(-0.5, 1.05)
+            ax.set_ylim(-1.05, 1.05)
         axes[0][-1].legend(fontsize=7, title="dotted: random-model floor", title_fontsize=7)
         return save_figure(fig, directory, "sanity_layers")
 
