@@ -296,3 +296,4 @@ def test_hierarchical_and_pair_models(name: str, tiny_attention_run, tmp_path: P
     assert result.summary["layers"] >= 4 and [b["order"] for b in result.tables["blocks"]] == list(range(1, result.summary["layers"] + 1))
     assert all(row["n"] > 0 for row in result.tables["layers"] if row["step"] > 0)
     assert result.tables["blocks"][-1]["block"].startswith("embedding")  # the embeddings are the bottom layer
+    assert all("reset_parameters" in block["drawn_by"] for block in result.tables["blocks"])  # nn modules: their own reset

@@ -254,7 +254,7 @@ class Sanity(Experiment):
             logit = (others, explain("random other class", others))
         rand.release()
         data = self._data_randomisation(run, batches, methods, offered, options, seed)
-        parts = _Parts(original, full, second, logit, data, steps)
+        parts = _Parts(original, full, second, logit, data, steps, dict(rand.how))
         return self._result(run, examples, predicted, blocks, uncalled, methods, dropped, layers, parts, options, seed)
 
     @staticmethod
@@ -330,7 +330,11 @@ class Sanity(Experiment):
         tables = {
             "methods": rows,
             "layers": layers,
-            "blocks": [{"order": i, "block": b.name, "modules": ", ".join(b.modules)} for i, b in enumerate(blocks, 1)],
+            "blocks": [
+                {"order": i, "block": b.name, "modules": ", ".join(b.modules),
+                 "drawn_by": ", ".join(f"{m}: {parts.drawn.get(m, 'not drawn')}" for m in b.modules)}
+                for i, b in enumerate(blocks, 1)
+            ],
         }
         if "metrics" in parts.data:
             key = next(iter(parts.data["metrics"]["test"]))
@@ -433,6 +437,8 @@ class _Parts:
     logit: tuple[list[int], Scores] | None
     data: dict[str, Any]
     steps: dict[tuple[str, int], Scores]
+    drawn: dict[str, str]
+    """module -> how its random values were drawn (``reset_parameters`` or ``normal``)."""
 
 
 def _slope(steps: dict[tuple[str, int], Scores], method: str, original: Scores, bins: int) -> float:
