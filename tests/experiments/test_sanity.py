@@ -19,6 +19,7 @@ from attnaudit.algorithms.randomisation import (
     Randomiser,
     block_values,
     discrete_entropy,
+    grouped,
     layers_top_down,
     relative_rise,
     spearman_abs,
@@ -109,6 +110,20 @@ def test_independent_randomises_exactly_one_layer_at_a_time(tiny_attention_run) 
         assert _changed(rand.model, original) == own  # every other layer back at its original values
     rand.state({})
     assert _changed(rand.model, original) == set()
+
+
+def test_grouped_layers_randomise_together(tiny_attention_run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    run = tiny_attention_run("transformer")
+    blocks, _ = _layers(run)
+    groups = grouped(blocks, 2)
+    assert [g.name for g in groups] == ["classifier … layers.1", "layers.0 … embed_norm", "embedding"]
+    assert groups[0].modules == blocks[0].modules + blocks[1].modules
+    result = run_test("sanity", run, out=tmp_path, limit=4, plot=False, methods=["gradient"], group=2, **QUICK)
+    assert [b["block"] for b in result.tables["blocks"]] == [g.name for g in groups] and result.summary["layers"] == 3
+    single = run_test("sanity", run, out=tmp_path / "one", limit=4, plot=False, methods=["gradient"], **QUICK)
+    # the draws are per module, so the fully randomised model (and its verdict) is the same however layers are grouped
+    keys = ("verdict", "spearman_full", "floor", "topk_full", "emprt_rise")
+    assert [[row[k] for k in keys] for row in result.tables["methods"]] == [[row[k] for k in keys] for row in single.tables["methods"]]
 
 
 def test_draws_are_seeded_per_module_and_use_reset_parameters(tiny_attention_run) -> None:  # type: ignore[no-untyped-def]
@@ -234,6 +249,7 @@ def test_every_family_through_the_interface(family: str, sparsemax_run: Run, hf_
     ("args", "message"),
     [
         (["--topk", "0"], "--topk must be at least 1"),
+        (["--group", "0"], "--group must be at least 1"),
         (["--variants", "sideways"], "unknown variant 'sideways'"),
         (["--tolerance", "1.5"], "--tolerance must be in [0, 1)"),
         (["--methods", "alti"], "alti does not apply to this model"),

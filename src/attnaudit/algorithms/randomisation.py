@@ -90,6 +90,16 @@ def layers_top_down(model: nn.Module, run_forward: Callable[[], object]) -> tupl
     return blocks[::-1], [name for name in modules if name not in first]
 
 
+def grouped(blocks: Sequence[Block], size: int) -> list[Block]:
+    """Consecutive runs of ``size`` blocks (in the given order) merged into one block each, named by its first and last
+    (``layers.29 … layers.26``): fewer randomisation steps for a deep model. The draws stay per module."""
+    chunks = [list(blocks[i : i + size]) for i in range(0, len(blocks), size)]
+    return [
+        Block(chunk[0].name if len(chunk) == 1 else f"{chunk[0].name} … {chunk[-1].name}", tuple(m for b in chunk for m in b.modules))
+        for chunk in chunks
+    ]
+
+
 def _seed(seed: int, draw: int, name: str) -> int:
     """A 63-bit seed from ``(seed, draw, module name)``."""
     text = f"{seed}:{draw}:{name}".encode()

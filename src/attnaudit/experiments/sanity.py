@@ -38,6 +38,7 @@ from attnaudit.algorithms.randomisation import (
     Block,
     Randomiser,
     discrete_entropy,
+    grouped,
     layers_top_down,
     relative_rise,
     spearman_abs,
@@ -166,7 +167,7 @@ class Sanity(Experiment):
     settings = AuditSettings(
         rank=58,
         options={"epochs": 3, "variants": ["cascading"]},  # an audit: Adebayo's main variant, a short permuted-label run
-        decoder_options={"methods": ["attention", "gradient"]},  # 30 layers of a decoder: the two cheapest that apply
+        decoder_options={"methods": ["attention", "gradient"], "group": 4},  # a 30-layer decoder: the two cheapest methods, 4 layers a step
     )
 
     @dataclass
@@ -178,6 +179,9 @@ class Sanity(Experiment):
         variants: list[str] = field(
             default_factory=lambda: list(VARIANTS),
             metadata={"help": "Randomisation orders: cascading (top layer down, cumulative), independent (one layer at a time)."},
+        )
+        group: int = field(
+            default=1, metadata={"help": "Layers randomised together per step (consecutive, top down): fewer steps for a deep model."}
         )
         topk: int = field(default=5, metadata={"help": "k of the top-k intersection."})
         tolerance: float = field(
@@ -206,6 +210,7 @@ class Sanity(Experiment):
         """Every option checked (one-line errors) before any work; the methods to check and those left out."""
         checks: list[tuple[bool, str]] = [
             (options.topk >= 1, f"--topk must be at least 1, got {options.topk}"),
+            (options.group >= 1, f"--group must be at least 1, got {options.group}"),
             (0.0 <= options.tolerance < 1.0, f"--tolerance must be in [0, 1), got {options.tolerance}"),
             (options.bins >= 2, f"--bins must be at least 2, got {options.bins}"),
             (options.resamples >= 100, f"--resamples must be at least 100, got {options.resamples}"),
@@ -227,7 +232,8 @@ class Sanity(Experiment):
         offered = {"steps": options.ig_steps, "seed": seed}
         batches: Batches = list(run.sorted_batches(examples, options.batch_size))
         with evaluation(run.model):
-            blocks, uncalled = layers_top_down(run.model, lambda: run.model(batches[0][1]))
+            found, uncalled = layers_top_down(run.model, lambda: run.model(batches[0][1]))
+        blocks = grouped(found, options.group)
         if not blocks:
             raise AttnAuditError("the model has no parameters to randomise")
         rand = Randomiser(run.model, blocks, seed)
