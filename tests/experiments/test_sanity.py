@@ -313,3 +313,24 @@ def test_hierarchical_and_pair_models(name: str, tiny_attention_run, tmp_path: P
     assert all(row["n"] > 0 for row in result.tables["layers"] if row["step"] > 0)
     assert result.tables["blocks"][-1]["block"].startswith("embedding")  # the embeddings are the bottom layer
     assert all("reset_parameters" in block["drawn_by"] for block in result.tables["blocks"])  # nn modules: their own reset
+
+
+def test_tied_weights_are_randomised_with_either_module() -> None:
+    class Tied(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = torch.nn.Embedding(10, 4)
+            self.mid = torch.nn.Linear(4, 4)
+            self.head = torch.nn.Linear(4, 10, bias=False)
+            self.head.weight = self.embed.weight  # tied, as in a decoder
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.head(self.mid(self.embed(x)))
+
+    model = Tied()
+    blocks, _ = layers_top_down(model, lambda: model(torch.tensor([[1, 2]])))
+    assert [b.name for b in blocks] == ["head", "mid", "embed"]
+    rand = Randomiser(model, blocks, seed=0)
+    _step, block, params = next(rand.cascading(1))
+    assert block.name == "head" and params == {"embed.weight"}  # the head's draw lands on the one shared tensor
+    assert not torch.equal(rand.model.embed.weight, model.embed.weight) and rand.model.head.weight is rand.model.embed.weight

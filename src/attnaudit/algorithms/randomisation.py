@@ -20,8 +20,9 @@ re-drawn: a module without parameterised children that has its own ``reset_param
 ``Embedding``, ``LSTM``, ``LayerNorm``...) is reset by it (on a CPU copy, under the seeded global
 generator, then copied back); any other parameter is drawn from ``N(0, σ²)`` with ``σ`` the standard
 deviation of the original values (their mean absolute value where that is 0, or 1 where both are).
-``draw`` numbers independent randomisations: the sanity test's "random" model is draw 1, its second
-random model (the floor) draw 2.
+Tied parameters (a decoder's output head and input embeddings) are one tensor: it is re-drawn with
+whichever of its modules is randomised (the later one in top-down order when both are). ``draw`` numbers
+independent randomisations: the sanity test's "random" model is draw 1, its second random model (the floor) draw 2.
 """
 
 from __future__ import annotations
@@ -154,6 +155,10 @@ class Randomiser:
         self.blocks = list(blocks)
         self.seed = seed
         self.params = dict(self.model.named_parameters())
+        canonical = {id(param): name for name, param in self.params.items()}
+        self.alias = {name: canonical[id(param)] for name, param in self.model.named_parameters(remove_duplicate=False)}
+        """Every parameter name -> the name its tensor has in ``params``: tied weights (a decoder's output head
+        and embeddings) are one tensor, so randomising either module randomises both."""
         self.original = {name: param.detach().clone() for name, param in self.params.items()}
         self._draws: dict[tuple[str, int], dict[str, Tensor]] = {}
         self.how: dict[str, str] = {}
@@ -173,7 +178,7 @@ class Randomiser:
         chosen: dict[str, Tensor] = {}
         for block in self.blocks:
             if block.name in randomised:
-                chosen.update(self.values(block, randomised[block.name]))
+                chosen.update({self.alias[name]: value for name, value in self.values(block, randomised[block.name]).items()})
         for name, param in self.params.items():
             source = chosen.get(name, self.original[name])
             param.copy_(source.to(device=param.device, dtype=param.dtype))
@@ -231,11 +236,15 @@ def topk_intersection(a: np.ndarray, b: np.ndarray, k: int) -> float:
 def discrete_entropy(a: np.ndarray, bins: int) -> float:
     """Entropy (nats) of the histogram of ``|a|`` over ``bins`` equal-width bins spanning its range
     (:func:`numpy.histogram`, :func:`scipy.stats.entropy` of the counts): Quantus' ``discrete_entropy``
-    applied to absolute scores, eMPRT's complexity (Hedström et al. 2023). NaN for an empty ``a``."""
+    applied to absolute scores, eMPRT's complexity (Hedström et al. 2023). NaN for an empty ``a``; 0 where the
+    values are too close for numpy to split their range into ``bins`` bins (where Quantus raises)."""
     x = np.abs(np.asarray(a, dtype=float))
     if x.size == 0:
         return math.nan
-    counts, _ = np.histogram(x, bins=bins)
+    try:
+        counts, _ = np.histogram(x, bins=bins)
+    except ValueError:  # a range too narrow for `bins` finite-width bins (values a few ulps apart): one bin
+        return 0.0
     return float(stats.entropy(counts))
 
 
