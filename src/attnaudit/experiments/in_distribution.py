@@ -118,7 +118,7 @@ class InDistribution(Experiment):
 
     def run(self, run: Run, examples: list[Example], options: Any, seed: int = 0) -> Result:
         methods = self._check(run, options)
-        tokenizer = run.model.tokenizer  # applies() checked it has a mask token
+        tokenizer: Any = getattr(run.model, "tokenizer", None)  # applies() checked it has a mask token
         mask_id, specials = int(tokenizer.mask_token_id), sorted(set(tokenizer.all_special_ids))
         masked_training = fine_tuned_with_masking(run)
         test = self._fit(run, options, seed, mask_id, specials, masked_training)
