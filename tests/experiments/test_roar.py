@@ -18,9 +18,9 @@ from attnaudit.data.types import Example
 from attnaudit.experiments.experiment import Result, get_experiment, run_test
 from attnaudit.experiments.roar import (
     item_scores,
+    mask_example,
     masked_count,
     masked_data,
-    mask_example,
     top_items,
 )
 from attnaudit.explain.registry import get_explanation
