@@ -194,3 +194,20 @@ def test_bad_values_one_line_exit_2_nothing_written(base: Run, tmp_path: Path, o
     proc = cli("run", "roar", base.path, "--out", out, "--quiet", *options)
     assert_clean_failure(proc, names, out=out)
     assert not (out / "subruns").exists()
+
+
+@pytest.mark.parametrize("family", ["han", "transformer", "pair", "transformer-pair"])
+def test_every_native_family_retrains_with_its_items_masked(tiny_attention_run, family: str, tmp_path: Path) -> None:
+    run = tiny_attention_run(family)
+    result = run_test("roar", run, out=tmp_path, methods=["attention"], ratios=[50], epochs=1, plot=False)
+    assert {(r["method"], r["ratio"]) for r in result.tables["curves"]} == {(m, k) for m in ("attention", "random") for k in (0, 50, 100)}
+    masks = _masks(tmp_path, "seed-0/attention", 50)
+    data = run.data()
+    for split in ("train", "test"):
+        if family == "han":  # items are sentences: every word of a masked sentence is masked
+            n = [len([s for s in ex.sentences if s]) for ex in data.split(split)]
+        else:  # items are the (passage) tokens; the query is never masked
+            n = [len(ex.tokens) for ex in data.split(split)]
+        assert [len(m) for m in masks[split]] == [k // 2 for k in n]
+    sub = load_run(tmp_path / "subruns" / "roar" / "seed-0" / "attention" / "ratio-50")
+    assert sub.info["variant"]["ratio"] == 50

@@ -54,7 +54,7 @@ def test_a_registered_method_appears_everywhere_and_leaves_with_unregister(runs:
     run, batch = runs["bilstm"]
     assert probe in _cli("explanations")
     assert probe in _cli("explanations", str(run.path))
-    assert _tests_with(probe) == {"importance", "rationale", "erasure", "rollout", "faithfulness"}
+    assert _tests_with(probe) == {"importance", "rationale", "erasure", "rollout", "faithfulness", "roar"}
     registry = discover()
     for test in ("importance", "rationale", "erasure", "rollout", "faithfulness"):
         assert probe in registry[test].explanation_choices(), test
