@@ -160,6 +160,13 @@ def test_resume_after_a_kill_retrains_only_the_unfinished_sub_run(base: Run, rec
     assert [{k: v for k, v in r.items() if k != "trained_now"} for r in again.tables["curves"]] == strip
     assert json.dumps(again.summary) == json.dumps(result.summary)  # NaN intervals (one seed) alike
 
+    # another epoch budget retrains every model; the recursive step's source changed, so its items are chosen anew
+    key = json.loads((copy / "subruns" / "roar" / "seed-0" / "attention-recursive" / "ratio-60.masks.json").read_text())["key"]
+    longer = run_test("roar", base, out=copy, methods=["attention"], ratios=[30, 60], recursive=True, epochs=2, plot=False)
+    assert all(r["trained_now"] for r in longer.tables["curves"] if r["model"] != "base")
+    changed = json.loads((copy / "subruns" / "roar" / "seed-0" / "attention-recursive" / "ratio-60.masks.json").read_text())["key"]
+    assert changed != key
+
 
 def test_plot_and_saved_tables(base: Run, recursive, tmp_path: Path) -> None:
     result, _ = recursive

@@ -147,6 +147,17 @@ def chosen_items(scores: list[np.ndarray], ratio: int, before: list[list[int]] |
 
 
 @dataclass
+class Zero:
+    """A seed's 0 % model: the model, its test score, its name, its config hash, whether it was trained now."""
+
+    model: AttentionModel
+    score: float
+    name: str
+    hash: str
+    trained: bool
+
+
+@dataclass
 class Step:
     """One retrained point of a curve: its ``ratio``, sub-run, masks, and the model its scores came from."""
 
@@ -168,14 +179,14 @@ class Roarer:
     def folder(self, seed: int, name: str) -> str:
         return f"seed-{seed}/{name}"
 
-    def zero(self, seed: int) -> tuple[AttentionModel, float, str, bool]:
-        """The seed's 0 % model, its test score, its name and whether it was trained now: the base run, or
-        the base retrained with ``seed``."""
+    def zero(self, seed: int) -> Zero:
+        """The seed's 0 % model: the base run, or the base retrained with ``seed``."""
         if seed == base_seed(self.run):
-            return self.run.model, float(base_scores(self.run)["test"][self.metric]), "base", False
+            score = float(base_scores(self.run)["test"][self.metric])
+            return Zero(self.run.model, score, "base", str(self.run.info.get("hash", "")), False)
         status(f"roar: seed {seed}, 0 % model")
         sub = train_standard(self.run, subrun_dir(self.run, "roar", self.folder(seed, "unmasked")), seed=seed, epochs=self.options.epochs)
-        return sub.model, float(sub.metrics["test"][self.metric]), self.folder(seed, "unmasked"), sub.trained
+        return Zero(sub.model, float(sub.metrics["test"][self.metric]), self.folder(seed, "unmasked"), sub.hash, sub.trained)
 
     def retrain(self, seed: int, name: str, ratio: int, key: dict[str, Any], masks: Masks | None, build: Any) -> tuple[SubRun, Masks]:
         """The sub-run of ``name`` at ``ratio`` (trained, or loaded when finished), its masks stored beside it;
@@ -207,18 +218,20 @@ class Roarer:
         masks = {s: [list(range(len(item_groups(ex, self.sentences)))) for ex in self.data.split(s)] for s in SPLITS}
         return self.retrain(seed, "all", 100, {"method": "all", "ratio": 100, "seed": seed}, masks, None)[0]
 
-    def curve(self, seed: int, method: Explanation, zero: AttentionModel, zero_name: str, recursive: bool) -> list[Step]:
-        """The retrained steps of ``method`` at every ratio for ``seed``."""
+    def curve(self, seed: int, method: Explanation, zero: Zero, recursive: bool) -> list[Step]:
+        """The retrained steps of ``method`` at every ratio for ``seed``; each one's key names the model its
+        scores come from (its folder and config hash: a retrained source re-masks and retrains what follows)."""
         name = method.name + ("-recursive" if recursive else "")
         steps: list[Step] = []
         cached: dict[str, list[np.ndarray]] = {}
         for ratio in self.options.ratios:
             previous = steps[-1] if recursive and steps else None
-            model = previous.sub.model if previous else zero
-            source = f"{self.folder(seed, name)}/ratio-{previous.ratio}" if previous else zero_name
+            model = previous.sub.model if previous else zero.model
+            source = f"{self.folder(seed, name)}/ratio-{previous.ratio}" if previous else zero.name
             before = previous.masks if previous else None
             chain = [s.ratio for s in steps] if recursive else []
-            key = {"method": method.name, "ratio": ratio, "seed": seed, "recursive": recursive, "chain": chain, "source": source}
+            key = {"method": method.name, "ratio": ratio, "seed": seed, "recursive": recursive, "chain": chain, "source": source,
+                   "source_hash": previous.sub.hash if previous else zero.hash}
 
             def build(model: AttentionModel = model, before: Masks | None = before, ratio: int = ratio) -> Masks:
                 data = masked_data(self.data, before, self.token, self.sentences) if before else self.data
@@ -319,17 +332,17 @@ class Roar(Experiment):
         seeds = [base_seed(run) + i for i in range(options.seeds)]
         curves: list[dict[str, Any]] = []
         for s in seeds:
-            zero, zero_score, zero_name, zero_trained = roarer.zero(s)
+            zero = roarer.zero(s)
             full = roarer.all_masked(s)
             for name, method in methods.items():
                 recursive = options.recursive and name != BASELINE
-                steps = roarer.curve(s, method, zero, zero_name, recursive)
-                curves.append(point(name, 0, s, zero_score, zero_name, "", zero_trained))
+                steps = roarer.curve(s, method, zero, recursive)
+                curves.append(point(name, 0, s, zero.score, zero.name, "", zero.trained))
                 curves.extend(
-                    point(name, st.ratio, s, st.sub.metrics["test"][metric], _name(st.sub, run), st.explained_by, st.sub.trained)
+                    point(name, st.ratio, s, st.sub.metrics["test"][metric], _name(st.sub), st.explained_by, st.sub.trained)
                     for st in steps
                 )
-                curves.append(point(name, 100, s, full.metrics["test"][metric], _name(full, run), "", full.trained))
+                curves.append(point(name, 100, s, full.metrics["test"][metric], _name(full), "", full.trained))
         notes = [
             f"test {metric} of models retrained with each method's top k % of every instance's items masked by {roarer.token!r} "
             "in train, dev and test (k = floor(k/100 · n) items, ties to the earlier item), epoch chosen on the masked dev split",
@@ -358,7 +371,7 @@ class Roar(Experiment):
         return rows
 
 
-def _name(sub: SubRun, run: Run) -> str:
+def _name(sub: SubRun) -> str:
     """A sub-run's folder relative to the ROAR sub-runs' root."""
     path = Path(sub.run.path or "")
     return path.as_posix().split("/roar/", 1)[-1]
