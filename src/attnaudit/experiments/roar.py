@@ -361,12 +361,14 @@ class Roar(Experiment):
         rows = []
         for row in result.tables.get("racu_summary", []):
             value, low, high = row["racu"], row["low"], row["high"]
+            spread = f"95 % interval {low:.1f} to {high:.1f} over {row['seeds']} seeds" if row["seeds"] > 1 else "one seed: no interval"
             meaning = (
                 f"removing {row['method']}'s top items hurts the retrained model "
                 + ("more than random removal" if value > 0 else "no more than random removal")
-                + f" (RACU {value:.1f} %, 95 % interval {low:.1f} to {high:.1f}, {row['seeds']} seed(s)); 100 % would be "
-                "as bad as removing everything at once"
+                + f" (RACU {value:.1f} %, {spread}); 100 % would be as bad as removing everything at once"
             )
+            if not math.isfinite(value):
+                meaning = "no RACU: masking at random did not change the retrained model's score, so there is no area to compare"
             rows.append({"statistic": f"racu_{row['method']}", "value": value, "published": "", "interpretation": meaning})
         return rows
 
