@@ -104,7 +104,10 @@ def train(
     hidden_dim: Annotated[int | None, typer.Option(help="RNN/CNN hidden size.")] = None,
     embed_dim: Annotated[int | None, typer.Option(help="Word embedding size.")] = None,
     preset: Annotated[
-        str | None, typer.Option(help="Named option set: jain-wallace (Jain & Wallace 2019's protocol); explicit options override it.")
+        str | None, typer.Option(
+            help="Named option set: jain-wallace (Jain & Wallace 2019's protocol), madsen2022-sst / madsen2022-babi "
+            "(Madsen et al. 2022's Recursive-ROAR BiLSTM protocol); explicit options override it."
+        )
     ] = None,
     epochs: Annotated[int | None, typer.Option(help="Maximum epochs (early stopping on dev).")] = None,
     batch_size: Annotated[int | None, typer.Option(help="Batch size.")] = None,

@@ -108,7 +108,7 @@ class InDistribution(Experiment):
             raise AttnAuditError("--methods: give random and/or explanation methods")
         if not options.ratios or any(not 0 <= r <= 100 for r in options.ratios):
             raise AttnAuditError(f"--ratios are percentages from 0 to 100, got {', '.join(f'{r:g}' for r in options.ratios)}")
-        for ok, message in ((options.reference >= 10, f"--reference must be at least 10, got {options.reference}"),
+        for ok, message in ((options.reference >= 6, f"--reference must be at least 6, got {options.reference}"),
                             (0 < options.level < 1, f"--level must be in (0, 1), got {options.level}"),
                             (options.batch_size >= 1, f"--batch-size must be at least 1, got {options.batch_size}")):
             if not ok:
@@ -140,8 +140,8 @@ class InDistribution(Experiment):
     def _fit(self, run: Run, options: Any, seed: int, mask_id: int, specials: list[int], masked_training: bool) -> MaSF:
         """MaSF fitted on a seeded sample of the dev split, masked as in training when the model was fine-tuned so."""
         dev = list(run.examples("dev"))
-        if len(dev) < 10:  # three parts of at least three
-            raise AttnAuditError(f"in-distribution fits MaSF on the dev split, which has {len(dev)} instances (at least 10 needed)")
+        if len(dev) < 6:  # three parts of at least two (p-values then no smaller than 1/3: a few hundred make them useful)
+            raise AttnAuditError(f"in-distribution fits MaSF on the dev split, which has {len(dev)} instances (at least 6 needed)")
         chosen = random.Random(seed).sample(dev, min(options.reference, len(dev)))
         states = []
         for batch in run.batches(chosen, batch_size=options.batch_size):
