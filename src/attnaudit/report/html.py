@@ -19,6 +19,7 @@ from typing import Any
 
 from attnaudit.experiments.experiment import Result
 from attnaudit.html_page import SIZE, esc, fmt, numeric, page, table
+from attnaudit.report.paradigms import PARADIGM_TESTS, paradigms_section
 
 HEAT_RGB = (230, 97, 1)
 """Heatmap colour at full importance (the orange end of ColorBrewer's PuOr); lighter = less."""
@@ -303,18 +304,20 @@ def render(
     fact_line += f" · report size: {SIZE}"
     nav = "".join(f'<a href="#{_anchor(s.name)}">{esc(s.name)}</a>' for s in sections)
     explorer_link = '<a href="#explorer">explorer</a>' if explorer else ""
+    paradigms_link = '<a href="#paradigms">paradigms</a>' if any(s.name in PARADIGM_TESTS and s.result for s in sections) else ""
     general = ""
     if notes:
         general = '<h3>Notes</h3><ul class="notes">' + "".join(f"<li>{esc(n)}</li>" for n in notes) + "</ul>"
     body = [
         f"<header><h1>{esc(title)}</h1><p class=\"meta\">{fact_line}</p>",
-        f'<nav><a href="#verdict">verdict</a>{explorer_link}<a href="#heatmaps">heatmaps</a>{nav}</nav></header>',
+        f'<nav><a href="#verdict">verdict</a>{paradigms_link}{explorer_link}<a href="#heatmaps">heatmaps</a>{nav}</nav></header>',
         '<section id="verdict"><h2>Verdict</h2>',
         "<p>Each test's headline numbers, the published figure where the paper reports one, and what they "
         "say about whether attention explains the predictions.</p>",
         verdict_table(sections),
         general,
         "</section>",
+        paradigms_section({s.name: s.result for s in sections if s.result is not None}),
         explorer,
         heatmaps_section(heatmaps, heatmap_note),
         *(test_section(s, results_dir) for s in sections),
