@@ -51,6 +51,7 @@ from attnaudit.options import check_max_length, check_seed, parse_assignment
 from attnaudit.progress import status
 from attnaudit.report import build_report
 from attnaudit.report.explorer import EXPLORE
+from attnaudit.report.paradigms import PARADIGM_TESTS, disagreement, paradigm_rows
 from attnaudit.report.summary import AUDIT, order_tests, summary_rows
 from attnaudit.run import Run
 from attnaudit.shards import Sharded, Source, check_engine, engine_for
@@ -345,6 +346,8 @@ def audit(
         outcome.rows = summary_rows(log, outcome.results)
         _write_record(out, target, log, outcome, lost, (heatmap_instances, explore), split=split, limit=limit, seed=seed,
                       data_dir=data_dir, limit_order=limit_order)
+    if any(name in outcome.results for name in PARADIGM_TESTS):  # the report's side-by-side view, in one line
+        status(disagreement(paradigm_rows(outcome.results)))
     status(f"report: [bold]{outcome.report}[/]" + (f"; [red]{len(outcome.failed)} test(s) failed[/]" if outcome.failed else ""))
     return outcome
 
