@@ -91,7 +91,7 @@ def decoder_on(device: str) -> dict[str, torch.Tensor]:
     from attnaudit.data.types import Example
     from attnaudit.explain import get_explanation
     from attnaudit.hf import HFCollator
-    from attnaudit.models.hf_model import HFModel
+    from attnaudit.models.hf import HFModel
 
     words = ["[PAD]", "[UNK]", "[SEP]", *(f"w{i}" for i in range(61))]
     core = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))

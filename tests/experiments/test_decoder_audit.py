@@ -32,8 +32,8 @@ from attnaudit.explain import item_mask, list_explanations
 from attnaudit.explain.attention import attention_importance
 from attnaudit.explain.attention_norms import layer_norms
 from attnaudit.hf import load_hf
+from attnaudit.models.hf import ZeroShotCollator, text_items
 from attnaudit.models.interface import AttentionLayer, Intervention
-from attnaudit.models.zeroshot import ZeroShotCollator, text_items
 from attnaudit.run import Run
 from tests.models.test_hf_decoder import save_llama_lm
 

@@ -100,7 +100,7 @@ def test_the_layer_decomposition_re_adds_to_each_layout_s_output(family: str) ->
     from attnaudit.architectures import SENTENCES, build_tiny
     from attnaudit.data.types import Batch
     from attnaudit.explain.norms_res_ln import attention_block_parts, residual_parts
-    from attnaudit.models.hf_model import HFModel
+    from attnaudit.models.hf import HFModel
 
     hf, tokenizer = build_tiny(family, "classifier" if family == "bert" else "lm")
     model = HFModel(hf.double(), tokenizer, "classification", family, trained_head=False)  # float64: exact sums
@@ -129,7 +129,7 @@ def test_value_zeroing_on_sandwich_and_parallel_blocks_equals_hf_with_a_zeroed_v
     from attnaudit.architectures import build_tiny
     from attnaudit.data.types import Batch
     from attnaudit.explain.value_zeroing import zeroing_map
-    from attnaudit.models.hf_model import HFModel
+    from attnaudit.models.hf import HFModel
 
     hf, tokenizer = build_tiny(family, "lm")
     reference, _ = build_tiny(family, "lm")

@@ -29,7 +29,7 @@ from attnaudit.data.types import Batch
 from attnaudit.errors import AttnAuditError
 from attnaudit.explain.attention_rollout import layer_weights, rollout_importance
 from attnaudit.hf import HFCollator, build_hf_model
-from attnaudit.models.hf_model import HFModel
+from attnaudit.models.hf import HFModel
 
 REPO = Path(__file__).resolve().parents[2]
 LAYERS = 4

@@ -44,7 +44,7 @@ from attnaudit.training.adversary import EVAL_BATCH
 from attnaudit.training.trainer import InterventionsFn
 
 if TYPE_CHECKING:
-    from attnaudit.models.hf_model import HFModel
+    from attnaudit.models.hf import HFModel
 
 ATTENTION_TABLE = "attention_examples"
 """Name of the result table holding the heatmap rows of :func:`attention_rows`."""
@@ -203,7 +203,7 @@ def prepare_pass(model: AttentionModel, batch: Batch, layers: Sequence[int]) -> 
     whose decision reads one row of it (:func:`decision_rows`: [CLS] of an encoder, a decoder's last
     real token), where no other row reaches the output: there only that row, the one the
     ``attention`` explanation reads. A decoder then keeps that row alone (``Q = 1``) and restarts
-    at that token only (:meth:`~attnaudit.models.hf_model.HFModel.rerun_cache`).
+    at that token only (:meth:`~attnaudit.models.hf.model.HFModel.rerun_cache`).
     """
     with torch.no_grad():
         base = model.encode(batch)

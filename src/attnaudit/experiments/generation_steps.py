@@ -59,7 +59,7 @@ from attnaudit.progress import track
 from attnaudit.run import Run
 
 if TYPE_CHECKING:
-    from attnaudit.models.hf_model import HFModel
+    from attnaudit.models.hf import HFModel
 
 
 def generating_rows(weights: Tensor, query_index: Tensor) -> Tensor:
@@ -320,7 +320,7 @@ class GenerationTests(Experiment):
         model = cast("HFModel", run.model)
         generator = torch.Generator().manual_seed(seed)
         rows: list[dict[str, Any]] = []
-        from attnaudit.models.zeroshot import forced_decision, next_token_decision
+        from attnaudit.models.hf import forced_decision, next_token_decision
 
         decision = forced_decision if model.kind == "encoder-decoder" else next_token_decision
         names = [m.strip() for m in options.methods.split(",") if m.strip()]

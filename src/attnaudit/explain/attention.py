@@ -20,7 +20,7 @@ from attnaudit.explain.registry import (
 from attnaudit.models.interface import AttentionLayer, AttentionModel, AttentionTrace, evaluation
 
 if TYPE_CHECKING:
-    from attnaudit.models.hf_model import HFModel
+    from attnaudit.models.hf import HFModel
 
 
 @explanation("attention", "the explained attention layer's weights (mean over heads; the explanation query's row)", order=10,

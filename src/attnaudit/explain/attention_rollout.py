@@ -14,7 +14,7 @@ from attnaudit.explain.registry import explanation, on_items, query_row
 from attnaudit.models.interface import AttentionLayer, AttentionModel, AttentionTrace
 
 if TYPE_CHECKING:
-    from attnaudit.models.hf_model import HFModel
+    from attnaudit.models.hf import HFModel
 
 
 def explained_record(model: AttentionModel, batch: Batch) -> tuple[AttentionTrace, int, AttentionLayer]:

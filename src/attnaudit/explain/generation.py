@@ -10,7 +10,7 @@ to a next-token decision scores it unchanged:
   every earlier token, the prompt's (``side = "source"``) and the generated ones (``"target"``);
   all steps go through the model as one right-padded batch;
 * an **encoder-decoder**: step ``t`` forces ``[start] + y_<t`` on the decoder
-  (:func:`~attnaudit.models.zeroshot.forced_decision`); the items are the source tokens (the attention
+  (:func:`~attnaudit.models.hf.zeroshot.forced_decision`); the items are the source tokens (the attention
   methods read the last target position's cross-attention).
 
 The explained class of every row is ``y_t`` itself (``Batch.explained``), not the argmax, so a forced
@@ -39,12 +39,11 @@ from attnaudit.data.types import Batch, Example
 from attnaudit.errors import AttnAuditError
 from attnaudit.explain.registry import Explanation, item_mask
 from attnaudit.io import atomic_write, atomic_write_json
-from attnaudit.models.hf_batches import forced_batch
-from attnaudit.models.zeroshot import target_side
+from attnaudit.models.hf import forced_batch, target_side
 from attnaudit.run import Run
 
 if TYPE_CHECKING:
-    from attnaudit.models.hf_model import HFModel
+    from attnaudit.models.hf import HFModel
 
 FILES = ("generation.json", "generation.csv")
 AGGREGATIONS = ("sum", "mean", "max")
@@ -195,7 +194,7 @@ def id_rows(model: HFModel, rows: Sequence[Sequence[int]]) -> Batch:
 
 def forced_row(model: HFModel, source: Sequence[int], prefix: Sequence[int]) -> Batch:
     """One encoder-decoder row: ``source`` and the decoder start token plus ``prefix`` (unpadded), teacher-forced as
-    the alignment test's reference targets are (:func:`~attnaudit.models.hf_batches.forced_batch`)."""
+    the alignment test's reference targets are (:func:`~attnaudit.models.hf.batches.forced_batch`)."""
     return forced_batch([source], [prefix], model.decoder_start, pad_id(model), [Example(tokens=[model.tokenizer.decode([i]) for i in source])])
 
 
@@ -259,7 +258,7 @@ def explain_steps(
 
     A step's items are numbered as a decoder reads them: the source (prompt) tokens, then the earlier target
     tokens. An encoder-decoder's methods registered with ``target_side`` score both sides (within
-    :func:`~attnaudit.models.zeroshot.target_side`); the others score its source and give NaN for its target."""
+    :func:`~attnaudit.models.hf.zeroshot.target_side`); the others score its source and give NaN for its target."""
     model = cast("HFModel", run.model)
     batches = step_batches(model, source, target, contrast)
     device = model.input_device

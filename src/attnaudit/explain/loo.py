@@ -36,7 +36,7 @@ from attnaudit.models.rnn import (
 )
 
 if TYPE_CHECKING:
-    from attnaudit.models.hf_model import HFModel
+    from attnaudit.models.hf import HFModel
 
 # Elements (floats) one chunk of leave-one-out rows may occupy in its largest tensor:
 # 2**23 floats = 32 MB keeps memory bounded for long documents without slowing short ones.
@@ -137,8 +137,8 @@ def _loo_decoder(
     """Leave-one-out for a causal decoder, rerunning only the tokens after the removed one.
 
     Under a causal mask the tokens before item ``i`` never see it, so their keys and values
-    are the full pass's: each deletion continues from them (:class:`~attnaudit.models.hf_attention.KeyValuePrefix`; a model
-    that :attr:`~attnaudit.models.hf_model.HFModel.continues_prefix`) and runs only
+    are the full pass's: each deletion continues from them (:class:`~attnaudit.models.hf.attention.KeyValuePrefix`; a model
+    that :attr:`~attnaudit.models.hf.model.HFModel.continues_prefix`) and runs only
     the later tokens, at positions moved up by one. When ``i`` is the last token the one before
     it is rerun, so the continuation still ends at the token that predicts. All deletions of a
     batch run together, longest first, in passes of :data:`_PASS_ELEMENTS`; the template of a

@@ -7,13 +7,13 @@ The decision explained, through the one model interface (:class:`~attnaudit.mode
   with a prompt and verbalizer): its predicted class;
 * a causal LM without a head or verbalizer: the predicted **next token** at the last position.
   Its output already is the next-token logits over the whole vocabulary, so the whole vocabulary
-  is taken as the classes (:func:`attnaudit.models.zeroshot.next_token_decision`, the zero-shot
+  is taken as the classes (:func:`attnaudit.models.hf.zeroshot.next_token_decision`, the zero-shot
   mechanism without restricting the ids; not a top-k, which would renormalise ŷ): ŷ is the real
   next-token probability, and gradient, input × gradient, IG, leave-one-out (TVD over the
   vocabulary), ... apply unchanged, interventions included;
 * a generated or forced sequence (``generate`` / ``target``; decoders and encoder-decoders): each of
   its tokens as one next-token decision (:mod:`attnaudit.explain.generation`; an encoder-decoder's
-  through :func:`attnaudit.models.zeroshot.forced_decision`);
+  through :func:`attnaudit.models.hf.zeroshot.forced_decision`);
 * a headless encoder (``--hf minilm``): no decision; only the attention-based methods apply, and
   the defaults that do not are listed under ``skipped`` with the reason.
 """
@@ -47,7 +47,7 @@ from attnaudit.models.interface import evaluation
 from attnaudit.run import Run
 
 if TYPE_CHECKING:
-    from attnaudit.models.hf_model import HFModel
+    from attnaudit.models.hf import HFModel
 
 TOP_TOKENS = 5
 """How many most probable next tokens the explanation lists."""
@@ -258,12 +258,12 @@ def _decision(run: Run, sequence: bool = False) -> Iterator[str]:
             + ("classifies zero-shot (drop --prompt/--verbalizer)" if zero_shot else "makes no next-token prediction")
         )
     if encoder_decoder:
-        from attnaudit.models.zeroshot import forced_decision
+        from attnaudit.models.hf import forced_decision
 
         with forced_decision(cast("HFModel", model)):  # an encoder-decoder here is a Hugging Face one
             yield "next_token"
     elif model.config.extra.get("output") == "next_token":
-        from attnaudit.models.zeroshot import next_token_decision
+        from attnaudit.models.hf import next_token_decision
 
         with next_token_decision(cast("HFModel", model)):  # only a Hugging Face causal LM outputs next tokens
             yield "next_token"

@@ -2,7 +2,7 @@
 
 Encoders (BERT family) pool ``[CLS]``; decoder-only models (Llama/SmolLM2, Qwen2, GPT-2) get a
 sequence-classification head read at each example's last *real* token
-(:meth:`~attnaudit.models.hf_model.HFModel.decode`, from the mask, so any padding side
+(:meth:`~attnaudit.models.hf.model.HFModel.decode`, from the mask, so any padding side
 works). ``train_layers`` trains only the head, the last ``N`` layers and what follows them
 (final norm, pooler); everything before is frozen, both out of the optimiser (the loop's
 ``Optimiser.frozen``) and out of autograd, so the backward pass stops at the first trained
@@ -51,7 +51,7 @@ if TYPE_CHECKING:
 
     from attnaudit.data.types import Batch
     from attnaudit.hf import HFModel
-    from attnaudit.models.hf_batches import HFCollator
+    from attnaudit.models.hf import HFCollator
 
 AFTER_LAYERS = ("norm", "ln_f", "pooler")
 """Base-model modules that run after the layers (decoders' final norm, BERT's pooler): trained with the head."""

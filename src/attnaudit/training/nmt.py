@@ -47,7 +47,7 @@ from attnaudit.training.loop import (
 )
 
 if TYPE_CHECKING:
-    from attnaudit.models.hf_model import HFModel
+    from attnaudit.models.hf import HFModel
 
 SOURCE_BPE = "source_bpe.json"
 TARGET_BPE = "target_bpe.json"
@@ -166,7 +166,7 @@ def train_nmt(
     """
     cfg = _nmt_config(options, bleu_split)
     if arch != "nmt":
-        from attnaudit.models.hf_fresh import ARCHITECTURES
+        from attnaudit.models.hf import FRESH_ARCHITECTURES as ARCHITECTURES
 
         if arch not in ARCHITECTURES:
             raise AttnAuditError(f"unknown --arch {arch!r}; choose one of nmt, {', '.join(ARCHITECTURES)}")
@@ -227,7 +227,7 @@ def train_nmt(
 def train_hf_nmt(
     data: TaskData, spec: TaskSpec, out: Path, cfg: NMTConfig, arch: str, device: str, resume: bool, bleu_split: str | None
 ) -> Run:
-    """``train_nmt`` for a Hugging Face encoder-decoder built from scratch (:func:`~attnaudit.models.hf_fresh.fresh_seq2seq`).
+    """``train_nmt`` for a Hugging Face encoder-decoder built from scratch (:func:`~attnaudit.models.hf.fresh.fresh_seq2seq`).
 
     One joint BPE vocabulary of ``source_vocab`` entries is learnt on both sides of the training pairs
     (Marian and BART share embeddings between encoder, decoder and LM head). The loop, its hooks and
@@ -238,8 +238,8 @@ def train_hf_nmt(
     from dataclasses import replace
 
     from attnaudit.hf import load_hf_run, save_hf_run
-    from attnaudit.models.hf_batches import collator
-    from attnaudit.models.hf_fresh import fresh_seq2seq, fresh_tokenizer
+    from attnaudit.models.hf import fresh_seq2seq, fresh_tokenizer
+    from attnaudit.models.hf import seq2seq_collator as collator
 
     settings = {"kind": "hf", "arch": arch, "train": asdict(cfg), "task": spec.to_dict()}
     config_hash = digest(settings)

@@ -1,9 +1,9 @@
 """Any Hugging Face transformer behind the one model interface: one adapter, no per-family code.
 
-What a model *is* comes from one dry run (:mod:`attnaudit.models.hf_structure`): its attention
+What a model *is* comes from one dry run (:mod:`attnaudit.models.hf.structure`): its attention
 layers in call order, the block each runs in, self or cross, causal or not, and (where a method
 needs it) value/output projections and norm layout, each checked against the run. Attention is
-captured and changed inside the model's own code (:mod:`attnaudit.models.hf_attention`).
+captured and changed inside the model's own code (:mod:`attnaudit.models.hf.attention`).
 
 Every pass is the model's own ``forward``: embeddings, positions (rotary, learned, ALiBi,
 relative), masks (causal, sliding-window, padding) and the head are the model's. What the
@@ -36,10 +36,10 @@ from torch import Tensor, nn
 
 from attnaudit.data.types import Batch
 from attnaudit.errors import AttnAuditError
-from attnaudit.models import hf_attention
-from attnaudit.models.hf_attention import ATTN_IMPLEMENTATION
-from attnaudit.models.hf_capabilities import HFCapabilities
-from attnaudit.models.hf_config import (
+from attnaudit.models.hf import attention as hf_attention
+from attnaudit.models.hf.attention import ATTN_IMPLEMENTATION
+from attnaudit.models.hf.capabilities import HFCapabilities
+from attnaudit.models.hf.config import (
     DROPOUT_NAMES,
     FFN_NAMES,
     WIDTH_NAMES,
@@ -49,15 +49,15 @@ from attnaudit.models.hf_config import (
     model_kind,
     output_kind,
 )
-from attnaudit.models.hf_config import heads as attention_heads
-from attnaudit.models.hf_generation import continue_ids, forced_distributions, input_device
-from attnaudit.models.hf_inputs import HFInputs, pass_inputs, pass_masks, real_positions, states_entering
-from attnaudit.models.hf_layouts import read_layouts
-from attnaudit.models.hf_pass import HFLayer, Pass, decided, given_output, wrapped
-from attnaudit.models.hf_projections import read_projections
-from attnaudit.models.hf_readout import Cut, find_cut, read_rows_only
-from attnaudit.models.hf_restarts import HFRestarts
-from attnaudit.models.hf_structure import Structure, discover
+from attnaudit.models.hf.config import heads as attention_heads
+from attnaudit.models.hf.generation import continue_ids, forced_distributions, input_device
+from attnaudit.models.hf.inputs import HFInputs, pass_inputs, pass_masks, real_positions, states_entering
+from attnaudit.models.hf.layouts import read_layouts
+from attnaudit.models.hf.passes import HFLayer, Pass, decided, given_output, wrapped
+from attnaudit.models.hf.projections import read_projections
+from attnaudit.models.hf.readout import Cut, find_cut, read_rows_only
+from attnaudit.models.hf.restarts import HFRestarts
+from attnaudit.models.hf.structure import Structure, discover
 from attnaudit.models.interface import (
     AttentionLayer,
     AttentionModel,
@@ -82,7 +82,7 @@ class HFModel(HFCapabilities, HFRestarts, EncoderDecoderLayout, AttentionModel):
     keep_scores = False
     """Traces hold each layer's pre-softmax scores as well (for checks; they double a trace's memory)."""
     target_items = False
-    """An encoder-decoder's explained items include its decoder inputs (:func:`attnaudit.models.zeroshot.target_side`)."""
+    """An encoder-decoder's explained items include its decoder inputs (:func:`attnaudit.models.hf.zeroshot.target_side`)."""
 
     def __init__(self, hf: PreTrainedModel, tokenizer: Any, task_type: str, source: str, trained_head: bool) -> None:
         cfg = hf.config
@@ -308,9 +308,9 @@ class HFModel(HFCapabilities, HFRestarts, EncoderDecoderLayout, AttentionModel):
         ``on_layer(index, record)`` sees each layer's record as its block finishes; the trace keeps only
         ``keep_layers`` (negative: from the end; None: all), so a caller folding layers in holds one at a time.
         ``rows_only``: the caller reads the weights at :meth:`explanation_rows` alone, so the layers that can run
-        SDPA for their outputs and compute only those rows' weights (:func:`~attnaudit.models.hf_attention._rows_only`;
+        SDPA for their outputs and compute only those rows' weights (:func:`~attnaudit.models.hf.attention._rows_only`;
         not encoder-decoders, interventions or a restart from a key/value prefix). ``cut``: the last block's tail runs at
-        the explanation rows alone (:mod:`attnaudit.models.hf_readout`; the last layer's record then holds those rows)."""
+        the explanation rows alone (:mod:`attnaudit.models.hf.readout`; the last layer's record then holds those rows)."""
         n = self.num_attention_layers
         start = cache.layer if start_layer is None else start_layer
         if not -n <= start < n:
@@ -358,11 +358,11 @@ class HFModel(HFCapabilities, HFRestarts, EncoderDecoderLayout, AttentionModel):
         self, batch: Batch, interventions: Sequence[Intervention] = (), embeddings: Tensor | None = None
     ) -> ModelOutput:
         """``self(batch, interventions, embeddings)`` read for its logits alone: no trace, and the last block's tail at
-        the read rows only where the dry batch gave the same logits that way (:mod:`attnaudit.models.hf_readout`)."""
+        the read rows only where the dry batch gave the same logits that way (:mod:`attnaudit.models.hf.readout`)."""
         return self.decode(self.encode(batch, embeddings), interventions, keep_layers=(), cut=self.read_cut())
 
     def read_cut(self) -> Cut | None:
-        """The last block's read-rows cut (:func:`~attnaudit.models.hf_readout.find_cut` on the dry batch, once), or None."""
+        """The last block's read-rows cut (:func:`~attnaudit.models.hf.readout.find_cut` on the dry batch, once), or None."""
         if not self._cuts:
             self._cuts.append(None)
             if self.kind != "encoder-decoder":

@@ -1,13 +1,13 @@
 """Hugging Face encoder-decoders built from scratch for ``attnaudit train-nmt --arch marian|bart``: a
 randomly initialised Marian or BART model and a transformers tokenizer around attnaudit's joint subword
-vocabulary, wrapped like any loaded model (:class:`~attnaudit.models.hf_model.HFModel`)."""
+vocabulary, wrapped like any loaded model (:class:`~attnaudit.models.hf.model.HFModel`)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
 from attnaudit.errors import AttnAuditError
-from attnaudit.models.hf_model import HFModel
+from attnaudit.models.hf.model import HFModel
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel

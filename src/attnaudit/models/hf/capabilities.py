@@ -1,6 +1,6 @@
 """What a Hugging Face model offers the methods that need its structure, read off its dry run.
 
-:class:`HFCapabilities` is part of :class:`~attnaudit.models.hf_model.HFModel`: per-head value and
+:class:`HFCapabilities` is part of :class:`~attnaudit.models.hf.model.HFModel`: per-head value and
 output maps (norms, identifiability, DecompX), the norms and feed-forward map around each attention
 layer (GlobEnc, ALTI, Value Zeroing, norms with residual and LayerNorm), the LRP sites, the
 classification head as dense layers (DecompX), and why any of them is missing (:meth:`lacks`).
@@ -14,8 +14,8 @@ from torch import Tensor, nn
 
 from attnaudit.data.types import Batch
 from attnaudit.errors import AttnAuditError
-from attnaudit.models.hf_layouts import BlockLayout
-from attnaudit.models.hf_structure import Structure
+from attnaudit.models.hf.layouts import BlockLayout
+from attnaudit.models.hf.structure import Structure
 from attnaudit.models.interface import (
     AttentionLayer,
     HeadLayers,
@@ -30,7 +30,7 @@ GATES = (("gate_proj", "act_fn", "down_proj"),)
 
 
 class HFCapabilities:
-    """The structural capabilities of an :class:`~attnaudit.models.hf_model.HFModel` (a mixin)."""
+    """The structural capabilities of an :class:`~attnaudit.models.hf.model.HFModel` (a mixin)."""
 
     structure: Structure
     config: ModelConfig

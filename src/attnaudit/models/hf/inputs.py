@@ -1,4 +1,4 @@
-"""What one pass of a Hugging Face model through :class:`~attnaudit.models.hf_model.HFModel` is given: the
+"""What one pass of a Hugging Face model through :class:`~attnaudit.models.hf.model.HFModel` is given: the
 forward's arguments (a batch's, a restart's, a continuation's after a key/value prefix), each attention
 layer's key and query masks, and the states entering the first block (by the model's own code)."""
 
@@ -11,8 +11,8 @@ import torch
 from torch import Tensor, nn
 
 from attnaudit.errors import AttnAuditError
-from attnaudit.models.hf_attention import KeyValuePrefix
-from attnaudit.models.hf_structure import Structure, hidden_argument
+from attnaudit.models.hf.attention import KeyValuePrefix
+from attnaudit.models.hf.structure import Structure, hidden_argument
 from attnaudit.models.interface import Cache
 
 

@@ -1,4 +1,4 @@
-"""Restarting a Hugging Face model part-way through :class:`~attnaudit.models.hf_model.HFModel`.
+"""Restarting a Hugging Face model part-way through :class:`~attnaudit.models.hf.model.HFModel`.
 
 :class:`HFRestarts` is part of the adapter: a cache at any block from a recorded pass
 (:meth:`HFRestarts.cache_at`), and for causal decoders on the attention interface the two fast
@@ -17,15 +17,15 @@ from torch import Tensor
 
 from attnaudit.data.types import Batch
 from attnaudit.errors import AttnAuditError
-from attnaudit.models.hf_attention import KeyValuePrefix, per_group
-from attnaudit.models.hf_inputs import HFInputs, LayerTensors, real_positions, states_entering
-from attnaudit.models.hf_pass import HFLayer
-from attnaudit.models.hf_structure import Structure
+from attnaudit.models.hf.attention import KeyValuePrefix, per_group
+from attnaudit.models.hf.inputs import HFInputs, LayerTensors, real_positions, states_entering
+from attnaudit.models.hf.passes import HFLayer
+from attnaudit.models.hf.structure import Structure
 from attnaudit.models.interface import AttentionTrace, Cache, ModelConfig
 
 
 class HFRestarts:
-    """Restarts of an :class:`~attnaudit.models.hf_model.HFModel` (a mixin)."""
+    """Restarts of an :class:`~attnaudit.models.hf.model.HFModel` (a mixin)."""
 
     structure: Structure
     config: ModelConfig

@@ -3,8 +3,8 @@
 One loader for every family: the checkpoint's config says which transformers class to load
 (with its classification head where it was saved with one, a fresh head for fine-tuning, else
 the language-model head or the bare model); the adapter finds the rest by itself
-(:mod:`attnaudit.models.hf_model`). Weights are safetensors only (never a pickle); a GGUF file is
-de-quantised once into a safetensors cache (:mod:`attnaudit.models.gguf_cache`). Every failure is
+(:mod:`attnaudit.models.hf.model`). Weights are safetensors only (never a pickle); a GGUF file is
+de-quantised once into a safetensors cache (:mod:`attnaudit.models.hf.gguf`). Every failure is
 one line: offline hub, missing files, a folder that is no model, a config transformers does not know.
 """
 
@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from attnaudit.errors import AttnAuditError, InputError
-from attnaudit.models import gguf_cache
-from attnaudit.models.hf_config import model_kind
-from attnaudit.models.hf_model import HFModel
+from attnaudit.models.hf import gguf as gguf_cache
+from attnaudit.models.hf.config import model_kind
+from attnaudit.models.hf.model import HFModel
 from attnaudit.weights import checked_weight
 
 if TYPE_CHECKING:
@@ -172,7 +172,7 @@ def _quiet_gguf() -> Iterator[None]:
 def _load(loader: Any, folder: str, gguf: dict[str, str], **kwargs: Any) -> Any:
     """``loader.from_pretrained``: a folder or hub name through :func:`attnaudit.hf._pretrained`;
     a GGUF file directly (:func:`_load_gguf`; in practice once per file, see
-    :mod:`attnaudit.models.gguf_cache`)."""
+    :mod:`attnaudit.models.hf.gguf`)."""
     if not gguf:
         return _pretrained(loader, folder, **kwargs)
     return _load_gguf(loader, folder, Path(folder) / gguf["gguf_file"], gguf, **kwargs)

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from attnaudit.models import hf_attention
-from attnaudit.models.hf_structure import (
+from attnaudit.models.hf import attention as hf_attention
+from attnaudit.models.hf.structure import (
     CROSS_INPUTS,
     TOL,
     Call,

@@ -1,4 +1,4 @@
-"""One pass of a Hugging Face model through :class:`~attnaudit.models.hf_model.HFModel`: its blocks wrapped.
+"""One pass of a Hugging Face model through :class:`~attnaudit.models.hf.model.HFModel`: its blocks wrapped.
 
 ``decode`` runs the model's own ``forward``; for that pass (:func:`wrapped`) each block's ``forward``
 is replaced: before the restart block it returns its input (or, where the next block reads its
@@ -6,7 +6,7 @@ other outputs, as T5's position bias, what the recorded pass gave; without that 
 the restart block receives the cached states, and after each block the records of its attention
 layers are completed (block input, output, the outputs handed on) and handed over. Each attention
 module is hooked to say which layer runs, with which inputs, and to arm the softmax
-(:mod:`attnaudit.models.hf_attention`).
+(:mod:`attnaudit.models.hf.attention`).
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ import torch
 from torch import Tensor, nn
 
 from attnaudit.errors import AttnAuditError
-from attnaudit.models import hf_attention
-from attnaudit.models.hf_attention import LayerCall
-from attnaudit.models.hf_structure import (
+from attnaudit.models.hf import attention as hf_attention
+from attnaudit.models.hf.attention import LayerCall
+from attnaudit.models.hf.structure import (
     CROSS_INPUTS,
     HIDDEN_ARGS,
     Structure,
@@ -260,7 +260,7 @@ def decided(
 
     def decision(out: Any) -> Tensor:
         if kind == "encoder-decoder" and output == "next_token" and isinstance(rows, int):
-            return out.logits[:, rows]  # a forced target's next token (:func:`attnaudit.models.zeroshot.forced_decision`)
+            return out.logits[:, rows]  # a forced target's next token (:func:`attnaudit.models.hf.zeroshot.forced_decision`)
         if kind == "encoder-decoder" or has_head:
             return out.logits
         if head is not None:

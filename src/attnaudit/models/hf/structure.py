@@ -10,11 +10,11 @@ cross-attention; a self-attention layer whose mask is lower-triangular is causal
 What only some methods need is then read off the same run and checked against it, never
 assumed from a module's name:
 
-* **value and output projections** (:mod:`attnaudit.models.hf_projections`): the linear map inside the attention
+* **value and output projections** (:mod:`attnaudit.models.hf.projections`): the linear map inside the attention
   module whose output columns *are* the values the attention function received (a plain
   ``v_proj`` or the value columns of a fused query/key/value map, in whatever order a family
   interleaves them), and the linear map in the block whose input *is* the attention output;
-* **the block layout** (:mod:`attnaudit.models.hf_layouts`), read off the same run.
+* **the block layout** (:mod:`attnaudit.models.hf.layouts`), read off the same run.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import torch
 from torch import Tensor, nn
 
 from attnaudit.errors import AttnAuditError
-from attnaudit.models import hf_attention
+from attnaudit.models.hf import attention as hf_attention
 
 HIDDEN_ARGS = ("hidden_states", "hidden_state", "x", "input", "hidden")
 """Names under which a block or an attention module may receive its hidden states by keyword."""
@@ -69,7 +69,7 @@ class Site:
     kind: Literal["self", "cross"]
     side: str
     projections: Any = None
-    """The layer's value and output projections where found (:mod:`attnaudit.models.hf_projections`)."""
+    """The layer's value and output projections where found (:mod:`attnaudit.models.hf.projections`)."""
 
 
 @dataclass

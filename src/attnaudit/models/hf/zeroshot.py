@@ -29,8 +29,8 @@ from torch import Tensor
 
 from attnaudit.data.types import Batch, Example
 from attnaudit.errors import AttnAuditError
-from attnaudit.models.hf_batches import HFCollator
-from attnaudit.models.hf_model import HFModel
+from attnaudit.models.hf.batches import HFCollator
+from attnaudit.models.hf.model import HFModel
 
 SENTIMENT_PROMPT = "Review: {text}\nSentiment:"
 SENTIMENT_VERBALIZER = {"negative": " negative", "positive": " positive"}

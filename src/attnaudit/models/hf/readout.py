@@ -27,7 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from attnaudit.errors import AttnAuditError
-from attnaudit.models.hf_structure import close, first_tensor
+from attnaudit.models.hf.structure import close, first_tensor
 
 
 @dataclass(frozen=True)

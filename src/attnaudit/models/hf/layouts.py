@@ -17,8 +17,8 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from attnaudit.models.hf_projections import Projections
-from attnaudit.models.hf_structure import (
+from attnaudit.models.hf.projections import Projections
+from attnaudit.models.hf.structure import (
     Call,
     DryRun,
     Structure,

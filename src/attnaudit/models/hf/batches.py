@@ -12,7 +12,7 @@ from torch import Tensor
 from attnaudit.data.batching import IGNORE_INDEX, _pad
 from attnaudit.data.types import Batch, Example
 from attnaudit.errors import AttnAuditError, InputError, warn
-from attnaudit.models.hf_model import HFModel
+from attnaudit.models.hf.model import HFModel
 
 
 class HFCollator:
