@@ -36,7 +36,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `benchmarks.common` when run as a script
 
 from attnaudit.data.types import Batch  # noqa: E402
-from attnaudit.explain.attention import explained_attention  # noqa: E402
+from attnaudit.explain.helpers.attention import explained_attention  # noqa: E402
 from attnaudit.models.hf import (
     DTYPES,  # noqa: E402
     HFModel,  # noqa: E402

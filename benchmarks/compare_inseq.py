@@ -140,8 +140,8 @@ def all_layer_attention(run: Any, source: list[int], target: list[int]) -> list[
     (``attention_per_head``: self-attention rows of a decoder, cross-attention rows of an encoder-decoder)."""
     import torch
 
-    from attnaudit.explain.attention import attention_per_head
     from attnaudit.explain.generation import decoder_rows, forced_row
+    from attnaudit.explain.helpers.attention import attention_per_head
     from attnaudit.models.hf import forced_decision, next_token_decision
 
     model = run.model

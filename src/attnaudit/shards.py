@@ -68,14 +68,10 @@ class Source:
 
     def load(self) -> Run:
         """The run, loaded as the audit's driver loaded it."""
-        if self.hf is not None:
-            from attnaudit.hf import load_hf
+        from attnaudit.resolve import load_model
 
-            run = load_hf(self.hf, task=self.task, data_dir=self.data_dir, device=self.device, **self.hf_options)
-        else:
-            from attnaudit.run import load_run
-
-            run = load_run(str(self.run), device=self.device, data_dir=self.data_dir)
+        hf_options = {"task": self.task, **self.hf_options} if self.hf is not None else {}
+        run = load_model(self.hf, self.run, device=self.device, data_dir=self.data_dir, **hf_options)
         return replace(run, subruns=Path(self.subruns))
 
 

@@ -29,8 +29,8 @@ from attnaudit.experiments.norms import position_shares
 from attnaudit.experiments.permutation import permutation_loop, permute_batch
 from attnaudit.experiments.shuffle import permute_rows
 from attnaudit.explain import item_mask, list_explanations
-from attnaudit.explain.attention import attention_importance
-from attnaudit.explain.attention_norms import layer_norms
+from attnaudit.explain.helpers.norms import layer_norms
+from attnaudit.explain.methods.attention import attention_importance
 from attnaudit.hf import load_hf
 from attnaudit.models.hf import ZeroShotCollator, text_items
 from attnaudit.models.interface import AttentionLayer, Intervention

@@ -22,7 +22,7 @@ from attnaudit.experiments import run_test
 from attnaudit.experiments.common import Units, instance_units
 from attnaudit.experiments.rationale import Rationale
 from attnaudit.explain import explanation, unregister
-from attnaudit.explain.attention_rollout import rollout_importance
+from attnaudit.explain.methods.attention_rollout import rollout_importance
 from attnaudit.progress import set_quiet
 from attnaudit.training.trainer import train
 

@@ -40,8 +40,9 @@ from transformers.models.qwen2 import modeling_qwen2
 
 from attnaudit.data.types import Batch, Example
 from attnaudit.errors import AttnAuditError, InputError
-from attnaudit.explain.attention import attention_importance, explained_attention
-from attnaudit.explain.gradient import gradient_importance
+from attnaudit.explain.helpers.attention import explained_attention
+from attnaudit.explain.methods.attention import attention_importance
+from attnaudit.explain.methods.gradient import gradient_importance
 from attnaudit.hf import HFCollator, load_hf, resolve_source, save_hf_run
 from attnaudit.models.hf import HFModel
 from attnaudit.models.hf import gguf_cache_folder as cache_folder

@@ -1,4 +1,4 @@
-"""Faithfulness tests: one module per test, registered by name (see ``base``)."""
+"""Faithfulness tests: one module per test, registered by name (see :mod:`attnaudit.experiments.experiment`)."""
 
 from attnaudit.experiments.experiment import (
     EXPERIMENTS,

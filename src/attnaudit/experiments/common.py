@@ -16,7 +16,7 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any
 
 import numpy as np
 import torch
@@ -25,7 +25,7 @@ from torch import Tensor
 from attnaudit.algorithms.metrics import jsd, kl, row_mean, spearman, tvd
 from attnaudit.data.types import Batch, Example
 from attnaudit.errors import AttnAuditError
-from attnaudit.explain.attention import explained_attention
+from attnaudit.explain.helpers.attention import explained_attention
 from attnaudit.explain.registry import remembered
 from attnaudit.models.interface import (
     AttentionModel,
@@ -42,9 +42,6 @@ from attnaudit.plotting import save_figure
 from attnaudit.run import Run
 from attnaudit.training.adversary import EVAL_BATCH
 from attnaudit.training.trainer import InterventionsFn
-
-if TYPE_CHECKING:
-    from attnaudit.models.hf import HFModel
 
 ATTENTION_TABLE = "attention_examples"
 """Name of the result table holding the heatmap rows of :func:`attention_rows`."""
@@ -610,7 +607,7 @@ class Units:
 
 def _hf_word_ids(run: Run, ex: Example, ids: list[int]) -> np.ndarray | None:
     """Word index of each wordpiece of ``ex`` (-1 for special tokens and the query), or None if it cannot be aligned."""
-    tokenizer = cast("HFModel", run.model).tokenizer  # called for the hf family only
+    tokenizer = run.model.tokenizer  # called for the hf family only
     if not getattr(tokenizer, "is_fast", False):
         return None
     pair = [ex.query] if run.task.task_type == "pair" and ex.query else None

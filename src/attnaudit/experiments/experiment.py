@@ -391,7 +391,7 @@ def run_test(
     ``compute``: how the test's result is computed (an audit's ``--engine ray``: :mod:`attnaudit.shards`);
     default :meth:`Experiment.run` in this process.
     """
-    from attnaudit.run import load_run
+    from attnaudit.resolve import load_model
     from attnaudit.seed import set_seed
 
     experiment = get_experiment(name)
@@ -399,7 +399,7 @@ def run_test(
     if out is not None:
         directory = check_output_dir(out)  # before loading the run: a bad --out fails at once
     if not isinstance(run, Run):
-        run = load_run(run, device=device, data_dir=data_dir)
+        run = load_model(run=run, device=device, data_dir=data_dir)
     if out is None:
         directory = check_output_dir(Path(run.path) / "results" if run.path else Path("results"))
     elif run.subruns is None and run.path is not None:

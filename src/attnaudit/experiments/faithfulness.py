@@ -115,7 +115,7 @@ class Faithfulness(Experiment):
     )
     # An LLM: every method and both modes held ~20 GB and ran >15 min on 20 SST-2 sentences (SmolLM2-135M);
     # the audit scores attention and gradient against random by deletion at two bins, 8 sentences a batch
-    # (the importance and rollout tests' batches: their gradients are reused, see explain.base.memoised;
+    # (the importance and rollout tests' batches: their gradients are reused, see explain.registry.memoised;
     # each batch's perturbations run in passes of bounded size, ~1 GB).
     description = (
         "ERASER scoreboard of every explanation (`attnaudit explanations`): comprehensiveness and sufficiency "

@@ -34,7 +34,7 @@ from attnaudit.experiments.experiment import (
     where,
 )
 from attnaudit.explain import EXPLANATIONS, choose, item_mask
-from attnaudit.explain.attention import attention_per_head, explained_attention
+from attnaudit.explain.helpers.attention import attention_per_head, explained_attention
 from attnaudit.explain.registry import hierarchical
 from attnaudit.models.interface import evaluation
 from attnaudit.plotting import save_figure

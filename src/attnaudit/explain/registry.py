@@ -357,7 +357,7 @@ def item_mask(target: AttentionModel | Run, batch: Batch) -> Tensor:
     model = model_of(target)
     if hierarchical(model):
         return mask.any(-1)
-    if getattr(model, "target_items", False) and batch.target is not None and batch.target_mask is not None:
+    if model.target_items and batch.target is not None and batch.target_mask is not None:
         after_start = batch.target_mask.bool().clone()
         after_start[:, 0] = False  # the decoder start token is no earlier target token
         return torch.cat([mask, after_start.to(mask.device)], 1)

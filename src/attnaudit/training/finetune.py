@@ -50,8 +50,7 @@ if TYPE_CHECKING:
     from torch import Tensor
 
     from attnaudit.data.types import Batch
-    from attnaudit.hf import HFModel
-    from attnaudit.models.hf import HFCollator
+    from attnaudit.models.hf import HFCollator, HFModel
 
 AFTER_LAYERS = ("norm", "ln_f", "pooler")
 """Base-model modules that run after the layers (decoders' final norm, BERT's pooler): trained with the head."""
@@ -59,6 +58,15 @@ AFTER_LAYERS = ("norm", "ln_f", "pooler")
 
 def _settings_hash(settings: dict[str, Any]) -> str:
     return digest(settings)
+
+
+def _hf_model(model: nn.Module) -> HFModel:
+    """``model`` (load_hf's) as the Hugging Face adapter whose transformers model is fine-tuned."""
+    from attnaudit.models.hf import HFModel
+
+    if not isinstance(model, HFModel):
+        raise AttnAuditError("fine-tuning needs a Hugging Face model (load_hf's)")
+    return model
 
 
 def frozen_patterns(model: HFModel, train_layers: int | None) -> tuple[str, ...]:
@@ -179,7 +187,7 @@ def finetune(
     train_set = list(data.train)
     if limit is not None and limit < len(train_set):
         train_set = random.Random(seed).sample(train_set, limit)
-    frozen = frozen_patterns(cast("HFModel", run.model), train_layers)  # load_hf's
+    frozen = frozen_patterns(_hf_model(run.model), train_layers)
     trained = freeze(run.model, frozen)
     extra = {"finetune": {**settings, "hash": digest, "train_examples": len(train_set), "trained_parameters": trained}}
     steps = epochs * -(-len(train_set) // batch_size)

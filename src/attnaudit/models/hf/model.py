@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 from collections.abc import Callable, Collection, Sequence
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -60,10 +61,10 @@ from attnaudit.models.hf.restarts import HFRestarts
 from attnaudit.models.hf.structure import Structure, discover
 from attnaudit.models.interface import (
     AttentionLayer,
-    AttentionModel,
     AttentionTrace,
     Cache,
     Intervention,
+    LanguageModel,
     ModelConfig,
     ModelOutput,
     evaluation,
@@ -74,9 +75,9 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 LayerCallback = Callable[[int, AttentionLayer], None]
-class HFModel(HFCapabilities, HFRestarts, EncoderDecoderLayout, AttentionModel):
+class HFModel(HFCapabilities, HFRestarts, EncoderDecoderLayout, LanguageModel):
     """A Hugging Face model (encoder, decoder-only or encoder-decoder; with a classification head,
-    an LM head or none) as an :class:`AttentionModel`. ``hf`` is the transformers model."""
+    an LM head or none) as a :class:`~attnaudit.models.interface.LanguageModel`. ``hf`` is the transformers model."""
 
     streams_layers = True
     keep_scores = False
@@ -393,6 +394,27 @@ class HFModel(HFCapabilities, HFRestarts, EncoderDecoderLayout, AttentionModel):
         encoder_decoder = self.kind == "encoder-decoder"
         with evaluation(self):
             return forced_distributions(self.hf, encoder_decoder, source, self.decoder_start if encoder_decoder else -1, target)
+
+    def next_token_decision(self) -> AbstractContextManager[HFModel]:
+        """:func:`~attnaudit.models.hf.zeroshot.next_token_decision` of this model."""
+        from attnaudit.models.hf.zeroshot import next_token_decision
+
+        return next_token_decision(self)
+
+    def forced_decision(self) -> AbstractContextManager[HFModel]:
+        """:func:`~attnaudit.models.hf.zeroshot.forced_decision` of this model."""
+        from attnaudit.models.hf.zeroshot import forced_decision
+
+        return forced_decision(self)
+
+    def target_side(self) -> AbstractContextManager[HFModel]:
+        """:func:`~attnaudit.models.hf.zeroshot.target_side` of this model."""
+        from attnaudit.models.hf.zeroshot import target_side
+
+        return target_side(self)
+
+    def block_first_layer(self, layer: int) -> int:
+        return self.structure.layers_of(self.structure.sites[layer].block)[0]
 
     @torch.no_grad()
     def greedy(self, batch: Batch, max_len_a: float = 1.5, max_len_b: int = 10) -> list[list[int]]:

@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from attnaudit.data.types import Batch
-from attnaudit.explain.norms_res_ln import ELEMENTS, rows
+from attnaudit.explain.helpers.residual import ELEMENTS, rows
 from attnaudit.explain.registry import explained_class, explanation, on_items
 from attnaudit.models.interface import (
     AttentionLayer,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from attnaudit.data.types import Batch
-from attnaudit.explain.attnlrp import lrp_relevance
+from attnaudit.explain.helpers.lrp import lrp_relevance
 from attnaudit.explain.registry import explanation, token_scores
 from attnaudit.models.interface import AttentionModel
 

@@ -88,7 +88,7 @@ def integrated_gradients(
             contrast = batch.contrast.to(probs.device) if batch.contrast is not None else None
             embeddings = model.embed(batch)
             nested = hierarchical(model)
-            whole = nested or getattr(model, "target_items", False)  # an encoder-decoder's target side is integrated too
+            whole = nested or model.target_items  # an encoder-decoder's target side is integrated too
             passage = embeddings if whole else embeddings[:, :t]
             reference = None if baseline == "zero" else baseline_embeddings(model, batch, baseline)[:, : passage.shape[1]]
         rest = None if whole or embeddings.shape[1] == t else embeddings[:, t:]
@@ -119,7 +119,7 @@ def integrated_gradients(
 def _groups(model: AttentionModel, batch: Batch) -> list[Tensor]:
     """Instances of similar length (:func:`~attnaudit.data.batching.length_groups`) where a group's scores are
     its members' with the padding cut (flat tokens, the explained items all on the source side); else one group."""
-    if batch.tokens.dim() != 2 or hierarchical(model) or getattr(model, "target_items", False):
+    if batch.tokens.dim() != 2 or hierarchical(model) or model.target_items:
         return [torch.arange(len(batch))]
     return length_groups(batch.mask.sum(1).cpu())
 
@@ -127,7 +127,7 @@ def _groups(model: AttentionModel, batch: Batch) -> list[Tensor]:
 def baseline_token(model: AttentionModel, name: str) -> int:
     """The id of the ``unk``/``pad``/``mask``/``eos`` token: a Hugging Face model's tokenizer's, else our
     vocabularies' (``<pad>`` 0, ``<unk>`` 1; they have no mask or end token); a one-line error when there is none."""
-    tokenizer = getattr(model, "tokenizer", None)
+    tokenizer = model.tokenizer
     if tokenizer is not None:
         found = getattr(tokenizer, f"{name}_token_id", None)
     else:
@@ -147,6 +147,6 @@ def baseline_embeddings(model: AttentionModel, batch: Batch, name: str) -> Tenso
     token = baseline_token(model, name)
     tokens = torch.full_like(batch.tokens, token)
     target = batch.target
-    if getattr(model, "target_items", False) and target is not None:  # the earlier target tokens too, after the start token
+    if model.target_items and target is not None:  # the earlier target tokens too, after the start token
         target = torch.cat([target[:, :1], torch.full_like(target[:, 1:], token)], 1)
     return model.embed(dataclasses.replace(batch, tokens=tokens, target=target))

@@ -1,8 +1,6 @@
-"""``attention``: the explained attention itself, mean over heads and real queries (or the explanation row)."""
+"""The explained attention rows: the explained layer's, and every layer's and head's over the explained items."""
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import Tensor
@@ -10,7 +8,6 @@ from torch import Tensor
 from attnaudit.data.types import Batch
 from attnaudit.explain.registry import (
     check_task,
-    explanation,
     hierarchical,
     layer_index,
     reduce_heads,
@@ -18,22 +15,6 @@ from attnaudit.explain.registry import (
     to_items,
 )
 from attnaudit.models.interface import AttentionLayer, AttentionModel, AttentionTrace, evaluation
-
-if TYPE_CHECKING:
-    from attnaudit.models.hf import HFModel
-
-
-@explanation("attention", "the explained attention layer's weights (mean over heads; the explanation query's row)", order=10,
-             target_side=True)
-def attention_importance(model: AttentionModel, batch: Batch, layer: int | None = None, head: int | None = None) -> Tensor:
-    """The explained attention ``(B, K)``: mean over heads (or ``head``) and real queries.
-
-    ``layer`` defaults to ``model.explained_layer`` (the last one for Transformers). HAN's
-    word layer (``layer=0``) gives ``(B, S*W)``: the word weights within each sentence.
-    """
-    check_task(model)
-    with evaluation(model), torch.no_grad():
-        return explained_attention(model, batch, model.rows_forward(batch).trace, layer, head)
 
 
 def explained_attention(
@@ -46,9 +27,8 @@ def explained_attention(
     index = layer_index(model, layer)
     record = trace[index]
     values = reduce_heads(record.weights, record.query_mask, head, explanation_row(model, batch, record))
-    if getattr(model, "target_items", False) and batch.target is not None:
-        structure = cast("HFModel", model).structure  # target items: an encoder-decoder, a Hugging Face model
-        own = trace[structure.layers_of(structure.sites[index].block)[0]]  # the block's self-attention, before its cross
+    if model.target_items and batch.target is not None:
+        own = trace[model.block_first_layer(index)]  # the block's self-attention, before its cross
         rows = explanation_row(model, batch, own)
         values = torch.cat([values[:, : batch.tokens.shape[1]], reduce_heads(own.weights, own.query_mask, head, rows)], 1)
     return to_items(values, model, batch, index)

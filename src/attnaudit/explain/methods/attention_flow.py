@@ -9,7 +9,7 @@ from torch import Tensor
 
 from attnaudit.algorithms.attention_graph import flow
 from attnaudit.data.types import Batch
-from attnaudit.explain.attention_rollout import explained_record, layer_weights
+from attnaudit.explain.helpers.rollout import explained_record, layer_weights
 from attnaudit.explain.registry import explanation, on_items, query_row
 from attnaudit.models.interface import AttentionModel
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
 from torch import Tensor
 
 from attnaudit.data.types import Batch
-from attnaudit.explain.registry import choice, decision_score, decision_values, explanation, reduce_dimensions
-from attnaudit.models.interface import AttentionModel, evaluation
+from attnaudit.explain.helpers.gradients import decision_gradient
+from attnaudit.explain.registry import choice, explanation, reduce_dimensions
+from attnaudit.models.interface import AttentionModel
 
 
 def summed_gradient_vanishes(model: AttentionModel, settings: dict[str, Any]) -> str | None:
@@ -46,14 +46,4 @@ def input_gradient(model: AttentionModel, batch: Batch, reduction: str = "abs_su
     return reduce_dimensions(grad, model, batch, reduction)
 
 
-def decision_gradient(model: AttentionModel, batch: Batch, score: str = "logit") -> tuple[Tensor, Tensor]:
-    """``(embeddings, ∂s/∂embeddings)``: the gradient of each example's decision score ``s`` (its explained
-    class's logit or probability, ``score``, minus its contrast's) with respect to its input embeddings,
-    attention live (under whatever backward rules are active)."""
-    score = choice("score", score)
-    with evaluation(model), torch.enable_grad():
-        embeddings = model.embed(batch).detach().requires_grad_(True)
-        values = decision_values(model.logits_forward(batch, embeddings=embeddings), score)
-        (grad,) = torch.autograd.grad(decision_score(batch, values).sum(), embeddings)
-    return embeddings.detach(), grad
 

@@ -3,26 +3,14 @@ read at the explanation query; the algorithm is :func:`attnaudit.algorithms.atte
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, cast
-
 import torch
 from torch import Tensor
 
 from attnaudit.algorithms.attention_graph import StreamingRollout, rollout
 from attnaudit.data.types import Batch
+from attnaudit.explain.helpers.rollout import explained_record, layer_weights
 from attnaudit.explain.registry import explanation, on_items, query_row
-from attnaudit.models.interface import AttentionLayer, AttentionModel, AttentionTrace
-
-if TYPE_CHECKING:
-    from attnaudit.models.hf import HFModel
-
-
-def explained_record(model: AttentionModel, batch: Batch) -> tuple[AttentionTrace, int, AttentionLayer]:
-    """(trace, explained layer index, that layer's record) of an unperturbed forward pass."""
-    with torch.no_grad():
-        trace = model(batch).trace
-    index = model.explained_layer % len(trace)
-    return trace, index, trace[index]
+from attnaudit.models.interface import AttentionLayer, AttentionModel, language_model
 
 
 def streamed_rollout(model: AttentionModel, batch: Batch, index: int) -> tuple[Tensor, AttentionLayer]:
@@ -35,14 +23,11 @@ def streamed_rollout(model: AttentionModel, batch: Batch, index: int) -> tuple[T
             rolled.add(record.weights, record.mask)
 
     with torch.no_grad():
-        streaming = cast("HFModel", model)  # the model that streams its layers
+        streaming = language_model(model, "streamed rollout")  # the model that streams its layers
         trace = streaming.decode(streaming.encode(batch), keep_layers=[index], on_layer=fold).trace
     return rolled.result, trace[0]
 
 
-def layer_weights(trace: AttentionTrace, index: int) -> list[Any]:
-    """The attention weights of layers ``0 … index``, each ``(B,H,T,T)``."""
-    return [layer.weights for layer in list(trace.layers)[: index + 1]]
 
 
 @explanation(

@@ -10,7 +10,7 @@ used to check them.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -18,15 +18,16 @@ from torch import Tensor, nn
 from attnaudit.algorithms.metrics import output_change, rank_items, top_items
 from attnaudit.data.types import Batch
 from attnaudit.errors import AttnAuditError
-from attnaudit.explain.gradient import gradient_importance
+from attnaudit.explain.helpers.items import compact_items
 from attnaudit.explain.registry import (
     check_task,
     explanation,
+    get_explanation,
     hierarchical,
     item_mask,
     takes_run,
 )
-from attnaudit.models.interface import AttentionModel, Cache, ModelOutput, evaluation
+from attnaudit.models.interface import AttentionModel, Cache, ModelOutput, evaluation, language_model
 from attnaudit.models.normalisers import normalise
 from attnaudit.models.rnn import (
     AttentionClassifier,
@@ -34,9 +35,6 @@ from attnaudit.models.rnn import (
     PairAttentionClassifier,
     RecurrentEncoder,
 )
-
-if TYPE_CHECKING:
-    from attnaudit.models.hf import HFModel
 
 # Elements (floats) one chunk of leave-one-out rows may occupy in its largest tensor:
 # 2**23 floats = 32 MB keeps memory bounded for long documents without slowing short ones.
@@ -62,35 +60,6 @@ def _select_extra(extra: dict[str, Any], index: Tensor, batch_size: int) -> dict
     }
 
 
-def compact_items(batch: Batch, index: Tensor, keep: Tensor, pad_id: int) -> Batch:
-    """Instances ``index`` of ``batch`` with only the items in ``keep`` ``(R, K)``, shifted left.
-
-    This is what "removing" an item means: later tokens move up one position (the
-    Transformer's positions and the CNN's windows change accordingly). Items are tokens,
-    or whole sentences for hierarchical ``(B,S,W)`` tokens. The query (and a forced target) is kept unchanged.
-    """
-    tokens, mask = batch.tokens[index], batch.mask[index].bool()
-    count = keep.sum(1)
-    width = max(int(count.max()), 1)
-    order = torch.sort((~keep).to(torch.int8), dim=1, stable=True).indices[:, :width]
-    valid = torch.arange(width, device=keep.device)[None, :] < count[:, None]
-    features = None
-    if tokens.dim() == 3:
-        gather = order[:, :, None].expand(-1, -1, tokens.shape[2])
-        tokens, mask = tokens.gather(1, gather), mask.gather(1, gather) & valid[:, :, None]
-    else:
-        tokens, mask = tokens.gather(1, order), valid
-        if batch.features is not None:
-            features = batch.features[index].gather(1, order).masked_fill(~mask, 0)
-    return Batch(
-        tokens=tokens.masked_fill(~mask, pad_id),
-        mask=mask,
-        features=features,
-        query=None if batch.query is None else batch.query[index],
-        query_mask=None if batch.query_mask is None else batch.query_mask[index],
-        target=None if batch.target is None else batch.target[index],  # an encoder-decoder's forced target stays
-        target_mask=None if batch.target_mask is None else batch.target_mask[index],
-    )
 
 
 def _drop_one(mask: Tensor, rows: Tensor) -> Tensor:
@@ -144,7 +113,7 @@ def _loo_decoder(
     batch run together, longest first, in passes of :data:`_PASS_ELEMENTS`; the template of a
     prompt stays, as in :func:`_loo_recompute`.
     """
-    hf = cast("HFModel", model)  # _loo_method picks this for a model that continues_prefix: an HFModel
+    hf = language_model(model, "leave-one-out from a key/value prefix")  # _loo_method picks this where continues_prefix
     lengths = batch.mask.sum(1)
     n = lengths[rows[:, 0]]
     start = torch.minimum(rows[:, 1], n - 2).clamp_min(0)  # first rerun position; the prefix is [0, start)
@@ -417,7 +386,7 @@ def _highest_gradient(model: AttentionModel, batch: Batch, mask: Tensor, count: 
     """``(B, K)`` True at each instance's ``count`` items of highest gradient importance (ties by position)."""
     if count < 1:
         raise AttnAuditError(f"--loo-tokens must be at least 1, got {count}")
-    ranks = rank_items(gradient_importance(model, batch), mask)
+    ranks = rank_items(get_explanation("gradient").fn(model, batch), mask)  # the registry's gradient method
     return top_items(ranks, mask, torch.full((len(mask),), count, device=mask.device))
 
 

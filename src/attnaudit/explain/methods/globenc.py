@@ -9,14 +9,8 @@ import torch
 from torch import Tensor
 
 from attnaudit.data.types import Batch
-from attnaudit.explain.attention_rollout import explained_record
-from attnaudit.explain.norms_res_ln import (
-    attention_block_parts,
-    layers_up_to,
-    residual_parts,
-    rolled_contributions,
-    token_map,
-)
+from attnaudit.explain.helpers.residual import attention_block_parts, layers_up_to, residual_parts, rolled_contributions, token_map
+from attnaudit.explain.helpers.rollout import explained_record
 from attnaudit.explain.registry import explanation
 from attnaudit.models.interface import AttentionLayer, AttentionModel
 

@@ -1,5 +1,4 @@
-"""``norms``: Kobayashi et al. (2020)'s head-summed contribution ``‖Σ_h α^h_ij f_h(x_j)‖`` of the
-explained layer, read at the explanation query; the norm analysis itself lives here too."""
+"""Kobayashi et al. (2020)'s transformed inputs ``f(x)`` and the norms ``||alpha f(x)||`` of one layer."""
 
 from __future__ import annotations
 
@@ -8,9 +7,6 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from attnaudit.data.types import Batch
-from attnaudit.explain.attention_rollout import explained_record
-from attnaudit.explain.registry import explanation, on_items, query_row
 from attnaudit.models.interface import AttentionLayer, AttentionModel
 
 
@@ -45,15 +41,3 @@ def layer_norms(model: AttentionModel, record: AttentionLayer, layer: int) -> La
     mixed = torch.einsum("bhqk,bkhg->bgqk", weights, gram)  # (B,H,Q,K)
     squared = (mixed * weights).sum(1).clamp_min(0.0)  # α^T G α, (B,Q,K)
     return LayerNorms(weights=weights, fx_norm=f.norm(dim=-1), summed_norm=squared.sqrt())
-
-
-@explanation(
-    "norms", "‖Σ_h α f_h(x)‖ of the explained layer, the head-summed contribution norm (Kobayashi et al. 2020)",
-    ("value_output",), order=55,
-)
-def norm_importance(model: AttentionModel, batch: Batch) -> Tensor:
-    """Kobayashi et al.'s head-summed contribution ``‖Σ_h α^h_ij f_h(x_j)‖`` of the explained layer, ``(B,K)``."""
-    _, index, record = explained_record(model, batch)
-    with torch.no_grad():
-        norms = layer_norms(model, record, index).summed_norm
-    return on_items(model, batch, query_row(model, norms, record.query_mask))

@@ -5,7 +5,7 @@ maps rolled out through the layers.
 
 Zeroing ``v_j`` leaves the attention weights alone and removes exactly ``Σ_h α^h_ij f_h(x_j)`` from the
 sum the attention block adds up for token ``i`` (Kobayashi et al. 2021's shares,
-:func:`~attnaudit.explain.norms_res_ln.residual_parts`). So the zeroed layer is never rerun as a whole:
+:func:`~attnaudit.explain.methods.norms_res_ln.residual_parts`). So the zeroed layer is never rerun as a whole:
 each (query, zeroed key) pair of real tokens takes that sum minus one share through the rest of the
 layer (norms and feed-forward map), all pairs of a layer at once, instead of one rerun of the
 remaining layers per zeroed token."""
@@ -16,14 +16,8 @@ import torch
 from torch import Tensor
 
 from attnaudit.data.types import Batch
-from attnaudit.explain.attention_rollout import explained_record
-from attnaudit.explain.norms_res_ln import (
-    layers_up_to,
-    pair_mask,
-    residual_parts,
-    rolled_contributions,
-    token_map,
-)
+from attnaudit.explain.helpers.residual import layers_up_to, pair_mask, residual_parts, rolled_contributions, token_map
+from attnaudit.explain.helpers.rollout import explained_record
 from attnaudit.explain.registry import explanation
 from attnaudit.models.interface import (
     AttentionLayer,
