@@ -529,10 +529,17 @@ def read_table(
             raise InputError(path, "text has no words", number)
         query = tokenize(values["query"]) if "query" in values else None
         label = normalise_label(values["label"], path, number)
-        examples.append(Example(tokens=tokens, label=label, query=query, meta=_source(path, number)))
+        examples.append(Example(tokens=tokens, label=label, query=query, meta=_source(path, number) | _written(values)))
     if not examples:
         raise InputError(path, "no data rows")
     return examples
+
+
+def _written(values: dict[str, Any]) -> dict[str, str]:
+    """``meta`` entries keeping a row's text (and second text) as written, for tokenizers that read text, not
+    words (:func:`~attnaudit.data.types.text_of`); a JSON list of tokens is no written text."""
+    keys = {"text": "text", "query": "query_text"}
+    return {keys[k]: v.strip() for k, v in values.items() if k in keys and isinstance(v, str) and v.strip()}
 
 
 def _clean_ag_news(text: str) -> str:
@@ -558,11 +565,12 @@ def read_ag_news(path: str | Path, classes: list[str] | None = None) -> list[Exa
         if not cls.isdigit() or (classes is not None and not 1 <= int(cls) <= len(classes)):
             known = f"1-{len(classes)}" if classes is not None else "a number"
             raise InputError(path, f"class {cls!r} is not {known}", number)
-        tokens = tokenize(_clean_ag_news(f"{title} {description}"))
+        text = _clean_ag_news(f"{title} {description}")
+        tokens = tokenize(text)
         if not tokens:
             raise InputError(path, "empty title and description", number)
         label = classes[int(cls) - 1] if classes is not None else cls
-        examples.append(Example(tokens=tokens, label=label, meta=_source(path, number)))
+        examples.append(Example(tokens=tokens, label=label, meta=_source(path, number) | _written({"text": text})))
     return examples
 
 
@@ -609,7 +617,8 @@ def read_jsonl(
         if query_key is not None:
             query, count = _json_text(obj[query_key], path, number, query_key)
             removed += count
-        examples.append(Example(tokens=tokens, label=label, query=query, meta=_source(path, number)))
+        written = {"text": obj[text_key], "query": obj[query_key] if query_key is not None else None}
+        examples.append(Example(tokens=tokens, label=label, query=query, meta=_source(path, number) | _written(written)))
     _warn_controls(path, removed)
     return examples
 
@@ -782,8 +791,9 @@ def read_hf(
         if not tokens:
             raise InputError(source, f"empty {text_key!r}", row_number)
         query = None if query_key is None else tokenize(str(row[query_key]))
+        written = {"text": str(row[text_key]), "query": None if query_key is None else str(row[query_key])}
         examples.append(
-            Example(tokens=tokens, label=label, query=query, meta=_source(source, row_number))
+            Example(tokens=tokens, label=label, query=query, meta=_source(source, row_number) | _written(written))
         )
     if dropped:
         warn(f"hf:{name} split {split!r}: dropped {dropped} unlabelled rows")

@@ -31,6 +31,34 @@ class Example:
     meta: dict[str, Any] = field(default_factory=dict)
 
 
+def text_of(example: Example, query: bool = False) -> str:
+    """The example's text as written (``meta["text"]``, ``meta["query_text"]`` for the second text), else its
+    words joined by spaces (readers whose files hold words, not text: SST's trees, CoNLL, bAbI, SNLI).
+    What a subword tokenizer reads: a language model sees ``a warm, funny``, not ``a warm , funny``."""
+    written = example.meta.get("query_text" if query else "text")
+    if isinstance(written, str) and written:
+        return written
+    return " ".join(map(str, (example.query or []) if query else example.tokens))
+
+
+def word_spans(example: Example, query: bool = False) -> list[tuple[int, int]] | None:
+    """Character span ``[start, end)`` of each word (``tokens`` or ``query``) in :func:`text_of`; None where
+    the words cannot be found in order in the text (case-insensitively, as the readers lower-case them)."""
+    words = [str(w) for w in ((example.query or []) if query else example.tokens)]
+    text = text_of(example, query)
+    folded = text.lower()
+    if len(folded) != len(text):  # a character whose lower case is longer: offsets would drift
+        return None
+    spans, position = [], 0
+    for word in words:
+        start = folded.find(word.lower(), position)
+        if start < 0:
+            return None
+        spans.append((start, start + len(word)))
+        position = start + len(word)
+    return spans
+
+
 @dataclass
 class TaskData:
     """A task's splits plus what models need to know about it."""

@@ -12,6 +12,7 @@ registers no test.
 
 from __future__ import annotations
 
+import bisect
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ import torch
 from torch import Tensor
 
 from attnaudit.algorithms.metrics import jsd, kl, row_mean, spearman, tvd
-from attnaudit.data.types import Batch, Example
+from attnaudit.data.types import Batch, Example, text_of, word_spans
 from attnaudit.errors import AttnAuditError
 from attnaudit.explain.helpers.attention import explained_attention
 from attnaudit.explain.registry import remembered
@@ -606,16 +607,24 @@ class Units:
 
 
 def _hf_word_ids(run: Run, ex: Example, ids: list[int]) -> np.ndarray | None:
-    """Word index of each wordpiece of ``ex`` (-1 for special tokens and the query), or None if it cannot be aligned."""
+    """Word index of each wordpiece of ``ex`` (-1 for special tokens, the query and pieces of no word), from the
+    tokenizer's character offsets into the text as the collator gave it (:func:`~attnaudit.data.types.text_of`)
+    and the words' spans in it; None if it cannot be aligned."""
     tokenizer = run.model.tokenizer  # called for the hf family only
-    if not getattr(tokenizer, "is_fast", False):
+    spans = word_spans(ex)
+    if not getattr(tokenizer, "is_fast", False) or spans is None:
         return None
-    pair = [ex.query] if run.task.task_type == "pair" and ex.query else None
-    enc = tokenizer([ex.tokens], pair, is_split_into_words=True, truncation=True, max_length=len(ids))
+    pair = [text_of(ex, query=True)] if run.task.task_type == "pair" and ex.query else None
+    enc = tokenizer([text_of(ex)], pair, truncation=True, max_length=len(ids), return_offsets_mapping=True)
     if enc["input_ids"][0] != ids:
-        return None  # the collator's space-joined text tokenised differently; no safe alignment
-    sequence = enc.sequence_ids(0)
-    return np.array([w if w is not None and s == 0 else -1 for w, s in zip(enc.word_ids(0), sequence)], dtype=int)
+        return None  # the collator tokenised differently (a prompt, a cut): no safe alignment
+    starts = [a for a, _ in spans]
+    owners = []
+    for sequence, (a, b) in zip(enc.sequence_ids(0), enc["offset_mapping"][0]):
+        word = bisect.bisect_right(starts, max(b - 1, a)) - 1  # the word holding the piece's last character
+        inside = sequence == 0 and b > a and word >= 0 and a < spans[word][1] and b > spans[word][0]
+        owners.append(word if inside else -1)
+    return np.array(owners, dtype=int)
 
 
 def instance_units(run: Run, batch: Batch, row: int) -> Units | None:

@@ -45,7 +45,7 @@ from torch import Tensor
 
 from attnaudit.algorithms.metrics import tvd
 from attnaudit.data.readers import read_prompts
-from attnaudit.data.types import Batch, Example
+from attnaudit.data.types import Batch, Example, text_of
 from attnaudit.errors import AttnAuditError
 from attnaudit.experiments.attention_search import Search, max_valid_jsd, search_explained
 from attnaudit.experiments.common import Explained, prepare, take_rows
@@ -329,7 +329,7 @@ class GenerationTests(Experiment):
     ) -> list[dict[str, Any]]:
         """Every test at every step of one prompt: one row per generated token."""
         model = language_model(run.model, "generation")
-        text = example.meta.get("text") or " ".join(example.tokens)
+        text = text_of(example)
         source = encode_exactly(model.tokenizer, text)
         forced = example.meta.get("target")
         target = target_ids(model, forced, "target") if forced else generate_tokens(model, source, options.generate, False, seed)[0]

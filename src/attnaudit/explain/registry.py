@@ -364,6 +364,51 @@ def item_mask(target: AttentionModel | Run, batch: Batch) -> Tensor:
     return mask if batch.items is None else mask & batch.items.bool()
 
 
+def item_values(values: Tensor, items: Tensor) -> list[list[float]]:
+    """Each row's ``values`` ``(B, K)`` at its items (``items``: :func:`item_mask`), in position order.
+
+    The one mapping from positions to explained items: ``attnaudit explain``'s JSON, CSV and terminal, the
+    report's heatmaps and the explorer all read scores through it (a zero-shot prompt's items are its
+    ``{text}`` span, not its first positions)."""
+    keep = items.to(values.device)
+    return [row[mask].tolist() for row, mask in zip(values, keep)]
+
+
+def item_names(target: AttentionModel | Run, batch: Batch) -> list[list[str]]:
+    """Readable names of each row's explained items, in the order of :func:`item_values`: a causal LM's pieces
+    decoded as its tokenizer writes them, an encoder's wordpieces, a word-level model's words, HAN's sentences;
+    ``item i`` where items are no tokens of the row (an encoder-decoder's target positions)."""
+    from attnaudit.data.batching import split_sentences
+
+    model = model_of(target)
+    items = item_mask(model, batch)
+    if hierarchical(model):
+        sentences = [[" ".join(s) for s in (ex.sentences or split_sentences(ex.tokens)) if s] for ex in batch.examples]
+        return [_named_or_numbered(names, int(row.sum())) for names, row in zip(sentences, items)]
+    real = batch.mask.bool()
+    if items.shape != real.shape:
+        return [[f"item {i}" for i in range(int(row.sum()))] for row in items]
+    tokenizer = getattr(model, "tokenizer", None)
+    pieces = model.wordpieces(batch)
+    out = []
+    for b, example in enumerate(batch.examples):
+        if model.causal and tokenizer is not None:
+            names = [tokenizer.decode([i]) for i in batch.tokens[b][real[b]].tolist()]
+        elif pieces is not None:
+            names = list(pieces[b])
+        else:
+            names = [str(t) for t in example.tokens][: int(real[b].sum())]
+        keep = items[b][real[b]].tolist()
+        chosen = [name for name, kept in zip(names, keep) if kept] if len(names) == len(keep) else []
+        out.append(_named_or_numbered(chosen, int(items[b].sum())))
+    return out
+
+
+def _named_or_numbered(names: list[str], count: int) -> list[str]:
+    """``names`` when there is one per item, else ``item 0`` ... ``item count-1``."""
+    return names if len(names) == count else [f"item {i}" for i in range(count)]
+
+
 def layer_index(model: AttentionModel, layer: int | None) -> int:
     """Attention layer ``layer`` (default the explained one) as a non-negative index; checked."""
     n = model.num_attention_layers

@@ -32,7 +32,7 @@ import torch
 
 from attnaudit.data.types import Batch, Example
 from attnaudit.errors import AttnAuditError, unknown, warn
-from attnaudit.explain import EXPLANATIONS, choose, item_mask
+from attnaudit.explain import EXPLANATIONS, choose, item_mask, item_names, item_values
 from attnaudit.explain.generation import AGGREGATIONS, Generated, decoder_rows, encode_exactly, explain_generated
 from attnaudit.explain.helpers.attention import attention_per_head
 from attnaudit.explain.registry import CHOICES, choice, methods_for
@@ -268,7 +268,7 @@ def _batch(run: Run, text: str, max_length: int | None, kind: str) -> Batch:
             raise AttnAuditError(f"--max-length: the {run.family} model's input cannot be truncated here")
         collate = copy.copy(collate)
         collate.max_len = min(max_length, collate.max_len or max_length)
-    return collate([Example(tokens=text.split())]).to(run.device)
+    return collate([Example(tokens=text.split(), meta={"text": text})]).to(run.device)  # a tokenizer reads the text as written
 
 
 def _explain(run: Run, text: str, kind: str, names: Sequence[str] | None, max_length: int | None, offered: dict[str, Any]) -> Explained:
@@ -280,16 +280,17 @@ def _explain(run: Run, text: str, kind: str, names: Sequence[str] | None, max_le
     _refuse_unknown_words(run, batch, mask)
     with evaluation(model), torch.no_grad():
         probs = model(batch).probs[0]
-    scores = {name: method(run, batch, **offered)[0][mask].tolist() for name, method in methods.items()}
+    items = mask[None]
+    scores = {name: item_values(method(run, batch, **offered), items)[0] for name, method in methods.items()}
     rollout = EXPLANATIONS.get("rollout")
     rolled = None
     if rollout is not None and rollout.applies(model) is None:
-        rolled = scores["rollout"] if "rollout" in scores else rollout(run, batch)[0][mask].tolist()
+        rolled = scores["rollout"] if "rollout" in scores else item_values(rollout(run, batch), items)[0]
     heads = attention_per_head(model, batch)[0][..., mask]
     position = model.explanation_rows(batch.mask)
     ids = batch.tokens[0][mask].tolist() if batch.tokens.dim() == 2 else []
     return Explained(
-        tokens=_token_names(run, batch, mask),
+        tokens=item_names(run, batch)[0],
         token_ids=ids,
         decision=_decision_record(run, kind, probs),
         scores=scores,
@@ -333,25 +334,6 @@ def _position_note(model: Any) -> str:
     if model.explanation_query is not None:
         return f"query row {model.explanation_query} ([CLS])"
     return "mean over the real query rows"
-
-
-def _token_names(run: Run, batch: Batch, items: torch.Tensor) -> list[str]:
-    """Readable names of the explained items (``items``: their mask over positions): decoded pieces
-    (decoders), wordpieces (encoders), else the words; ``item i`` where items are not tokens (HAN)."""
-    model = run.model
-    real = batch.mask[0].bool()
-    if items.shape != real.shape:
-        return [f"item {i}" for i in range(int(items.sum()))]
-    tokenizer = model.tokenizer
-    pieces = model.wordpieces(batch)
-    if model.causal and tokenizer is not None:
-        names = [tokenizer.decode([i]) for i in batch.tokens[0][real].tolist()]
-    elif pieces is not None:
-        names = list(pieces[0])
-    else:
-        names = list(batch.examples[0].tokens)[: int(real.sum())]
-    keep = items[real].tolist()
-    return [name for name, kept in zip(names, keep) if kept] if len(names) == len(keep) else [f"item {i}" for i in range(int(items.sum()))]
 
 
 def _decision_record(run: Run, kind: str, probs: torch.Tensor) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from attnaudit.data.types import Batch, Example
+from attnaudit.data.types import Batch, Example, text_of
 from attnaudit.errors import InputError
 from attnaudit.experiments.experiment import Result, discover
 from attnaudit.html_page import SIZE, esc, megabytes, page, round_sig, script_json
@@ -167,11 +167,12 @@ def _explanations(run: Run, examples: list[Example], indices: list[int]) -> dict
 
 
 def _text(example: Example) -> str:
-    """The instance as searchable text: its tokens, then the second sentence or question (pair/QA),
+    """The instance as searchable text: as written (:func:`~attnaudit.data.types.text_of`), then the second sentence or question (pair/QA),
     or the target (seq2seq), after ``‖``."""
-    second = example.query or example.target
-    words = " ".join(map(str, example.tokens))
-    return f"{words} ‖ {' '.join(map(str, second))}" if second else words
+    words = text_of(example)
+    if example.query:
+        return f"{words} ‖ {text_of(example, query=True)}"
+    return f"{words} ‖ {' '.join(map(str, example.target))}" if example.target else words
 
 
 def model_data(run: Run, examples: list[Example], explore: int, budget: int = BUDGET, explain: int | None = None) -> dict[str, Any]:

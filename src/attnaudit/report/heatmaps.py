@@ -20,8 +20,7 @@ import torch
 from attnaudit.data.types import Batch, Example
 from attnaudit.errors import AttnAuditError
 from attnaudit.experiments.experiment import Result, discover
-from attnaudit.explain import Explanation, item_mask, list_explanations
-from attnaudit.explain.registry import hierarchical
+from attnaudit.explain import Explanation, item_mask, item_names, item_values, list_explanations
 from attnaudit.run import Run
 
 IG_STEPS = 20
@@ -89,26 +88,6 @@ def select_instances(ranking: Result | None, column: str, n_examples: int, count
     return chosen, {}, f"the first {len(chosen)} instances (the importance test's τ(attention, gradient) was not available)"
 
 
-def item_labels(run: Run, batch: Batch) -> list[list[str]]:
-    """The text of every explained item per instance: tokens, wordpieces (HF) or sentences (HAN).
-
-    Wordpieces are those of the real positions the item mask keeps: a zero-shot prompt's items are
-    its ``{text}`` span, not its first tokens."""
-    items = item_mask(run, batch)
-    counts = items.sum(-1).tolist()
-    wordpieces = run.model.wordpieces(batch)
-    if wordpieces is not None:
-        real = batch.mask.bool()
-        return [[p for p, keep in zip(pieces, items[b][real[b]].tolist()) if keep] for b, pieces in enumerate(wordpieces)]
-    labels = []
-    for ex, n in zip(batch.examples, counts):
-        if hierarchical(run.model):
-            labels.append([" ".join(s) for s in (ex.sentences or [ex.tokens])][:n])
-        else:
-            labels.append(list(ex.tokens[:n]))
-    return labels
-
-
 def _rationale_items(run: Run, batch: Batch, row: int) -> list[int]:
     """Items of instance ``row`` that belong to its rationale (HAN: sentences, HF: wordpieces of rationale words)."""
     from attnaudit.experiments.common import instance_units
@@ -128,13 +107,13 @@ def compute_heatmaps(run: Run, examples: list[Example], indices: list[int], taus
     methods = {m.name: m for m in heatmap_methods(run)}
     batch = next(iter(run.batches([examples[i] for i in indices], batch_size=len(indices))))
     run.model.eval()
-    scores = {m: fn(run.model, batch, steps=IG_STEPS).detach().cpu().double().numpy() for m, fn in methods.items()}
+    items = item_mask(run, batch)
+    scores = {m: item_values(fn(run.model, batch, steps=IG_STEPS).detach().double(), items) for m, fn in methods.items()}
     with torch.no_grad():
         predicted = run.model(batch).probs.argmax(-1).tolist()
-    labels = item_labels(run, batch)
+    labels = item_names(run, batch)
     out = []
     for row, index in enumerate(indices):
-        n = len(labels[row])
         ex = batch.examples[row]
         predicted_label = run.labels[predicted[row]] if run.labels and predicted[row] < len(run.labels) else str(predicted[row])
         out.append(
@@ -145,7 +124,7 @@ def compute_heatmaps(run: Run, examples: list[Example], indices: list[int], taus
                 "tau": taus.get(index),
                 "items": labels[row],
                 "rationale": _rationale_items(run, batch, row),
-                "scores": {m: np.nan_to_num(values[row, :n], nan=0.0).tolist() for m, values in scores.items()},
+                "scores": {m: np.nan_to_num(values[row], nan=0.0).tolist() for m, values in scores.items()},
             }
         )
     return out

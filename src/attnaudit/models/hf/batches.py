@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from attnaudit.data.batching import IGNORE_INDEX, _pad
-from attnaudit.data.types import Batch, Example
+from attnaudit.data.types import Batch, Example, text_of
 from attnaudit.errors import AttnAuditError, InputError, warn
 from attnaudit.models.hf.model import HFModel
 
@@ -18,8 +18,9 @@ from attnaudit.models.hf.model import HFModel
 class HFCollator:
     """Tokenise examples with the model's tokenizer: text, or (text, query) as a text pair.
 
-    ``Example.tokens`` (and ``query``) are joined with spaces and re-tokenised into
-    wordpieces; sequences longer than ``max_len`` are truncated with one warning per call.
+    Each example's text as written (:func:`~attnaudit.data.types.text_of`: the file's text, else its words
+    joined with spaces; a pair's second text likewise) is tokenised into wordpieces;
+    sequences longer than ``max_len`` are truncated with one warning per call.
     ``max_text`` (``--max-length``) keeps at most that many tokens of the text itself
     (:meth:`cut_text`); special tokens, a pair's second text and a prompt's template stay.
     """
@@ -38,8 +39,8 @@ class HFCollator:
         self.token_types = token_types
 
     def texts(self, examples: Sequence[Example]) -> list[str]:
-        """The text tokenised for each example: its tokens joined with spaces."""
-        return [" ".join(ex.tokens) for ex in examples]
+        """The text tokenised for each example: as written (:func:`~attnaudit.data.types.text_of`)."""
+        return [text_of(ex) for ex in examples]
 
     def __call__(self, examples: Sequence[Example]) -> Batch:
         batch = self.tokenise(examples)
@@ -58,7 +59,7 @@ class HFCollator:
             for ex in examples:
                 if not ex.query:
                     raise InputError(str(ex.meta.get("source", "<example>")), "pair example without a query / second sentence")
-            pairs = [" ".join(ex.query or []) for ex in examples]
+            pairs = [text_of(ex, query=True) for ex in examples]
         lengths = [len(ids) for ids in self.tokenizer(texts, pairs)["input_ids"]]
         truncated = sum(n > self.max_len for n in lengths)
         if truncated:

@@ -1,0 +1,101 @@
+"""Every view of an explanation shows what the computation returned.
+
+``attnaudit explain`` (``explain_text``) and an audit's report data (``compute_heatmaps``, which the report's
+heatmaps and the explorer draw) must name the same items and give them the same scores for the same text,
+whatever the model kind: a native classifier, a hierarchical one (items are sentences), a Hugging Face encoder
+and a zero-shot decoder whose prompt has template text before and after ``{text}`` (where a slice from the
+first position instead of the ``{text}`` span shifted every score by the template's length). A Hugging Face
+tokenizer reads the text as written (``a warm, funny``), not the reader's words re-joined (``a warm , funny``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from attnaudit.data.readers import read_table
+from attnaudit.data.types import Example, TaskData, text_of
+from attnaudit.explain.text import explain_text
+from attnaudit.hf import load_hf
+from attnaudit.report.heatmaps import IG_STEPS, compute_heatmaps, heatmap_methods
+from attnaudit.run import Run
+
+PROMPT = "Review: {text}\nSentiment:"
+VERBALIZER = {"neg": " bad", "pos": " good"}
+TEXTS = ["A warm, funny film.", "Bad plot; dull, slow.", "The movie was good!", "not very fun", "A dog runs, the plot was good."]
+
+
+def byte_level_lm(folder: Path) -> Path:
+    """A tiny random Llama causal LM with a byte-level BPE tokenizer (trained here on a few lines), as SmolLM2's."""
+    core = Tokenizer(models.BPE())
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    core.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<pad>", "<eos>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    core.train_from_iterator([*TEXTS, PROMPT, " good bad"] * 4, trainer)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", eos_token="<eos>")
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=core.get_vocab_size(), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, pad_token_id=0)
+    LlamaForCausalLM(config).save_pretrained(folder, safe_serialization=True)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def csv_task(tmp_path: Path) -> TaskData:
+    """The texts through the CSV reader (lower-cased words, the text kept as written)."""
+    path = tmp_path / "reviews.csv"
+    rows = "".join(f'"{text}",{"pos" if i % 2 == 0 else "neg"}\n' for i, text in enumerate(TEXTS))
+    path.write_text("text,label\n" + rows, encoding="utf-8")
+    data = read_table(path, sep=",")
+    return TaskData(name="reviews", task_type="classification", train=data, dev=data, test=data, labels=["neg", "pos"])
+
+
+@pytest.fixture(scope="module")
+def kinds(tiny_attention_run, tiny_hf: SimpleNamespace, tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Run, list[Example]]]:
+    """Each model kind with the examples it explains."""
+    tmp = tmp_path_factory.mktemp("views")
+    decoder = load_hf(byte_level_lm(tmp / "lm"), task=csv_task(tmp), device="cpu", prompt=PROMPT, verbalizer=VERBALIZER)
+    encoder = load_hf(tiny_hf.dir, task=tiny_hf.task(), device="cpu")
+    out = {"decoder": (decoder, decoder.data().test), "encoder": (encoder, encoder.data().test)}
+    transformer, han = tiny_attention_run("transformer"), tiny_attention_run("han")
+    out["transformer"] = (transformer, transformer.examples("test", 6))
+    # explain reads a HAN's sentences from the text (split after . ! ?): the audit's examples without
+    # their given sentences are split the same way
+    out["han"] = (han, [Example(tokens=ex.tokens, label=ex.label) for ex in han.examples("test", 6)])
+    return out
+
+
+def test_a_decoder_reads_the_text_as_written_and_its_items_are_the_text_span(kinds) -> None:
+    run, examples = kinds["decoder"]
+    assert examples[0].tokens == ["a", "warm", ",", "funny", "film", "."] and text_of(examples[0]) == TEXTS[0]
+    [entry] = compute_heatmaps(run, examples, [0], {})
+    assert "".join(entry["items"]) == TEXTS[0]  # the {text} span's pieces, nothing of "Review: " before or "\nSentiment:" after
+    tokenizer = run.model.tokenizer
+    batch = next(iter(run.batches(examples[:1], batch_size=1)))
+    assert batch.tokens[0][batch.mask[0]].tolist() == tokenizer(PROMPT.replace("{text}", TEXTS[0]))["input_ids"]
+
+
+@pytest.mark.parametrize("kind", ["decoder", "encoder", "transformer", "han"])
+@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_report_data_and_explain_give_the_same_items_and_scores(kinds, kind: str, data: st.DataObject) -> None:
+    run, examples = kinds[kind]
+    indices = data.draw(st.lists(st.integers(0, len(examples) - 1), min_size=1, max_size=3, unique=True))
+    entries = compute_heatmaps(run, examples, indices, {})
+    methods = [m.name for m in heatmap_methods(run)]
+    assert methods and [e["index"] for e in entries] == indices
+    for entry in entries:
+        example = examples[entry["index"]]
+        explained = explain_text(run, text_of(example), methods=methods, steps=IG_STEPS)
+        assert entry["items"] == explained.tokens
+        for method in methods:
+            assert len(entry["scores"][method]) == len(explained.tokens)
+            torch.testing.assert_close(torch.tensor(entry["scores"][method]), torch.tensor(explained.scores[method]).nan_to_num(0.0),
+                                       rtol=1e-4, atol=1e-5, msg=f"{kind}: {method}")
