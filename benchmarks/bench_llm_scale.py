@@ -8,7 +8,7 @@ padding) five operations run side by side in ``--repeats`` interleaved rounds
   same model with ``attn_implementation="eager"``): the cheapest way to get every layer's weights;
 * ``capture``: our traced forward (:class:`~attnaudit.models.hf.model.HFModel`, the
   AttentionModel interface), every layer's weights, scores, keys, values and inputs kept;
-* ``norms``: capture plus ‖Σ_h α f_h(x)‖ of every layer (:func:`attnaudit.explain.methods.attention_norms.layer_norms`);
+* ``norms``: capture plus ‖Σ_h α f_h(x)‖ of every layer (:func:`attnaudit.explain.helpers.norms.layer_norms`);
 * ``rollout``: capture plus attention rollout over all layers (:func:`attnaudit.algorithms.attention_graph.rollout`);
 * ``rollout_streaming``: the same rollout folded in layer by layer as the model runs
   (``decode(keep_layers=(), on_layer=...)`` + :class:`attnaudit.algorithms.attention_graph.StreamingRollout`): one

@@ -49,7 +49,7 @@ def numbers(summary: Any, prefix: str = "") -> dict[str, float]:
 
 def family_on(device: str, family: str, out: Path, limit: int) -> dict[str, Any]:
     """Train ``family`` on the synthetic task on ``device`` and run its tests; headline numbers and times."""
-    from attnaudit.experiments.experiment import run_test
+    from attnaudit.experiments.runner import run_test
     from attnaudit.training.trainer import train
 
     start = time.perf_counter()

@@ -14,7 +14,7 @@ applies to it, cheap tests first, and writes
   (:mod:`attnaudit.shards`).
 
 Re-running resumes: a stored result is loaded, not rerun, only when it names the same test
-and its ``meta["fingerprint"]`` (:func:`~attnaudit.experiments.experiment.fingerprint`: options,
+and its ``meta["fingerprint"]`` (:func:`~attnaudit.experiments.runner.fingerprint`: options,
 split, limit, seed, the run's identity and weights, its data files, the package version)
 recomputes to the same hash; any other stored result is recomputed, and the status line and
 ``audit.json`` say why. Every test starts from the same model weights and seed, so a resumed
@@ -37,14 +37,8 @@ import torch
 
 from attnaudit.data.subsets import check_order
 from attnaudit.errors import AttnAuditError, error_line, os_error_line, spelled, storage_full, unknown
-from attnaudit.experiments.experiment import (
-    Experiment,
-    Result,
-    discover,
-    fingerprint,
-    make_options,
-    run_test,
-)
+from attnaudit.experiments.experiment import Experiment, Result, discover
+from attnaudit.experiments.runner import fingerprint, make_options, run_test
 from attnaudit.explain.registry import Memo, memoised
 from attnaudit.io import atomic_write_json, remove_stray_tmp, writes_folder
 from attnaudit.options import check_max_length, check_seed, parse_assignment

@@ -30,7 +30,8 @@ import torch
 
 from attnaudit.data.types import Example
 from attnaudit.errors import AttnAuditError, error_line
-from attnaudit.experiments.experiment import Experiment, Result, get_experiment, make_options
+from attnaudit.experiments.experiment import Experiment, Result, get_experiment
+from attnaudit.experiments.runner import make_options
 from attnaudit.io import atomic_write_text, read_json
 from attnaudit.progress import status
 from attnaudit.run import Run
@@ -191,7 +192,7 @@ class RayWorkers:
 @dataclass
 class Sharded:
     """Computes a test's result through ``executor``: shardable tests in checkpointed shards under
-    ``folder``/<test>, the others whole (:class:`~attnaudit.experiments.experiment.Compute`)."""
+    ``folder``/<test>, the others whole (:class:`~attnaudit.experiments.runner.Compute`)."""
 
     folder: Path
     executor: Executor

@@ -21,7 +21,9 @@ from attnaudit.data.types import Example
 from attnaudit.experiments import run_test
 from attnaudit.experiments.adversarial import adversarial_loop
 from attnaudit.experiments.attention_search import Search, search_batch
-from attnaudit.experiments.common import prepare, resolve_layers, seeded_generator
+from attnaudit.experiments.common.applies import resolve_layers
+from attnaudit.experiments.common.passes import prepare
+from attnaudit.experiments.common.seeding import seeded_generator
 from attnaudit.experiments.erasure import decode_erased, erase_items
 from attnaudit.experiments.erasure import prepare as erasure_prepare
 from attnaudit.experiments.experiment import get_experiment

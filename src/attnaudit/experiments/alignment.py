@@ -5,7 +5,7 @@ every (target, source) pair two ways:
 
 * weight: ``α_ij`` averaged over heads;
 * norm: ``‖Σ_h α^h_ij f_h(x_j)‖`` — the head-summed vector that source position ``j``
-  adds to the output (:func:`attnaudit.explain.methods.attention_norms.layer_norms`), as in the paper.
+  adds to the output (:func:`attnaudit.explain.helpers.norms.layer_norms`), as in the paper.
 
 Subword scores are merged into word scores by averaging over the subwords of the source
 word and over the subwords of the target word. The source ``</s>`` is not a word and never

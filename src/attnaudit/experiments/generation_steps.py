@@ -48,7 +48,7 @@ from attnaudit.data.readers import read_prompts
 from attnaudit.data.types import Batch, Example, text_of
 from attnaudit.errors import AttnAuditError
 from attnaudit.experiments.attention_search import Search, max_valid_jsd, search_explained
-from attnaudit.experiments.common import Explained, prepare, take_rows
+from attnaudit.experiments.common.passes import Explained, prepare, take_rows
 from attnaudit.experiments.eraser_metrics import describe, removable_items, top_count
 from attnaudit.experiments.experiment import AuditSettings, Experiment, Result, register
 from attnaudit.explain import applying

@@ -27,7 +27,8 @@ from torch import Tensor
 
 from attnaudit.data.types import Example
 from attnaudit.errors import AttnAuditError
-from attnaudit.experiments.common import key_tokens, spearman_rho
+from attnaudit.experiments.common.measures import spearman_rho
+from attnaudit.experiments.common.rows import key_tokens
 from attnaudit.experiments.experiment import AuditSettings, Experiment, Result, register
 from attnaudit.explain import item_mask
 from attnaudit.explain.helpers.norms import LayerNorms, layer_norms

@@ -37,17 +37,9 @@ from attnaudit.algorithms.attention_graph import flow, rollout
 from attnaudit.algorithms.metrics import entropy_rows, spearman_rows
 from attnaudit.data.types import Example
 from attnaudit.errors import AttnAuditError
-from attnaudit.experiments.common import base_pass, key_tokens
-from attnaudit.experiments.experiment import (
-    AuditSettings,
-    Experiment,
-    Result,
-    counted,
-    joined,
-    register,
-    summarise,
-    where,
-)
+from attnaudit.experiments.common.passes import base_pass
+from attnaudit.experiments.common.rows import key_tokens
+from attnaudit.experiments.experiment import AuditSettings, Experiment, Result, counted, joined, register, summarise, where
 from attnaudit.explain import EXPLANATIONS, Explanation, applying, item_mask
 from attnaudit.models.interface import AttentionModel, take_rows
 from attnaudit.plotting import save_figure
