@@ -28,8 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-from collections.abc import Callable, Collection, Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -395,23 +394,61 @@ class HFModel(HFCapabilities, HFRestarts, EncoderDecoderLayout, LanguageModel):
         with evaluation(self):
             return forced_distributions(self.hf, encoder_decoder, source, self.decoder_start if encoder_decoder else -1, target)
 
-    def next_token_decision(self) -> AbstractContextManager[HFModel]:
-        """:func:`~attnaudit.models.hf.zeroshot.next_token_decision` of this model."""
-        from attnaudit.models.hf.zeroshot import next_token_decision
+    @contextlib.contextmanager
+    def next_token_decision(self) -> Iterator[HFModel]:
+        """Within the block a causal LM's predicted next token is its prediction: the classes are the whole vocabulary.
 
-        return next_token_decision(self)
+        The model's output already is the next-token logits ``(B, vocab)`` at each example's last real
+        token (:meth:`HFModel.decode`); this only marks that output as a decision to explain
+        (``trained_head``), so ``probs`` is the real next-token distribution (nothing renormalised over
+        a top-k) and every explanation method that needs a prediction applies unchanged. Restored on exit.
+        """
+        if self.config.extra.get("output") != "next_token":
+            raise AttnAuditError("the next-token decision needs a causal language model without a classification head or verbalizer")
+        saved = (self.trained_head, self.config.num_labels)
+        self.trained_head, self.config.num_labels = True, int(self.config.vocab_size)
+        try:
+            yield self
+        finally:
+            self.trained_head, self.config.num_labels = saved
 
-    def forced_decision(self) -> AbstractContextManager[HFModel]:
-        """:func:`~attnaudit.models.hf.zeroshot.forced_decision` of this model."""
-        from attnaudit.models.hf.zeroshot import forced_decision
 
-        return forced_decision(self)
+    @contextlib.contextmanager
+    def forced_decision(self) -> Iterator[HFModel]:
+        """Within the block an encoder-decoder's decision is its next target token after a forced target prefix.
 
-    def target_side(self) -> AbstractContextManager[HFModel]:
-        """:func:`~attnaudit.models.hf.zeroshot.target_side` of this model."""
-        from attnaudit.models.hf.zeroshot import target_side
+        The batch's target is the decoder start token and the prefix (teacher-forced, unpadded); the
+        output is the logits over the target vocabulary at its last position, the classes are the
+        vocabulary, and the explained items are the source tokens: every explanation method scores what
+        in the source made the model continue the target so (the cross-attention of the last position
+        for the attention methods). This is the per-step decision a generated sequence is made of."""
+        if self.kind != "encoder-decoder":
+            raise AttnAuditError("a forced target applies to encoder-decoders; a decoder's prefix is its --text")
+        config = self.config
+        saved = (self.trained_head, config.num_labels, config.task_type, config.extra["output"], self.explanation_query)
+        self.trained_head, config.task_type, config.extra["output"] = True, "classification", "next_token"
+        config.num_labels = int(getattr(self.hf.config, "decoder_vocab_size", None) or config.vocab_size)
+        self.explanation_query = -1  # the last target position (the target is not padded)
+        try:
+            yield self
+        finally:
+            self.trained_head, config.num_labels, config.task_type, config.extra["output"], self.explanation_query = saved
 
-        return target_side(self)
+
+    @contextlib.contextmanager
+    def target_side(self) -> Iterator[HFModel]:
+        """Within the block an encoder-decoder's explained items are its source tokens and then its decoder inputs after
+        the start token (the target prefix a step is conditioned on): ``embed`` gives both sides' embeddings, one after
+        the other, and a pass given them feeds the second part to the decoder, so the embedding-based methods
+        (registered with ``target_side``) score the earlier target tokens as well. Restored on exit."""
+        if self.kind != "encoder-decoder":
+            raise AttnAuditError("the target side applies to encoder-decoders; a decoder's earlier tokens are its input")
+        saved = self.target_items
+        self.target_items = True
+        try:
+            yield self
+        finally:
+            self.target_items = saved
 
     def block_first_layer(self, layer: int) -> int:
         return self.structure.layers_of(self.structure.sites[layer].block)[0]

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
@@ -201,59 +202,16 @@ def make_zero_shot(model: HFModel, prompt: str, verbalizer: dict[str, str], labe
     )
 
 
-@contextlib.contextmanager
-def next_token_decision(model: HFModel) -> Iterator[HFModel]:
-    """Within the block a causal LM's predicted next token is its prediction: the classes are the whole vocabulary.
-
-    The model's output already is the next-token logits ``(B, vocab)`` at each example's last real
-    token (:meth:`HFModel.decode`); this only marks that output as a decision to explain
-    (``trained_head``), so ``probs`` is the real next-token distribution (nothing renormalised over
-    a top-k) and every explanation method that needs a prediction applies unchanged. Restored on exit.
-    """
-    if model.config.extra.get("output") != "next_token":
-        raise AttnAuditError("the next-token decision needs a causal language model without a classification head or verbalizer")
-    saved = (model.trained_head, model.config.num_labels)
-    model.trained_head, model.config.num_labels = True, int(model.config.vocab_size)
-    try:
-        yield model
-    finally:
-        model.trained_head, model.config.num_labels = saved
+def next_token_decision(model: HFModel) -> AbstractContextManager[HFModel]:
+    """:meth:`HFModel.next_token_decision` (a causal LM's next token as its decision, within the block)."""
+    return model.next_token_decision()
 
 
-@contextlib.contextmanager
-def forced_decision(model: HFModel) -> Iterator[HFModel]:
-    """Within the block an encoder-decoder's decision is its next target token after a forced target prefix.
-
-    The batch's target is the decoder start token and the prefix (teacher-forced, unpadded); the
-    output is the logits over the target vocabulary at its last position, the classes are the
-    vocabulary, and the explained items are the source tokens: every explanation method scores what
-    in the source made the model continue the target so (the cross-attention of the last position
-    for the attention methods). This is the per-step decision a generated sequence is made of."""
-    if model.kind != "encoder-decoder":
-        raise AttnAuditError("a forced target applies to encoder-decoders; a decoder's prefix is its --text")
-    config = model.config
-    saved = (model.trained_head, config.num_labels, config.task_type, config.extra["output"], model.explanation_query)
-    model.trained_head, config.task_type, config.extra["output"] = True, "classification", "next_token"
-    config.num_labels = int(getattr(model.hf.config, "decoder_vocab_size", None) or config.vocab_size)
-    model.explanation_query = -1  # the last target position (the target is not padded)
-    try:
-        yield model
-    finally:
-        model.trained_head, config.num_labels, config.task_type, config.extra["output"], model.explanation_query = saved
+def forced_decision(model: HFModel) -> AbstractContextManager[HFModel]:
+    """:meth:`HFModel.forced_decision` (an encoder-decoder's next target token after a forced prefix, within the block)."""
+    return model.forced_decision()
 
 
-@contextlib.contextmanager
-def target_side(model: HFModel) -> Iterator[HFModel]:
-    """Within the block an encoder-decoder's explained items are its source tokens and then its decoder inputs after
-    the start token (the target prefix a step is conditioned on): ``embed`` gives both sides' embeddings, one after
-    the other, and a pass given them feeds the second part to the decoder, so the embedding-based methods
-    (registered with ``target_side``) score the earlier target tokens as well. Restored on exit."""
-    if model.kind != "encoder-decoder":
-        raise AttnAuditError("the target side applies to encoder-decoders; a decoder's earlier tokens are its input")
-    saved = model.target_items
-    model.target_items = True
-    try:
-        yield model
-    finally:
-        model.target_items = saved
-
+def target_side(model: HFModel) -> AbstractContextManager[HFModel]:
+    """:meth:`HFModel.target_side` (an encoder-decoder's earlier target tokens among the explained items, within the block)."""
+    return model.target_side()
