@@ -24,6 +24,7 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Literal
 
+import torch
 from torch import Tensor, nn
 
 from attnaudit.errors import AttnAuditError
@@ -168,6 +169,41 @@ class ResidualNorms:
     ffn: Callable[[Tensor], Tensor]
     ffn_layers: tuple[Dense, ...] = ()
     post_norms: tuple[NormParams, NormParams] | None = None
+
+    # The placement's equations, written once here: the context-mixing methods read them, so a new block
+    # layout is a new ``placement`` (found by :mod:`attnaudit.models.hf.layouts`) and its case below.
+
+    def output(self, summed: Tensor, x: Tensor) -> Tensor:
+        """The layer's output from the attention block's summed input to its first residual ``summed`` ``(..., d)``
+        (``x + o``, ``x`` the residual stream): post-LN ``LN₂(h + ffn(h))`` with ``h = LN₁(summed)``; pre-LN
+        ``summed + ffn(LN₂(summed))``; sandwich ``h + P₂(ffn(LN₂(h)))`` with ``h = x + P₁(summed − x)``;
+        parallel ``summed + ffn(LN₂(x))``."""
+        if self.placement == "pre":
+            return summed + self.ffn(self.ffn_norm(summed))
+        if self.placement == "parallel":
+            return summed + self.ffn(self.ffn_norm(x))
+        if self.placement == "sandwich":
+            assert self.post_norms is not None
+            h = x + self.post_norms[0](summed - x)
+            return h + self.post_norms[1](self.ffn(self.ffn_norm(h)))
+        h = self.attention_norm(summed)
+        return self.ffn_norm(h + self.ffn(h))
+
+    def attention_shares(self, parts: Tensor, whole: Tensor, x: Callable[[], Tensor], pairs: Callable[[], Tensor]) -> Tensor:
+        """``T_i(x_j)`` ``(B,Q,K,d)``: token ``j``'s share of token ``i``'s output of the attention block, from its
+        shares ``parts`` of the summed input to the first residual and that sum ``whole`` ``(B,Q,d)``: pre-LN and
+        parallel (whose feed-forward branch reads ``x_i`` alone) the parts themselves; post-LN the first norm's linear
+        part of them; sandwich ``x_i`` plus ``P₁``'s linear part of each share of ``o_i``. ``x`` and ``pairs`` (the
+        residual stream ``(B,T,d)`` and the real pairs ``(B,Q,K)``) are asked for only where the layout reads them."""
+        if self.placement in ("pre", "parallel"):
+            return parts
+        if self.placement == "sandwich":
+            assert self.post_norms is not None
+            stream = x()
+            eye = torch.eye(stream.shape[1], dtype=stream.dtype, device=stream.device)[None, :, :, None] * stream[:, :, None, :] * pairs()[..., None]
+            first = self.post_norms[0]
+            return first.linear(parts - eye, first.scale(whole - stream)[:, :, None]) + eye
+        return self.attention_norm.linear(parts, self.attention_norm.scale(whole)[:, :, None])
 
 
 @dataclass

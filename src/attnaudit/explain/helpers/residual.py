@@ -33,16 +33,7 @@ def attention_block_parts(model: AttentionModel, record: AttentionLayer, layer: 
     """``T_i(x_j)`` ``(B,Q,K,d)``: the share of input token ``j`` in token ``i``'s output of the attention
     block, residual and (post-LN) the first layer norm's linear part included; 0 at padding."""
     parts, whole = residual_parts(model, record, layer)
-    norms = model.residual_norms(layer)
-    if norms.placement in ("pre", "parallel"):  # parallel: the feed-forward branch reads x_i alone
-        return parts
-    if norms.placement == "sandwich":  # h_i = x_i + P₁(o_i): the norm's linear part of each share of o_i, then x_i
-        assert norms.post_norms is not None
-        x = model.residual_stream(record)
-        eye = torch.eye(x.shape[1], dtype=x.dtype, device=x.device)[None, :, :, None] * x[:, :, None, :] * pair_mask(record)[..., None]
-        first = norms.post_norms[0]
-        return first.linear(parts - eye, first.scale(whole - x)[:, :, None]) + eye
-    return norms.attention_norm.linear(parts, norms.attention_norm.scale(whole)[:, :, None])
+    return model.residual_norms(layer).attention_shares(parts, whole, lambda: model.residual_stream(record), lambda: pair_mask(record))
 
 
 def pair_mask(record: AttentionLayer) -> Tensor:

@@ -1,7 +1,7 @@
 """``alti``: ALTI, Aggregation of Layer-wise Token-to-token Interactions (Ferrando et al. 2022).
 
 Per layer, the attention block's output ``y_i = Σ_j T_i(x_j)`` is decomposed as by Kobayashi et al.
-(2021) (:func:`~attnaudit.explain.methods.norms_res_ln.attention_block_parts`; the bias terms, which belong to
+(2021) (:func:`~attnaudit.explain.helpers.residual.attention_block_parts`; the bias terms, which belong to
 no token, left out). Token ``j``'s contribution to ``i`` is how much closer ``T_i(x_j)`` is to ``y_i``
 than the origin is, in the Manhattan (L1) distance the paper uses:
 ``c_ij = max(0, ‖y_i‖₁ − ‖y_i − T_i(x_j)‖₁)``, rows normalised to 1 and rolled out through the layers.

@@ -5,7 +5,7 @@ maps rolled out through the layers.
 
 Zeroing ``v_j`` leaves the attention weights alone and removes exactly ``Σ_h α^h_ij f_h(x_j)`` from the
 sum the attention block adds up for token ``i`` (Kobayashi et al. 2021's shares,
-:func:`~attnaudit.explain.methods.norms_res_ln.residual_parts`). So the zeroed layer is never rerun as a whole:
+:func:`~attnaudit.explain.helpers.residual.residual_parts`). So the zeroed layer is never rerun as a whole:
 each (query, zeroed key) pair of real tokens takes that sum minus one share through the rest of the
 layer (norms and feed-forward map), all pairs of a layer at once, instead of one rerun of the
 remaining layers per zeroed token."""
@@ -32,23 +32,9 @@ ROWS = 8192
 
 def layer_output(norms: ResidualNorms, summed: Tensor, x: Tensor) -> Tensor:
     """A layer's output from the attention block's summed input to its first residual ``(..., d)`` (``x + o``,
-    ``x`` the residual stream): post-LN ``LN₂(h + ffn(h))`` with ``h = LN₁(summed)``; pre-LN
-    ``summed + ffn(LN₂(summed))``; sandwich ``h + P₂(ffn(LN₂(h)))`` with ``h = x + P₁(summed − x)``;
-    parallel ``summed + ffn(LN₂(x))``."""
-    outputs = []
-    for part, residual in zip(summed.split(ROWS), x.split(ROWS)):
-        if norms.placement == "pre":
-            outputs.append(part + norms.ffn(norms.ffn_norm(part)))
-        elif norms.placement == "parallel":
-            outputs.append(part + norms.ffn(norms.ffn_norm(residual)))
-        elif norms.placement == "sandwich":
-            assert norms.post_norms is not None
-            h = residual + norms.post_norms[0](part - residual)
-            outputs.append(h + norms.post_norms[1](norms.ffn(norms.ffn_norm(h))))
-        else:
-            h = norms.attention_norm(part)
-            outputs.append(norms.ffn_norm(h + norms.ffn(h)))
-    return torch.cat(outputs)
+    ``x`` the residual stream), by the layout's own equation (:meth:`~attnaudit.models.interface.ResidualNorms.output`),
+    :data:`ROWS` vectors at a time."""
+    return torch.cat([norms.output(part, residual) for part, residual in zip(summed.split(ROWS), x.split(ROWS))])
 
 
 def zeroing_map(model: AttentionModel, record: AttentionLayer, layer: int) -> Tensor:
