@@ -1,5 +1,6 @@
 """CONTRIBUTING.md cannot go stale: every file or folder it names exists, and every dotted name it gives
-(``explain.registry.NEEDS``, ``AttentionModel.lacks``) is there to import."""
+(``explain.registry.NEEDS``, ``AttentionModel.lacks``) is there to import; so is every file or folder the
+README names."""
 
 from __future__ import annotations
 
@@ -65,3 +66,11 @@ def test_every_dotted_name_it_gives_imports() -> None:
     assert "explain.registry.NEEDS" in names and "AttentionModel.lacks" in names
     for name in names:
         assert _resolve(name) is not None, name
+
+
+def test_every_path_the_readme_names_exists() -> None:
+    readme = (ROOT / "README.md").read_text()
+    paths = sorted({q for q in re.findall(r"`([\w./-]+(?:\.py|/))`", readme) if q != "/"})
+    assert "models/hf/" in paths and "resolve.py" in paths
+    missing = [p for p in paths if not _exists(p)]
+    assert not missing, f"README.md names what does not exist: {missing}"

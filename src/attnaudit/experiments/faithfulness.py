@@ -27,7 +27,8 @@ from torch import Tensor
 from attnaudit.algorithms.metrics import score_against
 from attnaudit.data.types import Batch, Example
 from attnaudit.errors import AttnAuditError
-from attnaudit.experiments.common import instance_units, prepare
+from attnaudit.experiments.common.passes import prepare
+from attnaudit.experiments.common.units import instance_units
 from attnaudit.experiments.eraser_metrics import (
     BINS,
     MODES,

@@ -388,7 +388,7 @@ def item_names(target: AttentionModel | Run, batch: Batch) -> list[list[str]]:
     real = batch.mask.bool()
     if items.shape != real.shape:
         return [[f"item {i}" for i in range(int(row.sum()))] for row in items]
-    tokenizer = getattr(model, "tokenizer", None)
+    tokenizer = model.tokenizer
     pieces = model.wordpieces(batch)
     out = []
     for b, example in enumerate(batch.examples):
