@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from attnaudit.data.subsets import limited  # noqa: E402
 from attnaudit.data.tasks import load_task  # noqa: E402
-from attnaudit.experiments.experiment import run_test  # noqa: E402
+from attnaudit.experiments.runner import run_test  # noqa: E402
 from attnaudit.io import read_json  # noqa: E402
 from attnaudit.run import Run  # noqa: E402
 from attnaudit.training.trainer import train  # noqa: E402

@@ -16,7 +16,7 @@ from attnaudit.data.synthetic import synthetic_task
 from attnaudit.errors import AttnAuditError
 from attnaudit.experiments.experiment import EXPERIMENTS, AuditSettings, Experiment, Result, register
 from attnaudit.explain import EXPLANATIONS
-from attnaudit.explain.gradient import gradient_importance as explain_gradient
+from attnaudit.explain.methods.gradient import gradient_importance as explain_gradient
 from attnaudit.explain.registry import _MEMOS
 from attnaudit.progress import set_quiet
 from attnaudit.report.summary import SUMMARY_COLUMNS, order_tests, verdict_rows

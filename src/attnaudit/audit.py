@@ -14,7 +14,7 @@ applies to it, cheap tests first, and writes
   (:mod:`attnaudit.shards`).
 
 Re-running resumes: a stored result is loaded, not rerun, only when it names the same test
-and its ``meta["fingerprint"]`` (:func:`~attnaudit.experiments.experiment.fingerprint`: options,
+and its ``meta["fingerprint"]`` (:func:`~attnaudit.experiments.runner.fingerprint`: options,
 split, limit, seed, the run's identity and weights, its data files, the package version)
 recomputes to the same hash; any other stored result is recomputed, and the status line and
 ``audit.json`` say why. Every test starts from the same model weights and seed, so a resumed
@@ -37,14 +37,8 @@ import torch
 
 from attnaudit.data.subsets import check_order, describe
 from attnaudit.errors import AttnAuditError, error_line, os_error_line, spelled, storage_full, unknown
-from attnaudit.experiments.experiment import (
-    Experiment,
-    Result,
-    discover,
-    fingerprint,
-    make_options,
-    run_test,
-)
+from attnaudit.experiments.experiment import Experiment, Result, discover
+from attnaudit.experiments.runner import fingerprint, make_options, run_test
 from attnaudit.explain.registry import Memo, memoised
 from attnaudit.io import atomic_write_json, remove_stray_tmp, writes_folder
 from attnaudit.options import check_max_length, check_seed, parse_assignment
@@ -99,22 +93,18 @@ def _load_target(
     hf_options: dict[str, Any] | None = None,
 ) -> Run:
     """The run to audit: given, loaded, a Hugging Face encoder, or trained into ``out/run``."""
-    from attnaudit.run import load_run
+    from attnaudit.resolve import name_model
 
-    if sum(x is not None for x in (run, hf, model)) != 1:
-        raise AttnAuditError("audit needs exactly one of: --run RUN, --hf MODEL --task T, or --task T --model M")
-    if train_options and model is None:
-        raise AttnAuditError(f"training options ({', '.join(sorted(train_options))}) only apply with --task/--model")
-    if isinstance(run, Run):
-        return run
-    if run is not None:
-        return load_run(run, device=device, data_dir=data_dir)
-    if hf is not None:
-        from attnaudit.hf import load_hf
-
-        if not task:
+    exactly_one = "audit needs exactly one of: --run RUN, --hf MODEL --task T, or --task T --model M"
+    if model is None:
+        named = name_model(hf, run, exactly_one=exactly_one)  # a run or a Hugging Face model
+        if train_options:
+            raise AttnAuditError(f"training options ({', '.join(sorted(train_options))}) only apply with --task/--model")
+        if hf is not None and not task:
             raise AttnAuditError("--hf needs --task (the data to audit on)")
-        return load_hf(hf, task=task, data_dir=data_dir, device=device, **(hf_options or {}))
+        return name_model(source=named, task=task if hf is not None else None, **(hf_options or {})).load(device, data_dir)
+    if run is not None or hf is not None:
+        raise AttnAuditError(exactly_one)
     if not task:
         raise AttnAuditError("--model needs --task (the data to train on)")
     from attnaudit.training.trainer import train

@@ -309,18 +309,9 @@ def _load_model(
     data_dir: Path | None, device: str,
 ) -> Any:
     """The Run named by exactly one of ``--hf`` and ``--run`` (a one-line error otherwise)."""
-    if (hf is None) == (run is None):
-        raise AttnAuditError("give exactly one of --hf MODEL and --run RUN")
-    if run is not None:
-        if task or prompt or verbalizer:
-            raise AttnAuditError("--task/--prompt/--verbalizer apply with --hf only")
-        from attnaudit.run import load_run
+    from attnaudit.resolve import load_model
 
-        return load_run(run, device=device, data_dir=data_dir)
-    from attnaudit.hf import load_hf
-
-    assert hf is not None  # exactly one of hf and run is given (checked above)
-    return load_hf(hf, task=task, data_dir=data_dir, device=device, prompt=prompt, verbalizer=verbalizer)
+    return load_model(hf, run, device=device, data_dir=data_dir, task=task or None, prompt=prompt or None, verbalizer=verbalizer or None)
 
 
 @app.command()
@@ -395,14 +386,14 @@ def explain(
     """  # noqa: E501 (example commands stay on one line)
     from attnaudit.explain.generation import Generated
     from attnaudit.explain.text import decision_line, explain_text
+    from attnaudit.resolve import name_model
 
     set_quiet(quiet)
-    if (hf is None) == (run is None):
-        raise AttnAuditError("give exactly one of --hf MODEL and --run RUN")
-    if run is not None and (prompt or verbalizer):
-        raise AttnAuditError("--prompt/--verbalizer apply with --hf only")
+    named = name_model(hf, run, prompt=prompt or None, verbalizer=verbalizer or None)
+    if named.run is not None:
+        _run_dir(run)
     result = explain_text(
-        hf if hf is not None else _run_dir(run), text.replace("\\n", "\n"), _names(method), out, prompt=prompt, verbalizer=verbalizer,
+        named, text.replace("\\n", "\n"), _names(method), out, prompt=prompt, verbalizer=verbalizer,
         max_length=max_length, seed=seed, steps=steps, device=device, data_dir=data_dir, dtype=dtype, target=target,
         device_map=device_map, max_memory=max_memory,
         generate=generate, contrast=contrast, sample=sample, aggregate=aggregate,
@@ -750,14 +741,14 @@ def _make_run_command(name: str, experiment: Any) -> None:
             else:
                 kwargs[key] = parse_text(kwargs[key], annotation, "--" + key.replace("_", "-"))
         if hf:
-            from attnaudit.hf import load_hf
+            from attnaudit.resolve import load_model
 
             own = get_experiment(name).own_inputs
             if not task and not (own and kwargs.get(own)):
                 raise AttnAuditError("--hf needs --task (the data to run the test on)" + (f" or --{own.replace('_', '-')}" if own else ""))
             if not common["out"]:
                 raise AttnAuditError("--hf needs --out (where to write results)")
-            target: Any = load_hf(hf, task=task, data_dir=common["data_dir"], device=common["device"], **zero_shot)
+            target: Any = load_model(hf, device=common["device"], data_dir=common["data_dir"], task=task, **zero_shot)
         elif run_dir is None:
             raise AttnAuditError("give a run directory, or --hf MODEL --task T --out DIR")
         elif task:

@@ -31,7 +31,8 @@ import torch
 from attnaudit import bounds
 from attnaudit.data.types import Example
 from attnaudit.errors import AttnAuditError, error_line
-from attnaudit.experiments.experiment import Experiment, Result, get_experiment, make_options
+from attnaudit.experiments.experiment import Experiment, Result, get_experiment
+from attnaudit.experiments.runner import make_options
 from attnaudit.io import atomic_write_text, read_json
 from attnaudit.progress import status
 from attnaudit.run import Run
@@ -69,14 +70,10 @@ class Source:
 
     def load(self) -> Run:
         """The run, loaded as the audit's driver loaded it."""
-        if self.hf is not None:
-            from attnaudit.hf import load_hf
+        from attnaudit.resolve import load_model
 
-            run = load_hf(self.hf, task=self.task, data_dir=self.data_dir, device=self.device, **self.hf_options)
-        else:
-            from attnaudit.run import load_run
-
-            run = load_run(str(self.run), device=self.device, data_dir=self.data_dir)
+        hf_options = {"task": self.task, **self.hf_options} if self.hf is not None else {}
+        run = load_model(self.hf, self.run, device=self.device, data_dir=self.data_dir, **hf_options)
         return replace(run, subruns=Path(self.subruns))
 
 
@@ -196,7 +193,7 @@ class RayWorkers:
 @dataclass
 class Sharded:
     """Computes a test's result through ``executor``: shardable tests in checkpointed shards under
-    ``folder``/<test>, the others whole (:class:`~attnaudit.experiments.experiment.Compute`)."""
+    ``folder``/<test>, the others whole (:class:`~attnaudit.experiments.runner.Compute`)."""
 
     folder: Path
     executor: Executor

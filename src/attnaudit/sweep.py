@@ -254,7 +254,7 @@ def _hf_entry(reader: _Reader, node: yaml.Node, entry: dict[str, Any]) -> dict[s
 
 def _checked_hf_item(key: str, value: Any) -> Any:
     """``value`` as the audit would read it; an ``AttnAuditError`` when it would refuse it."""
-    from attnaudit.models.zeroshot import parse_verbalizer
+    from attnaudit.models.hf import parse_verbalizer
     from attnaudit.pretrained import resolve_source
 
     if key == "hf":

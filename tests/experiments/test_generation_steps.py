@@ -11,12 +11,12 @@ import torch
 
 from attnaudit.errors import AttnAuditError
 from attnaudit.experiments.attention_search import Search, search_batch
-from attnaudit.experiments.experiment import run_test
 from attnaudit.experiments.generation_steps import Steps, erase_until_change, eraser, generating_rows, replace_rows
+from attnaudit.experiments.runner import run_test
 from attnaudit.explain import get_explanation
 from attnaudit.hf import load_hf
+from attnaudit.models.hf import next_token_decision
 from attnaudit.models.interface import Intervention, evaluation
-from attnaudit.models.zeroshot import next_token_decision
 from attnaudit.progress import set_quiet
 
 set_quiet(True)

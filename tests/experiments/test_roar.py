@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from attnaudit.data.synthetic import synthetic_task
 from attnaudit.data.types import Example
-from attnaudit.experiments.experiment import Result, get_experiment, run_test
+from attnaudit.experiments.experiment import Result, get_experiment
 from attnaudit.experiments.roar import (
     item_scores,
     mask_example,
@@ -23,6 +23,7 @@ from attnaudit.experiments.roar import (
     masked_data,
     top_items,
 )
+from attnaudit.experiments.runner import run_test
 from attnaudit.explain.registry import get_explanation
 from attnaudit.progress import set_quiet
 from attnaudit.run import Run, load_run

@@ -93,7 +93,7 @@ class InDistribution(Experiment):
     def applies(self, run: Run) -> str | None:
         if run.task.task_type not in ("classification", "pair"):
             return f"it masks the inputs of one decision per instance; a {run.task.task_type} model makes one per token"
-        tokenizer = getattr(run.model, "tokenizer", None)
+        tokenizer = run.model.tokenizer
         if tokenizer is None or getattr(tokenizer, "mask_token_id", None) is None:
             return "it replaces tokens by a mask token, which this model's vocabulary has not (a Hugging Face encoder's has)"
         return None
@@ -118,7 +118,7 @@ class InDistribution(Experiment):
 
     def run(self, run: Run, examples: list[Example], options: Any, seed: int = 0) -> Result:
         methods = self._check(run, options)
-        tokenizer: Any = getattr(run.model, "tokenizer", None)  # applies() checked it has a mask token
+        tokenizer: Any = run.model.tokenizer  # applies() checked it has a mask token
         mask_id, specials = int(tokenizer.mask_token_id), sorted(set(tokenizer.all_special_ids))
         masked_training = fine_tuned_with_masking(run)
         test = self._fit(run, options, seed, mask_id, specials, masked_training)

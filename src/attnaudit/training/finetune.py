@@ -2,7 +2,7 @@
 
 Encoders (BERT family) pool ``[CLS]``; decoder-only models (Llama/SmolLM2, Qwen2, GPT-2) get a
 sequence-classification head read at each example's last *real* token
-(:meth:`~attnaudit.models.hf_model.HFModel.decode`, from the mask, so any padding side
+(:meth:`~attnaudit.models.hf.model.HFModel.decode`, from the mask, so any padding side
 works). ``train_layers`` trains only the head, the last ``N`` layers and what follows them
 (final norm, pooler); everything before is frozen, both out of the optimiser (the loop's
 ``Optimiser.frozen``) and out of autograd, so the backward pass stops at the first trained
@@ -50,8 +50,7 @@ if TYPE_CHECKING:
     from torch import Tensor
 
     from attnaudit.data.types import Batch
-    from attnaudit.hf import HFModel
-    from attnaudit.models.hf_batches import HFCollator
+    from attnaudit.models.hf import HFCollator, HFModel
 
 AFTER_LAYERS = ("norm", "ln_f", "pooler")
 """Base-model modules that run after the layers (decoders' final norm, BERT's pooler): trained with the head."""
@@ -59,6 +58,15 @@ AFTER_LAYERS = ("norm", "ln_f", "pooler")
 
 def _settings_hash(settings: dict[str, Any]) -> str:
     return digest(settings)
+
+
+def _hf_model(model: nn.Module) -> HFModel:
+    """``model`` (load_hf's) as the Hugging Face adapter whose transformers model is fine-tuned."""
+    from attnaudit.models.hf import HFModel
+
+    if not isinstance(model, HFModel):
+        raise AttnAuditError("fine-tuning needs a Hugging Face model (load_hf's)")
+    return model
 
 
 def frozen_patterns(model: HFModel, train_layers: int | None) -> tuple[str, ...]:
@@ -126,7 +134,7 @@ def _hooks(run: Run, data: TaskData, out: Path, extra: dict[str, Any], masking: 
 
 def _masking(run: Run, seed: int) -> tuple[int, list[int], int]:
     """(mask id, special ids never masked, seed) of masked fine-tuning; one line where the tokenizer has no mask token."""
-    tokenizer = cast("HFModel", run.model).tokenizer  # fine-tuning loads a Hugging Face model
+    tokenizer = run.model.tokenizer  # the interface's: a Hugging Face model's tokenizer
     if getattr(tokenizer, "mask_token_id", None) is None:
         raise AttnAuditError("--masking replaces tokens by the mask token; this model's tokenizer has none (an encoder such as minilm has)")
     return int(tokenizer.mask_token_id), list(tokenizer.all_special_ids), seed
@@ -198,7 +206,7 @@ def finetune(
     train_set = list(data.train)
     if limit is not None and limit < len(train_set):
         train_set = random.Random(seed).sample(train_set, limit)
-    frozen = frozen_patterns(cast("HFModel", run.model), train_layers)  # load_hf's
+    frozen = frozen_patterns(_hf_model(run.model), train_layers)
     trained = freeze(run.model, frozen)
     extra = {"finetune": {**settings, "hash": digest, "train_examples": len(train_set), "trained_parameters": trained}}
     steps = epochs * -(-len(train_set) // batch_size)

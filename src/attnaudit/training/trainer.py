@@ -28,20 +28,19 @@ from attnaudit.errors import AttnAuditError
 from attnaudit.io import (
     atomic_write_json,
     digest,
-    read_json_object,
     remove_stray_tmp,
     writes_folder,
 )
 from attnaudit.models import MODELS, ModelConfig, build_model
 from attnaudit.models.interface import Intervention, evaluation
 from attnaudit.progress import status, track
-from attnaudit.run import CONFIG, Run, TaskSpec, absolute_dir
+from attnaudit.run import Run, TaskSpec, absolute_dir
 from attnaudit.seed import resolve_device
 from attnaudit.training.checkpoint import (
     FEATURE_VOCAB,
     METRICS,
     VOCAB,
-    refuse_other_run,
+    finished_run,
 )
 from attnaudit.training.loop import (
     Checkpoint,
@@ -482,16 +481,8 @@ def train(
     }
     run_config["hash"] = _config_hash({k: v for k, v in run_config.items() if k != "version"})
 
-    existing = out / CONFIG
-    if (
-        resume
-        and (out / METRICS).exists()
-        and existing.exists()
-        and read_json_object(existing, optional={"hash": str}).get("hash") == run_config["hash"]
-    ):
-        status(f"[green]{out}[/]: already trained with this config, loading it")
+    if finished_run(out, run_config["hash"], resume):
         return load_run(out, device=device, data_dir=data_dir)
-    refuse_other_run(out, run_config["hash"])
 
     for line in preset_note(cfg.preset, options):
         status(line)
