@@ -1,7 +1,7 @@
 """Row-only capture against the forward a user runs anyway: SmolLM2-135M with SDPA, no weights.
 
 Most explanations and the single-attention tests read one query row per instance (a decoder's
-predicting token). ``model.rows_forward`` (:func:`attnaudit.models.hf_attention._rows_only`) runs
+predicting token). ``model.rows_forward`` (:func:`attnaudit.models.hf.attention._rows_only`) runs
 transformers' SDPA for every query's output and the model's eager code for that row alone, in every
 layer. For each sequence length T (``--lengths``; one sequence of T random token ids, seed 0) two
 operations run side by side in ``--repeats`` interleaved rounds (:func:`benchmarks.common.time_interleaved`):
@@ -36,9 +36,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `benchmarks.common` when run as a script
 
 from attnaudit.data.types import Batch  # noqa: E402
-from attnaudit.explain.attention import explained_attention  # noqa: E402
-from attnaudit.models.hf_loading import DTYPES  # noqa: E402
-from attnaudit.models.hf_model import HFModel  # noqa: E402
+from attnaudit.explain.helpers.attention import explained_attention  # noqa: E402
+from attnaudit.models.hf import (
+    DTYPES,  # noqa: E402
+    HFModel,  # noqa: E402
+)
 from attnaudit.seed import resolve_device  # noqa: E402
 from benchmarks.bench_llm_scale import device_name, load_model, synchronised, token_batch  # noqa: E402
 from benchmarks.common import ratio_span, time_interleaved, write_result  # noqa: E402

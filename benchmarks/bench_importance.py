@@ -41,8 +41,8 @@ from attnaudit.data.readers import read_jw_sst_csv
 from attnaudit.data.synthetic import make_classification
 from attnaudit.data.types import Batch, Example
 from attnaudit.data.vocab import Vocab
-from attnaudit.explain.gradient import gradient_importance
-from attnaudit.explain.loo import loo_importance, loo_importance_reference
+from attnaudit.explain.methods.gradient import gradient_importance
+from attnaudit.explain.methods.loo import loo_importance, loo_importance_reference
 from attnaudit.models import ModelConfig, build_model, detach_weights
 from attnaudit.run import Run, TaskSpec
 from attnaudit.training.trainer import FAMILY_DEFAULTS

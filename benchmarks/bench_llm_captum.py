@@ -98,8 +98,8 @@ def captum_layer_ig(peer: nn.Module, zero_id: int, verbalizer: Tensor, ids: Tens
 
 def compare(run: Any, batch: Any, steps: int) -> dict[str, Callable[[], Tensor]]:
     """The four attributions of ``batch`` as zero-argument functions: ours and Captum's, for both methods."""
-    from attnaudit.explain.ig import integrated_gradients
-    from attnaudit.explain.input_gradient import input_gradient
+    from attnaudit.explain.methods.ig import integrated_gradients
+    from attnaudit.explain.methods.input_gradient import input_gradient
 
     peer, zero_id = peer_model(run.model.hf)
     verbalizer = run.model.verbalizer_ids

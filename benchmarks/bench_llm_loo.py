@@ -3,9 +3,9 @@
 SmolLM2-135M-Instruct classifies the first ``--n`` GLUE SST-2 dev sentences zero-shot (the
 ``sst2`` prompt and verbalizer), one batch. ``ours`` is the registry's ``loo`` (each deletion
 continues from the full pass's keys and values of the tokens before the removed one and reruns
-only the tokens after it: :func:`attnaudit.explain.loo._loo_decoder`); ``peer`` is the same
+only the tokens after it: :func:`attnaudit.explain.methods.loo._loo_decoder`); ``peer`` is the same
 method with the batched full recomputation every other Transformer gets
-(:func:`attnaudit.explain.loo._loo_recompute`). Both give the same scores (the largest
+(:func:`attnaudit.explain.methods.loo._loo_recompute`). Both give the same scores (the largest
 difference is recorded). Timing: ``--repeats`` interleaved rounds
 (:func:`benchmarks.common.time_interleaved`, wall seconds) plus the CPU seconds of each call,
 one torch thread. Writes ``benchmarks/results/llm_loo.json``.
@@ -26,7 +26,8 @@ import torch
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from attnaudit.explain import item_mask, loo  # noqa: E402
+from attnaudit.explain import item_mask  # noqa: E402
+from attnaudit.explain.methods import loo  # noqa: E402
 from attnaudit.hf import load_hf  # noqa: E402
 from attnaudit.models.interface import evaluation  # noqa: E402
 from benchmarks.common import REPEATS, stats, time_interleaved, write_result  # noqa: E402

@@ -6,9 +6,9 @@ padding) five operations run side by side in ``--repeats`` interleaved rounds
 
 * ``peer``: the HF model's own eager forward with ``output_attentions=True`` (a copy of the
   same model with ``attn_implementation="eager"``): the cheapest way to get every layer's weights;
-* ``capture``: our traced forward (:class:`~attnaudit.models.hf_model.HFModel`, the
+* ``capture``: our traced forward (:class:`~attnaudit.models.hf.model.HFModel`, the
   AttentionModel interface), every layer's weights, scores, keys, values and inputs kept;
-* ``norms``: capture plus ‖Σ_h α f_h(x)‖ of every layer (:func:`attnaudit.explain.attention_norms.layer_norms`);
+* ``norms``: capture plus ‖Σ_h α f_h(x)‖ of every layer (:func:`attnaudit.explain.helpers.norms.layer_norms`);
 * ``rollout``: capture plus attention rollout over all layers (:func:`attnaudit.algorithms.attention_graph.rollout`);
 * ``rollout_streaming``: the same rollout folded in layer by layer as the model runs
   (``decode(keep_layers=(), on_layer=...)`` + :class:`attnaudit.algorithms.attention_graph.StreamingRollout`): one
@@ -65,9 +65,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `benchmarks.comm
 
 from attnaudit.algorithms.attention_graph import StreamingRollout, rollout  # noqa: E402
 from attnaudit.data.types import Batch  # noqa: E402
-from attnaudit.explain.attention_norms import layer_norms  # noqa: E402
-from attnaudit.models.hf_loading import DTYPES
-from attnaudit.models.hf_model import HFModel  # noqa: E402
+from attnaudit.explain.helpers.norms import layer_norms  # noqa: E402
+from attnaudit.models.hf import (
+    DTYPES,
+    HFModel,  # noqa: E402
+)
 from attnaudit.seed import resolve_device  # noqa: E402
 from benchmarks.common import REPEATS, RESULTS, ROOT, ratio_span, time_interleaved, write_result  # noqa: E402
 
@@ -118,7 +120,7 @@ def load_model(weights: str, dtype: torch.dtype, device: torch.device) -> tuple[
     if weights == "random":
         model = random_smollm2(dtype)
     else:
-        from attnaudit.models.hf_loading import build_hf_model
+        from attnaudit.models.hf import build_hf_model
         from attnaudit.pretrained import smollm2_path
 
         model = build_hf_model(smollm2_path(), "classification", dtype=dtype)

@@ -72,7 +72,7 @@ def rounds(fns: dict[str, Callable[[], tuple[Any, float | None]]], repeats: int)
 def bench_model(label: str, run: Any, batch: Any, rules: tuple[str, ...], repeats: int, ig_steps: int) -> dict[str, Any]:
     """Time ours, IG and lxt on one model's batch; agreement with lxt per rule."""
     from attnaudit.explain import get_explanation
-    from attnaudit.explain.attnlrp import lrp_relevance
+    from attnaudit.explain.helpers.lrp import lrp_relevance
 
     model = run.model.eval()
     ig = get_explanation("ig")

@@ -27,7 +27,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `benchmarks.common` when run as a script
 
 from attnaudit.data.types import Batch, Example  # noqa: E402
-from attnaudit.explain.attention_norms import layer_norms, transformed_inputs  # noqa: E402
+from attnaudit.explain.helpers.norms import layer_norms, transformed_inputs  # noqa: E402
 from attnaudit.hf import load_hf  # noqa: E402
 from attnaudit.progress import set_quiet  # noqa: E402
 from benchmarks.common import (  # noqa: E402

@@ -49,7 +49,7 @@ def numbers(summary: Any, prefix: str = "") -> dict[str, float]:
 
 def family_on(device: str, family: str, out: Path, limit: int) -> dict[str, Any]:
     """Train ``family`` on the synthetic task on ``device`` and run its tests; headline numbers and times."""
-    from attnaudit.experiments.experiment import run_test
+    from attnaudit.experiments.runner import run_test
     from attnaudit.training.trainer import train
 
     start = time.perf_counter()
@@ -91,7 +91,7 @@ def decoder_on(device: str) -> dict[str, torch.Tensor]:
     from attnaudit.data.types import Example
     from attnaudit.explain import get_explanation
     from attnaudit.hf import HFCollator
-    from attnaudit.models.hf_model import HFModel
+    from attnaudit.models.hf import HFModel
 
     words = ["[PAD]", "[UNK]", "[SEP]", *(f"w{i}" for i in range(61))]
     core = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))

@@ -119,7 +119,7 @@ def sentences(data_dir: Path, n: int) -> list[str] | None:
 def smollm2_folder(run: Any, scratch: Path) -> tuple[Path, str]:
     """The safetensors folder our GGUF cache wrote for SmolLM2 (the weights ``run`` was loaded from), else
     ``run``'s model and tokenizer saved into ``scratch``; and how the result file names it."""
-    from attnaudit.models.gguf_cache import cache_folder
+    from attnaudit.models.hf import gguf_cache_folder as cache_folder
     from attnaudit.pretrained import smollm2_path
 
     cached = cache_folder(Path(smollm2_path()))
@@ -140,9 +140,9 @@ def all_layer_attention(run: Any, source: list[int], target: list[int]) -> list[
     (``attention_per_head``: self-attention rows of a decoder, cross-attention rows of an encoder-decoder)."""
     import torch
 
-    from attnaudit.explain.attention import attention_per_head
     from attnaudit.explain.generation import decoder_rows, forced_row
-    from attnaudit.models.zeroshot import forced_decision, next_token_decision
+    from attnaudit.explain.helpers.attention import attention_per_head
+    from attnaudit.models.hf import forced_decision, next_token_decision
 
     model = run.model
     rows: list[list[float]] = []

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from attnaudit.models.hf_model import HFModel
+from attnaudit.models.hf import HFModel
 
 WORKER = Path(__file__).with_name("lxt_worker.py")
 LXT_VENV = Path(os.environ.get("ATTNAUDIT_LXT_VENV", "/tmp/lxt-venv"))

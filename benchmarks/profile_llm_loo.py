@@ -29,7 +29,7 @@ from benchmarks.common import matmul_rate, write_result  # noqa: E402
 
 
 def rerun_tokens(mask: torch.Tensor, items: torch.Tensor) -> tuple[int, int]:
-    """Deletions and rerun tokens of a causal decoder's leave-one-out for one batch (as ``explain.loo._loo_decoder``)."""
+    """Deletions and rerun tokens of a causal decoder's leave-one-out for one batch (as ``explain.methods.loo._loo_decoder``)."""
     lengths = mask.sum(1)
     rows = (items & (items.sum(1) >= 2)[:, None]).nonzero()
     n = lengths[rows[:, 0]]

@@ -34,11 +34,11 @@ from attnaudit.data.types import Batch  # noqa: E402
 from attnaudit.experiments.eraser_metrics import BINS, MODES, perturbation_probs  # noqa: E402
 from attnaudit.experiments.faithfulness import grid  # noqa: E402
 from attnaudit.explain import list_explanations  # noqa: E402
-from attnaudit.explain.attention_flow import flow_importance  # noqa: E402
-from attnaudit.explain.attention_rollout import explained_record, layer_weights  # noqa: E402
-from attnaudit.explain.norms_res_ln import layers_up_to, pair_mask, rolled_contributions  # noqa: E402
+from attnaudit.explain.helpers.residual import layers_up_to, pair_mask, rolled_contributions  # noqa: E402
+from attnaudit.explain.helpers.rollout import explained_record, layer_weights  # noqa: E402
+from attnaudit.explain.methods.attention_flow import flow_importance  # noqa: E402
+from attnaudit.explain.methods.value_zeroing import cosine_distance, value_zeroing  # noqa: E402
 from attnaudit.explain.registry import on_items, query_row  # noqa: E402
-from attnaudit.explain.value_zeroing import cosine_distance, value_zeroing  # noqa: E402
 from attnaudit.models.interface import AttentionModel, Intervention, evaluation  # noqa: E402
 from attnaudit.run import Run, load_run  # noqa: E402
 from benchmarks.common import REPEATS, stats, time_interleaved, write_result  # noqa: E402

@@ -27,8 +27,8 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from attnaudit.experiments.experiment import run_test
 from attnaudit.experiments.importance import PUBLISHED, pair_name
+from attnaudit.experiments.runner import run_test
 from attnaudit.io import atomic_write_json, read_json
 from attnaudit.run import Run, load_run
 from attnaudit.training.checkpoint import load_state_into

@@ -41,7 +41,7 @@ from attnaudit.experiments.faithfulness import grid  # noqa: E402
 from attnaudit.explain import list_explanations  # noqa: E402
 from attnaudit.hf import load_hf  # noqa: E402
 from attnaudit.io import read_json  # noqa: E402
-from attnaudit.models.hf_loading import HF_DIR  # noqa: E402
+from attnaudit.models.hf import HF_DIR  # noqa: E402
 from attnaudit.run import Run, load_run  # noqa: E402
 from benchmarks.common import RUNS, add_limit_order, write_result  # noqa: E402
 

@@ -38,8 +38,9 @@ if __package__ in (None, ""):
 
 from attnaudit.data.tasks import load_task  # noqa: E402
 from attnaudit.data.types import TaskData  # noqa: E402
-from attnaudit.experiments.common import ATTENTION_TABLE  # noqa: E402
-from attnaudit.experiments.experiment import Result, run_test  # noqa: E402
+from attnaudit.experiments.common.rows import ATTENTION_TABLE  # noqa: E402
+from attnaudit.experiments.experiment import Result  # noqa: E402
+from attnaudit.experiments.runner import run_test  # noqa: E402
 from attnaudit.io import atomic_write_json  # noqa: E402
 from attnaudit.run import Run  # noqa: E402
 from attnaudit.training.trainer import train  # noqa: E402

@@ -37,7 +37,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a plain script: make `benchmarks` importable
 
-from attnaudit.experiments.experiment import Result, run_test  # noqa: E402
+from attnaudit.experiments.experiment import Result  # noqa: E402
+from attnaudit.experiments.runner import run_test  # noqa: E402
 from attnaudit.io import read_json  # noqa: E402
 from attnaudit.progress import status  # noqa: E402
 from attnaudit.run import Run, load_run  # noqa: E402

@@ -14,7 +14,7 @@ torch.set_num_threads(1)
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """One converted-model cache (:mod:`attnaudit.models.gguf_cache`) for the whole run, never the
+    """One converted-model cache (:mod:`attnaudit.models.hf.gguf`) for the whole run, never the
     user's: made by the main process before xdist starts its workers, which inherit it."""
     if not hasattr(config, "workerinput"):
         os.environ["ATTNAUDIT_CACHE"] = tempfile.mkdtemp(prefix="attnaudit-test-cache-")

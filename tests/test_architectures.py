@@ -30,7 +30,7 @@ from attnaudit.architectures import (
     write_reviews,
 )
 from attnaudit.data.types import Batch
-from attnaudit.models.hf_model import HFModel
+from attnaudit.models.hf import HFModel
 from tests.fake_data import make_fake_data
 from tests.reliability.helpers import cli
 

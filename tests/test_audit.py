@@ -16,7 +16,7 @@ from attnaudit.data.synthetic import synthetic_task
 from attnaudit.errors import AttnAuditError
 from attnaudit.experiments.experiment import EXPERIMENTS, AuditSettings, Experiment, Result, register
 from attnaudit.explain import EXPLANATIONS
-from attnaudit.explain.gradient import gradient_importance as explain_gradient
+from attnaudit.explain.methods.gradient import gradient_importance as explain_gradient
 from attnaudit.explain.registry import _MEMOS
 from attnaudit.progress import set_quiet
 from attnaudit.report.summary import SUMMARY_COLUMNS, order_tests, verdict_rows
@@ -222,3 +222,18 @@ def test_tests_share_scores_until_one_changes_the_weights(run, tmp_path: Path) -
     finally:
         for test in tests:
             EXPERIMENTS.pop(test[0])
+
+
+def test_the_audit_says_what_it_tests_before_working_and_offers_the_whole_file(tiny_hf, tmp_path) -> None:
+    """A user's CSV without a test file: the test split is 10 % of it, said up front, and ``--split all`` audits every row."""
+    from attnaudit.audit import audited_line
+    from attnaudit.hf import load_hf
+
+    path = tmp_path / "reviews.csv"
+    path.write_text("text,label\n" + "".join("the movie was good,pos\nbad plot,neg\n" for _ in range(20)), encoding="utf-8")
+    run = load_hf(tiny_hf.dir, task=f"csv:{path}", device="cpu")
+    line = audited_line(run, "test", None, None, "stratified", 0)
+    assert line == ("audited: the test split, 4 of its 4 instances (all); "
+                    "the test split is 10 % of the data (40 instances): --split all audits every one")
+    assert audited_line(run, "all", 10, None, "first", 0) == "audited: every split (train, dev and test), 10 of its 40 instances (first)"
+    assert len(run.examples("all")) == 40

@@ -26,6 +26,8 @@ def test_the_site_builds_strictly(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     home = (tmp_path / "site" / "index.html").read_text(encoding="utf-8")
     assert "What we found" in home and (tmp_path / "site" / "sections" / "results" / "index.html").exists()
+    pages = [page.read_text(encoding="utf-8") for page in (tmp_path / "site").rglob("*.html")]
+    assert not [page for page in pages if "fonts.googleapis" in page or "fonts.gstatic" in page]  # offline: no web fonts
 
 
 def test_the_readme_is_a_landing_page() -> None:
@@ -34,6 +36,7 @@ def test_the_readme_is_a_landing_page() -> None:
     for heading in ("## Install and quick start", "## What we found", "## Models", "## Documentation"):
         assert heading in readme
     assert readme.count("make demo") >= 1 and readme.count("make test") >= 1
+    assert "`make docs`" in readme.split("## Documentation", 1)[1]  # the documentation line names the site's command
 
 
 def test_the_models_table_equals_the_architecture_matrix_result() -> None:

@@ -179,7 +179,7 @@ def test_loading_errors(tiny_hf: SimpleNamespace, monkeypatch: pytest.MonkeyPatc
     with pytest.raises(AttnAuditError, match="could not load Hugging Face model 'someone/no-such-model'"):
         load_hf("someone/no-such-model", device="cpu")
     # an uncached hub name with no route to the hub fails at once instead of retrying
-    import attnaudit.models.hf_loading as hf_module
+    import attnaudit.models.hf.loading as hf_module
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(hf_module, "_hub_reachable", lambda: False)

@@ -17,9 +17,9 @@ from safetensors.torch import load_file
 from attnaudit.data.synthetic import synthetic_task
 from attnaudit.data.types import Example
 from attnaudit.errors import AttnAuditError
-from attnaudit.experiments.experiment import run_test
-from attnaudit.explain.gradient import gradient_importance
-from attnaudit.explain.loo import loo_importance
+from attnaudit.experiments.runner import run_test
+from attnaudit.explain.methods.gradient import gradient_importance
+from attnaudit.explain.methods.loo import loo_importance
 from attnaudit.models import ModelConfig, build_model
 from attnaudit.progress import set_quiet
 from attnaudit.run import load_run

@@ -13,7 +13,8 @@ from attnaudit import shards
 from attnaudit.audit import audit
 from attnaudit.data.synthetic import synthetic_task
 from attnaudit.errors import AttnAuditError
-from attnaudit.experiments.experiment import EXPERIMENTS, Result, discover, get_experiment, make_options
+from attnaudit.experiments.experiment import EXPERIMENTS, Result, discover, get_experiment
+from attnaudit.experiments.runner import make_options
 from attnaudit.progress import set_quiet
 from attnaudit.shards import spans
 from attnaudit.training.trainer import train

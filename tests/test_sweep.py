@@ -198,3 +198,30 @@ def test_bad_arguments_are_one_line_errors(tmp_path: Path) -> None:
         sweep(config)
     with pytest.raises(AttnAuditError, match="--workers"):
         sweep(config, out=tmp_path, workers=0)
+
+
+def test_ctrl_c_stops_the_pool_in_seconds_with_one_line(tmp_path: Path) -> None:
+    """Ctrl-C reaches every process of the terminal's group: the workers leave it to the parent, which ends them at
+    once (no worker traceback, no wait on a running job) and exits 130 in one line; no job is recorded as finished."""
+    import signal
+    import time
+
+    config = _tiny_config(tmp_path, **{"epochs: 1": "epochs: 200"})  # jobs long enough to be interrupted mid-training
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "attnaudit.cli", "sweep", str(config), "--out", str(out), "--workers", "2", "--quiet"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env,
+                               start_new_session=True)  # its own process group, as a terminal's foreground job
+    deadline = time.monotonic() + 240
+    while len(list(out.glob("*/run/config.json"))) < 2 and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)  # both workers are training
+    assert process.poll() is None, process.communicate()[1]
+    os.killpg(process.pid, signal.SIGINT)
+    start = time.monotonic()
+    _, err = process.communicate(timeout=60)
+    assert time.monotonic() - start < 30 and process.returncode == 130, err
+    assert [line for line in err.splitlines() if line.strip()] == ["error: interrupted (resume with the same command)"], err
+    time.sleep(1)
+    group = subprocess.run(["ps", "-o", "stat=,args=", "-g", str(process.pid)], capture_output=True, text=True).stdout.splitlines()
+    assert [line for line in group if not line.strip().startswith("Z")] == []  # no worker outlives the sweep (zombies hold nothing)
+    assert not list(out.glob("*/job.json"))  # no job looks finished: the same command runs them again

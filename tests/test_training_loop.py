@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from attnaudit.data.synthetic import synthetic_task
 from attnaudit.errors import AttnAuditError
-from attnaudit.experiments.experiment import run_test
+from attnaudit.experiments.runner import run_test
 from attnaudit.progress import set_quiet
 from attnaudit.training import loop
 from attnaudit.training.loop import Hooks, LoopConfig, Optimiser, Selection, fit

@@ -20,7 +20,7 @@ _API = {
     "predict": ("attnaudit.training.trainer", "predict"),
     "load_run": ("attnaudit.run", "load_run"),
     "load_task": ("attnaudit.data.tasks", "load_task"),
-    "run_test": ("attnaudit.experiments.experiment", "run_test"),
+    "run_test": ("attnaudit.experiments.runner", "run_test"),
     "list_tests": ("attnaudit.experiments.experiment", "discover"),
     "Result": ("attnaudit.experiments.experiment", "Result"),
     "Intervention": ("attnaudit.models.interface", "Intervention"),

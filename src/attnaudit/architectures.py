@@ -335,15 +335,13 @@ def check(model_type: str, seed: int = 0) -> dict[str, Any]:
     eager's; ``intervention``, replacing one middle layer's weights through the adapter against
     replacing them by hand inside eager's softmax; ``restart``, restarting at that layer against the
     full pass; ``rows``, the pass that computes only the explanation rows' weights (SDPA for the outputs,
-    :meth:`~attnaudit.models.hf_model.HFModel.rows_forward`) against the full one, with ``rows_only_layers`` the
+    :meth:`~attnaudit.models.hf.model.HFModel.rows_forward`) against the full one, with ``rows_only_layers`` the
     layers that took that route (None for encoder-decoders); ``logits_only``, the pass read for its logits alone
-    (:meth:`~attnaudit.models.hf_model.HFModel.logits_forward`: the last block's tail at the read rows where
+    (:meth:`~attnaudit.models.hf.model.HFModel.logits_forward`: the last block's tail at the read rows where
     ``read_cut`` names the module cut, else the whole pass) against the full one, logits and input gradients (None
     for encoder-decoders). Also what the dry run found (route, causal, layouts) and which explanation methods apply."""
     from attnaudit.explain import EXPLANATIONS
-    from attnaudit.models.hf_layouts import BlockLayout
-    from attnaudit.models.hf_model import HFModel
-    from attnaudit.models.hf_pass import HFLayer
+    from attnaudit.models.hf import BlockLayout, HFLayer, HFModel
     from attnaudit.models.interface import Intervention
 
     kind = _kind(model_type)
@@ -404,7 +402,7 @@ def _logits_only_difference(model: Any, batch: Any) -> float:
 
 
 def _cut_name(model: Any) -> str | None:
-    """The name of the last block's child that :meth:`~attnaudit.models.hf_model.HFModel.read_cut` cuts at, or None."""
+    """The name of the last block's child that :meth:`~attnaudit.models.hf.model.HFModel.read_cut` cuts at, or None."""
     cut = model.read_cut()
     return None if cut is None else next(name for name, child in cut.block.named_children() if child is cut.module)
 
@@ -414,8 +412,8 @@ def _generation_difference(model: Any, tokenizer: PreTrainedTokenizerFast) -> fl
     passed through the model interface as one decision: the largest difference of a step's distribution (inf when a
     token is not the interface's most probable)."""
     from attnaudit.explain.generation import step_batches
+    from attnaudit.models.hf import forced_decision, next_token_decision
     from attnaudit.models.interface import evaluation
-    from attnaudit.models.zeroshot import forced_decision, next_token_decision
 
     source = list(tokenizer(SENTENCES[0])["input_ids"])
     ids, probs = model.continuation(source, 3)

@@ -14,7 +14,7 @@ applies to it, cheap tests first, and writes
   (:mod:`attnaudit.shards`).
 
 Re-running resumes: a stored result is loaded, not rerun, only when it names the same test
-and its ``meta["fingerprint"]`` (:func:`~attnaudit.experiments.experiment.fingerprint`: options,
+and its ``meta["fingerprint"]`` (:func:`~attnaudit.experiments.runner.fingerprint`: options,
 split, limit, seed, the run's identity and weights, its data files, the package version)
 recomputes to the same hash; any other stored result is recomputed, and the status line and
 ``audit.json`` say why. Every test starts from the same model weights and seed, so a resumed
@@ -35,22 +35,17 @@ from typing import Any
 
 import torch
 
-from attnaudit.data.subsets import check_order
+from attnaudit.data.subsets import check_order, describe
 from attnaudit.errors import AttnAuditError, error_line, os_error_line, spelled, storage_full, unknown
-from attnaudit.experiments.experiment import (
-    Experiment,
-    Result,
-    discover,
-    fingerprint,
-    make_options,
-    run_test,
-)
+from attnaudit.experiments.experiment import Experiment, Result, discover
+from attnaudit.experiments.runner import fingerprint, make_options, run_test
 from attnaudit.explain.registry import Memo, memoised
 from attnaudit.io import atomic_write_json, refuse_inside, remove_stray_tmp, writes_folder
 from attnaudit.options import check_max_length, check_seed, parse_assignment
 from attnaudit.progress import status
 from attnaudit.report import build_report
 from attnaudit.report.explorer import EXPLORE
+from attnaudit.report.paradigms import PARADIGM_TESTS, disagreement, paradigm_rows
 from attnaudit.report.summary import AUDIT, order_tests, summary_rows
 from attnaudit.run import Run
 from attnaudit.shards import Sharded, Source, check_engine, engine_for
@@ -98,24 +93,20 @@ def _load_target(
     hf_options: dict[str, Any] | None = None,
 ) -> Run:
     """The run to audit: given, loaded, a Hugging Face encoder, or trained into ``out/run``."""
-    from attnaudit.run import load_run
+    from attnaudit.resolve import name_model
 
-    if sum(x is not None for x in (run, hf, model)) != 1:
-        raise AttnAuditError("audit needs exactly one of: --run RUN, --hf MODEL --task T, or --task T --model M")
-    if train_options and model is None:
-        raise AttnAuditError(f"training options ({', '.join(sorted(train_options))}) only apply with --task/--model")
-    if run is not None and task:  # as `run TEST RUN --task` refuses it: the task was once silently ignored
-        raise AttnAuditError("--task applies with --hf or --model; a run directory is audited on the task it was trained on")
-    if isinstance(run, Run):
-        return run
-    if run is not None:
-        return load_run(run, device=device, data_dir=data_dir)
-    if hf is not None:
-        from attnaudit.hf import load_hf
-
-        if not task:
+    exactly_one = "audit needs exactly one of: --run RUN, --hf MODEL --task T, or --task T --model M"
+    if model is None:
+        named = name_model(hf, run, exactly_one=exactly_one)  # a run or a Hugging Face model
+        if train_options:
+            raise AttnAuditError(f"training options ({', '.join(sorted(train_options))}) only apply with --task/--model")
+        if run is not None and task:  # as `run TEST RUN --task` refuses it: the task was once silently ignored
+            raise AttnAuditError("--task applies with --hf or --model; a run directory is audited on the task it was trained on")
+        if hf is not None and not task:
             raise AttnAuditError("--hf needs --task (the data to audit on)")
-        return load_hf(hf, task=task, data_dir=data_dir, device=device, **(hf_options or {}))
+        return name_model(source=named, task=task if hf is not None else None, **(hf_options or {})).load(device, data_dir)
+    if run is not None or hf is not None:
+        raise AttnAuditError(exactly_one)
     if not task:
         raise AttnAuditError("--model needs --task (the data to train on)")
     from attnaudit.training.trainer import train
@@ -238,6 +229,22 @@ def _reusable(path: Path, name: str, expected: str) -> tuple[Result | None, str]
     return result, ""
 
 
+def audited_line(target: Run, split: str, limit: int | None, data_dir: str | Path | None, order: str, seed: int) -> str:
+    """What the audit tests, said before the work starts: how many of the split's instances, chosen how, and where
+    the split is a share held out of the user's file, that ``--split all`` audits every row (a model loaded by
+    ``--hf`` was not trained on them)."""
+    full = target.examples(split, None, data_dir=data_dir)
+    chosen = target.examples(split, limit, data_dir=data_dir, seed=seed, order=order)
+    subset = describe(split, full, chosen, limit, order, seed)
+    which = "every split (train, dev and test)" if split == "all" else f"the {split} split"
+    line = f"audited: {which}, {subset['n']} of its {subset['of']} instances ({subset['chosen']})"
+    held_out = split in ("dev", "test") and any("split off" in note and split in note for note in target.data(data_dir).notes)
+    if held_out and target.path is None:
+        total = len(target.examples("all", None, data_dir=data_dir))
+        line += f"; the {split} split is 10 % of the data ({total} instances): --split all audits every one"
+    return line
+
+
 @writes_folder("out")
 def audit(
     out: str | Path,
@@ -323,6 +330,7 @@ def audit(
     target = replace(target, subruns=out / "subruns")  # the audited run directory is only read
     outcome = AuditResult(out=out)
     status(f"auditing {target.family} on {target.task.spec or 'its data'}: {len(order)} test(s) -> {out}")
+    status(audited_line(target, split, limit, data_dir, limit_order, seed))
     source = _source(target, hf, task, data_dir, device, hf_options) if engine == "ray" else None
     with engine_for(engine, source, out / SHARDS, workers, address, shard_size) as compute, memoised(target.model) as memo:
         settings = {"split": split, "limit": limit, "seed": seed, "figures": figures, "data_dir": data_dir,
@@ -331,6 +339,8 @@ def audit(
         outcome.rows = summary_rows(log, outcome.results)
         _write_record(out, target, log, outcome, lost, (heatmap_instances, explore), split=split, limit=limit, seed=seed,
                       data_dir=data_dir, limit_order=limit_order)
+    if any(name in outcome.results for name in PARADIGM_TESTS):  # the report's side-by-side view, in one line
+        status(disagreement(paradigm_rows(outcome.results)))
     status(f"report: [bold]{outcome.report}[/]" + (f"; [red]{len(outcome.failed)} test(s) failed[/]" if outcome.failed else ""))
     return outcome
 
@@ -421,6 +431,8 @@ def _write_record(
         "task": target.task.spec,
         "hf": target.info.get("source") if target.family == "hf" else None,
         "architecture": target.config.extra.get("hf_type") or target.family,  # llama, bert, ...; bilstm, transformer
+        "kind": getattr(target.model, "kind", None),  # a Hugging Face model's: encoder, decoder or encoder-decoder
+        "zero_shot": bool(target.config.extra.get("zero_shot")),  # a decoder classifying by prompt and verbalizer
         **{key: target.info[key] for key in ("max_length", "dtype", "device_map") if key in target.info},  # how it was loaded
         "split": split,
         "limit": limit,

@@ -144,7 +144,14 @@ def seeds(values: Any) -> None:
         check_seed(seed, "--seeds")
 
 
+def histogram_bins(bins: int, option: str = "--bins") -> None:
+    """A histogram's ``bins``: its edges and counts, two float64 arrays of about ``bins`` each (sanity's eMPRT entropy)."""
+    if isinstance(bins, int) and not isinstance(bins, bool) and bins > 0:
+        check_memory(option, bins, 16.0 * (bins + 1), "a histogram's edges and counts", "give fewer bins (Quantus' default is 100)")
+
+
 TEST_OPTIONS: dict[str, Callable[[dict[str, Any]], None]] = {
+    "bins": lambda values: histogram_bins(values["bins"]),  # an int (sanity's); faithfulness' bins are a list of percents
     "adversaries": lambda values: adversaries(values["adversaries"], int(values.get("batch_size") or 1)),
     "ig_steps": lambda values: ig_steps(values["ig_steps"], "--ig-steps"),
     "seeds": lambda values: seeds(values["seeds"]),

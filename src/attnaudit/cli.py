@@ -104,7 +104,10 @@ def train(
     hidden_dim: Annotated[int | None, typer.Option(help="RNN/CNN hidden size.")] = None,
     embed_dim: Annotated[int | None, typer.Option(help="Word embedding size.")] = None,
     preset: Annotated[
-        str | None, typer.Option(help="Named option set: jain-wallace (Jain & Wallace 2019's protocol); explicit options override it.")
+        str | None, typer.Option(
+            help="Named option set: jain-wallace (Jain & Wallace 2019's protocol), madsen2022-sst / madsen2022-babi "
+            "(Madsen et al. 2022's Recursive-ROAR BiLSTM protocol); explicit options override it."
+        )
     ] = None,
     epochs: Annotated[int | None, typer.Option(help="Maximum epochs (early stopping on dev).")] = None,
     batch_size: Annotated[int | None, typer.Option(help="Batch size.")] = None,
@@ -203,7 +206,7 @@ def train(
 @app.command()
 def evaluate(
     run: Annotated[Path, typer.Argument(help="Run directory.")],
-    split: Annotated[str, typer.Option(help="train, dev or test.")] = "test",
+    split: Annotated[str, typer.Option(help="train, dev, test or all.")] = "test",
     data_dir: DataDir = None,
     device: Device = "auto",
     quiet: Quiet = False,
@@ -285,8 +288,20 @@ def tests(
     from attnaudit.experiments.experiment import applicability
 
     target = _load_model(hf, run, task, prompt, verbalizer, data_dir, device)
-    for name, reason in applicability(target).items():
-        print(f"{name}: runs" if reason is None else f"{name}: does not apply: {reason}")
+    for line in applicability_lines(applicability(target)):
+        print(line)
+
+
+def applicability_lines(reasons: dict[str, str | None]) -> list[str]:
+    """The tests that run on one line, then one line per reason naming the tests it stops (each reason said once)."""
+    runs = [name for name, reason in reasons.items() if reason is None]
+    grouped: dict[str, list[str]] = {}
+    for name, reason in reasons.items():
+        if reason is not None:
+            grouped.setdefault(reason, []).append(name)
+    lines = [f"runs ({len(runs)}): {', '.join(runs) or 'none'}"]
+    lines += [f"does not apply ({len(names)}: {', '.join(names)}): {reason}" for reason, names in grouped.items()]
+    return lines
 
 
 def _load_model(
@@ -294,18 +309,9 @@ def _load_model(
     data_dir: Path | None, device: str,
 ) -> Any:
     """The Run named by exactly one of ``--hf`` and ``--run`` (a one-line error otherwise)."""
-    if (hf is None) == (run is None):
-        raise AttnAuditError("give exactly one of --hf MODEL and --run RUN")
-    if run is not None:
-        if task or prompt or verbalizer:
-            raise AttnAuditError("--task/--prompt/--verbalizer apply with --hf only")
-        from attnaudit.run import load_run
+    from attnaudit.resolve import load_model
 
-        return load_run(run, device=device, data_dir=data_dir)
-    from attnaudit.hf import load_hf
-
-    assert hf is not None  # exactly one of hf and run is given (checked above)
-    return load_hf(hf, task=task, data_dir=data_dir, device=device, prompt=prompt, verbalizer=verbalizer)
+    return load_model(hf, run, device=device, data_dir=data_dir, task=task or None, prompt=prompt or None, verbalizer=verbalizer or None)
 
 
 @app.command()
@@ -380,14 +386,14 @@ def explain(
     """  # noqa: E501 (example commands stay on one line)
     from attnaudit.explain.generation import Generated
     from attnaudit.explain.text import decision_line, explain_text
+    from attnaudit.resolve import name_model
 
     set_quiet(quiet)
-    if (hf is None) == (run is None):
-        raise AttnAuditError("give exactly one of --hf MODEL and --run RUN")
-    if run is not None and (prompt or verbalizer):
-        raise AttnAuditError("--prompt/--verbalizer apply with --hf only")
+    named = name_model(hf, run, prompt=prompt or None, verbalizer=verbalizer or None)
+    if named.run is not None:
+        _run_dir(run)
     result = explain_text(
-        hf if hf is not None else _run_dir(run), text.replace("\\n", "\n"), _names(method), out, prompt=prompt, verbalizer=verbalizer,
+        named, text.replace("\\n", "\n"), _names(method), out, prompt=prompt, verbalizer=verbalizer,
         max_length=max_length, seed=seed, steps=steps, device=device, data_dir=data_dir, dtype=dtype, target=target,
         device_map=device_map, max_memory=max_memory,
         generate=generate, contrast=contrast, sample=sample, aggregate=aggregate,
@@ -483,6 +489,8 @@ def finetune(
     limit: Annotated[int | None, typer.Option(help="Train on a seeded random sample of N training examples.")] = None,
     max_len: Annotated[int | None, typer.Option(help="Truncate inputs to N wordpieces.")] = None,
     train_layers: Annotated[int | None, typer.Option(help="Train only the head and the last N layers (default: all parameters).")] = None,
+    masking: Annotated[bool, typer.Option(help="Masked fine-tuning (Madsen et al. 2024): half of each batch masked at a ratio drawn "
+                                          "from U[0, 1), so that erased inputs are in distribution (needs a mask token).")] = False,
     seed: Annotated[int, typer.Option(**SEED_RANGE, help="Random seed (head initialisation, sampling, shuffling, dropout).")] = 0,
     data_dir: DataDir = None,
     device: Device = "auto",
@@ -495,13 +503,15 @@ def finetune(
     attnaudit finetune --task sst2 --out runs/minilm-sst2 --limit 2000 --data-dir ../shared/data
 
     attnaudit finetune --hf smollm2 --task sst2 --out runs/smollm2-sst2 --limit 200 --train-layers 2 --lr 3e-4 --max-len 64 --data-dir ../shared/data
+
+    attnaudit finetune --task sst2 --out runs/minilm-sst2-masked --limit 2000 --masking --data-dir ../shared/data
     """  # noqa: E501 (the --help summary line and example commands stay unwrapped)
     from attnaudit.training.finetune import finetune as finetune_fn
 
     set_quiet(quiet)
     run = finetune_fn(
         task, out, hf=hf, epochs=epochs, lr=lr, batch_size=batch_size, limit=limit, seed=seed,
-        data_dir=data_dir, device=device, max_len=max_len, train_layers=train_layers,
+        data_dir=data_dir, device=device, max_len=max_len, train_layers=train_layers, masking=masking,
     )
     out_console.print(f"run written to [bold]{run.path}[/]")
 
@@ -518,7 +528,7 @@ def audit(
     set_: Annotated[
         list[str] | None, typer.Option("--set", help="Test option TEST.OPTION=VALUE, e.g. permutation.permutations=20 (repeatable).")
     ] = None,
-    split: Annotated[str, typer.Option(help="Split to test on.")] = "test",
+    split: Annotated[str, typer.Option(help="Split to test on: train, dev, test or all (every instance: for a model not trained on them).")] = "test",
     limit: Annotated[int | None, typer.Option(help="Test N instances of the split: a seeded sample stratified by label (see --limit-order).")] = None,
     limit_order: LimitOrder = "stratified",
     heatmaps: Annotated[int, typer.Option(help="Most and least faithful instances shown as heatmaps (each).")] = 3,
@@ -733,14 +743,14 @@ def _make_run_command(name: str, experiment: Any) -> None:
             else:
                 kwargs[key] = parse_text(kwargs[key], annotation, "--" + key.replace("_", "-"))
         if hf:
-            from attnaudit.hf import load_hf
+            from attnaudit.resolve import load_model
 
             own = get_experiment(name).own_inputs
             if not task and not (own and kwargs.get(own)):
                 raise AttnAuditError("--hf needs --task (the data to run the test on)" + (f" or --{own.replace('_', '-')}" if own else ""))
             if not common["out"]:
                 raise AttnAuditError("--hf needs --out (where to write results)")
-            target: Any = load_hf(hf, task=task, data_dir=common["data_dir"], device=common["device"], **zero_shot)
+            target: Any = load_model(hf, device=common["device"], data_dir=common["data_dir"], task=task, **zero_shot)
         elif run_dir is None:
             raise AttnAuditError("give a run directory, or --hf MODEL --task T --out DIR")
         elif task:
@@ -756,7 +766,7 @@ def _make_run_command(name: str, experiment: Any) -> None:
         inspect.Parameter("run_dir", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None,
                           annotation=Annotated[Path | None, typer.Argument(help="Run directory (from `attnaudit train`).")]),
         inspect.Parameter("split", inspect.Parameter.KEYWORD_ONLY, default="test",
-                          annotation=Annotated[str, typer.Option(help="Split to test on.")]),
+                          annotation=Annotated[str, typer.Option(help="Split to test on: train, dev, test or all.")]),
         inspect.Parameter("limit", inspect.Parameter.KEYWORD_ONLY, default=None,
                           annotation=Annotated[
                               int | None, typer.Option(help="Test N instances of the split: a seeded sample stratified by label (see --limit-order).")

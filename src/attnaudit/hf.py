@@ -1,7 +1,7 @@
 """Hugging Face models as attnaudit runs: build, load and save an encoder, a decoder-only model or an encoder-decoder.
 
-One adapter serves every architecture (:class:`~attnaudit.models.hf_model.HFModel`, loaded by
-:func:`~attnaudit.models.hf_loading.build_hf_model`); this module wraps it in a
+One adapter serves every architecture (:class:`~attnaudit.models.hf.model.HFModel`, loaded by
+:func:`~attnaudit.models.hf.loading.build_hf_model`); this module wraps it in a
 :class:`~attnaudit.run.Run` with the right batches; ``load_run`` reaches :func:`load_hf_run` for
 runs of kind ``hf``.
 """
@@ -16,17 +16,20 @@ import torch
 
 from attnaudit.data.types import TaskData
 from attnaudit.errors import AttnAuditError, InputError
-from attnaudit.models import zeroshot
-from attnaudit.models.hf_batches import HFCollator
-from attnaudit.models.hf_batches import collator as seq2seq_collator
-from attnaudit.models.hf_loading import (
+from attnaudit.models.hf import (
     DTYPES,
     HF_DIR,
-    _quiet_transformers,
+    HFCollator,
+    HFModel,
+    ZeroShotCollator,
     build_hf_model,
+    derive_zero_shot,
+    make_zero_shot,
+    quiet_transformers,
+    resolve_zero_shot,
+    seq2seq_collator,
 )
-from attnaudit.models.hf_model import HFModel
-from attnaudit.options import check_dtype, check_max_length, parse_device_map, parse_max_memory
+from attnaudit.options import check_devices, check_dtype, check_max_length, parse_device_map, parse_max_memory
 from attnaudit.pretrained import resolve_source
 from attnaudit.run import Run, TaskSpec, absolute_dir, read_config, write_config
 
@@ -49,7 +52,7 @@ def _make_run(
     if model.kind == "encoder-decoder":
         collate: Any = seq2seq_collator(model)
     elif zero_shot:
-        collate = zeroshot.ZeroShotCollator(zero_shot["prompt"], model.tokenizer, spec.labels, model.config.max_len)
+        collate = ZeroShotCollator(zero_shot["prompt"], model.tokenizer, spec.labels, model.config.max_len)
     else:
         collate = HFCollator(model.tokenizer, spec.labels, spec.task_type, model.config.max_len, model.uses_token_types)
     return Run(model=model, collate=collate, task=spec, path=path, device=dev, info=info, _data=data)
@@ -66,11 +69,12 @@ def _placement(device_map: str | dict[str, str | int] | None, max_memory: str | 
     import shutil
     import tempfile
 
+    memory = parse_max_memory(max_memory) if isinstance(max_memory, str) else max_memory
+    mapping = parse_device_map(device_map) if isinstance(device_map, str) else device_map
+    check_devices(mapping, memory)
     folder = tempfile.mkdtemp(prefix="attnaudit-offload-")
     atexit.register(shutil.rmtree, folder, ignore_errors=True)
-    memory = parse_max_memory(max_memory) if isinstance(max_memory, str) else max_memory
-    placement: dict[str, Any] = {"device_map": parse_device_map(device_map) if isinstance(device_map, str) else device_map,
-                                 "offload_folder": folder}
+    placement: dict[str, Any] = {"device_map": mapping, "offload_folder": folder}
     if memory:
         placement["max_memory"] = memory
     return placement
@@ -97,8 +101,8 @@ def load_hf(
     ``num_labels`` adds a fresh head to a headless checkpoint (what fine-tuning starts from).
     A causal LM without a head classifies zero-shot with ``prompt`` (containing ``{text}``) and
     ``verbalizer`` (label -> word, or ``'positive=" positive",negative=" negative"'``), or the
-    named task's defaults (:mod:`attnaudit.models.zeroshot`); then it has a prediction.
-    ``dtype``: a decoder's parameter dtype (:data:`attnaudit.models.hf_loading.DTYPES`, or its
+    named task's defaults (:mod:`attnaudit.models.hf.zeroshot`); then it has a prediction.
+    ``dtype``: a decoder's parameter dtype (:data:`attnaudit.models.hf.loading.DTYPES`, or its
     name as ``--dtype`` gives it). ``max_length`` (``--max-length``): keep at most that many
     tokens of each text (the collator's ``max_text``; special tokens and a prompt's template stay).
     An encoder-decoder (Marian, BART, T5; e.g. ``Helsinki-NLP/opus-mt-de-en``) runs on seq2seq
@@ -132,13 +136,13 @@ def load_hf(
     model = build_hf_model(source, spec.task_type, num_labels, dtype=dtype, placement=placement)
     _check_task(model, spec, task is None, source)
     if model.kind == "decoder" and num_labels is None:
-        chosen = zeroshot.resolve(spec.spec if isinstance(task, str) else None, prompt, verbalizer)
+        chosen = resolve_zero_shot(spec.spec if isinstance(task, str) else None, prompt, verbalizer)
         derived = chosen is None and len(spec.labels) >= 2 and spec.task_type == "classification"
         if derived and model.config.extra.get("output") == "next_token":  # any labelled data: ask by the label names
-            chosen = zeroshot.derive(spec.labels, model.tokenizer)
+            chosen = derive_zero_shot(spec.labels, model.tokenizer)
         if chosen is not None and model.config.extra.get("output") == "next_token":
             spec.labels = spec.labels or list(chosen[1])
-            zeroshot.make_zero_shot(model, chosen[0], chosen[1], spec.labels, derived=derived)
+            make_zero_shot(model, chosen[0], chosen[1], spec.labels, derived=derived)
         elif prompt is not None or verbalizer is not None:
             raise AttnAuditError(f"--prompt/--verbalizer need a causal language model without a classification head; {source} is not one")
     elif prompt is not None or verbalizer is not None:
@@ -187,7 +191,7 @@ def save_hf_run(run: Run, out: str | Path, extra: dict[str, Any] | None = None) 
         raise AttnAuditError(f"save_hf_run saves Hugging Face runs, not {run.family}")
     tmp = out / f".{HF_DIR}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    with _quiet_transformers():
+    with quiet_transformers():
         model.hf.config.id2label = dict(enumerate(run.labels)) if run.labels else model.hf.config.id2label
         model.hf.config.label2id = {v: k for k, v in model.hf.config.id2label.items()}
         model.hf.save_pretrained(tmp, safe_serialization=True)
@@ -219,13 +223,16 @@ def load_hf_run(path: str | Path, device: str | None = "auto", data_dir: str | P
         trained = bool(raw["model"].get("extra", {}).get("trained_head", True))
     except (TypeError, AttributeError) as exc:
         raise InputError(path / "config.json", f"malformed Hugging Face run config: {exc}") from None
-    model_dir = path / str(raw.get("hf", {}).get("dir", HF_DIR))
+    given = str(raw.get("hf", {}).get("dir", HF_DIR))
+    model_dir = path / given
+    if not model_dir.resolve().is_relative_to(path.resolve()):  # a run reads nothing outside its own folder
+        raise InputError(path / "config.json", f"hf.dir {given!r} leads outside the run folder; it names a folder inside it ({HF_DIR!r})")
     if not (model_dir / "config.json").exists():
         raise InputError(model_dir, "Hugging Face model directory missing from the run")
     model = build_hf_model(str(model_dir), spec.task_type, trained_head=trained)
     zero_shot = raw["model"].get("extra", {}).get("zero_shot")
     if model.kind == "decoder" and isinstance(zero_shot, dict):
-        zeroshot.make_zero_shot(model, str(zero_shot.get("prompt", "")), dict(zero_shot.get("verbalizer", {})), spec.labels)
+        make_zero_shot(model, str(zero_shot.get("prompt", "")), dict(zero_shot.get("verbalizer", {})), spec.labels)
     if data_dir is not None:
         spec.data_dir = absolute_dir(data_dir)
     info = {**raw, "source": str(model_dir), "trained_head": trained}

@@ -223,6 +223,32 @@ def parse_max_memory(value: str, where: str = "--max-memory") -> dict[str | int,
     return out
 
 
+def check_devices(device_map: str | dict[str, str | int], max_memory: dict[str | int, str] | None) -> None:
+    """Every device a ``--device-map`` or ``--max-memory`` names exists on this machine (``cpu``, ``disk``, a GPU
+    index or ``cuda:N`` below the GPUs present, ``mps`` where present): one line before any model is loaded."""
+    import torch
+
+    gpus = torch.cuda.device_count()
+    mps = bool(getattr(torch.backends, "mps", None) and torch.backends.mps.is_available())
+    known = ["cpu", "disk", *(["mps"] if mps else []), *([f"cuda:0 ... cuda:{gpus - 1} (or 0 ... {gpus - 1})"] if gpus else [])]
+
+    def exists(device: object) -> bool:
+        if isinstance(device, int) and not isinstance(device, bool):
+            return 0 <= device < gpus
+        name = str(device).strip()
+        if name in ("cpu", "disk") or (name == "mps" and mps):
+            return True
+        index = name.removeprefix("cuda").removeprefix(":")
+        return name.startswith("cuda") and (index == "" and gpus > 0 or index.isdigit() and int(index) < gpus)
+
+    named = [("--device-map", f"module {module!r}", device) for module, device in (device_map.items() if isinstance(device_map, dict) else [])]
+    named += [("--max-memory", "budget", device) for device in (max_memory or {})]
+    for option, what, device in named:
+        if not exists(device):
+            present = f"{gpus} GPU(s)" if gpus else "no GPU"
+            raise AttnAuditError(f"{option}: {what} names device {device!r}, which this machine does not have ({present}); use {', '.join(known)}")
+
+
 def check_max_length(value: int | None, where: str = "--max-length") -> int | None:
     """A ``--max-length`` (tokens of text kept): None or a positive integer."""
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):

@@ -31,7 +31,8 @@ import torch
 from attnaudit import bounds
 from attnaudit.data.types import Example
 from attnaudit.errors import AttnAuditError, error_line
-from attnaudit.experiments.experiment import Experiment, Result, get_experiment, make_options
+from attnaudit.experiments.experiment import Experiment, Result, get_experiment
+from attnaudit.experiments.runner import make_options
 from attnaudit.io import atomic_write_text, read_json
 from attnaudit.progress import status
 from attnaudit.run import Run
@@ -69,14 +70,10 @@ class Source:
 
     def load(self) -> Run:
         """The run, loaded as the audit's driver loaded it."""
-        if self.hf is not None:
-            from attnaudit.hf import load_hf
+        from attnaudit.resolve import load_model
 
-            run = load_hf(self.hf, task=self.task, data_dir=self.data_dir, device=self.device, **self.hf_options)
-        else:
-            from attnaudit.run import load_run
-
-            run = load_run(str(self.run), device=self.device, data_dir=self.data_dir)
+        hf_options = {"task": self.task, **self.hf_options} if self.hf is not None else {}
+        run = load_model(self.hf, self.run, device=self.device, data_dir=self.data_dir, **hf_options)
         return replace(run, subruns=Path(self.subruns))
 
 
@@ -196,7 +193,7 @@ class RayWorkers:
 @dataclass
 class Sharded:
     """Computes a test's result through ``executor``: shardable tests in checkpointed shards under
-    ``folder``/<test>, the others whole (:class:`~attnaudit.experiments.experiment.Compute`)."""
+    ``folder``/<test>, the others whole (:class:`~attnaudit.experiments.runner.Compute`)."""
 
     folder: Path
     executor: Executor
@@ -300,7 +297,30 @@ def check_engine(engine: str, workers: int | None, address: str | None) -> None:
     if engine != "ray" and (workers is not None or address):
         raise AttnAuditError("--workers and --address are for --engine ray")
     if engine == "ray":
+        if address:
+            check_address(address)
         import_ray()
+
+
+PROBE_SECONDS = 3.0
+"""How long :func:`check_address` waits for a Ray head to accept a connection."""
+
+
+def check_address(address: str) -> None:
+    """A Ray ``--address`` (``host:port``, ``ray://host:port`` or ``auto``) parsed, and its host asked for a
+    connection for at most :data:`PROBE_SECONDS`, before any work: one line, not Ray's retries and logs."""
+    import socket
+
+    if address == "auto":
+        return
+    host, colon, port = address.removeprefix("ray://").rpartition(":")
+    if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise AttnAuditError(f"--address {address!r} is not host:port (e.g. 127.0.0.1:6379), ray://host:port or auto")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=PROBE_SECONDS).close()
+    except OSError as exc:
+        raise AttnAuditError(f"--address {address}: no Ray cluster answers there ({exc.strerror or exc}); "
+                             "start one (ray start --head) or leave --address out for a local Ray") from None
 
 
 @contextmanager

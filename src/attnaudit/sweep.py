@@ -42,7 +42,7 @@ from attnaudit.io import (
 )
 from attnaudit.options import SEED_MAX, check_dtype, check_max_length, check_value, conforms, type_name
 from attnaudit.progress import status, track
-from attnaudit.shards import ENGINES, ray_session
+from attnaudit.shards import ENGINES, check_address, ray_session
 from attnaudit.study import write_study
 
 JOB_FILE = "job.json"
@@ -254,7 +254,7 @@ def _hf_entry(reader: _Reader, node: yaml.Node, entry: dict[str, Any]) -> dict[s
 
 def _checked_hf_item(key: str, value: Any) -> Any:
     """``value`` as the audit would read it; an ``AttnAuditError`` when it would refuse it."""
-    from attnaudit.models.zeroshot import parse_verbalizer
+    from attnaudit.models.hf import parse_verbalizer
     from attnaudit.pretrained import resolve_source
 
     if key == "hf":
@@ -301,8 +301,8 @@ def _audit_section(reader: _Reader, node: yaml.Node, config: SweepConfig) -> Non
         config.skip = _test_list(reader, section["skip"][1], "audit.skip", registry)
     if "split" in section:
         split = reader.value(section["split"][1])
-        if split not in ("train", "dev", "test"):
-            reader.fail(section["split"][1], f"audit.split: expected train, dev or test, got {split!r}")
+        if split not in ("train", "dev", "test", "all"):
+            reader.fail(section["split"][1], f"audit.split: expected train, dev, test or all, got {split!r}")
         config.split = split
     if "limit" in section:
         limit = reader.value(section["limit"][1])
@@ -556,11 +556,32 @@ def _crashed(job: Job, exc: BaseException) -> dict[str, Any]:
 
 
 def _init_worker() -> None:
-    """Process-pool initialiser: one thread per worker (the pool is the parallelism)."""
+    """Process-pool initialiser: one thread per worker (the pool is the parallelism); Ctrl-C, which the terminal sends
+    to every process of the sweep, is the parent's to handle (it stops the workers): no worker prints a traceback."""
+    import signal
+
     import torch
 
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
+
+
+STOP_SECONDS = 5.0
+"""How long an interrupted sweep waits for a terminated worker to exit before killing it."""
+
+
+def _stop_pool(pool: Any) -> None:
+    """Cancel the queued jobs and end the running ones now (their folders resume on the next run). The executor has no
+    public way to end running workers (``shutdown`` waits for them), hence its ``_processes``."""
+    processes = list((getattr(pool, "_processes", None) or {}).values())
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in processes:
+        process.terminate()
+    for process in processes:
+        process.join(STOP_SECONDS)
+        if process.is_alive():
+            process.kill()
 
 
 def _run_local(jobs: list[Job], workers: int) -> Iterator[dict[str, Any]]:
@@ -569,13 +590,18 @@ def _run_local(jobs: list[Job], workers: int) -> Iterator[dict[str, Any]]:
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
     context = multiprocessing.get_context("spawn")  # fork would copy torch's thread pools and locks
-    with ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_init_worker) as pool:
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_init_worker)
+    try:
         futures = {pool.submit(run_job, job): job for job in jobs}
         for future in as_completed(futures):
             try:
                 yield future.result()
             except Exception as exc:  # BrokenProcessPool and the like: the job's worker died
                 yield _crashed(futures[future], exc)
+    except BaseException:  # Ctrl-C (KeyboardInterrupt), or the caller stopped reading: end the workers, do not wait
+        _stop_pool(pool)
+        raise
+    pool.shutdown(wait=True)
 
 
 def _run_ray(jobs: list[Job], address: str | None, workers: int | None) -> Iterator[dict[str, Any]]:
@@ -661,6 +687,8 @@ def sweep(
         bounds.workers(workers)
     if address and engine != "ray":
         raise AttnAuditError("--address is for --engine ray")
+    if address:
+        check_address(address)
     settings = config if isinstance(config, SweepConfig) else load_config(config)
     folder = out or settings.out
     if not folder:

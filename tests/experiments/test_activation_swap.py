@@ -7,15 +7,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from attnaudit.algorithms.metrics import row_mean
 from attnaudit.errors import AttnAuditError
 from attnaudit.experiments.activation_swap import ActivationSwap, zero_fraction
-from attnaudit.experiments.common import (
-    ATTENTION_TABLE,
-    row_mean,
-    self_attention_classifier_reason,
-    transformer_classifier_reason,
-)
-from attnaudit.experiments.experiment import make_options, run_test
+from attnaudit.experiments.common.applies import self_attention_classifier_reason, transformer_classifier_reason
+from attnaudit.experiments.common.rows import ATTENTION_TABLE
+from attnaudit.experiments.runner import make_options, run_test
 from attnaudit.models import ModelConfig, build_model
 from attnaudit.models.interface import AttentionLayer, AttentionTrace
 from attnaudit.run import Run, TaskSpec

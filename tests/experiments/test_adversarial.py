@@ -24,8 +24,10 @@ from attnaudit.experiments.attention_search import (
     pairwise_divergence,
     search_batch,
 )
-from attnaudit.experiments.common import resolve_layers, seeded_generator
-from attnaudit.experiments.experiment import Result, run_test
+from attnaudit.experiments.common.applies import resolve_layers
+from attnaudit.experiments.common.seeding import seeded_generator
+from attnaudit.experiments.experiment import Result
+from attnaudit.experiments.runner import run_test
 from attnaudit.progress import set_quiet
 from attnaudit.run import Run
 

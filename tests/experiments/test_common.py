@@ -12,24 +12,22 @@ import numpy as np
 import pytest
 import torch
 
+from attnaudit.algorithms.metrics import row_mean
 from attnaudit.data.types import Example
 from attnaudit.errors import AttnAuditError
 from attnaudit.experiments import common
-from attnaudit.experiments.common import (
-    Explained,
-    instance_rows,
-    max_attention,
-    plot_histogram,
+from attnaudit.experiments.common import passes
+from attnaudit.experiments.common.applies import (
     resolve_layers,
-    row_mean,
-    seeded_generator,
     self_attention_classifier_reason,
     single_attention_reason,
-    spearman_rho,
-    take_rows,
     transformer_classifier_reason,
-    weighted_mean,
 )
+from attnaudit.experiments.common.measures import max_attention, spearman_rho, weighted_mean
+from attnaudit.experiments.common.passes import Explained, base_pass, prepare, take_rows
+from attnaudit.experiments.common.plots import plot_histogram
+from attnaudit.experiments.common.rows import instance_rows
+from attnaudit.experiments.common.seeding import seeded_generator
 from attnaudit.experiments.experiment import discover
 from attnaudit.models.interface import Cache
 
@@ -155,7 +153,7 @@ def test_plot_histogram_writes_png_and_svg(tmp_path: Path) -> None:
 
 def test_discovery_imports_common_without_registering_a_test() -> None:
     registry = discover()
-    assert registry and all(cls.__module__ != common.__name__ for cls in registry.values())
+    assert registry and all(not cls.__module__.startswith(common.__name__) for cls in registry.values())
     assert {"permutation", "adversarial", "shuffle", "seeds"} <= set(registry)
 
 
@@ -169,9 +167,9 @@ def test_encoder_last_layer_interventions_change_the_cls_row_only(tiny_hf: Simpl
     examples = run.data().test[:4]
     batch = run.collate(examples)
     last = run.model.num_attention_layers - 1
-    explained = common.prepare(run.model, batch, [last])
+    explained = prepare(run.model, batch, [last])
     assert explained.query_rows.tolist() == [[j == 0 for j in range(batch.mask.shape[1])]] * 4
-    earlier = common.prepare(run.model, batch, [0])
+    earlier = prepare(run.model, batch, [0])
     assert torch.equal(earlier.query_rows, batch.mask.bool())
     ours = permute_batch(run.model, batch, [last], 5, seed=0, indices=range(4))
     np.testing.assert_allclose(ours.changes.numpy(), permutation_loop(run, examples, [last], 5, seed=0), atol=1e-5)
@@ -184,15 +182,15 @@ def test_the_prepared_pass_is_shared_within_an_audit_only(tiny_attention_run: An
 
     run = tiny_attention_run("transformer")
     batch = run.collate(run.examples("test", 4))
-    layers = common.resolve_layers(run.model, "explained")
-    assert common.prepare(run.model, batch, layers) is not common.prepare(run.model, batch, layers)
+    layers = resolve_layers(run.model, "explained")
+    assert prepare(run.model, batch, layers) is not prepare(run.model, batch, layers)
     with memoised(run.model):
-        first = common.prepare(run.model, batch, layers)
-        assert common.prepare(run.model, batch, layers) is first
-        assert common.prepare(run.model, batch, [0]) is not first
+        first = prepare(run.model, batch, layers)
+        assert prepare(run.model, batch, layers) is first
+        assert prepare(run.model, batch, [0]) is not first
         other = run.collate([copy.copy(e) for e in run.examples("test", 4)])  # new example objects: another batch
-        assert common.prepare(run.model, other, layers) is not first
-    fresh = common.prepare(run.model, batch, layers)
+        assert prepare(run.model, other, layers) is not first
+    fresh = prepare(run.model, batch, layers)
     torch.testing.assert_close(fresh.probs, first.probs, rtol=0, atol=0)
 
 
@@ -209,8 +207,8 @@ def test_the_base_pass_keeps_weights_and_the_explained_record_within_a_budget(
     with torch.no_grad():
         full = model(batch)
     with memoised(model) as memo:
-        shared = common.base_pass(model, batch)
-        assert common.base_pass(model, batch) is shared and memo.held == shared.trace.nbytes + shared.logits.numel() * 4
+        shared = base_pass(model, batch)
+        assert base_pass(model, batch) is shared and memo.held == shared.trace.nbytes + shared.logits.numel() * 4
         assert torch.equal(shared.logits, full.logits)
         explained = model.explained_layer % len(full.trace)
         for index, (mine, whole) in enumerate(zip(shared.trace, full.trace)):
@@ -220,7 +218,7 @@ def test_the_base_pass_keeps_weights_and_the_explained_record_within_a_budget(
             else:
                 assert mine.keys is None and mine.values is None and mine.inputs.numel() == 0
         assert shared.trace.nbytes < full.trace.nbytes
-    monkeypatch.setattr(common, "BASE_PASS_BUDGET", 0)
+    monkeypatch.setattr(passes, "BASE_PASS_BUDGET", 0)
     with memoised(model) as memo:
-        first = common.base_pass(model, batch)
-        assert common.base_pass(model, batch) is not first and len(memo) == 0 and memo.held == 0
+        first = base_pass(model, batch)
+        assert base_pass(model, batch) is not first and len(memo) == 0 and memo.held == 0

@@ -21,7 +21,9 @@ from attnaudit.data.types import Example
 from attnaudit.experiments import run_test
 from attnaudit.experiments.adversarial import adversarial_loop
 from attnaudit.experiments.attention_search import Search, search_batch
-from attnaudit.experiments.common import prepare, resolve_layers, seeded_generator
+from attnaudit.experiments.common.applies import resolve_layers
+from attnaudit.experiments.common.passes import prepare
+from attnaudit.experiments.common.seeding import seeded_generator
 from attnaudit.experiments.erasure import decode_erased, erase_items
 from attnaudit.experiments.erasure import prepare as erasure_prepare
 from attnaudit.experiments.experiment import get_experiment
@@ -29,11 +31,11 @@ from attnaudit.experiments.norms import position_shares
 from attnaudit.experiments.permutation import permutation_loop, permute_batch
 from attnaudit.experiments.shuffle import permute_rows
 from attnaudit.explain import item_mask, list_explanations
-from attnaudit.explain.attention import attention_importance
-from attnaudit.explain.attention_norms import layer_norms
+from attnaudit.explain.helpers.norms import layer_norms
+from attnaudit.explain.methods.attention import attention_importance
 from attnaudit.hf import load_hf
+from attnaudit.models.hf import ZeroShotCollator, text_items
 from attnaudit.models.interface import AttentionLayer, Intervention
-from attnaudit.models.zeroshot import ZeroShotCollator, text_items
 from attnaudit.run import Run
 from tests.models.test_hf_decoder import save_llama_lm
 

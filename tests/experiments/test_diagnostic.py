@@ -10,7 +10,8 @@ import torch
 
 from attnaudit.data.synthetic import synthetic_task
 from attnaudit.experiments.diagnostic import GUIDED_ENCODER
-from attnaudit.experiments.experiment import get_experiment, run_test
+from attnaudit.experiments.experiment import get_experiment
+from attnaudit.experiments.runner import run_test
 from attnaudit.models import ModelConfig, build_model
 from attnaudit.models.rnn import AverageEncoder
 from attnaudit.progress import set_quiet

@@ -27,7 +27,8 @@ from attnaudit.experiments.erasure import (
     random_other,
     stacked_flip_steps,
 )
-from attnaudit.experiments.experiment import Result, get_experiment, run_test
+from attnaudit.experiments.experiment import Result, get_experiment
+from attnaudit.experiments.runner import run_test
 from attnaudit.models import ModelConfig, build_model
 from attnaudit.run import Run, TaskSpec
 from attnaudit.training.trainer import train

@@ -9,7 +9,8 @@ import pandas as pd
 import pytest
 
 from attnaudit.errors import AttnAuditError, InputError
-from attnaudit.experiments.experiment import EXPERIMENTS, Experiment, Result, discover, make_options, register, summarise
+from attnaudit.experiments.experiment import EXPERIMENTS, Experiment, Result, discover, register, summarise
+from attnaudit.experiments.runner import make_options
 
 
 def test_result_save_load_and_frames(tmp_path: Path) -> None:

@@ -13,7 +13,8 @@ import torch
 
 from attnaudit.errors import AttnAuditError
 from attnaudit.experiments.eraser_metrics import describe
-from attnaudit.experiments.experiment import Result, run_test
+from attnaudit.experiments.experiment import Result
+from attnaudit.experiments.runner import run_test
 from attnaudit.explain import EXPLANATIONS, Explanation, item_mask, list_explanations, register, unregister
 from tests.reliability.helpers import assert_clean_failure, cli
 

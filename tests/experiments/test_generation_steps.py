@@ -11,12 +11,12 @@ import torch
 
 from attnaudit.errors import AttnAuditError
 from attnaudit.experiments.attention_search import Search, search_batch
-from attnaudit.experiments.experiment import run_test
 from attnaudit.experiments.generation_steps import Steps, erase_until_change, eraser, generating_rows, replace_rows
+from attnaudit.experiments.runner import run_test
 from attnaudit.explain import get_explanation
 from attnaudit.hf import load_hf
+from attnaudit.models.hf import next_token_decision
 from attnaudit.models.interface import Intervention, evaluation
-from attnaudit.models.zeroshot import next_token_decision
 from attnaudit.progress import set_quiet
 
 set_quiet(True)
@@ -182,3 +182,27 @@ def test_bad_prompt_files_and_options_get_one_line(llama: Path, tmp_path: Path) 
         assert "Traceback" not in result.stderr and not (out / "generation.json").exists()
     with pytest.raises(AttnAuditError, match="does not generate text"):
         run_test("generation", load_hf("minilm", task="synthetic", device="cpu"), out=tmp_path / "minilm", prompts=str(empty))
+
+
+def test_a_decoder_loaded_with_a_task_generates_from_the_task_texts(llama: Path, tmp_path: Path) -> None:
+    """`run generation --hf LLM --task T` (as documented): the task makes the decoder a zero-shot classifier for the
+    other tests; generation reads its language model, prompts being the split's texts, and leaves the classifier as it was."""
+    run = load_hf(str(llama), task="synthetic", device="cpu")
+    model = run.model
+    assert model.config.extra["output"] == "verbalizer"
+    before = (model.trained_head, model.config.num_labels, model.verbalizer_ids.tolist(), dict(model.config.extra))
+    result = run_test("generation", run, out=tmp_path / "out", plot=False, limit=2, generate=2, permutations=2, adversaries=0)
+    assert result.summary["prompts"] == 2 and 2 <= result.summary["tokens"] <= 4
+    assert (model.trained_head, model.config.num_labels, model.verbalizer_ids.tolist(), dict(model.config.extra)) == before
+    with torch.no_grad():
+        assert run.model(next(iter(run.batches(run.examples("test", 2), batch_size=2)))).logits.shape == (2, 2)
+
+
+def test_run_generation_with_task_from_the_cli(llama: Path, tmp_path: Path) -> None:
+    from tests.reliability.helpers import cli
+
+    out = tmp_path / "out"
+    result = cli("run", "generation", "--hf", str(llama), "--task", "synthetic", "--limit", "1", "--generate", "1",
+                 "--permutations", "1", "--adversaries", "0", "--methods", "attention", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    assert json.loads((out / "generation.json").read_text())["summary"]["prompts"] == 1

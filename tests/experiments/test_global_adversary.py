@@ -18,8 +18,8 @@ from attnaudit.algorithms.metrics import kl
 from attnaudit.data.synthetic import synthetic_task
 from attnaudit.data.types import Batch
 from attnaudit.errors import AttnAuditError
-from attnaudit.experiments.experiment import run_test
 from attnaudit.experiments.global_adversary import breakpoint_fit, entry_scale, nll_breakpoint
+from attnaudit.experiments.runner import run_test
 from attnaudit.models.interface import AttentionLayer, AttentionTrace, ModelOutput
 from attnaudit.progress import set_quiet
 from attnaudit.run import Run

@@ -12,8 +12,9 @@ from hypothesis import strategies as st
 from scipy.linalg import null_space
 
 from attnaudit.errors import AttnAuditError
-from attnaudit.experiments.experiment import get_experiment, run_test
+from attnaudit.experiments.experiment import get_experiment
 from attnaudit.experiments.identifiability import clipped_distribution, effective_attention, value_output_products
+from attnaudit.experiments.runner import run_test
 from attnaudit.models import ModelConfig, build_model
 from attnaudit.run import Run, TaskSpec
 

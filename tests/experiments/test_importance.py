@@ -13,12 +13,13 @@ from scipy import stats
 from attnaudit.data.synthetic import synthetic_task
 from attnaudit.data.types import Example
 from attnaudit.errors import AttnAuditError
-from attnaudit.experiments.experiment import Result, make_options, run_test
+from attnaudit.experiments.experiment import Result
 from attnaudit.experiments.importance import PUBLISHED, ImportanceCorrelation
+from attnaudit.experiments.runner import make_options, run_test
 from attnaudit.explain import item_mask
-from attnaudit.explain.attention import attention_importance
-from attnaudit.explain.gradient import gradient_importance
-from attnaudit.explain.loo import loo_importance
+from attnaudit.explain.methods.attention import attention_importance
+from attnaudit.explain.methods.gradient import gradient_importance
+from attnaudit.explain.methods.loo import loo_importance
 from attnaudit.models import ModelConfig, build_model
 from attnaudit.progress import set_quiet
 from attnaudit.run import Run, TaskSpec

@@ -10,8 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from attnaudit.errors import AttnAuditError
-from attnaudit.experiments.common import seeded_generator
-from attnaudit.experiments.experiment import get_experiment, make_options, run_test
+from attnaudit.experiments.common.seeding import seeded_generator
+from attnaudit.experiments.experiment import get_experiment
 from attnaudit.experiments.keys import (
     KeyAdversary,
     OppositeKeys,
@@ -21,6 +21,7 @@ from attnaudit.experiments.keys import (
     relative_distance,
     stacked_keys,
 )
+from attnaudit.experiments.runner import make_options, run_test
 from attnaudit.models import ModelConfig, build_model
 from attnaudit.run import Run, TaskSpec
 

@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 from scipy.stats import spearmanr
 
 from attnaudit.experiments import run_test
-from attnaudit.experiments.common import key_tokens
+from attnaudit.experiments.common.rows import key_tokens
 from attnaudit.experiments.norms import categorise, is_punctuation
-from attnaudit.explain.attention_norms import layer_norms, transformed_inputs
+from attnaudit.explain.helpers.norms import layer_norms, transformed_inputs
 from attnaudit.hf import load_hf
 from attnaudit.models.interface import AttentionLayer
 from attnaudit.run import Run

@@ -15,13 +15,15 @@ from hypothesis import strategies as st
 
 from attnaudit.data.types import Example
 from attnaudit.errors import AttnAuditError
-from attnaudit.experiments.common import resolve_layers, seeded_generator
-from attnaudit.experiments.experiment import Result, get_experiment, make_options, run_test
+from attnaudit.experiments.common.applies import resolve_layers
+from attnaudit.experiments.common.seeding import seeded_generator
+from attnaudit.experiments.experiment import Result, get_experiment
 from attnaudit.experiments.permutation import (
     permutation_blocks,
     permutation_loop,
     permute_batch,
 )
+from attnaudit.experiments.runner import make_options, run_test
 from attnaudit.progress import set_quiet
 from attnaudit.run import Run
 

@@ -10,8 +10,9 @@ import torch
 
 from attnaudit.data.synthetic import synthetic_task
 from attnaudit.errors import AttnAuditError
-from attnaudit.experiments.experiment import get_experiment, run_test
+from attnaudit.experiments.experiment import get_experiment
 from attnaudit.experiments.probe import ContextLayer, build_context_probe
+from attnaudit.experiments.runner import run_test
 from attnaudit.models import ModelConfig, build_model
 from attnaudit.models.interface import freeze_to
 from attnaudit.models.transformer import merge_heads, split_heads

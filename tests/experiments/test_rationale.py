@@ -19,10 +19,10 @@ from attnaudit.data.synthetic import synthetic_task
 from attnaudit.data.types import TaskData
 from attnaudit.errors import AttnAuditError
 from attnaudit.experiments import run_test
-from attnaudit.experiments.common import Units, instance_units
+from attnaudit.experiments.common.units import Units, instance_units
 from attnaudit.experiments.rationale import Rationale
 from attnaudit.explain import explanation, unregister
-from attnaudit.explain.attention_rollout import rollout_importance
+from attnaudit.explain.methods.attention_rollout import rollout_importance
 from attnaudit.progress import set_quiet
 from attnaudit.training.trainer import train
 

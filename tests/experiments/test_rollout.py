@@ -18,7 +18,7 @@ from attnaudit.data.synthetic import synthetic_task
 from attnaudit.errors import AttnAuditError
 from attnaudit.experiments import run_test
 from attnaudit.experiments.rollout import Rollout, explanation_rows
-from attnaudit.explain.gradient import gradient_importance
+from attnaudit.explain.methods.gradient import gradient_importance
 from attnaudit.hf import load_hf
 from attnaudit.run import Run
 from tests.reliability.helpers import cli

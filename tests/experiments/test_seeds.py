@@ -13,8 +13,9 @@ from hypothesis import strategies as st
 from attnaudit.algorithms.metrics import tvd
 from attnaudit.data.synthetic import synthetic_task
 from attnaudit.errors import AttnAuditError
-from attnaudit.experiments.common import compare, weighted_mean
-from attnaudit.experiments.experiment import run_test
+from attnaudit.experiments.common.measures import weighted_mean
+from attnaudit.experiments.common.published import compare
+from attnaudit.experiments.runner import run_test
 from attnaudit.models import build_model
 from attnaudit.progress import set_quiet
 from attnaudit.run import Run

@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attnaudit.errors import AttnAuditError
-from attnaudit.experiments.common import seeded_generator
-from attnaudit.experiments.experiment import make_options, run_test
+from attnaudit.experiments.common.seeding import seeded_generator
+from attnaudit.experiments.runner import make_options, run_test
 from attnaudit.experiments.shuffle import Shuffle, permute_rows
 from attnaudit.models.interface import Intervention
 from attnaudit.run import Run

@@ -10,8 +10,9 @@ import torch
 
 from attnaudit.algorithms.metrics import jsd, output_change
 from attnaudit.data.synthetic import synthetic_task
-from attnaudit.experiments.common import compare
-from attnaudit.experiments.experiment import get_experiment, run_test
+from attnaudit.experiments.common.published import compare
+from attnaudit.experiments.experiment import get_experiment
+from attnaudit.experiments.runner import run_test
 from attnaudit.experiments.uniform import UNIFORM
 from attnaudit.models.interface import freeze_uniform, uniform_weights
 from attnaudit.progress import set_quiet

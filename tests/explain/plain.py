@@ -17,7 +17,7 @@ from transformers import LlamaConfig, LlamaForSequenceClassification, PreTrained
 
 from attnaudit.data.types import Batch
 from attnaudit.hf import HFCollator
-from attnaudit.models.hf_model import HFModel
+from attnaudit.models.hf import HFModel
 from attnaudit.models.transformer import TransformerEncoderModel
 
 Linear = tuple[Tensor, Tensor]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from attnaudit.explain.alti import alti
+from attnaudit.explain.methods.alti import alti
 
 from .plain import explanation_row, plain_layers, rolled, run_layer, shares
 

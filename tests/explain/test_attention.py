@@ -7,7 +7,8 @@ import torch
 
 from attnaudit.errors import AttnAuditError
 from attnaudit.explain import item_mask
-from attnaudit.explain.attention import attention_importance, attention_per_head
+from attnaudit.explain.helpers.attention import attention_per_head
+from attnaudit.explain.methods.attention import attention_importance
 
 
 @pytest.mark.parametrize("family", ["bilstm", "transformer", "han"])

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from attnaudit.algorithms.attention_graph import flow_networkx
-from attnaudit.explain.attention_flow import flow_importance
-from attnaudit.explain.attention_rollout import rollout_importance
+from attnaudit.explain.methods.attention_flow import flow_importance
+from attnaudit.explain.methods.attention_rollout import rollout_importance
 
 
 def test_flow_equals_the_networkx_reference_at_the_query(runs: dict) -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnaudit.explain.attention import attention_importance
-from attnaudit.explain.attention_gradient import attention_gradient, gradient_times_attention
+from attnaudit.explain.methods.attention import attention_importance
+from attnaudit.explain.methods.attention_gradient import attention_gradient, gradient_times_attention
 from attnaudit.models import freeze_to
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from attnaudit.explain.attention_norms import norm_importance
+from attnaudit.explain.methods.attention_norms import norm_importance
 
 
 def test_norms_equal_the_explicit_vector_sum(runs: dict) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from attnaudit.explain.attention_rollout import rollout_importance
+from attnaudit.explain.methods.attention_rollout import rollout_importance
 
 
 def test_rollout_is_the_product_of_half_identity_plus_half_attention(runs: dict) -> None:

@@ -20,8 +20,9 @@ import torch
 from torch import Tensor, nn
 
 from attnaudit.data.types import Batch, Example
-from attnaudit.explain.attnlrp import attnlrp, lrp_relevance
-from attnaudit.explain.cp_lrp import cp_lrp
+from attnaudit.explain.helpers.lrp import lrp_relevance
+from attnaudit.explain.methods.attnlrp import attnlrp
+from attnaudit.explain.methods.cp_lrp import cp_lrp
 from attnaudit.models.interface import ModelConfig
 from attnaudit.models.transformer import TransformerClassifier
 

@@ -8,7 +8,7 @@ import math
 
 import torch
 
-from attnaudit.explain.chefer import chefer
+from attnaudit.explain.methods.chefer import chefer
 
 from .plain import explanation_row, head_logits, linear, plain_layers, run_layer
 

@@ -10,7 +10,7 @@ import torch
 
 from attnaudit.data.types import Batch
 from attnaudit.explain import EXPLANATIONS
-from attnaudit.explain.alti import alti_layer
+from attnaudit.explain.methods.alti import alti_layer
 from attnaudit.models import ModelConfig, build_model
 
 from .plain import tiny_llama

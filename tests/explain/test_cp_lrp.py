@@ -16,10 +16,10 @@ import pytest
 import torch
 
 from attnaudit.data.types import Batch
-from attnaudit.explain.attnlrp import lrp_relevance
-from attnaudit.explain.cp_lrp import cp_lrp
+from attnaudit.explain.helpers.lrp import lrp_relevance
+from attnaudit.explain.methods.cp_lrp import cp_lrp
 from attnaudit.hf import HFCollator
-from attnaudit.models.hf_model import HFModel
+from attnaudit.models.hf import HFModel
 from attnaudit.models.interface import ModelConfig
 from attnaudit.models.transformer import TransformerClassifier
 from tests.models.test_hf_decoder import build, tokenizer

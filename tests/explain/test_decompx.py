@@ -9,7 +9,7 @@ import math
 import torch
 
 from attnaudit.explain import EXPLANATIONS
-from attnaudit.explain.decompx import decompx
+from attnaudit.explain.methods.decompx import decompx
 from attnaudit.models.transformer import TransformerEncoderModel
 
 from .plain import gelu, plain_layers, tiny_llama

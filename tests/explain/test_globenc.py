@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from attnaudit.explain.globenc import globenc
+from attnaudit.explain.methods.globenc import globenc
 
 from .plain import explanation_row, gelu, linear, plain_layers, rolled, run_layer, shares
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from attnaudit.errors import AttnAuditError
-from attnaudit.explain.gradient import gradient_importance
+from attnaudit.explain.methods.gradient import gradient_importance
 
 
 def test_gradient_matches_hand_written_autograd(runs: dict) -> None:

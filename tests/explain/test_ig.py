@@ -12,7 +12,7 @@ import torch
 from attnaudit.data.types import Batch
 from attnaudit.data.vocab import Vocab
 from attnaudit.errors import AttnAuditError
-from attnaudit.explain.ig import baseline_embeddings, integrated_gradients
+from attnaudit.explain.methods.ig import baseline_embeddings, integrated_gradients
 from attnaudit.hf import load_hf
 
 

@@ -11,8 +11,9 @@ import torch
 
 from attnaudit.errors import AttnAuditError
 from attnaudit.explain import EXPLANATIONS
-from attnaudit.explain.gradient import gradient_importance
-from attnaudit.explain.input_gradient import decision_gradient, input_gradient
+from attnaudit.explain.helpers.gradients import decision_gradient
+from attnaudit.explain.methods.gradient import gradient_importance
+from attnaudit.explain.methods.input_gradient import input_gradient
 from attnaudit.hf import load_hf
 from attnaudit.models import build_model
 

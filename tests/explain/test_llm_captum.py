@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from attnaudit.explain import item_mask
-from attnaudit.explain.ig import integrated_gradients
-from attnaudit.explain.input_gradient import input_gradient
+from attnaudit.explain.methods.ig import integrated_gradients
+from attnaudit.explain.methods.input_gradient import input_gradient
 from attnaudit.hf import load_hf
 from tests.models.test_hf_decoder import build, tokenizer
 

@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 
 from attnaudit.data.types import Batch
 from attnaudit.explain import item_mask
-from attnaudit.explain.loo import compact_items, loo_importance, loo_importance_reference
+from attnaudit.explain.helpers.items import compact_items
+from attnaudit.explain.methods.loo import loo_importance, loo_importance_reference
 from attnaudit.models import ModelConfig, build_model
 from attnaudit.run import Run, TaskSpec
 
@@ -85,7 +86,7 @@ def test_loo_does_not_depend_on_the_batch(runs: dict, family: str) -> None:
 def test_loo_tokens_removes_only_the_highest_gradient_items(runs: dict, family: str) -> None:
     """``loo_tokens=K``: each instance's K items of highest gradient importance get their exact LOO value,
     every other item 0; K of at least the longest instance is the exact mode."""
-    from attnaudit.explain.gradient import gradient_importance
+    from attnaudit.explain.methods.gradient import gradient_importance
 
     run, batch = runs[family]
     exact = loo_importance(run, batch)

@@ -1,8 +1,8 @@
 """Leave-one-out on causal decoders by continuing from the kept keys and values.
 
-The fast route (:func:`attnaudit.explain.loo._loo_decoder`) reruns only the tokens after the
+The fast route (:func:`attnaudit.explain.methods.loo._loo_decoder`) reruns only the tokens after the
 removed one, reading the full pass's keys/values of the tokens before it
-(:class:`~attnaudit.models.hf_attention.KeyValuePrefix`). It is checked against the slow
+(:class:`~attnaudit.models.hf.attention.KeyValuePrefix`). It is checked against the slow
 reference written here: the token removed from the prompt and the whole prompt rerun, one
 deletion at a time. Tiny random Llama (4 query heads sharing 2 key/value heads) and Qwen2
 (1 key/value head) causal LMs, built here, are zero-shot classifiers over the tiny vocabulary.
@@ -19,11 +19,11 @@ import torch
 from attnaudit.algorithms.metrics import output_change
 from attnaudit.data.types import Batch
 from attnaudit.errors import AttnAuditError
-from attnaudit.explain import item_mask, loo
-from attnaudit.explain.loo import _loo_decoder, _loo_method, loo_importance
-from attnaudit.models.hf_model import HFModel
+from attnaudit.explain import item_mask
+from attnaudit.explain.methods import loo
+from attnaudit.explain.methods.loo import _loo_decoder, _loo_method, loo_importance
+from attnaudit.models.hf import HFModel, ZeroShotCollator, make_zero_shot
 from attnaudit.models.interface import Cache
-from attnaudit.models.zeroshot import ZeroShotCollator, make_zero_shot
 from tests.models.test_hf_decoder import build, tokenizer
 
 VERBALIZER = {"neg": "bad", "pos": "good"}

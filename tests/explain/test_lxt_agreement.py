@@ -20,9 +20,9 @@ import pytest
 import torch
 from scipy.stats import spearmanr
 
-from attnaudit.explain.attnlrp import lrp_relevance
+from attnaudit.explain.helpers.lrp import lrp_relevance
 from attnaudit.hf import HFCollator, load_hf
-from attnaudit.models.hf_model import HFModel
+from attnaudit.models.hf import HFModel
 from tests.models.test_hf_decoder import build, tokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # `benchmarks` is a folder of the checkout

@@ -7,10 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-import attnaudit.explain.norms_res_ln as norms_res_ln_module
+import attnaudit.explain.helpers.residual as residual_module
 from attnaudit.data.types import Batch
 from attnaudit.explain import EXPLANATIONS
-from attnaudit.explain.norms_res_ln import attention_block_parts, norms_res_ln
+from attnaudit.explain.helpers.residual import attention_block_parts
+from attnaudit.explain.methods.norms_res_ln import norms_res_ln
 from attnaudit.models import ModelConfig, build_model
 
 from .plain import explanation_row, plain_layers, run_layer, shares, tiny_llama
@@ -87,6 +88,6 @@ def test_examples_taken_one_at_a_time_give_the_same_scores(encoder: tuple, monke
     run, batch = encoder
     methods = [EXPLANATIONS[name] for name in ("norms_res_ln", "globenc", "alti")]
     whole = [method(run, batch) for method in methods]
-    monkeypatch.setattr(norms_res_ln_module, "ELEMENTS", 1)
+    monkeypatch.setattr(residual_module, "ELEMENTS", 1)
     for method, expected in zip(methods, whole):
         torch.testing.assert_close(method(run, batch), expected, atol=1e-6, rtol=1e-5, msg=method.name)

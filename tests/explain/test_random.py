@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from attnaudit.explain import EXPLANATIONS, item_mask
-from attnaudit.explain.random import random_importance
+from attnaudit.explain.methods.random import random_importance
 
 
 def test_random_scores_are_seeded_and_zero_at_padding(runs: dict) -> None:

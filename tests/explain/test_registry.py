@@ -22,7 +22,7 @@ from attnaudit.explain import (
     list_explanations,
     unregister,
 )
-from attnaudit.explain.random import random_importance
+from attnaudit.explain.methods.random import random_importance
 from attnaudit.explain.registry import memoised
 from attnaudit.models import ModelConfig, build_model
 from attnaudit.run import Run, TaskSpec

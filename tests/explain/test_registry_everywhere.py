@@ -54,9 +54,9 @@ def test_a_registered_method_appears_everywhere_and_leaves_with_unregister(runs:
     run, batch = runs["bilstm"]
     assert probe in _cli("explanations")
     assert probe in _cli("explanations", str(run.path))
-    assert _tests_with(probe) == {"importance", "rationale", "erasure", "rollout", "faithfulness"}
+    assert _tests_with(probe) == {"importance", "rationale", "erasure", "rollout", "faithfulness", "sanity", "in-distribution", "roar"}
     registry = discover()
-    for test in ("importance", "rationale", "erasure", "rollout", "faithfulness"):
+    for test in ("importance", "rationale", "erasure", "rollout", "faithfulness", "sanity", "in-distribution", "roar"):
         assert probe in registry[test].explanation_choices(), test
     assert probe in registry["rationale"].Options().methods  # a default method is scored by default
     assert probe in [m.name for m in heatmap_methods(run)]

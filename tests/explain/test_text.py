@@ -29,8 +29,7 @@ from attnaudit.errors import AttnAuditError, AttnAuditWarning
 from attnaudit.explain import EXPLANATIONS
 from attnaudit.explain.text import Explained
 from attnaudit.hf import HFCollator, build_hf_model, load_hf
-from attnaudit.models.hf_model import HFModel
-from attnaudit.models.zeroshot import ZeroShotCollator, make_zero_shot
+from attnaudit.models.hf import HFModel, ZeroShotCollator, make_zero_shot
 from attnaudit.run import Run, TaskSpec
 from tests.models.test_hf_decoder import build, tokenizer
 

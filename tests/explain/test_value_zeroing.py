@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import spatial
 
-import attnaudit.explain.value_zeroing as value_zeroing_module
-from attnaudit.explain.value_zeroing import value_zeroing
+import attnaudit.explain.methods.value_zeroing as value_zeroing_module
+from attnaudit.explain.methods.value_zeroing import value_zeroing
 
 from .plain import explanation_row, plain_layers, rolled, run_layer, tiny_llama
 
@@ -99,8 +99,8 @@ def test_the_layer_decomposition_re_adds_to_each_layout_s_output(family: str) ->
     attention block sum to what enters the feed-forward residual (pre/sandwich/parallel: ``h_i`` up to constants)."""
     from attnaudit.architectures import SENTENCES, build_tiny
     from attnaudit.data.types import Batch
-    from attnaudit.explain.norms_res_ln import attention_block_parts, residual_parts
-    from attnaudit.models.hf_model import HFModel
+    from attnaudit.explain.helpers.residual import attention_block_parts, residual_parts
+    from attnaudit.models.hf import HFModel
 
     hf, tokenizer = build_tiny(family, "classifier" if family == "bert" else "lm")
     model = HFModel(hf.double(), tokenizer, "classification", family, trained_head=False)  # float64: exact sums
@@ -128,8 +128,8 @@ def test_value_zeroing_on_sandwich_and_parallel_blocks_equals_hf_with_a_zeroed_v
     distances of HF's own layer outputs with one token's value zeroed by a hook on its value projection."""
     from attnaudit.architectures import build_tiny
     from attnaudit.data.types import Batch
-    from attnaudit.explain.value_zeroing import zeroing_map
-    from attnaudit.models.hf_model import HFModel
+    from attnaudit.explain.methods.value_zeroing import zeroing_map
+    from attnaudit.models.hf import HFModel
 
     hf, tokenizer = build_tiny(family, "lm")
     reference, _ = build_tiny(family, "lm")

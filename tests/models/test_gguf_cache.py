@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from attnaudit.models import gguf_cache
+from attnaudit.models.hf import gguf as gguf_cache
 
 
 @pytest.fixture

@@ -40,12 +40,13 @@ from transformers.models.qwen2 import modeling_qwen2
 
 from attnaudit.data.types import Batch, Example
 from attnaudit.errors import AttnAuditError, InputError
-from attnaudit.explain.attention import attention_importance, explained_attention
-from attnaudit.explain.gradient import gradient_importance
+from attnaudit.explain.helpers.attention import explained_attention
+from attnaudit.explain.methods.attention import attention_importance
+from attnaudit.explain.methods.gradient import gradient_importance
 from attnaudit.hf import HFCollator, load_hf, resolve_source, save_hf_run
-from attnaudit.models.gguf_cache import cache_folder
-from attnaudit.models.hf_inputs import causal_allowed, real_positions
-from attnaudit.models.hf_model import HFModel
+from attnaudit.models.hf import HFModel
+from attnaudit.models.hf import gguf_cache_folder as cache_folder
+from attnaudit.models.hf.inputs import causal_allowed, real_positions
 from attnaudit.models.interface import Intervention, freeze_uniform
 from attnaudit.models.normalisers import normalise
 from attnaudit.pretrained import SMOLLM2_INSTALL, smollm2_path
@@ -376,7 +377,7 @@ def test_real_smollm2(smollm2: SimpleNamespace) -> None:
 
 @pytest.mark.slow
 def test_real_smollm2_from_the_conversion_cache_equals_the_gguf_file(smollm2: SimpleNamespace) -> None:
-    """The model was read from attnaudit's converted copy (models/gguf_cache.py); transformers'
+    """The model was read from attnaudit's converted copy (models/hf/gguf.py); transformers'
     own load of the GGUF file gives the same token ids and the same logits, bit for bit. Slow: a
     second de-quantisation (~20 s); the cache's logic is tested on small files in test_gguf_cache."""
     from transformers import AutoModelForCausalLM, AutoTokenizer

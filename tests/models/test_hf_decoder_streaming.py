@@ -27,9 +27,10 @@ from transformers import AutoConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTo
 from attnaudit.algorithms.attention_graph import StreamingRollout, rollout
 from attnaudit.data.types import Batch
 from attnaudit.errors import AttnAuditError
-from attnaudit.explain.attention_rollout import layer_weights, rollout_importance
+from attnaudit.explain.helpers.rollout import layer_weights
+from attnaudit.explain.methods.attention_rollout import rollout_importance
 from attnaudit.hf import HFCollator, build_hf_model
-from attnaudit.models.hf_model import HFModel
+from attnaudit.models.hf import HFModel
 
 REPO = Path(__file__).resolve().parents[2]
 LAYERS = 4

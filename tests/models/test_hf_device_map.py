@@ -10,7 +10,7 @@ import pytest
 
 from attnaudit.architectures import save_tiny
 from attnaudit.errors import AttnAuditError
-from attnaudit.experiments.experiment import run_test
+from attnaudit.experiments.runner import run_test
 from attnaudit.explain.text import explain_text
 from attnaudit.hf import load_hf
 from attnaudit.progress import set_quiet

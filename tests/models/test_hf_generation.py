@@ -10,8 +10,8 @@ import torch
 from attnaudit.architectures import save_tiny
 from attnaudit.explain.generation import encode_exactly, step_batches
 from attnaudit.hf import load_hf
+from attnaudit.models.hf import forced_decision, next_token_decision
 from attnaudit.models.interface import evaluation
-from attnaudit.models.zeroshot import forced_decision, next_token_decision
 
 
 @pytest.mark.parametrize("family", ["llama", "gpt2", "t5", "bart"])

@@ -1,4 +1,4 @@
-"""The last block's tail at the read rows alone (:mod:`attnaudit.models.hf_readout`).
+"""The last block's tail at the read rows alone (:mod:`attnaudit.models.hf.readout`).
 
 Tiny random models of :mod:`attnaudit.architectures`: where the cut falls is found, not named (pre-norm decoders
 after the attention's residual add, BERT after its attention module, Gemma 2 before its feed-forward), the tail's
@@ -18,8 +18,8 @@ from torch import Tensor, nn
 from attnaudit.architectures import SENTENCES, build_tiny
 from attnaudit.data.types import Batch
 from attnaudit.errors import AttnAuditError
-from attnaudit.models.hf_model import HFModel
-from attnaudit.models.hf_readout import Cut, find_cut, read_rows_only
+from attnaudit.models.hf import HFModel
+from attnaudit.models.hf.readout import Cut, find_cut, read_rows_only
 from attnaudit.models.interface import detach_weights, evaluation
 
 CUTS = {

@@ -36,10 +36,9 @@ from attnaudit.data.types import Batch
 from attnaudit.data.word_alignments import SubwordTokenizer, synthetic_translation
 from attnaudit.errors import AttnAuditError
 from attnaudit.hf import load_hf
-from attnaudit.models.hf_batches import HFSubwords, collator
-from attnaudit.models.hf_fresh import fresh_tokenizer
-from attnaudit.models.hf_inputs import causal_allowed
-from attnaudit.models.hf_model import HFModel
+from attnaudit.models.hf import HFModel, HFSubwords, fresh_tokenizer
+from attnaudit.models.hf import seq2seq_collator as collator
+from attnaudit.models.hf.inputs import causal_allowed
 from attnaudit.models.interface import Intervention, freeze_uniform
 from tests.models.test_hf_decoder import real_rows
 
@@ -329,7 +328,7 @@ def test_alignment_runs_on_a_local_marian_folder(pairs: SimpleNamespace, tmp_pat
 
 def test_hub_name_offline_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
     """Offline, a hub name not in the cache is one error naming what to pass instead."""
-    from attnaudit.models import hf_loading
+    from attnaudit.models.hf import loading as hf_loading
 
     monkeypatch.setattr(hf_loading, "_hub_reachable", lambda: False)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

@@ -21,8 +21,8 @@ from attnaudit.errors import AttnAuditError
 from attnaudit.experiments import run_test
 from attnaudit.experiments.experiment import get_experiment
 from attnaudit.hf import load_hf, save_hf_run
-from attnaudit.models.hf_model import HFModel
-from attnaudit.models.zeroshot import (
+from attnaudit.models.hf import HFModel
+from attnaudit.models.hf.zeroshot import (
     ITEMS_NOTE,
     SENTIMENT_PROMPT,
     SENTIMENT_VERBALIZER,

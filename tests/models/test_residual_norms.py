@@ -27,7 +27,7 @@ from attnaudit.data.types import Batch
 from attnaudit.errors import AttnAuditError
 from attnaudit.hf import HFCollator
 from attnaudit.models import ModelConfig, build_model
-from attnaudit.models.hf_model import HFModel
+from attnaudit.models.hf import HFModel
 from attnaudit.models.interface import AttentionModel, Intervention
 
 FAMILIES = ("transformer", "bert", "distilbert", "llama", "qwen2", "gpt2")

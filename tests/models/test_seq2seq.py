@@ -9,7 +9,7 @@ import torch
 
 from attnaudit.data.word_alignments import EOS_ID, Seq2SeqCollator, SubwordTokenizer, synthetic_translation
 from attnaudit.errors import AttnAuditError
-from attnaudit.explain.attention_norms import transformed_inputs
+from attnaudit.explain.helpers.norms import transformed_inputs
 from attnaudit.models.interface import ModelConfig, freeze_uniform
 from attnaudit.models.seq2seq import Seq2SeqTransformer
 from attnaudit.models.transformer import merge_heads

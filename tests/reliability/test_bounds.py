@@ -83,3 +83,12 @@ def test_sizes_read_back(n: float) -> None:
     number, unit = bounds.size(n).split()
     scale = 1024 ** ["B", "KiB", "MiB", "GiB", "TiB", "PiB"].index(unit)
     assert abs(float(number) * scale - n) <= 0.05 * scale + 0.5
+
+
+def test_histogram_bins_are_bounded_by_their_arrays(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``run sanity --bins 2147483648`` asked numpy for 16 GiB of histogram edges (found by the CLI fuzzer)."""
+    monkeypatch.setattr(bounds, "available_memory", lambda: 20 * GIB)
+    bounds.histogram_bins(100)
+    bounds.check_test_options({"bins": [1.0, 5.0, 10.0]})  # faithfulness' bins are percents, not a count
+    with pytest.raises(AttnAuditError, match=r"--bins 2147483648: needs about 32\.0 GiB"):
+        bounds.check_test_options({"bins": 2147483648})

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from attnaudit.experiments.experiment import run_test
+from attnaudit.experiments.runner import run_test
 from attnaudit.progress import set_quiet
 from attnaudit.training.trainer import train
 

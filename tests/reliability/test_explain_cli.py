@@ -77,10 +77,25 @@ def test_out_is_a_file(trained: Run, tmp_path: Path) -> None:
     assert (tmp_path / "file").read_text() == "keep" and written(tmp_path) == []
 
 
+def grouped_listing(stdout: str) -> dict[str, str]:
+    """``tests --hf``'s lines (``runs (N): a, b`` and ``does not apply (N: c, d): why``) as test -> ``runs`` or ``does not apply: why``."""
+    listed = {}
+    for line in stdout.splitlines():
+        head, _, rest = line.partition("): ")
+        if head.startswith("runs ("):
+            listed.update({name: "runs" for name in rest.split(", ") if name and name != "none"})
+        else:
+            names = head.removeprefix("does not apply (").split(": ", 1)[1]
+            listed.update({name: f"does not apply: {rest}" for name in names.split(", ")})
+    return listed
+
+
 def test_tests_listing_for_a_decoder_is_each_tests_why_not(llama_lm: Path) -> None:  # noqa: F811
     proc = cli("tests", "--hf", llama_lm)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    listed = dict(line.split(": ", 1) for line in proc.stdout.splitlines())
+    listed = grouped_listing(proc.stdout)
+    reasons = [line.split("): ", 1)[1] for line in proc.stdout.splitlines() if line.startswith("does not apply")]
+    assert len(reasons) == len(set(reasons)) < len(listed) / 2  # each reason once, naming its tests
     run = load_hf(str(llama_lm), device="cpu")
     registry = discover()
     assert set(listed) == set(registry)

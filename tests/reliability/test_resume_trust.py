@@ -19,7 +19,8 @@ import pytest
 
 import attnaudit
 from attnaudit.audit import audit
-from attnaudit.experiments.experiment import Result, run_test
+from attnaudit.experiments.experiment import Result
+from attnaudit.experiments.runner import run_test
 from attnaudit.progress import set_quiet
 from attnaudit.run import Run
 from attnaudit.training.trainer import train

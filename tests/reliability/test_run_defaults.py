@@ -75,8 +75,12 @@ SYNTHETIC_ONLY = ("rationale",)
 """Tests that need the synthetic task's known rationales, which only the BiLSTM run has."""
 CASES = [(family, test) for family in FAMILY_RUNS for test in sorted(discover())
          if family != "bilstm" or test in SYNTHETIC_ONLY]
-SLOW = {("hf-finetuned", "adversarial"), ("hf-finetuned", "faithfulness")}
-"""The slowest defaults (~22 s and ~13 s; every other family runs them in make test): with the slow tests (make test-all)."""
+SLOW = {("hf-finetuned", "adversarial"), ("hf-finetuned", "faithfulness"), ("hf-finetuned", "sanity"),
+        *((family, "roar") for family in ("average", "han", "flat", "transformer"))}
+"""The slowest defaults (~22 s, ~13 s and sanity's every default method on 2 × 16 randomised MiniLM states; every other
+family runs them in make test): with the slow tests (make test-all). roar's defaults retrain 5 methods + random at 9
+ratios (~11 s a family): the CNN runs them in make test, the others with the slow tests (tests/experiments/test_roar.py
+runs every family at one ratio in make test)."""
 
 
 @pytest.mark.parametrize(

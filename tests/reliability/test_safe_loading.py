@@ -301,6 +301,19 @@ def test_cli_refuses_a_broken_hugging_face_weights_file_in_one_line(kind: str, t
     assert ("pickle" in line) == (kind == "pickle in disguise") and not marker.exists() and weights.read_bytes() == before
 
 
+@pytest.mark.parametrize("given", ["../../..", "/", "model/../.."])
+def test_a_run_config_leading_outside_the_run_is_refused(given: str, tiny_hf: SimpleNamespace, tmp_path: Path) -> None:
+    from attnaudit.hf import load_hf, save_hf_run
+
+    run = tmp_path / "run"
+    save_hf_run(load_hf(tiny_hf.dir, task=tiny_hf.task(), device="cpu"), run)
+    config = json.loads((run / "config.json").read_text())
+    (run / "config.json").write_text(json.dumps({**config, "hf": {**config["hf"], "dir": given}}))
+    proc = cli("explain", "--run", run, "--text", "good movie", "--method", "attention")
+    line = assert_clean_failure(proc, "config.json")
+    assert f"hf.dir {given!r} leads outside the run folder" in line
+
+
 # --------------------------------------------------------------------------- file modes
 
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from attnaudit.experiments.experiment import run_test
 from attnaudit.experiments.generation_steps import GenerationTests
+from attnaudit.experiments.runner import run_test
 from attnaudit.hf import load_hf
 from attnaudit.progress import set_quiet
 from attnaudit.report import build_report

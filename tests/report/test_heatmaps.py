@@ -6,7 +6,7 @@ import torch
 
 from attnaudit.experiments.experiment import Result
 from attnaudit.experiments.importance import ImportanceCorrelation
-from attnaudit.explain.attention import attention_importance
+from attnaudit.explain.methods.attention import attention_importance
 from attnaudit.report.heatmaps import compute_heatmaps, ranking_result, select_instances
 
 

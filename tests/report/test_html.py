@@ -106,3 +106,16 @@ def test_a_run_directory_without_results_asks_for_them(tiny_attention_run, tmp_p
     shutil.copytree(tiny_attention_run("bilstm").path, bare, ignore=shutil.ignore_patterns("results"))
     with pytest.raises(AttnAuditError, match="no results/ folder"):
         build_report(bare)
+
+
+def test_verdict_statistics_read_as_words_with_the_id_as_tooltip() -> None:
+    from attnaudit.report.html import Section, statistic_words, verdict_table
+
+    assert statistic_words("tau_attention_vs_gradient_mean") == "mean τ(attention, gradient)"
+    assert statistic_words("max_jsd_mean") == "mean max JSD"
+    assert statistic_words("aopc_comp_ranking_delete") == "AOPC comprehensiveness ranking delete"
+    assert statistic_words("best-layer AER, fixed setting (weight / norm)") == "best-layer AER, fixed setting (weight / norm)"
+    section = Section(name="importance", status="ok", verdict=[
+        {"statistic": "tau_attention_vs_gradient_mean", "value": 0.25, "published": "", "interpretation": "weak agreement"}])
+    html = verdict_table([section])
+    assert '<td title="tau_attention_vs_gradient_mean">mean τ(attention, gradient)</td>' in html

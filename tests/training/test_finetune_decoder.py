@@ -23,7 +23,7 @@ import attnaudit.hf as hf_module
 from attnaudit.data.types import Batch
 from attnaudit.errors import AttnAuditError
 from attnaudit.experiments import run_test
-from attnaudit.models.hf_model import HFModel
+from attnaudit.models.hf import HFModel
 from attnaudit.models.interface import evaluation
 from attnaudit.run import load_run
 from attnaudit.training.finetune import finetune, frozen_patterns

@@ -9,7 +9,7 @@ import torch
 
 from attnaudit.data.word_alignments import synthetic_translation
 from attnaudit.io import read_json
-from attnaudit.models.hf_model import HFModel
+from attnaudit.models.hf import HFModel
 from attnaudit.run import load_run
 from attnaudit.training.nmt import evaluate_nmt, train_nmt
 

@@ -246,7 +246,7 @@ def spearman_rows(a: ArrayLike | Tensor, b: ArrayLike | Tensor) -> np.ndarray:
     :func:`scipy.stats.rankdata` does) for many rows in one call: the rollout test compares every
     layer of every instance, and one scipy call per pair cost it more than its forward passes.
     NaN for a row with fewer than 3 items, a constant row or any NaN (the
-    :func:`~attnaudit.experiments.common.spearman_rho` convention)."""
+    :func:`~attnaudit.experiments.common.measures.spearman_rho` convention)."""
     x = np.atleast_2d(np.asarray(a.detach().cpu() if isinstance(a, Tensor) else a, dtype=np.float64))
     y = np.broadcast_to(np.asarray(b.detach().cpu() if isinstance(b, Tensor) else b, dtype=np.float64), x.shape)
     out = np.full(len(x), np.nan)

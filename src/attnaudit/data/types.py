@@ -74,8 +74,10 @@ class TaskData:
     def split(self, name: str) -> list[Example]:
         from attnaudit.errors import AttnAuditError
 
+        if name == "all":  # every instance: for a model not trained on these data (zero-shot, a pretrained model)
+            return [*self.train, *self.dev, *self.test]
         if name not in ("train", "dev", "test"):
-            raise AttnAuditError(f"unknown split {name!r}; choose train, dev or test")
+            raise AttnAuditError(f"unknown split {name!r}; choose train, dev, test or all")
         return getattr(self, name)
 
 

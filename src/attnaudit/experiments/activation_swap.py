@@ -20,15 +20,11 @@ import torch
 from torch import Tensor
 
 from attnaudit.data.types import Example
-from attnaudit.experiments.common import (
-    ATTENTION_TABLE,
-    attention_rows,
-    base_pass,
-    batch_labels,
-    layer_jsd,
-    plot_attention_rows,
-    self_attention_classifier_reason,
-)
+from attnaudit.experiments.common.applies import self_attention_classifier_reason
+from attnaudit.experiments.common.measures import layer_jsd
+from attnaudit.experiments.common.passes import base_pass
+from attnaudit.experiments.common.plots import plot_attention_rows
+from attnaudit.experiments.common.rows import ATTENTION_TABLE, attention_rows, batch_labels
 from attnaudit.experiments.experiment import AuditSettings, Experiment, Result, register, summarise
 from attnaudit.models.interface import AttentionTrace, Intervention
 from attnaudit.models.normalisers import check_normaliser

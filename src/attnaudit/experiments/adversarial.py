@@ -39,26 +39,11 @@ from attnaudit.experiments.attention_search import (
     recheck,
     search_batch,
 )
-from attnaudit.experiments.common import (
-    Explained,
-    full_rows,
-    instance_rows,
-    plot_against_max_attention,
-    plot_histogram,
-    prepare,
-    resolve_layers,
-    single_attention_reason,
-)
-from attnaudit.experiments.experiment import (
-    AuditSettings,
-    Experiment,
-    Result,
-    counted,
-    joined,
-    register,
-    summarise,
-    where,
-)
+from attnaudit.experiments.common.applies import resolve_layers, single_attention_reason
+from attnaudit.experiments.common.passes import Explained, full_rows, prepare
+from attnaudit.experiments.common.plots import plot_against_max_attention, plot_histogram
+from attnaudit.experiments.common.rows import instance_rows
+from attnaudit.experiments.experiment import AuditSettings, Experiment, Result, counted, joined, register, summarise, where
 from attnaudit.models.interface import Intervention, evaluation
 from attnaudit.progress import track
 from attnaudit.run import Run

@@ -5,7 +5,7 @@ every (target, source) pair two ways:
 
 * weight: ``α_ij`` averaged over heads;
 * norm: ``‖Σ_h α^h_ij f_h(x_j)‖`` — the head-summed vector that source position ``j``
-  adds to the output (:func:`attnaudit.explain.attention_norms.layer_norms`), as in the paper.
+  adds to the output (:func:`attnaudit.explain.helpers.norms.layer_norms`), as in the paper.
 
 Subword scores are merged into word scores by averaging over the subwords of the source
 word and over the subwords of the target word. The source ``</s>`` is not a word and never
@@ -43,7 +43,7 @@ from attnaudit.data.tasks import DATA_ENV
 from attnaudit.data.types import Example
 from attnaudit.errors import AttnAuditError
 from attnaudit.experiments.experiment import Experiment, Result, register
-from attnaudit.explain.attention_norms import layer_norms
+from attnaudit.explain.helpers.norms import layer_norms
 from attnaudit.plotting import save_figure
 from attnaudit.progress import track
 from attnaudit.run import Run

@@ -13,9 +13,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from attnaudit.algorithms.metrics import jsd, output_change
+from attnaudit.algorithms.metrics import jsd, output_change, row_mean
 from attnaudit.data.types import Batch
-from attnaudit.experiments.common import Explained, prepare, row_mean, seeded_generator, take_rows
+from attnaudit.experiments.common.passes import Explained, prepare, take_rows
+from attnaudit.experiments.common.seeding import seeded_generator
 from attnaudit.models.interface import AttentionModel, Intervention
 
 

@@ -40,7 +40,7 @@ from torch import Tensor
 from attnaudit.algorithms.metrics import kendall_tau, rank_items, top_items
 from attnaudit.data.batching import length_groups
 from attnaudit.data.types import Batch
-from attnaudit.explain.loo import compact_items
+from attnaudit.explain.helpers.items import compact_items
 from attnaudit.explain.registry import hierarchical, item_mask
 from attnaudit.models.interface import AttentionModel, evaluation
 
@@ -50,7 +50,7 @@ MODES = ("delete", "mask")
 Mode = Literal["delete", "mask"]
 UNK_ID = 1
 """``<unk>`` in every attnaudit vocabulary (:class:`attnaudit.data.vocab.Vocab`)."""
-# Activation elements per forward pass of perturbed inputs (as in explain/loo.py).
+# Activation elements per forward pass of perturbed inputs (as in explain/methods/loo.py).
 _PASS_ELEMENTS = 1 << 21
 # A model pass costs a fixed overhead (Python and one kernel call per module) beside its arithmetic, which grows with
 # positions × width² (per layer, both): on the 384-wide MiniLM (2 threads) a pass of 5 rows of 3 tokens took 11 ms,
@@ -77,7 +77,7 @@ def removable_items(model: AttentionModel, batch: Batch) -> Tensor:
     """``(B,K)`` True at the items a perturbation may remove: the real items
     (:func:`~attnaudit.explain.item_mask`) without a Hugging Face tokenizer's special tokens."""
     mask = item_mask(model, batch)
-    tokenizer = getattr(model, "tokenizer", None)
+    tokenizer = model.tokenizer
     special = getattr(tokenizer, "all_special_ids", None)
     if special and not hierarchical(model):
         ids = torch.tensor(sorted(set(special)), device=batch.tokens.device)
@@ -89,7 +89,7 @@ def filler(model: AttentionModel) -> tuple[int, str]:
     """The token id (and its name) that ``mask`` mode puts in place of a removed item:
     the tokenizer's mask token (``[MASK]``), else its unknown token, else padding, for Hugging
     Face models; ``<unk>`` for attnaudit's own models."""
-    tokenizer = getattr(model, "tokenizer", None)
+    tokenizer = model.tokenizer
     if tokenizer is None:
         return UNK_ID, "<unk>"
     for name in ("mask_token", "unk_token", "pad_token"):

@@ -28,17 +28,8 @@ from torch import Tensor
 
 from attnaudit.algorithms.metrics import jsd
 from attnaudit.errors import AttnAuditError
-from attnaudit.experiments.common import prepare as prepare_layers
-from attnaudit.experiments.experiment import (
-    AuditSettings,
-    Experiment,
-    Result,
-    counted,
-    joined,
-    register,
-    summarise,
-    where,
-)
+from attnaudit.experiments.common.passes import prepare as prepare_layers
+from attnaudit.experiments.experiment import AuditSettings, Experiment, Result, counted, joined, register, summarise, where
 from attnaudit.explain import EXPLANATIONS, Explanation, choose, item_mask
 from attnaudit.models.interface import (
     AttentionModel,
@@ -99,7 +90,7 @@ class Explained:
 
 def prepare(run: Run, batch: Any) -> Explained:
     """Encode once, run the model, and cache the states entering the explained layer (a decoder: at
-    its predicting token only, :func:`attnaudit.experiments.common.prepare`)."""
+    its predicting token only, :func:`attnaudit.experiments.common.passes.prepare`)."""
     model = run.model
     layer = model.explained_layer % model.num_attention_layers
     prepared = prepare_layers(model, batch, [layer])

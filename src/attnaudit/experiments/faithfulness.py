@@ -27,7 +27,8 @@ from torch import Tensor
 from attnaudit.algorithms.metrics import score_against
 from attnaudit.data.types import Batch, Example
 from attnaudit.errors import AttnAuditError
-from attnaudit.experiments.common import instance_units, prepare
+from attnaudit.experiments.common.passes import prepare
+from attnaudit.experiments.common.units import instance_units
 from attnaudit.experiments.eraser_metrics import (
     BINS,
     MODES,
@@ -115,7 +116,7 @@ class Faithfulness(Experiment):
     )
     # An LLM: every method and both modes held ~20 GB and ran >15 min on 20 SST-2 sentences (SmolLM2-135M);
     # the audit scores attention and gradient against random by deletion at two bins, 8 sentences a batch
-    # (the importance and rollout tests' batches: their gradients are reused, see explain.base.memoised;
+    # (the importance and rollout tests' batches: their gradients are reused, see explain.registry.memoised;
     # each batch's perturbations run in passes of bounded size, ~1 GB).
     description = (
         "ERASER scoreboard of every explanation (`attnaudit explanations`): comprehensiveness and sufficiency "

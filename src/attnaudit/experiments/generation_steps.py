@@ -37,7 +37,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any
 
 import numpy as np
 import torch
@@ -48,18 +48,15 @@ from attnaudit.data.readers import read_prompts
 from attnaudit.data.types import Batch, Example, text_of
 from attnaudit.errors import AttnAuditError
 from attnaudit.experiments.attention_search import Search, max_valid_jsd, search_explained
-from attnaudit.experiments.common import Explained, prepare, take_rows
+from attnaudit.experiments.common.passes import Explained, prepare, take_rows
 from attnaudit.experiments.eraser_metrics import describe, removable_items, top_count
 from attnaudit.experiments.experiment import AuditSettings, Experiment, Result, register
 from attnaudit.explain import applying
 from attnaudit.explain.generation import encode_exactly, forced_row, generate_tokens, id_rows, step_batches, target_ids
-from attnaudit.models.interface import Intervention, evaluation
+from attnaudit.models.interface import Intervention, LanguageModel, evaluation, language_model
 from attnaudit.models.normalisers import check_normaliser
 from attnaudit.progress import track
 from attnaudit.run import Run
-
-if TYPE_CHECKING:
-    from attnaudit.models.hf_model import HFModel
 
 
 def generating_rows(weights: Tensor, query_index: Tensor) -> Tensor:
@@ -79,7 +76,7 @@ class Steps:
     interventions at the generating position (``layers``: where they apply; ``query``: that position)."""
 
     def __init__(self, run: Run, source: list[int], target: list[int], every_layer: bool = False) -> None:
-        self.run, self.model = run, cast("HFModel", run.model)
+        self.run, self.model = run, language_model(run.model, "generation")
         self.device = self.model.input_device
         self.source, self.target = source, target
         self.batches = [b.to(self.device) for b in step_batches(self.model, source, target)]
@@ -89,8 +86,7 @@ class Steps:
         self.probs = torch.cat([o.probs.float() for o in outputs])
         self.tokens = self.probs.argmax(-1)
         self.explained_ids = torch.tensor(target, device=self.probs.device)
-        sites = self.model.structure.sites
-        generating = [i for i, s in enumerate(sites) if s.kind == "cross"] if self.seq2seq else list(range(len(sites)))
+        generating = list(self.model.cross_layers) if self.seq2seq else list(range(self.model.num_attention_layers))
         layer = self.model.explained_layer % len(outputs[0].trace)
         self.explained_layer = layer if layer in generating else generating[-1]
         self.explained = [o.trace[self.explained_layer].weights for o in outputs]
@@ -181,12 +177,11 @@ def generating_query(explained: Explained) -> Tensor:
     return (index * rows).argmax(1)
 
 
-def prepared(model: HFModel, batch: Batch, layer: int) -> Explained:
+def prepared(model: LanguageModel, batch: Batch, layer: int) -> Explained:
     """``batch`` ready for reruns that change ``layer``'s generating query row only: restarted at the first attention
     layer of ``layer``'s block (a decoder at its generating token alone; an encoder-decoder's cross-attention
     follows the block's self-attention) and with that row as the only query row changed."""
-    structure = model.structure
-    first = structure.layers_of(structure.sites[layer].block)[0]
+    first = model.block_first_layer(layer)
     explained = prepare(model, batch, sorted({first, layer}))
     if explained.positions is not None:
         return explained
@@ -195,7 +190,7 @@ def prepared(model: HFModel, batch: Batch, layer: int) -> Explained:
     return replace(explained, query_rows=rows)
 
 
-def erase_until_change(model: HFModel, batch: Batch, layer: int, order: str, generator: torch.Generator) -> Tensor:
+def erase_until_change(model: LanguageModel, batch: Batch, layer: int, order: str, generator: torch.Generator) -> Tensor:
     """Per row, the share of its real keys erased (``order``: most attended first, or ``random``) at ``layer``'s generating
     query before the predicted token changes; NaN when it never does with one key left (Serrano & Smith's erase until flip).
 
@@ -227,7 +222,7 @@ def erase_until_change(model: HFModel, batch: Batch, layer: int, order: str, gen
     return torch.where(first > 0, first / real.float(), torch.full_like(first, math.nan))
 
 
-def adversarial_steps(model: HFModel, batch: Batch, layer: int, search: Search, seed: int, indices: list[int]) -> tuple[Tensor, Tensor]:
+def adversarial_steps(model: LanguageModel, batch: Batch, layer: int, search: Search, seed: int, indices: list[int]) -> tuple[Tensor, Tensor]:
     """Per row, the largest JSD from the generating attention among adversaries whose next-token distribution
     stays within ``search.report_epsilon`` (TVD; NaN when none does) and how many do."""
     outcome = search_explained(model, prepared(model, batch, layer), layer, search, seed, indices)
@@ -304,12 +299,12 @@ class GenerationTests(Experiment):
 
     def applies(self, run: Run) -> str | None:
         model = run.model
-        if getattr(model, "tokenizer", None) is None or not hasattr(model, "structure"):
+        if not isinstance(model, LanguageModel):
             return "generation needs a Hugging Face decoder or encoder-decoder"
-        if getattr(model, "kind", "") == "encoder-decoder":
+        if model.kind == "encoder-decoder":
             return None
-        if model.config.extra.get("output") != "next_token":
-            return "this model does not generate text (a classifier, or an LLM classifying zero-shot)"
+        if model.config.extra.get("output") not in ("next_token", "verbalizer"):  # zero-shot (--task): its LM generates
+            return "this model does not generate text (an encoder, or a classifier with a trained head)"
         return None
 
     def inputs(self, run: Run, options: Any) -> list[Example] | None:
@@ -317,14 +312,12 @@ class GenerationTests(Experiment):
 
     def run(self, run: Run, examples: list[Example], options: Any, seed: int = 0) -> Result:
         _check(options)
-        model = cast("HFModel", run.model)
+        model = language_model(run.model, "generation")
         generator = torch.Generator().manual_seed(seed)
         rows: list[dict[str, Any]] = []
-        from attnaudit.models.zeroshot import forced_decision, next_token_decision
-
-        decision = forced_decision if model.kind == "encoder-decoder" else next_token_decision
         names = [m.strip() for m in options.methods.split(",") if m.strip()]
-        with decision(model):
+        decision = model.forced_decision if model.kind == "encoder-decoder" else model.next_token_decision
+        with model.unverbalized(), decision():  # a decoder loaded with --task generates from the task's texts
             methods, dropped = applying(names, model, "--methods", DEFAULT_METHODS.split(",")) if names else ({}, {})
             for index, example in track(list(enumerate(examples)), "generation", total=len(examples)):
                 rows += self.prompt_rows(run, index, example, options, methods, generator, seed)
@@ -336,7 +329,7 @@ class GenerationTests(Experiment):
         self, run: Run, index: int, example: Example, options: Any, methods: dict[str, Any], generator: torch.Generator, seed: int
     ) -> list[dict[str, Any]]:
         """Every test at every step of one prompt: one row per generated token."""
-        model = cast("HFModel", run.model)
+        model = language_model(run.model, "generation")
         text = text_of(example)
         source = encode_exactly(model.tokenizer, text)
         forced = example.meta.get("target")

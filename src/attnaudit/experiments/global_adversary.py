@@ -47,7 +47,9 @@ import numpy as np
 import torch
 
 from attnaudit.data.types import Example
-from attnaudit.experiments.common import PUBLISHED_TAGGING, compare, identity_rows, weighted_mean
+from attnaudit.experiments.common.measures import weighted_mean
+from attnaudit.experiments.common.published import PUBLISHED_TAGGING, compare
+from attnaudit.experiments.common.rows import identity_rows
 from attnaudit.experiments.experiment import AuditSettings, Experiment, Result, register
 from attnaudit.models.interface import (
     AttentionModel,

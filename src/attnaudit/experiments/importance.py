@@ -22,19 +22,10 @@ import numpy as np
 from attnaudit.algorithms.metrics import kendall_tau, kendall_tau_rows, kendall_tau_topk
 from attnaudit.data.types import Example
 from attnaudit.errors import AttnAuditError
-from attnaudit.experiments.common import base_pass
-from attnaudit.experiments.experiment import (
-    AuditSettings,
-    Experiment,
-    Result,
-    counted,
-    joined,
-    register,
-    summarise,
-    where,
-)
+from attnaudit.experiments.common.passes import base_pass
+from attnaudit.experiments.experiment import AuditSettings, Experiment, Result, counted, joined, register, summarise, where
 from attnaudit.explain import EXPLANATIONS, choose, item_mask
-from attnaudit.explain.attention import attention_per_head, explained_attention
+from attnaudit.explain.helpers.attention import attention_per_head, explained_attention
 from attnaudit.explain.registry import hierarchical
 from attnaudit.models.interface import evaluation
 from attnaudit.plotting import save_figure

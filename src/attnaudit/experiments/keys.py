@@ -36,15 +36,11 @@ from torch import Tensor, nn
 
 from attnaudit.data.types import Batch, Example
 from attnaudit.errors import AttnAuditError
-from attnaudit.experiments.common import (
-    ATTENTION_TABLE,
-    attention_rows,
-    batch_labels,
-    layer_jsd,
-    plot_attention_rows,
-    seeded_generator,
-    transformer_classifier_reason,
-)
+from attnaudit.experiments.common.applies import transformer_classifier_reason
+from attnaudit.experiments.common.measures import layer_jsd
+from attnaudit.experiments.common.plots import plot_attention_rows
+from attnaudit.experiments.common.rows import ATTENTION_TABLE, attention_rows, batch_labels
+from attnaudit.experiments.common.seeding import seeded_generator
 from attnaudit.experiments.experiment import AuditSettings, Experiment, Result, register, summarise
 from attnaudit.models.interface import AttentionModel, AttentionTrace, Intervention
 from attnaudit.models.transformer import merge_heads, split_heads

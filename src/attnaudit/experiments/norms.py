@@ -27,10 +27,11 @@ from torch import Tensor
 
 from attnaudit.data.types import Example
 from attnaudit.errors import AttnAuditError
-from attnaudit.experiments.common import key_tokens, spearman_rho
+from attnaudit.experiments.common.measures import spearman_rho
+from attnaudit.experiments.common.rows import key_tokens
 from attnaudit.experiments.experiment import AuditSettings, Experiment, Result, register
 from attnaudit.explain import item_mask
-from attnaudit.explain.attention_norms import LayerNorms, layer_norms
+from attnaudit.explain.helpers.norms import LayerNorms, layer_norms
 from attnaudit.models.interface import AttentionLayer, AttentionModel, take_rows
 from attnaudit.plotting import save_figure
 from attnaudit.progress import track

@@ -29,28 +29,12 @@ from torch import Tensor
 from attnaudit.algorithms.metrics import output_change
 from attnaudit.data.types import Batch, Example
 from attnaudit.errors import AttnAuditError
-from attnaudit.experiments.common import (
-    Explained,
-    full_rows,
-    instance_rows,
-    plot_against_max_attention,
-    plot_histogram,
-    prepare,
-    resolve_layers,
-    seeded_generator,
-    single_attention_reason,
-    take_rows,
-)
-from attnaudit.experiments.experiment import (
-    AuditSettings,
-    Experiment,
-    Result,
-    counted,
-    joined,
-    register,
-    summarise,
-    where,
-)
+from attnaudit.experiments.common.applies import resolve_layers, single_attention_reason
+from attnaudit.experiments.common.passes import Explained, full_rows, prepare, take_rows
+from attnaudit.experiments.common.plots import plot_against_max_attention, plot_histogram
+from attnaudit.experiments.common.rows import instance_rows
+from attnaudit.experiments.common.seeding import seeded_generator
+from attnaudit.experiments.experiment import AuditSettings, Experiment, Result, counted, joined, register, summarise, where
 from attnaudit.models.interface import AttentionModel, Intervention, WeightsFn, evaluation
 from attnaudit.progress import track
 from attnaudit.run import Run

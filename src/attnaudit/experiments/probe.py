@@ -30,7 +30,7 @@ from torch import Tensor, nn
 
 from attnaudit.data.types import Example
 from attnaudit.errors import AttnAuditError
-from attnaudit.experiments.common import PUBLISHED_TAGGING
+from attnaudit.experiments.common.published import PUBLISHED_TAGGING
 from attnaudit.experiments.experiment import AuditSettings, Experiment, Result, register
 from attnaudit.models import ModelConfig, build_model
 from attnaudit.models.interface import (

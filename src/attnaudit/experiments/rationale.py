@@ -33,17 +33,8 @@ from attnaudit.algorithms.metrics import RATIONALE_METRICS as METRICS
 from attnaudit.algorithms.metrics import random_average_precision, score_against
 from attnaudit.data.types import Example
 from attnaudit.errors import AttnAuditError
-from attnaudit.experiments.common import instance_units
-from attnaudit.experiments.experiment import (
-    AuditSettings,
-    Experiment,
-    Result,
-    counted,
-    joined,
-    register,
-    summarise,
-    where,
-)
+from attnaudit.experiments.common.units import instance_units
+from attnaudit.experiments.experiment import AuditSettings, Experiment, Result, counted, joined, register, summarise, where
 from attnaudit.explain import EXPLANATIONS, default_names, list_explanations
 from attnaudit.plotting import save_figure
 from attnaudit.progress import track

@@ -14,8 +14,8 @@ share on ``[CLS]``/``[SEP]``, Spearman ρ with raw attention of the same layer).
 model makes a prediction (a trained head), each map is also rank-correlated (Spearman, per
 instance; table ``layers``) with reference importance scores for the predicted class:
 
-* ``gradient``: J&W's ``|Σ_d ∂ŷ/∂e·e|`` with attention detached (:mod:`attnaudit.explain.gradient`);
-* ``loo``: leave-one-out output change when a token is removed (:mod:`attnaudit.explain.loo`);
+* ``gradient``: J&W's ``|Σ_d ∂ŷ/∂e·e|`` with attention detached (:mod:`attnaudit.explain.methods.gradient`);
+* ``loo``: leave-one-out output change when a token is removed (:mod:`attnaudit.explain.methods.loo`);
 * ``input_gradient``: ``|Σ_d ∂z/∂e|``, the gradient of the predicted logit with attention
   left live — the "input gradients" of Abnar & Zuidema's released code;
 * any other explanation of the prediction (:mod:`attnaudit.explain`, those needing one).
@@ -37,17 +37,9 @@ from attnaudit.algorithms.attention_graph import flow, rollout
 from attnaudit.algorithms.metrics import entropy_rows, spearman_rows
 from attnaudit.data.types import Example
 from attnaudit.errors import AttnAuditError
-from attnaudit.experiments.common import base_pass, key_tokens
-from attnaudit.experiments.experiment import (
-    AuditSettings,
-    Experiment,
-    Result,
-    counted,
-    joined,
-    register,
-    summarise,
-    where,
-)
+from attnaudit.experiments.common.passes import base_pass
+from attnaudit.experiments.common.rows import key_tokens
+from attnaudit.experiments.experiment import AuditSettings, Experiment, Result, counted, joined, register, summarise, where
 from attnaudit.explain import EXPLANATIONS, Explanation, applying, item_mask
 from attnaudit.models.interface import AttentionModel, take_rows
 from attnaudit.plotting import save_figure

@@ -22,11 +22,9 @@ import numpy as np
 
 from attnaudit.data.types import Example
 from attnaudit.errors import AttnAuditError
-from attnaudit.experiments.common import (
-    compare,
-    identity_rows,
-    plot_against_max_attention,
-)
+from attnaudit.experiments.common.plots import plot_against_max_attention
+from attnaudit.experiments.common.published import compare
+from attnaudit.experiments.common.rows import identity_rows
 from attnaudit.experiments.experiment import AuditSettings, Experiment, Result, register, summarise
 from attnaudit.plotting import save_figure
 from attnaudit.progress import status

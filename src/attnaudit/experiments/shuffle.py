@@ -24,15 +24,11 @@ from torch import Tensor
 
 from attnaudit.data.types import Example
 from attnaudit.errors import AttnAuditError
-from attnaudit.experiments.common import (
-    ATTENTION_TABLE,
-    attention_rows,
-    base_pass,
-    batch_labels,
-    plot_attention_rows,
-    seeded_generator,
-    self_attention_classifier_reason,
-)
+from attnaudit.experiments.common.applies import self_attention_classifier_reason
+from attnaudit.experiments.common.passes import base_pass
+from attnaudit.experiments.common.plots import plot_attention_rows
+from attnaudit.experiments.common.rows import ATTENTION_TABLE, attention_rows, batch_labels
+from attnaudit.experiments.common.seeding import seeded_generator
 from attnaudit.experiments.experiment import AuditSettings, Experiment, Result, register, summarise
 from attnaudit.models.interface import Intervention
 from attnaudit.plotting import save_figure

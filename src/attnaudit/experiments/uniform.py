@@ -19,7 +19,8 @@ from typing import Any
 import numpy as np
 
 from attnaudit.data.types import Example
-from attnaudit.experiments.common import compare, identity_rows
+from attnaudit.experiments.common.published import compare
+from attnaudit.experiments.common.rows import identity_rows
 from attnaudit.experiments.experiment import AuditSettings, Experiment, Result, register
 from attnaudit.plotting import save_figure
 from attnaudit.progress import status

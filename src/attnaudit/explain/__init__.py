@@ -1,7 +1,10 @@
-"""Explanation methods, one module each, registered by name (see :mod:`attnaudit.explain.registry`).
+"""Explanation methods, one module each in :mod:`attnaudit.explain.methods`, registered by name
+(see :mod:`attnaudit.explain.registry`).
 
-Importing the package imports every module in it, so each method registers itself: adding a
-method is adding one file (and its test), nothing else.
+Importing the package imports every module of ``explain/methods/``, so each method registers itself: adding
+a method is adding one file there (and its test), nothing else. What several methods compute alike lives in
+:mod:`attnaudit.explain.helpers`; methods never import each other. The machinery stays here: ``registry.py``,
+``text.py`` (one text's decision), ``generation.py`` and ``generation_view.py`` (a generated sequence and its page).
 """
 
 from __future__ import annotations
@@ -9,6 +12,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
+from attnaudit.explain import methods
 from attnaudit.explain.registry import (
     EXPLANATIONS,
     NEEDS,
@@ -26,9 +30,8 @@ from attnaudit.explain.registry import (
     unregister,
 )
 
-for _info in pkgutil.iter_modules(__path__):
-    if _info.name not in ("registry", "text", "generation") and not _info.name.startswith("_"):  # text: explain_text, above the methods
-        importlib.import_module(f"{__name__}.{_info.name}")
+for _info in pkgutil.iter_modules(methods.__path__):
+    importlib.import_module(f"{methods.__name__}.{_info.name}")
 
 __all__ = [
     "EXPLANATIONS",

@@ -10,7 +10,7 @@ to a next-token decision scores it unchanged:
   every earlier token, the prompt's (``side = "source"``) and the generated ones (``"target"``);
   all steps go through the model as one right-padded batch;
 * an **encoder-decoder**: step ``t`` forces ``[start] + y_<t`` on the decoder
-  (:func:`~attnaudit.models.zeroshot.forced_decision`); the items are the source tokens (the attention
+  (:func:`~attnaudit.models.hf.zeroshot.forced_decision`); the items are the source tokens (the attention
   methods read the last target position's cross-attention).
 
 The explained class of every row is ``y_t`` itself (``Batch.explained``), not the argmax, so a forced
@@ -27,7 +27,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -39,12 +39,9 @@ from attnaudit.data.types import Batch, Example
 from attnaudit.errors import AttnAuditError
 from attnaudit.explain.registry import Explanation, item_mask
 from attnaudit.io import atomic_write, atomic_write_json
-from attnaudit.models.hf_batches import forced_batch
-from attnaudit.models.zeroshot import target_side
+from attnaudit.models.hf import forced_batch
+from attnaudit.models.interface import LanguageModel, language_model
 from attnaudit.run import Run
-
-if TYPE_CHECKING:
-    from attnaudit.models.hf_model import HFModel
 
 FILES = ("generation.json", "generation.csv")
 AGGREGATIONS = ("sum", "mean", "max")
@@ -159,7 +156,7 @@ def encode_exactly(tokenizer: Any, text: str) -> list[int]:
     return ids
 
 
-def target_ids(model: HFModel, text: str, option: str) -> list[int]:
+def target_ids(model: LanguageModel, text: str, option: str) -> list[int]:
     """A forced continuation's ids (no special tokens); a one-line error when it has none or reads as unknown."""
     tokenizer = model.tokenizer
     encoded = tokenizer(text_target=text, add_special_tokens=False) if model.kind == "encoder-decoder" else tokenizer(text, add_special_tokens=False)
@@ -172,7 +169,7 @@ def target_ids(model: HFModel, text: str, option: str) -> list[int]:
     return ids
 
 
-def pad_id(model: HFModel) -> int:
+def pad_id(model: LanguageModel) -> int:
     """The id right padding uses: the tokenizer's pad token, else its end token, else the model's pad id."""
     tokenizer = model.tokenizer
     for value in (tokenizer.pad_token_id, tokenizer.eos_token_id, model.config.pad_id):
@@ -181,21 +178,21 @@ def pad_id(model: HFModel) -> int:
     return 0
 
 
-def decoder_rows(model: HFModel, prompt: Sequence[int], target: Sequence[int], steps: int) -> Batch:
+def decoder_rows(model: LanguageModel, prompt: Sequence[int], target: Sequence[int], steps: int) -> Batch:
     """Rows ``prompt + target[:t]`` for ``t < steps`` (:func:`id_rows`)."""
     return id_rows(model, [list(prompt) + list(target[:t]) for t in range(steps)])
 
 
-def id_rows(model: HFModel, rows: Sequence[Sequence[int]]) -> Batch:
+def id_rows(model: LanguageModel, rows: Sequence[Sequence[int]]) -> Batch:
     """Rows of token ids, each its own length, right-padded; their examples name the tokens."""
     tokens, mask = _pad(rows, pad_id(model))
     pieces = [[model.tokenizer.decode([i]) for i in row] for row in rows]
     return Batch(tokens=tokens, mask=mask, examples=[Example(tokens=p) for p in pieces])
 
 
-def forced_row(model: HFModel, source: Sequence[int], prefix: Sequence[int]) -> Batch:
+def forced_row(model: LanguageModel, source: Sequence[int], prefix: Sequence[int]) -> Batch:
     """One encoder-decoder row: ``source`` and the decoder start token plus ``prefix`` (unpadded), teacher-forced as
-    the alignment test's reference targets are (:func:`~attnaudit.models.hf_batches.forced_batch`)."""
+    the alignment test's reference targets are (:func:`~attnaudit.models.hf.batches.forced_batch`)."""
     return forced_batch([source], [prefix], model.decoder_start, pad_id(model), [Example(tokens=[model.tokenizer.decode([i]) for i in source])])
 
 
@@ -227,7 +224,7 @@ def word_indices(pieces: Sequence[str]) -> list[int]:
     return words
 
 
-def check_length(model: HFModel, source: Sequence[int], steps: int) -> None:
+def check_length(model: LanguageModel, source: Sequence[int], steps: int) -> None:
     """A one-line error when ``steps`` target tokens after ``source`` exceed what the model reads."""
     limit = model.config.max_len
     if model.kind == "encoder-decoder" and max(len(source), steps + 1) > limit:
@@ -236,7 +233,7 @@ def check_length(model: HFModel, source: Sequence[int], steps: int) -> None:
         raise AttnAuditError(f"the prompt and the continuation have {len(source) + steps} tokens; this model reads at most {limit}")
 
 
-def step_batches(model: HFModel, source: list[int], target: list[int], contrast: list[int] | None = None) -> list[Batch]:
+def step_batches(model: LanguageModel, source: list[int], target: list[int], contrast: list[int] | None = None) -> list[Batch]:
     """The steps of a sequence as batches whose rows explain ``target[t]`` (and its ``contrast[t]``): one batch
     of every step for a decoder, one batch per step for an encoder-decoder; one-line errors past the model's length."""
     check_length(model, source, len(target))
@@ -259,8 +256,8 @@ def explain_steps(
 
     A step's items are numbered as a decoder reads them: the source (prompt) tokens, then the earlier target
     tokens. An encoder-decoder's methods registered with ``target_side`` score both sides (within
-    :func:`~attnaudit.models.zeroshot.target_side`); the others score its source and give NaN for its target."""
-    model = cast("HFModel", run.model)
+    :func:`~attnaudit.models.hf.zeroshot.target_side`); the others score its source and give NaN for its target."""
+    model = language_model(run.model, "a generated sequence")
     batches = step_batches(model, source, target, contrast)
     device = model.input_device
     scores: dict[str, list[list[float]]] = {name: [] for name in methods}
@@ -272,7 +269,7 @@ def explain_steps(
         batch = batch.to(device)
         source_only = {name: m for name, m in methods.items() if not (both and m.target_side)}
         values = {name: m(run, batch, **offered).float().cpu() for name, m in source_only.items()}
-        with target_side(model) if both else contextlib.nullcontext():
+        with model.target_side() if both else contextlib.nullcontext():
             mask = item_mask(model, batch).cpu()
             values.update({name: m(run, batch, **offered).float().cpu() for name, m in methods.items() if name not in source_only})
         width = batch.tokens.shape[1]
@@ -307,7 +304,7 @@ def explain_generated(
     ``chosen``: the methods to compute and the default ones skipped (:func:`attnaudit.explain.registry.methods_for`,
     asked within the next-token decision); ``contrast``: a continuation of as many tokens, each step explaining
     ``p(target) − p(contrast)``; ``sample``: draw tokens instead of taking the most probable (seeded)."""
-    model = cast("HFModel", run.model)
+    model = language_model(run.model, "a generated sequence")
     methods, skipped = chosen
     source = encode_exactly(model.tokenizer, text)
     if target is not None:
@@ -344,7 +341,7 @@ def explain_generated(
     )
 
 
-def generate_tokens(model: HFModel, source: Sequence[int], count: int, sample: bool, seed: int) -> tuple[list[int], Tensor]:
+def generate_tokens(model: LanguageModel, source: Sequence[int], count: int, sample: bool, seed: int) -> tuple[list[int], Tensor]:
     """:meth:`HFModel.continuation` (the tokens and the distribution of each) after checking ``count`` against the model's length."""
     if count < 1:
         raise AttnAuditError(f"--generate must be at least 1, got {count}")

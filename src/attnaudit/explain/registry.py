@@ -79,7 +79,7 @@ class Explanation:
     order: int = 100
     per_example: bool = True
     target_side: bool = False
-    """It scores an encoder-decoder's earlier target tokens too, within :func:`attnaudit.models.zeroshot.target_side`."""
+    """It scores an encoder-decoder's earlier target tokens too, within :func:`attnaudit.models.hf.zeroshot.target_side`."""
     settings_check: SettingsCheck | None = None
 
     def applies(self, target: AttentionModel | Run, offered: dict[str, Any] | None = None) -> str | None:
@@ -357,7 +357,7 @@ def item_mask(target: AttentionModel | Run, batch: Batch) -> Tensor:
     model = model_of(target)
     if hierarchical(model):
         return mask.any(-1)
-    if getattr(model, "target_items", False) and batch.target is not None and batch.target_mask is not None:
+    if model.target_items and batch.target is not None and batch.target_mask is not None:
         after_start = batch.target_mask.bool().clone()
         after_start[:, 0] = False  # the decoder start token is no earlier target token
         return torch.cat([mask, after_start.to(mask.device)], 1)
@@ -388,7 +388,7 @@ def item_names(target: AttentionModel | Run, batch: Batch) -> list[list[str]]:
     real = batch.mask.bool()
     if items.shape != real.shape:
         return [[f"item {i}" for i in range(int(row.sum()))] for row in items]
-    tokenizer = getattr(model, "tokenizer", None)
+    tokenizer = model.tokenizer
     pieces = model.wordpieces(batch)
     out = []
     for b, example in enumerate(batch.examples):

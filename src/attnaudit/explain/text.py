@@ -7,13 +7,13 @@ The decision explained, through the one model interface (:class:`~attnaudit.mode
   with a prompt and verbalizer): its predicted class;
 * a causal LM without a head or verbalizer: the predicted **next token** at the last position.
   Its output already is the next-token logits over the whole vocabulary, so the whole vocabulary
-  is taken as the classes (:func:`attnaudit.models.zeroshot.next_token_decision`, the zero-shot
+  is taken as the classes (:func:`attnaudit.models.hf.zeroshot.next_token_decision`, the zero-shot
   mechanism without restricting the ids; not a top-k, which would renormalise ŷ): ŷ is the real
   next-token probability, and gradient, input × gradient, IG, leave-one-out (TVD over the
   vocabulary), ... apply unchanged, interventions included;
 * a generated or forced sequence (``generate`` / ``target``; decoders and encoder-decoders): each of
   its tokens as one next-token decision (:mod:`attnaudit.explain.generation`; an encoder-decoder's
-  through :func:`attnaudit.models.zeroshot.forced_decision`);
+  through :func:`attnaudit.models.hf.zeroshot.forced_decision`);
 * a headless encoder (``--hf minilm``): no decision; only the attention-based methods apply, and
   the defaults that do not are listed under ``skipped`` with the reason.
 """
@@ -25,7 +25,7 @@ import copy
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any
 
 import pandas as pd
 import torch
@@ -34,22 +34,19 @@ from attnaudit.bounds import ig_steps
 from attnaudit.data.types import Batch, Example
 from attnaudit.errors import AttnAuditError, unknown, warn
 from attnaudit.explain import EXPLANATIONS, choose, item_mask, item_names, item_values
-from attnaudit.explain.attention import attention_per_head
 from attnaudit.explain.generation import AGGREGATIONS, Generated, decoder_rows, encode_exactly, explain_generated
+from attnaudit.explain.helpers.attention import attention_per_head
 from attnaudit.explain.registry import CHOICES, choice, methods_for
 from attnaudit.io import (
     atomic_write,
     atomic_write_json,
     check_output_dir,
-    is_run_dir,
     locked,
     refuse_inside,
 )
-from attnaudit.models.interface import evaluation
+from attnaudit.models.interface import LanguageModel, evaluation, language_model
+from attnaudit.resolve import Named, name_model
 from attnaudit.run import Run
-
-if TYPE_CHECKING:
-    from attnaudit.models.hf_model import HFModel
 
 TOP_TOKENS = 5
 """How many most probable next tokens the explanation lists."""
@@ -95,7 +92,7 @@ class Explained:
 
 
 def explain_text(
-    source: Run | str | Path,
+    source: Named | Run | str | Path,
     text: str,
     methods: Sequence[str] | None = None,
     out: str | Path | None = None,
@@ -118,7 +115,8 @@ def explain_text(
     options: dict[str, Any] | None = None,
 ) -> Explained | Generated:
     """Explain ``text``'s decision by ``source``: a :class:`Run`, a run directory, or a Hugging Face
-    model (``smollm2``, ``minilm``, a folder, a ``.gguf`` file or a hub name).
+    model (``smollm2``, ``minilm``, a folder, a ``.gguf`` file or a hub name), or what the CLI named
+    (:func:`attnaudit.resolve.name_model`).
 
     ``methods``: names from the registry, a list or comma-separated (default: its default methods that apply; the others are
     recorded under ``skipped`` with the reason); a named method that does not apply is a one-line
@@ -158,9 +156,12 @@ def explain_text(
     ig_steps(steps)
     offered = {"seed": seed, "steps": steps, **method_options(options)}
     folder = check_output_dir(out) if out is not None else None
-    if out is not None and isinstance(source, (str, Path)) and Path(source).is_dir():
-        refuse_inside(out, source, "the model folder")
-    run = _load(source, prompt, verbalizer, device, data_dir, {"dtype": dtype, "device_map": device_map, "max_memory": max_memory})
+    named = name_model(source=source, prompt=prompt, verbalizer=verbalizer, dtype=dtype, device_map=device_map, max_memory=max_memory)
+    if out is not None:  # before loading: nothing is written inside what was named
+        folder_of = named.run.path if isinstance(named.run, Run) else named.run if named.run is not None else named.hf
+        if folder_of is not None and Path(folder_of).is_dir():
+            refuse_inside(out, folder_of, "the run folder" if named.run is not None else "the model folder")
+    run = named.load(device, data_dir)
     set_seed(seed)
     explained: Explained | Generated
     with _decision(run, sequence) as kind:
@@ -171,7 +172,7 @@ def explain_text(
             )
         else:
             explained = _explain(run, text, kind, methods, max_length, offered)
-    explained.meta.update(seed=seed, max_length=max_length, steps=steps, source=_describe(source, run),
+    explained.meta.update(seed=seed, max_length=max_length, steps=steps, source=_describe(named, run),
                           definitions=definitions(list(explained.scores), offered, options or {}))
     if folder is not None:  # everything computed first: a failure above writes nothing
         with locked(folder):
@@ -212,27 +213,8 @@ def definitions(methods: Sequence[str], offered: dict[str, Any], given: dict[str
     return used
 
 
-def _load(
-    source: Run | str | Path, prompt: str | None, verbalizer: Any, device: str, data_dir: str | Path | None, loading: dict[str, Any]
-) -> Run:
-    """A Run as given; a directory holding an attnaudit run config; else a Hugging Face model (``loading``: how, e.g. ``dtype``)."""
-    hf = not isinstance(source, Run) and not is_run_dir(Path(source))
-    loading = {k: v for k, v in loading.items() if v is not None}
-    if not hf and (prompt is not None or verbalizer is not None or loading):
-        raise AttnAuditError(f"--prompt/--verbalizer/{'/'.join('--' + k.replace('_', '-') for k in loading) or '--dtype'} apply with --hf only")
-    if isinstance(source, Run):
-        return source
-    if not hf:
-        from attnaudit.run import load_run
-
-        return load_run(source, device=device, data_dir=data_dir)
-    from attnaudit.hf import load_hf
-
-    return load_hf(str(source), device=device, prompt=prompt, verbalizer=verbalizer, **loading)
-
-
-def _describe(source: Run | str | Path, run: Run) -> str:
-    return str(run.path) if isinstance(source, Run) and run.path else str(run.info.get("source") or source)
+def _describe(named: Named, run: Run) -> str:
+    return str(run.path) if isinstance(named.run, Run) and run.path else str(run.info.get("source") or named.describe())
 
 
 def _check_sequence(generate: int | None, target: str | None, contrast: str | None, max_length: int | None) -> bool:
@@ -255,7 +237,7 @@ def _decision(run: Run, sequence: bool = False) -> Iterator[str]:
     """``next_token`` (a causal LM, or an encoder-decoder explaining a ``sequence``, for the block),
     ``class`` (a trained head) or ``none``."""
     model = run.model
-    encoder_decoder = getattr(model, "kind", "") == "encoder-decoder"
+    encoder_decoder = isinstance(model, LanguageModel) and model.kind == "encoder-decoder"
     if encoder_decoder and not sequence:
         raise AttnAuditError("an encoder-decoder explains the sequence it generates: give --generate N or --target TEXT")
     if sequence and not encoder_decoder and model.config.extra.get("output") != "next_token":
@@ -265,14 +247,10 @@ def _decision(run: Run, sequence: bool = False) -> Iterator[str]:
             + ("classifies zero-shot (drop --prompt/--verbalizer)" if zero_shot else "makes no next-token prediction")
         )
     if encoder_decoder:
-        from attnaudit.models.zeroshot import forced_decision
-
-        with forced_decision(cast("HFModel", model)):  # an encoder-decoder here is a Hugging Face one
+        with language_model(model, "an encoder-decoder's decision").forced_decision():
             yield "next_token"
     elif model.config.extra.get("output") == "next_token":
-        from attnaudit.models.zeroshot import next_token_decision
-
-        with next_token_decision(cast("HFModel", model)):  # only a Hugging Face causal LM outputs next tokens
+        with language_model(model, "a next-token decision").next_token_decision():
             yield "next_token"
     else:
         yield "class" if model.trained_head else "none"
@@ -282,7 +260,7 @@ def _batch(run: Run, text: str, max_length: int | None, kind: str) -> Batch:
     """The one-example batch of ``text`` on the run's device (truncated to ``max_length`` tokens); a causal
     LM's next-token decision reads the text as written (the tokenizer's own encoding)."""
     if kind == "next_token":
-        model = cast("HFModel", run.model)
+        model = language_model(run.model, "a next-token decision")
         ids = encode_exactly(model.tokenizer, text)
         limit = min(max_length or model.config.max_len, model.config.max_len)
         if len(ids) > limit:
@@ -355,7 +333,7 @@ def _refuse_unknown_words(run: Run, batch: Batch, items: torch.Tensor) -> None:
 
 def _special_ids(run: Run) -> set[int]:
     """Ids a tokenizer adds around a text (none for word-level vocabularies)."""
-    tokenizer = getattr(run.model, "tokenizer", None)
+    tokenizer = run.model.tokenizer
     return set(getattr(tokenizer, "all_special_ids", []) or []) if tokenizer is not None else set()
 
 
@@ -376,7 +354,7 @@ def _decision_record(run: Run, kind: str, probs: torch.Tensor) -> dict[str, Any]
     top = probs.topk(min(TOP_TOKENS, probs.numel()))
     index = int(top.indices[0])
     if kind == "next_token":
-        decode = cast("HFModel", run.model).tokenizer.decode  # next tokens: a Hugging Face model's
+        decode = language_model(run.model, "a next-token decision").tokenizer.decode
         ranked = [{"token": decode([int(i)]), "id": int(i), "probability": float(p)} for p, i in zip(top.values, top.indices)]
         return {"kind": "next_token", "token": ranked[0]["token"], "id": index, "probability": float(top.values[0]), "top": ranked}
     labels = run.labels or [str(i) for i in range(probs.numel())]

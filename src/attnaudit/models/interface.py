@@ -20,10 +20,11 @@ Transformers, Hugging Face encoders, the NMT model) is an :class:`AttentionModel
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Literal
 
+import torch
 from torch import Tensor, nn
 
 from attnaudit.errors import AttnAuditError
@@ -82,7 +83,7 @@ class AttentionLayer:
 
     ``weights`` (B,H,Q,K); ``scores`` the pre-normaliser logits (same shape, -inf at
     padding) or None; ``keys``/``values`` (B,H,K,d) (additive attention: H=1; a Hugging Face
-    grouped-query layer records one per key/value head, :func:`~attnaudit.models.hf_attention.per_group`);
+    grouped-query layer records one per key/value head, :func:`~attnaudit.models.hf.attention.per_group`);
     ``inputs`` (B,K,d) the states that entered the layer; ``mask`` (B,K) True at real
     keys; ``query_mask`` (B,Q) True at real queries; ``outputs`` (B,Q,d) the states that
     left the whole layer (after its feed-forward block), where the family records them
@@ -168,6 +169,41 @@ class ResidualNorms:
     ffn: Callable[[Tensor], Tensor]
     ffn_layers: tuple[Dense, ...] = ()
     post_norms: tuple[NormParams, NormParams] | None = None
+
+    # The placement's equations, written once here: the context-mixing methods read them, so a new block
+    # layout is a new ``placement`` (found by :mod:`attnaudit.models.hf.layouts`) and its case below.
+
+    def output(self, summed: Tensor, x: Tensor) -> Tensor:
+        """The layer's output from the attention block's summed input to its first residual ``summed`` ``(..., d)``
+        (``x + o``, ``x`` the residual stream): post-LN ``LN₂(h + ffn(h))`` with ``h = LN₁(summed)``; pre-LN
+        ``summed + ffn(LN₂(summed))``; sandwich ``h + P₂(ffn(LN₂(h)))`` with ``h = x + P₁(summed − x)``;
+        parallel ``summed + ffn(LN₂(x))``."""
+        if self.placement == "pre":
+            return summed + self.ffn(self.ffn_norm(summed))
+        if self.placement == "parallel":
+            return summed + self.ffn(self.ffn_norm(x))
+        if self.placement == "sandwich":
+            assert self.post_norms is not None
+            h = x + self.post_norms[0](summed - x)
+            return h + self.post_norms[1](self.ffn(self.ffn_norm(h)))
+        h = self.attention_norm(summed)
+        return self.ffn_norm(h + self.ffn(h))
+
+    def attention_shares(self, parts: Tensor, whole: Tensor, x: Callable[[], Tensor], pairs: Callable[[], Tensor]) -> Tensor:
+        """``T_i(x_j)`` ``(B,Q,K,d)``: token ``j``'s share of token ``i``'s output of the attention block, from its
+        shares ``parts`` of the summed input to the first residual and that sum ``whole`` ``(B,Q,d)``: pre-LN and
+        parallel (whose feed-forward branch reads ``x_i`` alone) the parts themselves; post-LN the first norm's linear
+        part of them; sandwich ``x_i`` plus ``P₁``'s linear part of each share of ``o_i``. ``x`` and ``pairs`` (the
+        residual stream ``(B,T,d)`` and the real pairs ``(B,Q,K)``) are asked for only where the layout reads them."""
+        if self.placement in ("pre", "parallel"):
+            return parts
+        if self.placement == "sandwich":
+            assert self.post_norms is not None
+            stream = x()
+            eye = torch.eye(stream.shape[1], dtype=stream.dtype, device=stream.device)[None, :, :, None] * stream[:, :, None, :] * pairs()[..., None]
+            first = self.post_norms[0]
+            return first.linear(parts - eye, first.scale(whole - stream)[:, :, None]) + eye
+        return self.attention_norm.linear(parts, self.attention_norm.scale(whole)[:, :, None])
 
 
 @dataclass
@@ -318,7 +354,7 @@ class AttentionModel(nn.Module):
     """Whether the output head was trained; an untrained head (a bare Hugging Face encoder) makes
     no prediction to explain, so gradient, leave-one-out and prediction tests do not apply."""
     streams_layers: bool = False
-    """Whether ``decode`` takes ``keep_layers`` and ``on_layer`` (see :meth:`~attnaudit.models.hf_model.HFModel.decode`): each
+    """Whether ``decode`` takes ``keep_layers`` and ``on_layer`` (see :meth:`~attnaudit.models.hf.model.HFModel.decode`): each
     layer's record is handed over as it finishes and only the named layers stay in the trace."""
     # The two capability flags below are read-only properties so that a family may compute them
     # (HFModel does); the others override them with a plain class attribute (``= True``).
@@ -339,6 +375,12 @@ class AttentionModel(nn.Module):
     supports_lrp: bool = False
     """Whether :meth:`relevance_sites` exists and the attention calls
     :func:`attnaudit.models.lrp.attention_operands`: what AttnLRP and CP-LRP need."""
+    target_items: bool = False
+    """Whether the explained items include an encoder-decoder's earlier target tokens after its source
+    (within :meth:`LanguageModel.target_side`)."""
+    tokenizer: Any = None
+    """The subword tokenizer of a model that reads text through one (a :class:`LanguageModel`); None for the
+    word-level families, whose items are the words."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -432,10 +474,15 @@ class AttentionModel(nn.Module):
         """The subword strings on the key axis of each example, or None when items are the words."""
         return None
 
+    def block_first_layer(self, layer: int) -> int:
+        """The first attention layer of trace layer ``layer``'s block (an encoder-decoder's cross-attention layer:
+        the decoder self-attention before it); ``layer`` itself where a block holds one attention layer."""
+        return layer
+
     def rerun_cache(self, trace: AttentionTrace, layer: int, base: Cache, rows: Tensor) -> Cache | None:
         """A cache restarting at trace layer ``layer`` at one position per example, ``rows`` ``(B,)``, the
         other positions read from ``trace`` (a decoder's predicting token:
-        :meth:`~attnaudit.models.hf_model.HFModel.rerun_cache`); None where the family cannot."""
+        :meth:`~attnaudit.models.hf.model.HFModel.rerun_cache`); None where the family cannot."""
         return None
 
     def cache_at(self, trace: AttentionTrace, layer: int, base: Cache) -> Cache:
@@ -470,6 +517,84 @@ class AttentionModel(nn.Module):
         :attr:`AttentionLayer.rows`); the others every row."""
         return self(batch)
 
+
+
+class LanguageModel(AttentionModel):
+    """An :class:`AttentionModel` that reads text through a subword ``tokenizer`` and predicts tokens: an encoder
+    (``kind`` ``"encoder"``), a causal LM (``"decoder"``) or an encoder-decoder (``"encoder-decoder"``). What generic
+    code (explanations of next tokens and generated sequences, the generation test) needs of such a model beyond
+    :class:`AttentionModel`; the Hugging Face adapter implements it. Reach it with :func:`language_model`."""
+
+    kind: str = "encoder"
+    streams_layers = True
+
+    @property
+    def input_device(self) -> Any:
+        """Where a batch goes (a model spread over devices: its input embeddings')."""
+        raise NotImplementedError
+
+    @property
+    def decoder_start(self) -> int:
+        """An encoder-decoder's decoder start token."""
+        raise NotImplementedError
+
+    @property
+    def generates(self) -> bool:
+        """Whether it makes tokens: an encoder-decoder, or a causal LM whose output is the next token
+        (not one classifying zero-shot)."""
+        return self.kind == "encoder-decoder" or self.config.extra.get("output") == "next_token"
+
+    def next_token_decision(self) -> AbstractContextManager[Any]:
+        """Within: the output is the next-token distribution over the whole vocabulary (a causal LM)."""
+        raise NotImplementedError
+
+    def unverbalized(self) -> AbstractContextManager[Any]:
+        """Within: a decoder classifying zero-shot (prompt and verbalizer) is its causal LM again; others unchanged."""
+        raise NotImplementedError
+
+    def forced_decision(self) -> AbstractContextManager[Any]:
+        """Within: an encoder-decoder's output is the next-token distribution after its (forced) target."""
+        raise NotImplementedError
+
+    def target_side(self) -> AbstractContextManager[Any]:
+        """Within: an encoder-decoder's explained items are its source and earlier target tokens."""
+        raise NotImplementedError
+
+    def continuation(self, source: Sequence[int], count: int, sample: bool = False, seed: int = 0) -> tuple[list[int], Tensor]:
+        """Up to ``count`` tokens after ``source`` and the distribution each came from."""
+        raise NotImplementedError
+
+    def forced_distributions(self, source: Sequence[int], target: Sequence[int]) -> Tensor:
+        """The next-token distribution before each token of a forced ``target``."""
+        raise NotImplementedError
+
+    def prefix_from(self, trace: AttentionTrace, rows: Tensor, lengths: Tensor) -> Any:
+        """The first ``lengths[r]`` tokens of example ``rows[r]`` of a full ``trace``, for :meth:`decode` to continue from."""
+        raise NotImplementedError
+
+    @property
+    def continues_prefix(self) -> bool:
+        """Whether :meth:`decode` can continue after :meth:`prefix_from`'s prefix."""
+        return False
+
+    def decode(
+        self,
+        cache: Cache,
+        interventions: Sequence[Intervention] = (),
+        start_layer: int | None = None,
+        keep_layers: Collection[int] | None = None,
+        on_layer: Callable[[int, AttentionLayer], None] | None = None,
+    ) -> ModelOutput:
+        """As :meth:`AttentionModel.decode`; ``on_layer(index, record)`` sees each layer's record as it finishes and
+        the trace keeps only ``keep_layers`` (None: all)."""
+        raise NotImplementedError
+
+
+def language_model(model: AttentionModel, purpose: str = "this") -> LanguageModel:
+    """``model`` as a :class:`LanguageModel`; a one-line error naming ``purpose`` when it reads no text through a tokenizer."""
+    if not isinstance(model, LanguageModel):
+        raise AttnAuditError(f"{purpose} needs a model that reads text through a tokenizer (a Hugging Face model)")
+    return model
 
 @contextmanager
 def replaced_forwards(forwards: dict[nn.Module, Callable[..., Any]]) -> Iterator[None]:

@@ -38,7 +38,7 @@ def normalise(scores: Tensor, mask: Tensor, name: str = "softmax", masked: bool 
 
     ``mask`` broadcasts against ``scores`` (e.g. ``(B,1,1,K)``). Padded keys get exactly 0.
     ``masked``: the scores already hold the mask (a model's own additive mask, its dtype's minimum or at
-    most :func:`~attnaudit.models.hf_attention.masked_below` at every hidden key): a softmax then
+    most :func:`~attnaudit.models.hf.attention.masked_below` at every hidden key): a softmax then
     needs no fill, as its exponent is exactly 0 there, and only rows that read no key are zeroed.
     """
     check_normaliser(name)

@@ -264,7 +264,9 @@ def build_report(
     explorer = explorer_section(explorer_payload(explored, results) if explored else None, explorer_note) if explore else ""
     model = info.get("model") or meta.get("model")
     if info.get("hf"):
-        model = f"Hugging Face encoder {'/'.join(Path(info['hf']).parts[-2:])}"
+        kind = info.get("kind") if info.get("kind") in ("encoder", "decoder", "encoder-decoder") else "model"
+        zero_shot = ", zero-shot by prompt and verbalizer" if info.get("zero_shot") else ""
+        model = f"Hugging Face {kind} {'/'.join(Path(info['hf']).parts[-2:])} ({info.get('architecture', '?')}{zero_shot})"
     task = info.get("task") or meta.get("task")
     facts = [
         ("model", model),

@@ -44,7 +44,7 @@ BUDGET = 16_000_000
 EXPLORER = "explorer.json"
 VERSION = 1
 CHUNK = 8
-"""Instances per batch (Integrated Gradients bounds its own passes' memory: :func:`attnaudit.explain.ig.pass_rows`)."""
+"""Instances per batch (Integrated Gradients bounds its own passes' memory: :func:`attnaudit.explain.methods.ig.pass_rows`)."""
 ENCODING = (
     "attention: 8-bit per layer and instance (q = round(255·w/m), m = the layer's largest weight; "
     "error ≤ m/510), zlib, base64; explanation scores: 4 significant digits"
@@ -84,7 +84,7 @@ def unpack(blob: str) -> np.ndarray:
 
 def readable(run: Run, pieces: list[str]) -> list[str]:
     """Byte-level BPE pieces of a decoder as text (``Ġcharming`` -> `` charming``); others unchanged."""
-    tokenizer = getattr(run.model, "tokenizer", None)
+    tokenizer = run.model.tokenizer
     if not run.model.causal or tokenizer is None or not hasattr(tokenizer, "convert_tokens_to_string"):
         return [str(p) for p in pieces]
     return [tokenizer.convert_tokens_to_string([str(p)]) for p in pieces]

@@ -90,7 +90,7 @@ def select_instances(ranking: Result | None, column: str, n_examples: int, count
 
 def _rationale_items(run: Run, batch: Batch, row: int) -> list[int]:
     """Items of instance ``row`` that belong to its rationale (HAN: sentences, HF: wordpieces of rationale words)."""
-    from attnaudit.experiments.common import instance_units
+    from attnaudit.experiments.common.units import instance_units
 
     units = instance_units(run, batch, row)
     if units is None:

@@ -19,6 +19,7 @@ from typing import Any
 
 from attnaudit.experiments.experiment import Result
 from attnaudit.html_page import SIZE, esc, fmt, numeric, page, table
+from attnaudit.report.paradigms import PARADIGM_TESTS, paradigms_section
 
 HEAT_RGB = (230, 97, 1)
 """Heatmap colour at full importance (the orange end of ColorBrewer's PuOr); lighter = less."""
@@ -66,6 +67,31 @@ def _anchor(name: str) -> str:
     return "test-" + "".join(c if c.isalnum() or c in "-_" else "-" for c in name)
 
 
+ABBREVIATIONS = {
+    "tau": "τ", "rho": "ρ", "jsd": "JSD", "tvd": "TVD", "kl": "KL", "aer": "AER", "aopc": "AOPC", "auprc": "AUPRC",
+    "comp": "comprehensiveness", "suff": "sufficiency", "ig": "IG", "loo": "LOO", "map": "MAP", "n": "count",
+    "vs": "vs", "fx": "f(x)", "auc": "AUC", "roc": "ROC",
+}
+"""How a word of a statistic's id reads in the report."""
+AGGREGATES = ("mean", "median")
+
+
+def statistic_words(name: str) -> str:
+    """A verdict statistic's id as a reader wants it: ``tau_attention_vs_gradient_mean`` → ``mean τ(attention, gradient)``,
+    ``max_jsd_mean`` → ``mean max JSD``; a name already in words (with a space) is kept. The id stays the CSV's column
+    and the cell's tooltip."""
+    if " " in name or not name:
+        return name
+    words = name.split("_")
+    aggregate = words.pop() if len(words) > 1 and words[-1] in AGGREGATES else ""
+    if "vs" in words[1:-1] and words[0] in ("tau", "rho"):
+        cut = words.index("vs", 1)
+        text = f"{ABBREVIATIONS[words[0]]}({' '.join(words[1:cut])}, {' '.join(words[cut + 1:])})"
+    else:
+        text = " ".join(ABBREVIATIONS.get(word, word) for word in words)
+    return f"{aggregate} {text}" if aggregate else text
+
+
 def verdict_table(sections: list[Section]) -> str:
     """Top table: per test its headline statistics, the published figure beside ours, and what they say."""
     rows = []
@@ -81,7 +107,7 @@ def verdict_table(sections: list[Section]) -> str:
             value = r.get("value")
             cell = f'<td class="num">{fmt(value)}</td>' if numeric(value) else f"<td>{fmt(value)}</td>"
             rows.append(
-                f"<tr><td>{link}</td><td>{esc(r.get('statistic', ''))}</td>{cell}"
+                f"<tr><td>{link}</td><td title=\"{esc(r.get('statistic', ''))}\">{esc(statistic_words(str(r.get('statistic', ''))))}</td>{cell}"
                 f"<td>{fmt(r.get('published', ''))}</td><td>{esc(r.get('interpretation', ''))}</td></tr>"
             )
     head = "<tr><th>test</th><th>statistic</th><th>ours</th><th>published</th><th>what it says about faithfulness</th></tr>"
@@ -278,18 +304,20 @@ def render(
     fact_line += f" · report size: {SIZE}"
     nav = "".join(f'<a href="#{_anchor(s.name)}">{esc(s.name)}</a>' for s in sections)
     explorer_link = '<a href="#explorer">explorer</a>' if explorer else ""
+    paradigms_link = '<a href="#paradigms">paradigms</a>' if any(s.name in PARADIGM_TESTS and s.result for s in sections) else ""
     general = ""
     if notes:
         general = '<h3>Notes</h3><ul class="notes">' + "".join(f"<li>{esc(n)}</li>" for n in notes) + "</ul>"
     body = [
         f"<header><h1>{esc(title)}</h1><p class=\"meta\">{fact_line}</p>",
-        f'<nav><a href="#verdict">verdict</a>{explorer_link}<a href="#heatmaps">heatmaps</a>{nav}</nav></header>',
+        f'<nav><a href="#verdict">verdict</a>{paradigms_link}{explorer_link}<a href="#heatmaps">heatmaps</a>{nav}</nav></header>',
         '<section id="verdict"><h2>Verdict</h2>',
         "<p>Each test's headline numbers, the published figure where the paper reports one, and what they "
         "say about whether attention explains the predictions.</p>",
         verdict_table(sections),
         general,
         "</section>",
+        paradigms_section({s.name: s.result for s in sections if s.result is not None}),
         explorer,
         heatmaps_section(heatmaps, heatmap_note),
         *(test_section(s, results_dir) for s in sections),

@@ -42,7 +42,7 @@ import torch
 from torch import Tensor, nn
 
 from attnaudit import __version__
-from attnaudit.data.types import Batch, Example
+from attnaudit.data.types import Batch, Example, TaskData
 from attnaudit.errors import AttnAuditError
 from attnaudit.io import atomic_write_json, digest, read_json_object
 from attnaudit.models import ModelConfig, build_model
@@ -290,7 +290,8 @@ def mean_loss(model: AttentionModel, run: Run, examples: list[Example], variant:
 
 
 def train_variant(
-    base: Run, out: str | Path, variant: Variant, *, epochs: int | None = None, seed: int | None = None, label: str = ""
+    base: Run, out: str | Path, variant: Variant, *, epochs: int | None = None, seed: int | None = None, label: str = "",
+    data: TaskData | None = None,
 ) -> SubRun:
     """Train (or load, when finished with the same config) one sub-run of ``variant`` into ``out``.
 
@@ -321,7 +322,7 @@ def train_variant(
     sub = Run(model=net, collate=base.collate, task=base.task, path=out, device=base.device, info=run_config)
     if out.exists() and not _resumable(out, run_config["hash"]):
         shutil.rmtree(out)
-    data = base.data()
+    data = base.data() if data is None else data
     loop = cfg.loop(base.task.task_type)
     hooks = _variant_hooks(sub, cfg, variant, data.dev, f"{label or out.name} ")
     if variant.loss is not None:

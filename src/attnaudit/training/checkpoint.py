@@ -161,6 +161,20 @@ def start_or_resume(
     return fresh
 
 
+def finished_run(out: Path, config_hash: str, resume: bool) -> bool:
+    """Whether ``out`` holds a finished run of this very config (with ``resume``: its ``metrics.json`` and a config of
+    hash ``config_hash``), said on the console: the caller loads it instead of training again. Otherwise a folder
+    holding another run's test results is refused (:func:`refuse_other_run`) and the caller trains."""
+    from attnaudit.progress import status
+
+    config = out / CONFIG
+    if resume and (out / METRICS).exists() and config.exists() and read_json_object(config, optional={"hash": str}).get("hash") == config_hash:
+        status(f"[green]{out}[/]: already trained with this config, loading it")
+        return True
+    refuse_other_run(out, config_hash)
+    return False
+
+
 def refuse_other_run(out: Path, config_hash: str) -> None:
     """Refuse to train over a run with another config whose test results are in ``out/results``:
     they would describe the old model. (Without results a different config retrains in place,

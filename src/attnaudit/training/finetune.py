@@ -2,7 +2,7 @@
 
 Encoders (BERT family) pool ``[CLS]``; decoder-only models (Llama/SmolLM2, Qwen2, GPT-2) get a
 sequence-classification head read at each example's last *real* token
-(:meth:`~attnaudit.models.hf_model.HFModel.decode`, from the mask, so any padding side
+(:meth:`~attnaudit.models.hf.model.HFModel.decode`, from the mask, so any padding side
 works). ``train_layers`` trains only the head, the last ``N`` layers and what follows them
 (final norm, pooler); everything before is frozen, both out of the optimiser (the loop's
 ``Optimiser.frozen``) and out of autograd, so the backward pass stops at the first trained
@@ -51,8 +51,7 @@ if TYPE_CHECKING:
     from torch import Tensor
 
     from attnaudit.data.types import Batch
-    from attnaudit.hf import HFModel
-    from attnaudit.models.hf_batches import HFCollator
+    from attnaudit.models.hf import HFCollator, HFModel
 
 AFTER_LAYERS = ("norm", "ln_f", "pooler")
 """Base-model modules that run after the layers (decoders' final norm, BERT's pooler): trained with the head."""
@@ -60,6 +59,15 @@ AFTER_LAYERS = ("norm", "ln_f", "pooler")
 
 def _settings_hash(settings: dict[str, Any]) -> str:
     return digest(settings)
+
+
+def _hf_model(model: nn.Module) -> HFModel:
+    """``model`` (load_hf's) as the Hugging Face adapter whose transformers model is fine-tuned."""
+    from attnaudit.models.hf import HFModel
+
+    if not isinstance(model, HFModel):
+        raise AttnAuditError("fine-tuning needs a Hugging Face model (load_hf's)")
+    return model
 
 
 def frozen_patterns(model: HFModel, train_layers: int | None) -> tuple[str, ...]:
@@ -101,10 +109,12 @@ def _check(epochs: int, batch_size: int, lr: float, warmup: float, limit: int | 
         raise AttnAuditError(f"--train-layers must be at least 0, got {train_layers}")
 
 
-def _hooks(run: Run, data: TaskData, out: Path, extra: dict[str, Any]) -> Hooks:
+def _hooks(run: Run, data: TaskData, out: Path, extra: dict[str, Any], masking: tuple[int, list[int], int] | None = None) -> Hooks:
     """Cross-entropy on the head's logits, dev scores per epoch; the kept epoch is saved as an
-    ``hf`` run directory (``save_pretrained``) with its head marked as trained."""
+    ``hf`` run directory (``save_pretrained``) with its head marked as trained. ``masking``: (mask id, kept ids,
+    seed) of masked fine-tuning (:func:`~attnaudit.training.masking.mask_batch`: half of each batch masked)."""
     from attnaudit.hf import save_hf_run
+    from attnaudit.training.masking import mask_batch
 
     def save_best() -> None:
         run.model.trained_head = True
@@ -112,8 +122,11 @@ def _hooks(run: Run, data: TaskData, out: Path, extra: dict[str, Any]) -> Hooks:
         save_hf_run(run, out, extra)
 
     def loss(net: nn.Module, batch: Batch) -> Tensor:
-        assert batch.labels is not None  # training examples are labelled
-        return cross_entropy()(net(batch).logits, batch.labels)
+        labels = batch.labels
+        assert labels is not None  # training examples are labelled
+        if masking is not None:
+            batch = mask_batch(batch, *masking)
+        return cross_entropy()(net(batch).logits, labels)
 
     return Hooks(
         loss=loss,
@@ -121,6 +134,14 @@ def _hooks(run: Run, data: TaskData, out: Path, extra: dict[str, Any]) -> Hooks:
         save_best=save_best,
         label="fine-tune ",
     )
+
+
+def _masking(run: Run, seed: int) -> tuple[int, list[int], int]:
+    """(mask id, special ids never masked, seed) of masked fine-tuning; one line where the tokenizer has no mask token."""
+    tokenizer = run.model.tokenizer  # the interface's: a Hugging Face model's tokenizer
+    if getattr(tokenizer, "mask_token_id", None) is None:
+        raise AttnAuditError("--masking replaces tokens by the mask token; this model's tokenizer has none (an encoder such as minilm has)")
+    return int(tokenizer.mask_token_id), list(tokenizer.all_special_ids), seed
 
 
 @writes_folder("out")
@@ -139,6 +160,7 @@ def finetune(
     weight_decay: float = 0.01,
     max_len: int | None = None,
     train_layers: int | None = None,
+    masking: bool = False,
 ) -> Run:
     """Fine-tune ``hf`` (``minilm``, ``smollm2``, a local directory, ``.gguf`` file or hub name) on
     ``task``; return the best-dev run.
@@ -146,6 +168,9 @@ def finetune(
     ``limit`` trains on a seeded random sample of that many training examples (dev and
     test stay whole). ``max_len`` caps wordpieces per input (default: the model's limit).
     ``train_layers`` trains only the head and the last N layers (None: every parameter).
+    ``masking``: masked fine-tuning (Madsen et al. 2024; :mod:`attnaudit.training.masking`): half of each batch
+    masked at a per-example ratio drawn from U[0, 1), so that erased inputs are in distribution; needs a tokenizer
+    with a mask token.
     """
     from attnaudit.hf import load_hf, load_hf_run
     from attnaudit.pretrained import resolve_source
@@ -161,6 +186,8 @@ def finetune(
                 "seed": seed, "warmup": warmup, "weight_decay": weight_decay, "max_len": max_len}
     if train_layers is not None:  # a default left out keeps earlier runs' hashes
         settings["train_layers"] = train_layers
+    if masking:
+        settings["masking"] = True
     digest = _settings_hash(settings)
     config_file = out / "config.json"
     if (
@@ -183,13 +210,13 @@ def finetune(
     train_set = list(data.train)
     if limit is not None and limit < len(train_set):
         train_set = random.Random(seed).sample(train_set, limit)
-    frozen = frozen_patterns(cast("HFModel", run.model), train_layers)  # load_hf's
+    frozen = frozen_patterns(_hf_model(run.model), train_layers)
     trained = freeze(run.model, frozen)
     extra = {"finetune": {**settings, "hash": digest, "train_examples": len(train_set), "trained_parameters": trained}}
     steps = epochs * -(-len(train_set) // batch_size)
     optimiser = Optimiser("adamw", lr, weight_decay, frozen=frozen, clip=1.0, schedule="linear-hf", warmup=int(warmup * steps))
     loop = LoopConfig(epochs, batch_size, seed, optimiser, Selection("dev.accuracy"))
-    state = fit(run.model, run, train_set, loop, _hooks(run, data, out, extra))
+    state = fit(run.model, run, train_set, loop, _hooks(run, data, out, extra, _masking(run, seed) if masking else None))
     best_run = load_hf_run(out, device=device, data_dir=data_dir)
     best_run._data = data
     metrics = {

@@ -22,7 +22,7 @@ from attnaudit.data.tasks import load_task
 from attnaudit.data.types import Batch, Example, TaskData
 from attnaudit.data.word_alignments import PAD_ID, Seq2SeqCollator, SubwordTokenizer
 from attnaudit.errors import AttnAuditError, InputError
-from attnaudit.io import atomic_write_json, digest, read_json_object, writes_folder
+from attnaudit.io import atomic_write_json, digest, writes_folder
 from attnaudit.models.interface import ModelConfig, evaluation
 from attnaudit.models.normalisers import check_normaliser
 from attnaudit.models.seq2seq import Seq2SeqTransformer
@@ -32,8 +32,8 @@ from attnaudit.seed import resolve_device
 from attnaudit.training.checkpoint import (
     METRICS,
     WEIGHTS,
+    finished_run,
     load_state_into,
-    refuse_other_run,
 )
 from attnaudit.training.loop import (
     Checkpoint,
@@ -47,7 +47,7 @@ from attnaudit.training.loop import (
 )
 
 if TYPE_CHECKING:
-    from attnaudit.models.hf_model import HFModel
+    from attnaudit.models.hf import HFModel
 
 SOURCE_BPE = "source_bpe.json"
 TARGET_BPE = "target_bpe.json"
@@ -168,7 +168,7 @@ def train_nmt(
     bounds.bpe_vocabulary(cfg.source_vocab, cfg.d_model, "--source-vocab")  # before the data: the trainer reserves its tables at once
     bounds.bpe_vocabulary(cfg.target_vocab, cfg.d_model, "--target-vocab")
     if arch != "nmt":
-        from attnaudit.models.hf_fresh import ARCHITECTURES
+        from attnaudit.models.hf import FRESH_ARCHITECTURES as ARCHITECTURES
 
         if arch not in ARCHITECTURES:
             raise AttnAuditError(f"unknown --arch {arch!r}; choose one of nmt, {', '.join(ARCHITECTURES)}")
@@ -196,15 +196,8 @@ def train_nmt(
     }
     config_hash = digest({k: v for k, v in run_config.items() if k != "version"})
     run_config["hash"] = config_hash
-    if (
-        resume
-        and (out / METRICS).exists()
-        and (out / CONFIG).exists()
-        and read_json_object(out / CONFIG, optional={"hash": str}).get("hash") == config_hash
-    ):
-        status(f"[green]{out}[/]: already trained with this config, loading it")
+    if finished_run(out, config_hash, resume):
         return load_nmt_run(out, device=device, data_dir=data_dir)
-    refuse_other_run(out, config_hash)
 
     dev_device = resolve_device(device)
     net = seeded(cfg.seed, lambda: Seq2SeqTransformer(config)).to(dev_device)
@@ -229,7 +222,7 @@ def train_nmt(
 def train_hf_nmt(
     data: TaskData, spec: TaskSpec, out: Path, cfg: NMTConfig, arch: str, device: str, resume: bool, bleu_split: str | None
 ) -> Run:
-    """``train_nmt`` for a Hugging Face encoder-decoder built from scratch (:func:`~attnaudit.models.hf_fresh.fresh_seq2seq`).
+    """``train_nmt`` for a Hugging Face encoder-decoder built from scratch (:func:`~attnaudit.models.hf.fresh.fresh_seq2seq`).
 
     One joint BPE vocabulary of ``source_vocab`` entries is learnt on both sides of the training pairs
     (Marian and BART share embeddings between encoder, decoder and LM head). The loop, its hooks and
@@ -240,20 +233,13 @@ def train_hf_nmt(
     from dataclasses import replace
 
     from attnaudit.hf import load_hf_run, save_hf_run
-    from attnaudit.models.hf_batches import collator
-    from attnaudit.models.hf_fresh import fresh_seq2seq, fresh_tokenizer
+    from attnaudit.models.hf import fresh_seq2seq, fresh_tokenizer
+    from attnaudit.models.hf import seq2seq_collator as collator
 
     settings = {"kind": "hf", "arch": arch, "train": asdict(cfg), "task": spec.to_dict()}
     config_hash = digest(settings)
-    if (
-        resume
-        and (out / METRICS).exists()
-        and (out / CONFIG).exists()
-        and read_json_object(out / CONFIG, optional={"hash": str}).get("hash") == config_hash
-    ):
-        status(f"[green]{out}[/]: already trained with this config, loading it")
+    if finished_run(out, config_hash, resume):
         return load_hf_run(out, device=device, data_dir=spec.data_dir)
-    refuse_other_run(out, config_hash)
     (out / METRICS).unlink(missing_ok=True)  # written last: the commit point
     joint = SubwordTokenizer.train((words for ex in data.train for words in (ex.tokens, ex.target or [])), cfg.source_vocab)
     tokenizer = fresh_tokenizer(joint)

@@ -28,20 +28,19 @@ from attnaudit.errors import AttnAuditError
 from attnaudit.io import (
     atomic_write_json,
     digest,
-    read_json_object,
     remove_stray_tmp,
     writes_folder,
 )
 from attnaudit.models import MODELS, ModelConfig, build_model
 from attnaudit.models.interface import Intervention, evaluation
 from attnaudit.progress import status, track
-from attnaudit.run import CONFIG, Run, TaskSpec, absolute_dir
+from attnaudit.run import Run, TaskSpec, absolute_dir
 from attnaudit.seed import resolve_device
 from attnaudit.training.checkpoint import (
     FEATURE_VOCAB,
     METRICS,
     VOCAB,
-    refuse_other_run,
+    finished_run,
 )
 from attnaudit.training.loop import (
     Checkpoint,
@@ -77,6 +76,10 @@ FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
     },
 }
 _MODEL_FIELDS = {f.name for f in fields(ModelConfig)}
+_MADSEN: dict[str, Any] = {
+    "hidden_dim": 128, "scorer": "tanh", "dropout": 0.0, "optimizer": "amsgrad", "lr": 1e-3, "weight_decay": 1e-5,
+    "no_decay": ["scorer.*"], "clip": 0.0,
+}
 PRESETS: dict[str, dict[str, Any]] = {
     # Jain & Wallace (2019)'s classifier protocol (their Trainer / Binary_Classification.py):
     # 8 fixed epochs, the best dev ROC-AUC epoch kept (never the first), no dropout, AMSGrad,
@@ -86,6 +89,17 @@ PRESETS: dict[str, dict[str, Any]] = {
         "epochs": 8, "early_stop": False, "select": "roc_auc", "min_epoch": 2, "dropout": 0.0,
         "optimizer": "amsgrad", "weight_decay": 1e-5, "no_decay": ["scorer.*"], "clip": 0.0, "loss": "sum",
         "wrap": True, "min_length": 6,
+    },
+    # Madsen et al. (2022)'s BiLSTM-attention protocol (nlp-roar-interpretability: rnn_*_to_class.py,
+    # experiments/stanford_sentiment.py, babi.py): 128 units per direction, additive tanh attention,
+    # Adam with AMSGrad, lr 1e-3, weight decay 1e-5 on all but the attention, no dropout, no clipping,
+    # every epoch trained and the best dev epoch kept (SST: ROC-AUC, 8 epochs of 32; bAbI: accuracy,
+    # 100 epochs of 50, random 50-d embeddings). Their SST vectors (fastText simple.300d) are not here.
+    "madsen2022-sst": {
+        "epochs": 8, "batch_size": 32, "early_stop": False, "select": "roc_auc", **_MADSEN,
+    },
+    "madsen2022-babi": {
+        "epochs": 100, "batch_size": 50, "early_stop": False, "select": "accuracy", "embed_dim": 50, **_MADSEN,
     },
 }
 """Named option sets of ``train`` (``--preset``); explicit options override them."""
@@ -467,16 +481,8 @@ def train(
     }
     run_config["hash"] = _config_hash({k: v for k, v in run_config.items() if k != "version"})
 
-    existing = out / CONFIG
-    if (
-        resume
-        and (out / METRICS).exists()
-        and existing.exists()
-        and read_json_object(existing, optional={"hash": str}).get("hash") == run_config["hash"]
-    ):
-        status(f"[green]{out}[/]: already trained with this config, loading it")
+    if finished_run(out, run_config["hash"], resume):
         return load_run(out, device=device, data_dir=data_dir)
-    refuse_other_run(out, run_config["hash"])
 
     for line in preset_note(cfg.preset, options):
         status(line)

@@ -1,0 +1,437 @@
+"""ROAR and Recursive ROAR (Hooker et al. 2019; Madsen et al. 2022): remove the allegedly important
+items, retrain, and see how much the score drops compared with removing random items.
+
+Erasure on the unchanged model mixes faithfulness with distribution shift: an input with tokens
+erased is out of distribution. ROAR retrains on inputs masked alike, so the retrained model is
+scored in distribution. For each explanation method, masking ratio ``k`` (percent) and seed:
+
+* the top ``floor(k/100 · n)`` items of every instance (``n`` its items: tokens; a pair/QA model's
+  passage tokens; HAN's sentences, all of whose words are masked) are replaced by the vocabulary's
+  mask token in train, dev **and** test; ties in the scores go to the earlier item. ``floor`` is
+  Madsen et al.'s ``quantile`` strategy (``int(k/100 · n)``), computed here in exact integers;
+* the model is retrained from scratch with the base run's own config and that seed (a checkpointed
+  sub-run ``subruns/roar/seed-<s>/<method>/ratio-<k>``: a killed run resumes, a finished one is
+  loaded), its epoch chosen on the masked dev split, and scored on the masked test split.
+
+Non-recursive (Hooker et al.): the scores are the seed's 0 % model's on the unmasked data.
+``--recursive`` (Madsen et al.): the scores at ``k`` are those of the model retrained at the previous
+ratio (``k − 10`` with the default ratios; the 0 % model first), computed on that ratio's masked
+data, with the items masked there kept masked. The ``random`` baseline draws its scores once per
+seed (it has no model to recompute them with: the same curve either way, as in the authors' code).
+The 0 % point is the seed's model on the unmasked data (the base run for its own seed, a retrained
+one for the others), the 100 % point a model retrained with every item masked; both are shared by
+every method's curve. Per method and seed, RACU (:mod:`attnaudit.algorithms.racu`) is the relative
+area between the random curve and the method's; the summary is its mean over seeds with a seeded
+bootstrap 95 % interval, in percent as Madsen et al. report it.
+
+The items a sub-run masked are kept beside it (``ratio-<k>.masks.json``), so a resumed run
+rebuilds the masked data without recomputing the explanations.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from fractions import Fraction
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+import numpy as np
+
+from attnaudit.algorithms.racu import mean_interval, racu
+from attnaudit.data.batching import split_sentences
+from attnaudit.data.types import Example, TaskData
+from attnaudit.data.vocab import UNK
+from attnaudit.errors import AttnAuditError
+from attnaudit.experiments.experiment import AuditSettings, Experiment, Result, register
+from attnaudit.explain.registry import EXPLANATIONS, Explanation, applying, hierarchical, item_mask
+from attnaudit.io import atomic_write_json, digest, read_json_object
+from attnaudit.models.interface import AttentionModel, evaluation
+from attnaudit.plotting import save_figure
+from attnaudit.progress import status
+from attnaudit.run import Run
+from attnaudit.training.adversary import (
+    SubRun,
+    Variant,
+    base_scores,
+    base_seed,
+    stored_subruns,
+    subrun_dir,
+    train_standard,
+    train_variant,
+    trainable_reason,
+)
+from attnaudit.training.trainer import score_key
+
+if TYPE_CHECKING:
+    from attnaudit.data.batching import Collator
+
+DEFAULT_METHODS = ("attention", "gradient", "input_gradient", "ig", "loo")
+"""The measured methods by default (those that apply); ``random`` is always trained as the baseline."""
+BASELINE = "random"
+MASK_TOKENS = ("[MASK]", "<mask>")
+"""A vocabulary special taken as the mask token when the vocabulary has one; else ``<unk>``."""
+SPLITS = ("train", "dev", "test")
+EXPLAIN_BATCH = 32
+Masks = dict[str, list[list[int]]]
+"""Per split, per instance: the items masked (positions, ascending)."""
+
+
+# --------------------------------------------------------------------------- masking (pure)
+
+
+def masked_count(ratio: int, n: int) -> int:
+    """``floor(ratio/100 · n)`` in exact arithmetic: the items masked at ``ratio`` percent of ``n``."""
+    return math.floor(Fraction(ratio, 100) * n)
+
+
+def top_items(scores: np.ndarray, count: int, keep: Sequence[int] = ()) -> list[int]:
+    """The ``count`` highest-scoring positions of ``scores`` (ascending), ``keep`` first (items masked
+    earlier stay masked), ties to the earlier position; NaN scores rank last."""
+    ranked = np.nan_to_num(np.asarray(scores, dtype=float), nan=-np.inf)
+    ranked[list(keep)] = np.inf
+    order = np.argsort(-ranked, kind="stable")
+    return sorted(int(i) for i in order[:count])
+
+
+def item_groups(example: Example, sentences: bool) -> list[list[str]]:
+    """The items of ``example`` as token lists: one token each, or HAN's sentences (as the collator splits them)."""
+    if sentences:
+        return [list(s) for s in (example.sentences or split_sentences(example.tokens)) if s]
+    return [[t] for t in example.tokens]
+
+
+def mask_example(example: Example, items: Sequence[int], token: str, sentences: bool = False) -> Example:
+    """``example`` with every token of items ``items`` replaced by ``token`` (tokens, or HAN's sentences)."""
+    chosen = set(items)
+    groups = [[token] * len(g) if i in chosen else g for i, g in enumerate(item_groups(example, sentences))]
+    tokens = [t for g in groups for t in g]
+    return replace(example, tokens=tokens, sentences=groups if sentences else example.sentences)
+
+
+def masked_data(data: TaskData, masks: Masks, token: str, sentences: bool) -> TaskData:
+    """``data`` with each split's instances masked at the items ``masks`` names."""
+    def split(name: str) -> list[Example]:
+        return [mask_example(ex, m, token, sentences) for ex, m in zip(data.split(name), masks[name])]
+
+    return replace(data, train=split("train"), dev=split("dev"), test=split("test"))
+
+
+# --------------------------------------------------------------------------- scores, sub-runs
+
+
+def mask_token(run: Run) -> str:
+    """The token masked items become: the vocabulary's mask special, else ``<unk>`` (a native vocabulary)."""
+    vocab = cast("Collator", run.collate).vocab
+    return next((t for t in MASK_TOKENS if t in vocab.specials), UNK)
+
+
+def item_scores(run: Run, model: AttentionModel, examples: list[Example], method: Explanation, seed: int) -> list[np.ndarray]:
+    """``method``'s scores of each instance's items by ``model`` (eval mode), batches in order; the random
+    baseline's draws are seeded per batch (``seed``, batch number)."""
+    source = replace(run, model=model)
+    out: list[np.ndarray] = []
+    with evaluation(model):
+        for number, batch in enumerate(source.batches(examples, EXPLAIN_BATCH)):
+            scores = method(source, batch, seed=seed * 1_000_003 + number).float().cpu().numpy()
+            counts = item_mask(model, batch).sum(1).tolist()
+            out.extend(row[:n] for row, n in zip(scores, counts))
+    return out
+
+
+def chosen_items(scores: list[np.ndarray], ratio: int, before: list[list[int]] | None) -> list[list[int]]:
+    """Each instance's masked items at ``ratio``: the top ``floor(ratio·n)`` of its scores, ``before`` kept."""
+    keep = before or [[] for _ in scores]
+    return [top_items(s, masked_count(ratio, len(s)), k) for s, k in zip(scores, keep)]
+
+
+@dataclass
+class Zero:
+    """A seed's 0 % model: the model, its test score, its name, its config hash, whether it was trained now."""
+
+    model: AttentionModel
+    score: float
+    name: str
+    hash: str
+    trained: bool
+
+
+@dataclass
+class Step:
+    """One retrained point of a curve: its ``ratio``, sub-run, masks, and the model its scores came from."""
+
+    ratio: int
+    sub: SubRun
+    masks: Masks
+    explained_by: str
+
+
+class Roarer:
+    """The sub-runs of one ROAR test on ``run`` (see the module docstring)."""
+
+    def __init__(self, run: Run, options: Any, metric: str) -> None:
+        self.run, self.options, self.metric = run, options, metric
+        self.data = run.data()
+        self.token = mask_token(run)
+        self.sentences = hierarchical(run.model)
+
+    def folder(self, seed: int, name: str) -> str:
+        return f"seed-{seed}/{name}"
+
+    def zero(self, seed: int) -> Zero:
+        """The seed's 0 % model: the base run, or the base retrained with ``seed``."""
+        if seed == base_seed(self.run):
+            score = float(base_scores(self.run)["test"][self.metric])
+            return Zero(self.run.model, score, "base", str(self.run.info.get("hash", "")), False)
+        status(f"roar: seed {seed}, 0 % model")
+        sub = train_standard(self.run, subrun_dir(self.run, "roar", self.folder(seed, "unmasked")), seed=seed, epochs=self.options.epochs)
+        return Zero(sub.model, float(sub.metrics["test"][self.metric]), self.folder(seed, "unmasked"), sub.hash, sub.trained)
+
+    def retrain(self, seed: int, name: str, ratio: int, key: dict[str, Any], masks: Masks | None, build: Any) -> tuple[SubRun, Masks]:
+        """The sub-run of ``name`` at ``ratio`` (trained, or loaded when finished), its masks stored beside it;
+        ``build()`` computes the masks when none are stored."""
+        where = f"{self.folder(seed, name)}/ratio-{ratio}"
+        out = subrun_dir(self.run, "roar", where)
+        key = {"kind": "roar", "mask": self.token, **key}
+        stamp = digest(key)
+        masks = masks or self._stored_masks(out, stamp)
+        if masks is None:
+            masks = build()
+            atomic_write_json(out.with_name(out.name + ".masks.json"), {"key": stamp, **masks})
+        status(f"roar: seed {seed}, {name} at {ratio} %")
+        data = masked_data(self.data, masks, self.token, self.sentences)
+        sub = train_variant(self.run, out, Variant(key=key), epochs=self.options.epochs, seed=seed, label=f"roar {where}", data=data)
+        return sub, masks
+
+    def _stored_masks(self, out: Path, stamp: str) -> Masks | None:
+        for place in stored_subruns(self.run, out):
+            path = place.with_name(place.name + ".masks.json")
+            if path.is_file():
+                stored = read_json_object(path, optional={"key": str, **{s: list for s in SPLITS}})
+                if stored.get("key") == stamp and all(s in stored for s in SPLITS):
+                    return {s: stored[s] for s in SPLITS}
+        return None
+
+    def all_masked(self, seed: int) -> SubRun:
+        """The 100 % model of ``seed``: every item masked."""
+        masks = {s: [list(range(len(item_groups(ex, self.sentences)))) for ex in self.data.split(s)] for s in SPLITS}
+        return self.retrain(seed, "all", 100, {"method": "all", "ratio": 100, "seed": seed}, masks, None)[0]
+
+    def curve(self, seed: int, method: Explanation, zero: Zero, recursive: bool) -> list[Step]:
+        """The retrained steps of ``method`` at every ratio for ``seed``; each one's key names the model its
+        scores come from (its folder and config hash: a retrained source re-masks and retrains what follows)."""
+        name = method.name + ("-recursive" if recursive else "")
+        steps: list[Step] = []
+        cached: dict[str, list[np.ndarray]] = {}
+        for ratio in self.options.ratios:
+            previous = steps[-1] if recursive and steps else None
+            model = previous.sub.model if previous else zero.model
+            source = f"{self.folder(seed, name)}/ratio-{previous.ratio}" if previous else zero.name
+            before = previous.masks if previous else None
+            chain = [s.ratio for s in steps] if recursive else []
+            key = {"method": method.name, "ratio": ratio, "seed": seed, "recursive": recursive, "chain": chain, "source": source,
+                   "source_hash": previous.sub.hash if previous else zero.hash}
+
+            def build(model: AttentionModel = model, before: Masks | None = before, ratio: int = ratio) -> Masks:
+                data = masked_data(self.data, before, self.token, self.sentences) if before else self.data
+                if before or not cached:  # the non-recursive scores are the 0 % model's, computed once
+                    cached.update({s: item_scores(self.run, model, data.split(s), method, seed) for s in SPLITS})
+                return {s: chosen_items(cached[s], ratio, before[s] if before else None) for s in SPLITS}
+
+            sub, masks = self.retrain(seed, name, ratio, key, None, build)
+            steps.append(Step(ratio, sub, masks, source))
+        return steps
+
+
+# --------------------------------------------------------------------------- the test
+
+
+def check_ratios(ratios: Sequence[int]) -> list[int]:
+    """The masking ratios, sorted and distinct; a one-line error unless each is a percent strictly between 0 and 100."""
+    bad = [r for r in ratios if not 0 < r < 100]
+    if bad or not ratios:
+        raise AttnAuditError(
+            f"--ratios must be percents strictly between 0 and 100 (0 % and 100 % anchor every curve), got {', '.join(map(str, bad or ratios))}"
+        )
+    return sorted(set(ratios))
+
+
+@register
+class Roar(Experiment):
+    """The test of this module (its docstring says what it measures)."""
+
+    name = "roar"
+    retrains = True
+    settings = AuditSettings(
+        rank=66,
+        options={"methods": ["attention", "gradient"], "ratios": [50], "seeds": 1, "epochs": 1},
+        demo={"full": {"methods": ["attention", "gradient"], "ratios": [30, 60], "epochs": 1},
+              "quick": {"methods": ["attention"], "ratios": [50], "epochs": 1}},
+    )
+    description = (
+        "ROAR / Recursive ROAR: mask each explanation's top k % items in train, dev and test, retrain, score; "
+        "RACU against random masking per method with a bootstrap 95% interval over seeds"
+    )
+    paper = "Hooker et al. 2019 (ROAR); Madsen et al. 2022 (Recursive ROAR, RACU)"
+    examples = (
+        "runs/syn --methods attention,gradient --ratios 20,50,80 --epochs 1",
+        "runs/syn --methods attention --ratios 30,60 --recursive --seeds 2 --epochs 1",
+    )
+
+    @dataclass
+    class Options:
+        methods: list[str] = field(
+            default_factory=lambda: list(DEFAULT_METHODS),
+            metadata={"help": "Explanations to retrain without their top items (`attnaudit explanations RUN`); default: "
+                      "attention, gradient, input_gradient, ig, loo where they apply. random is always the baseline."},
+        )
+        ratios: list[int] = field(
+            default_factory=lambda: list(range(10, 100, 10)),
+            metadata={"help": "Masking ratios: percents strictly between 0 and 100 (0 % and 100 % are always added)."},
+        )
+        recursive: bool = field(
+            default=False, metadata={"help": "Recursive ROAR (Madsen et al. 2022): each ratio's scores from the model retrained at the previous one."}
+        )
+        seeds: int = field(default=1, metadata={"help": "Training seeds per point: the base run's seed, then the next ones."})
+        epochs: int | None = field(default=None, metadata={"help": "Training epochs per retrain (default: the base run's)."})
+        metric: str = field(
+            default="", metadata={"help": "Test score of the curves: accuracy, macro_f1, roc_auc... (default: the task's headline one)."}
+        )
+
+    @classmethod
+    def explanation_choices(cls) -> list[str]:
+        return list(EXPLANATIONS)
+
+    def applies(self, run: Run) -> str | None:
+        reason = trainable_reason(run)
+        if reason is None and run.task.task_type == "tagging":
+            return "ROAR masks the items an explanation ranks for one decision per instance; a tagger makes one per token"
+        return reason
+
+    def _check(self, run: Run, options: Any) -> tuple[list[int], dict[str, Explanation], dict[str, str], str]:
+        ratios = check_ratios(options.ratios)
+        if options.seeds < 1:
+            raise AttnAuditError(f"--seeds must be at least 1, got {options.seeds}")
+        if options.epochs is not None and options.epochs < 1:
+            raise AttnAuditError(f"--epochs must be at least 1, got {options.epochs}")
+        names = [m for m in options.methods if m != BASELINE]
+        defaults = [m for m in DEFAULT_METHODS]
+        chosen, dropped = applying(names, run, "--methods", defaults) if names else ({}, {})
+        chosen[BASELINE] = EXPLANATIONS[BASELINE]
+        scores = base_scores(run)["test"]
+        metric = options.metric or score_key(run.task.task_type)
+        if metric not in scores or metric == "n":
+            raise AttnAuditError(f"--metric: the test split has no score {metric!r}; choose {', '.join(k for k in scores if k != 'n')}")
+        return ratios, chosen, dropped, metric
+
+    def run(self, run: Run, examples: list[Example], options: Any, seed: int = 0) -> Result:
+        ratios, methods, dropped, metric = self._check(run, options)
+        options = replace(options, ratios=ratios)
+        roarer = Roarer(run, options, metric)
+        seeds = [base_seed(run) + i for i in range(options.seeds)]
+        curves: list[dict[str, Any]] = []
+        for s in seeds:
+            zero = roarer.zero(s)
+            full = roarer.all_masked(s)
+            for name, method in methods.items():
+                recursive = options.recursive and name != BASELINE
+                steps = roarer.curve(s, method, zero, recursive)
+                curves.append(point(name, 0, s, zero.score, zero.name, "", zero.trained))
+                curves.extend(
+                    point(name, st.ratio, s, st.sub.metrics["test"][metric], _name(st.sub), st.explained_by, st.sub.trained)
+                    for st in steps
+                )
+                curves.append(point(name, 100, s, full.metrics["test"][metric], _name(full), "", full.trained))
+        notes = [
+            f"test {metric} of models retrained with each method's top k % of every instance's items masked by {roarer.token!r} "
+            "in train, dev and test (k = floor(k/100 · n) items, ties to the earlier item), epoch chosen on the masked dev split",
+            ("recursive: each ratio's scores from the model retrained at the previous ratio, on its masked data"
+             if options.recursive else "not recursive: every ratio's scores from the seed's 0 % model on the unmasked data"),
+            "0 % = the seed's model on the unmasked data; 100 % = retrained with every item masked; random is the baseline",
+            "the whole splits are masked and scored (--limit does not apply)",
+            *[f"{name} left out: {why}" for name, why in dropped.items()],
+        ]
+        return summarise_curves(curves, [m for m in methods if m != BASELINE], metric, seed, options.recursive, notes)
+
+    def plot(self, result: Result, directory: Path) -> list[Path]:
+        return plot_curves(result, directory)
+
+    def verdict(self, result: Result) -> list[dict[str, Any]]:
+        rows = []
+        for row in result.tables.get("racu_summary", []):
+            value, low, high = row["racu"], row["low"], row["high"]
+            spread = f"95 % interval {low:.1f} to {high:.1f} over {row['seeds']} seeds" if row["seeds"] > 1 else "one seed: no interval"
+            meaning = (
+                f"removing {row['method']}'s top items hurts the retrained model "
+                + ("more than random removal" if value > 0 else "no more than random removal")
+                + f" (RACU {value:.1f} %, {spread}); 100 % would be as bad as removing everything at once"
+            )
+            if not math.isfinite(value):
+                meaning = "no RACU: masking at random did not change the retrained model's score, so there is no area to compare"
+            rows.append({"statistic": f"racu_{row['method']}", "value": value, "published": "", "interpretation": meaning})
+        return rows
+
+
+def _name(sub: SubRun) -> str:
+    """A sub-run's folder relative to the ROAR sub-runs' root."""
+    path = Path(sub.run.path or "")
+    return path.as_posix().split("/roar/", 1)[-1]
+
+
+def point(method: str, ratio: int, seed: int, score: float, model: str, explained_by: str, trained: bool) -> dict[str, Any]:
+    """One row of the curves table."""
+    return {"method": method, "ratio": ratio, "seed": seed, "score": float(score), "model": model,
+            "explained_by": explained_by, "trained_now": trained}
+
+
+def summarise_curves(
+    curves: list[dict[str, Any]], methods: list[str], metric: str, seed: int, recursive: bool, notes: list[str]
+) -> Result:
+    """The result of the test from its curves: RACU per method and seed, mean with a bootstrap interval."""
+    table: dict[tuple[str, int], dict[int, float]] = {}
+    for row in curves:
+        table.setdefault((row["method"], row["seed"]), {})[row["ratio"]] = row["score"]
+    per_seed, summary_rows = [], []
+    summary: dict[str, Any] = {"metric": metric, "recursive": recursive}
+    for method in methods:
+        values = []
+        for (name, s), points in table.items():
+            if name != method:
+                continue
+            ratios = sorted(points)
+            baseline = table[(BASELINE, s)]
+            value = racu(ratios, [points[r] for r in ratios], [baseline[r] for r in ratios])
+            values.append(value)
+            per_seed.append({"method": method, "seed": s, "racu": 100 * value})
+        ci = mean_interval(values, seed=seed)
+        summary_rows.append({"method": method, "racu": 100 * ci["mean"], "low": 100 * ci["low"], "high": 100 * ci["high"], "seeds": ci["n"]})
+        summary.update({f"racu_{method}": 100 * ci["mean"], f"racu_{method}_low": 100 * ci["low"], f"racu_{method}_high": 100 * ci["high"]})
+    summary["seeds"] = len({row["seed"] for row in curves})
+    meta = {
+        "notes": [*notes, "RACU in percent: mean over seeds, 95 % BCa bootstrap interval (scipy.stats.bootstrap, seeded); "
+                  "one seed gives no interval"],
+        "csv_tables": ["curves", "racu"],
+        "published": {"claim": "Madsen et al. 2022, Recursive ROAR, BiLSTM-attention RACU %: SST attention 15.7, gradient 7.6, "
+                      "x*gradient 28.0, IG 37.8; bAbI-1 66.5 / 66.1 / 71.2 / 59.1"},
+    }
+    return Result("roar", summary, [], {"curves": curves, "racu": per_seed, "racu_summary": summary_rows}, meta)
+
+
+def plot_curves(result: Result, directory: Path) -> list[Path]:
+    """Each method's curve (mean over seeds, band: lowest to highest seed) beside random's."""
+    from attnaudit.plotting import pyplot
+
+    plt = pyplot()
+    frame = result.frame("curves")
+    fig, ax = plt.subplots(figsize=(5.2, 3.6), layout="constrained")
+    for method, rows in frame.groupby("method", sort=False):
+        stats = rows.groupby("ratio")["score"].agg(["mean", "min", "max"])
+        style = {"linestyle": "--", "color": "black"} if method == BASELINE else {}
+        line = ax.plot(stats.index, stats["mean"], marker="o", markersize=3, label=str(method), **style)[0]
+        ax.fill_between(stats.index, stats["min"], stats["max"], alpha=0.15, color=line.get_color())
+    ax.set_xlabel("items masked (%)")
+    ax.set_ylabel(f"test {result.summary.get('metric', 'score')} after retraining")
+    ax.set_title("Recursive ROAR" if result.summary.get("recursive") else "ROAR")
+    ax.legend(fontsize=7)
+    return save_figure(fig, directory, "roar_curves")

@@ -1,0 +1,163 @@
+"""``ig``: Integrated Gradients (Captum) of ``ŷ`` w.r.t. the item embeddings, zero baseline (or a token's embedding)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from attnaudit.data.batching import length_groups
+from attnaudit.data.types import Batch
+from attnaudit.data.vocab import Vocab
+from attnaudit.errors import AttnAuditError
+from attnaudit.explain.registry import (
+    BASELINES,
+    check_task,
+    choice,
+    decision_score,
+    decision_values,
+    explained_class,
+    explanation,
+    hierarchical,
+    reduce_dimensions,
+)
+from attnaudit.models.interface import AttentionModel, evaluation
+
+# Activations one Integrated Gradients pass may hold for its backward pass, in floats (about
+# 0.5 GB in float32), and at most this many interpolated inputs per pass: a fixed number of rows
+# would need 40 GB for ten 60-token prompts of a 30-layer LLM, and 4096 rows keep the small models fast.
+_PASS_ACTIVATIONS = 1 << 27
+_PASS_ROWS = 4096
+
+
+def pass_rows(model: AttentionModel, length: int) -> int:
+    """Interpolated inputs of ``length`` tokens per forward-backward pass: a rough count of the
+    activations each keeps (per layer, the residual-width states, the feed-forward ones and every
+    head's attention matrix) within :data:`_PASS_ACTIVATIONS`."""
+    c = model.config
+    per_token = 8 * max(c.d_model, c.hidden_dim, c.embed_dim) + 3 * c.d_ff + 2 * c.heads * length
+    per_row = length * max(c.layers, 1) * per_token
+    return max(1, min(_PASS_ROWS, _PASS_ACTIVATIONS // max(per_row, 1)))
+
+
+@explanation(
+    "ig", "Integrated Gradients of ŷ w.r.t. the embeddings, zero baseline, |Σ_d| per token (Captum)",
+    ("prediction", "gradients"), order=40, target_side=True,
+)
+def integrated_gradients(
+    model: AttentionModel, batch: Batch, steps: int = 50, absolute: bool = True, reduction: str = "abs_sum",
+    score: str = "probability", baseline: str = "zero",
+) -> Tensor:
+    """Integrated Gradients (Captum) of ``ŷ`` w.r.t. the item embeddings, zero baseline, ``(B, K)``
+    (``ŷ``: the predicted class's probability, or the batch's explained class's, minus its contrast's).
+
+    The attributions ``(e − e')_{t,d} · ∫ ∂ŷ/∂e_{t,d}`` are reduced per token by ``reduction``:
+    ``abs_sum`` ``|Σ_d|`` (the default, like ``gradient``: scores rank magnitude regardless of
+    direction), ``l2`` ``‖·‖₂`` (inseq's) or ``sum`` ``Σ_d`` (signed: a row then sums to
+    ``f(x) − f(x')`` up to the integration error, completeness). ``absolute=False`` is
+    ``reduction="sum"`` (kept for existing callers). HAN sums its tokens' values per sentence.
+    ``score``: what is integrated, ``probability`` (the default) or ``logit``. ``baseline`` ``e'``:
+    ``zero`` embeddings (the default), or at every item the embedding of the tokenizer's ``unk``,
+    ``pad``, ``mask`` or ``eos`` token (inseq's is ``unk``; a one-line error when the model has none).
+    Pair models: only the passage embeddings are integrated; the question stays as it is.
+    """
+    from captum.attr import IntegratedGradients
+
+    check_task(model)
+    if steps < 1:
+        raise AttnAuditError(f"integrated gradients needs steps >= 1, got {steps}")
+    reduction, score, baseline = choice("reduction", reduction), choice("score", score), choice("baseline", baseline)
+    if not absolute:
+        if reduction not in ("abs_sum", "sum"):
+            raise AttnAuditError(f"ig: absolute=False is reduction='sum'; it does not combine with reduction={reduction!r}")
+        reduction = "sum"
+    groups = _groups(model, batch)
+    if len(groups) > 1:  # each group without the longer ones' padding: IG runs the model once per step
+        options = {"steps": steps, "reduction": reduction, "score": score, "baseline": baseline}
+        parts = [(index, integrated_gradients(model, batch.select(index), **options)) for index in groups]
+        out = parts[0][1].new_zeros(len(batch), batch.tokens.shape[1])
+        for index, part in parts:
+            out[index.to(out.device), : part.shape[1]] = part
+        return out
+    t = batch.tokens.shape[1]
+    with evaluation(model):
+        with torch.no_grad():
+            probs = model.logits_forward(batch).probs
+            chosen = explained_class(batch, probs)
+            contrast = batch.contrast.to(probs.device) if batch.contrast is not None else None
+            embeddings = model.embed(batch)
+            nested = hierarchical(model)
+            whole = nested or model.target_items  # an encoder-decoder's target side is integrated too
+            passage = embeddings if whole else embeddings[:, :t]
+            reference = None if baseline == "zero" else baseline_embeddings(model, batch, baseline)[:, : passage.shape[1]]
+        rest = None if whole or embeddings.shape[1] == t else embeddings[:, t:]
+
+        def forward(
+            x: Tensor, tokens: Tensor, mask: Tensor, features: Tensor | None, query: Tensor | None,
+            query_mask: Tensor | None, tail: Tensor | None, target: Tensor | None, target_mask: Tensor | None,
+            explained: Tensor, contrast: Tensor | None,
+        ) -> Tensor:
+            emb = x if tail is None else torch.cat([x, tail], 1)
+            sub = Batch(tokens=tokens, mask=mask, features=features, query=query, query_mask=query_mask,
+                        target=target, target_mask=target_mask, explained=explained, contrast=contrast)
+            return decision_score(sub, decision_values(model.logits_forward(sub, embeddings=emb), score))[:, None]  # column 0: what is explained
+
+        per_pass = max(1, pass_rows(model, t) // max(len(batch), 1))
+        attributions = IntegratedGradients(forward).attribute(
+            passage,
+            baselines=reference,
+            target=0,
+            additional_forward_args=(batch.tokens, batch.mask, batch.features, batch.query, batch.query_mask, rest,
+                                     batch.target, batch.target_mask, chosen, contrast),
+            n_steps=steps,
+            internal_batch_size=len(batch) * min(steps, per_pass),
+        )
+    return reduce_dimensions(attributions.detach(), model, batch, reduction)
+
+
+def _groups(model: AttentionModel, batch: Batch) -> list[Tensor]:
+    """Instances of similar length (:func:`~attnaudit.data.batching.length_groups`) where a group's scores are
+    its members' with the padding cut (flat tokens, the explained items all on the source side); else one group."""
+    if batch.tokens.dim() != 2 or hierarchical(model) or model.target_items:
+        return [torch.arange(len(batch))]
+    return length_groups(batch.mask.sum(1).cpu())
+
+
+def _has_token(tokenizer: Any, name: str) -> bool:
+    """Whether a tokenizer (None: our vocabularies, with pad and unk only) has an ``unk``/``pad``/``mask``/``eos`` token."""
+    if tokenizer is None:
+        return name in ("pad", "unk")
+    return getattr(tokenizer, f"{name}_token_id", None) is not None
+
+
+def baseline_token(model: AttentionModel, name: str) -> int:
+    """The id of the ``unk``/``pad``/``mask``/``eos`` token: a Hugging Face model's tokenizer's, else our
+    vocabularies' (``<pad>`` 0, ``<unk>`` 1; they have no mask or end token); a one-line error when there is none."""
+    tokenizer = model.tokenizer
+    if tokenizer is not None:
+        found = getattr(tokenizer, f"{name}_token_id", None)
+    else:
+        found = {"pad": Vocab.pad_id, "unk": Vocab.unk_id}.get(name)
+    if found is None:
+        # Suggest only the tokens this model has (``mask`` was once offered to a model without one).
+        offered = ["zero", *(other for other in BASELINES[1:] if other != name and _has_token(tokenizer, other))]
+        choices = f"{', '.join(offered[:-1])} or {offered[-1]}" if len(offered) > 1 else "zero"
+        raise AttnAuditError(f"ig baseline {name!r}: this model's {'tokenizer' if tokenizer is not None else 'vocabulary'} has no {name} token; "
+                             f"choose {choices}")
+    if not 0 <= int(found) < model.config.vocab_size:
+        raise AttnAuditError(f"ig baseline {name!r}: token id {found} is outside the model's {model.config.vocab_size} embeddings")
+    return int(found)
+
+
+def baseline_embeddings(model: AttentionModel, batch: Batch, name: str) -> Tensor:
+    """The embeddings ``model.embed`` gives ``batch`` with every token (of the passage: a pair model's question
+    stays) replaced by the ``name`` token. ``embed`` returns the input token embeddings before any positions
+    or token types (those are added inside the model's forward), so every position gets the same vector."""
+    token = baseline_token(model, name)
+    tokens = torch.full_like(batch.tokens, token)
+    target = batch.target
+    if model.target_items and target is not None:  # the earlier target tokens too, after the start token
+        target = torch.cat([target[:, :1], torch.full_like(target[:, 1:], token)], 1)
+    return model.embed(dataclasses.replace(batch, tokens=tokens, target=target))

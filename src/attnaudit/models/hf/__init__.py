@@ -1,0 +1,61 @@
+"""The Hugging Face adapter: one :class:`HFModel` serves every architecture transformers registers
+(encoders, decoders, encoder-decoders, GGUF files), through transformers' documented registration
+points, never a forked modeling file.
+
+Inside, one module per concern: ``structure`` (the dry run that finds the blocks), ``attention`` (capture
+and interventions at the softmax), ``layouts`` and ``projections`` (what a block computes), ``passes``,
+``inputs``, ``restarts``, ``readout`` and ``generation`` (how a forward runs), ``capabilities``, ``config``,
+``model`` (the adapter), ``loading`` and ``gguf`` (from a name, folder or ``.gguf`` file to a model),
+``fresh`` (built from scratch), ``batches`` (texts to batches) and ``zeroshot`` (a causal LM's decisions).
+
+The rest of attnaudit imports only the names below; the modules are the package's own.
+"""
+
+from attnaudit.models.hf.batches import HFCollator, HFSubwords, forced_batch
+from attnaudit.models.hf.batches import collator as seq2seq_collator
+from attnaudit.models.hf.fresh import ARCHITECTURES as FRESH_ARCHITECTURES
+from attnaudit.models.hf.fresh import fresh_seq2seq, fresh_tokenizer
+from attnaudit.models.hf.gguf import cache_folder as gguf_cache_folder
+from attnaudit.models.hf.layouts import BlockLayout
+from attnaudit.models.hf.loading import DTYPES, HF_DIR, build_hf_model
+from attnaudit.models.hf.loading import _quiet_transformers as quiet_transformers
+from attnaudit.models.hf.model import HFModel
+from attnaudit.models.hf.passes import HFLayer
+from attnaudit.models.hf.zeroshot import (
+    ZeroShotCollator,
+    forced_decision,
+    make_zero_shot,
+    next_token_decision,
+    parse_verbalizer,
+    target_side,
+    text_items,
+)
+from attnaudit.models.hf.zeroshot import derive as derive_zero_shot
+from attnaudit.models.hf.zeroshot import resolve as resolve_zero_shot
+
+__all__ = [
+    "DTYPES",
+    "FRESH_ARCHITECTURES",
+    "HF_DIR",
+    "BlockLayout",
+    "HFCollator",
+    "HFLayer",
+    "HFModel",
+    "HFSubwords",
+    "ZeroShotCollator",
+    "build_hf_model",
+    "derive_zero_shot",
+    "forced_batch",
+    "forced_decision",
+    "fresh_seq2seq",
+    "fresh_tokenizer",
+    "gguf_cache_folder",
+    "make_zero_shot",
+    "next_token_decision",
+    "parse_verbalizer",
+    "quiet_transformers",
+    "resolve_zero_shot",
+    "seq2seq_collator",
+    "target_side",
+    "text_items",
+]

@@ -1,0 +1,217 @@
+"""Zero-shot classification with a decoder-only causal LM: a prompt template and a verbalizer.
+
+Each example's text is put into the template (``"Review: {text}\\nSentiment:"``); the model's
+next-token logits at the last prompt position are read at the first token of each label's
+verbalizer string (``" positive"``), in the task's label order. Those ``(B, labels)`` logits are
+the model's output, so the prediction is their softmax and the tests that need a prediction run.
+The explanation query is the last prompt position (:meth:`HFModel.explanation_rows`).
+
+The ranked items are the input text's tokens only, the ``{text}`` span of the filled prompt:
+:class:`ZeroShotCollator` sets ``Batch.items`` to the tokens whose characters overlap that span
+(tokenizer offsets; a token straddling the border, such as ``" The"`` after ``"Review:"``,
+counts as text), so every explanation and test ranks text tokens only, with 0 on the template.
+The template tokens still take part in the forward pass and receive attention; the norm
+analysis reports their share (and the first token's, the attention sink) apart.
+
+:func:`next_token_decision` is the same mechanism without a verbalizer: the classes are the whole
+vocabulary, so the decision is the predicted next token (``attnaudit explain`` on a causal LM).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from attnaudit.data.types import Batch, Example
+from attnaudit.errors import AttnAuditError
+from attnaudit.models.hf.batches import HFCollator
+from attnaudit.models.hf.model import HFModel
+
+SENTIMENT_PROMPT = "Review: {text}\nSentiment:"
+SENTIMENT_VERBALIZER = {"negative": " negative", "positive": " positive"}
+DEFAULTS: dict[str, tuple[str, dict[str, str]]] = {
+    "sst": (SENTIMENT_PROMPT, SENTIMENT_VERBALIZER),
+    "sst2": (SENTIMENT_PROMPT, SENTIMENT_VERBALIZER),
+    "synthetic": (SENTIMENT_PROMPT, SENTIMENT_VERBALIZER),
+}
+"""Prompt and verbalizer used when ``--hf`` names a causal LM and the task is one of these."""
+ITEMS_NOTE = "ranked items are the input text's tokens only (the {text} span of the prompt); template tokens are not ranked"
+
+_PAIR = re.compile(r'\s*([^=,]+?)\s*=(?:\s*"([^"]*)"\s*|([^,]*))(?:,|$)')
+
+
+def parse_verbalizer(text: str) -> dict[str, str]:
+    """``positive=" positive",negative=" negative"`` -> ``{"positive": " positive", ...}``.
+
+    Quotes are optional (a shell removes them): an unquoted word keeps its spaces up to the comma."""
+    pairs: dict[str, str] = {}
+    position = 0
+    while position < len(text):
+        match = _PAIR.match(text, position)
+        if match is None or match.end() == position:
+            raise AttnAuditError(f"--verbalizer: cannot read {text[position:]!r}; expected LABEL=\"WORD\",LABEL=\"WORD\"")
+        label, word = match.group(1), match.group(2) if match.group(2) is not None else match.group(3)
+        if label in pairs:
+            raise AttnAuditError(f"--verbalizer: label {label!r} given twice")
+        pairs[label] = word
+        position = match.end()
+    if len(pairs) < 2:
+        raise AttnAuditError("--verbalizer needs at least two labels, e.g. positive=\" positive\",negative=\" negative\"")
+    return pairs
+
+
+def fill(prompt: str, text: str) -> str:
+    """The prompt with ``{text}`` replaced (no other braces are interpreted)."""
+    return prompt.replace("{text}", text)
+
+
+class ZeroShotCollator(HFCollator):
+    """:class:`HFCollator` whose texts are the examples' texts put into the prompt template."""
+
+    def __init__(self, prompt: str, tokenizer: Any, labels: Sequence[str], max_len: int) -> None:
+        super().__init__(tokenizer, labels, "classification", max_len, token_types=False)
+        self.prompt = prompt
+
+    def texts(self, examples: Sequence[Example]) -> list[str]:
+        return [fill(self.prompt, text) for text in super().texts(examples)]
+
+    def tokenise(self, examples: Sequence[Example]) -> Batch:
+        batch = super().tokenise(examples)
+        spans = [text_span(self.prompt, text) for text in super().texts(examples)]
+        batch.items = text_items(self.tokenizer, self.texts(examples), spans, batch.mask.shape[1], self.max_len) & batch.mask
+        return batch
+
+    def text_tokens(self, batch: Batch) -> Tensor:
+        """The text span's tokens: ``--max-length`` cuts the text and keeps the template."""
+        assert batch.items is not None
+        return batch.items
+
+
+def text_span(prompt: str, text: str) -> tuple[int, int]:
+    """Character span ``[start, end)`` of ``text`` in ``fill(prompt, text)``."""
+    start = prompt.index("{text}")
+    return start, start + len(text)
+
+
+def text_items(tokenizer: Any, filled: Sequence[str], spans: Sequence[tuple[int, int]], width: int, max_len: int) -> Tensor:
+    """``(B, width)`` bool: the tokens of each filled prompt whose characters overlap its text span.
+
+    A fast tokenizer gives each token's character offsets; a slow one is handled by counting the
+    tokens of the prompt up to the span's start and end (exact when no token crosses a border)."""
+    items = torch.zeros(len(filled), width, dtype=torch.bool)
+    if getattr(tokenizer, "is_fast", False):
+        offsets = tokenizer(list(filled), return_offsets_mapping=True, truncation=True, max_length=max_len)["offset_mapping"]
+        for row, (pairs, (start, end)) in enumerate(zip(offsets, spans)):
+            for column, (a, b) in enumerate(pairs[:width]):
+                items[row, column] = b > a and a < end and b > start
+        return items
+    for row, (text, (start, end)) in enumerate(zip(filled, spans)):
+        count = [len(tokenizer(part)["input_ids"]) for part in (text[:start], text[:end])]
+        items[row, min(count[0], width) : min(count[1], width)] = True
+    return items
+
+
+def verbalizer_ids(tokenizer: Any, verbalizer: dict[str, str], labels: Sequence[str]) -> list[int]:
+    """The first token id of each label's verbalizer string, in ``labels`` order; two labels may not share one."""
+    missing = [label for label in labels if label not in verbalizer]
+    extra = [label for label in verbalizer if label not in labels]
+    if missing or extra:
+        raise AttnAuditError(
+            f"--verbalizer labels {', '.join(verbalizer)} do not match the task's labels {', '.join(labels)}"
+        )
+    ids: dict[int, str] = {}
+    for label in labels:
+        tokens = tokenizer(verbalizer[label], add_special_tokens=False)["input_ids"]
+        if not tokens:
+            raise AttnAuditError(f"--verbalizer: {verbalizer[label]!r} (label {label!r}) has no tokens")
+        if tokens[0] in ids:
+            shared = tokenizer.convert_ids_to_tokens(tokens[0])
+            raise AttnAuditError(
+                f"--verbalizer: labels {ids[tokens[0]]!r} and {label!r} share their first token {shared!r}; "
+                "choose words that start differently"
+            )
+        ids[tokens[0]] = label
+    return list(ids)
+
+
+def resolve(task: str | None, prompt: str | None, verbalizer: str | dict[str, str] | None) -> tuple[str, dict[str, str]] | None:
+    """The ``(prompt, verbalizer)`` to use: given ones, else the task's defaults; None when neither applies.
+
+    A literal ``\\n`` in ``prompt`` (as typed in a shell) is a newline."""
+    if prompt is not None:
+        prompt = prompt.replace("\\n", "\n")
+    default = DEFAULTS.get((task or "").lower())
+    if isinstance(verbalizer, str):
+        verbalizer = parse_verbalizer(verbalizer)
+    if prompt is None and verbalizer is None:
+        return default
+    prompt = prompt if prompt is not None else default[0] if default else None
+    verbalizer = verbalizer if verbalizer is not None else default[1] if default else None
+    if prompt is None or verbalizer is None:
+        missing = "--prompt" if prompt is None else "--verbalizer"
+        raise AttnAuditError(f"zero-shot classification needs {missing} too (task {task!r} has no default)")
+    if prompt.count("{text}") != 1:
+        raise AttnAuditError(f"--prompt must contain {{text}} exactly once: {prompt!r}")
+    return prompt, verbalizer
+
+
+DERIVED_PROMPT = "Text: {text}\nQuestion: {choices}?\nAnswer:"
+"""The prompt made from a task's label names when it has no default and none is given (``{choices}``: the names)."""
+
+
+def derive(labels: Sequence[str], tokenizer: Any) -> tuple[str, dict[str, str]]:
+    """A prompt and verbalizer from the task's label names, so that an LLM classifies any labelled data zero-shot:
+    the names offered as the answer, each verbalized by itself after a space (then capitalized, where the first
+    tokens clash); a one-line error when no spelling gives every label its own first token."""
+    if len(labels) < 2:
+        raise AttnAuditError("zero-shot classification needs at least two labels")
+    choices = ", ".join(f'"{label}"' for label in labels[:-1]) + f' or "{labels[-1]}"'
+    prompt = DERIVED_PROMPT.replace("{choices}", choices)
+    for spell in (str, str.capitalize, str.upper):
+        verbalizer = {label: " " + spell(str(label)) for label in labels}
+        with contextlib.suppress(AttnAuditError):
+            verbalizer_ids(tokenizer, verbalizer, labels)
+            return prompt, verbalizer
+    raise AttnAuditError(
+        f"the label names {', '.join(labels)} do not start with distinct tokens for this tokenizer; "
+        'give --verbalizer LABEL="WORD",... (and --prompt) yourself'
+    )
+
+
+def make_zero_shot(model: HFModel, prompt: str, verbalizer: dict[str, str], labels: Sequence[str], derived: bool = False) -> None:
+    """Turn a causal LM into a zero-shot classifier over ``labels`` (its outputs become the verbalizer logits);
+    ``derived``: the prompt and verbalizer were made from the label names (:func:`derive`), which the notes say."""
+    if model.config.extra.get("output") != "next_token":
+        raise AttnAuditError("--prompt/--verbalizer need a causal language model without a classification head")
+    ids = verbalizer_ids(model.tokenizer, verbalizer, labels)
+    model.verbalizer_ids = torch.tensor(ids, dtype=torch.long)
+    model.trained_head = True
+    model.config.num_labels = len(ids)
+    model.config.extra.update(
+        trained_head=True, output="verbalizer",
+        zero_shot={"prompt": prompt, "verbalizer": {label: verbalizer[label] for label in labels}, "token_ids": ids,
+                   "items": ITEMS_NOTE + (
+                       "; prompt and verbalizer derived from the label names (--prompt/--verbalizer override them)" if derived else ""
+                   )},
+    )
+
+
+def next_token_decision(model: HFModel) -> AbstractContextManager[HFModel]:
+    """:meth:`HFModel.next_token_decision` (a causal LM's next token as its decision, within the block)."""
+    return model.next_token_decision()
+
+
+def forced_decision(model: HFModel) -> AbstractContextManager[HFModel]:
+    """:meth:`HFModel.forced_decision` (an encoder-decoder's next target token after a forced prefix, within the block)."""
+    return model.forced_decision()
+
+
+def target_side(model: HFModel) -> AbstractContextManager[HFModel]:
+    """:meth:`HFModel.target_side` (an encoder-decoder's earlier target tokens among the explained items, within the block)."""
+    return model.target_side()

@@ -1,0 +1,221 @@
+"""ROAR / Recursive ROAR: the masking rule, RACU from the result's own curves, which model explains each
+recursive step, resume after a kill, bad values through the command line."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from attnaudit.data.synthetic import synthetic_task
+from attnaudit.data.types import Example
+from attnaudit.experiments.experiment import Result, get_experiment
+from attnaudit.experiments.roar import (
+    item_scores,
+    mask_example,
+    masked_count,
+    masked_data,
+    top_items,
+)
+from attnaudit.experiments.runner import run_test
+from attnaudit.explain.registry import get_explanation
+from attnaudit.progress import set_quiet
+from attnaudit.run import Run, load_run
+from attnaudit.training.trainer import train
+from tests.reliability.helpers import assert_clean_failure, cli
+
+set_quiet(True)
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    data = synthetic_task("classification", seed=0, n_train=120, n_dev=24, n_test=24)
+    return train(
+        data, "bilstm", tmp_path_factory.mktemp("roar") / "run", epochs=2, lr=1e-2, batch_size=16,
+        embed_dim=16, hidden_dim=8, quiet_eval=True,
+    )
+
+
+@pytest.fixture(scope="module")
+def recursive(base: Run, tmp_path_factory: pytest.TempPathFactory) -> tuple[Result, Path]:
+    out = tmp_path_factory.mktemp("roar-recursive")
+    result = run_test("roar", base, out=out, methods=["attention"], ratios=[30, 60], recursive=True, epochs=1, plot=False)
+    return result, out
+
+
+# --------------------------------------------------------------------------- the masking rule
+
+
+def test_masked_count_is_the_floor_in_exact_arithmetic() -> None:
+    # float32 int(0.7 * 10) can give 6; the floor of 70 % of 10 is 7
+    assert [masked_count(k, 10) for k in (10, 30, 70, 90)] == [1, 3, 7, 9]
+    assert [masked_count(k, 3) for k in (10, 33, 34, 50, 66, 67)] == [0, 0, 1, 1, 1, 2]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.floats(-5, 5, allow_nan=False), min_size=1, max_size=30), st.integers(1, 99), st.data())
+def test_top_items_counts_keeps_and_breaks_ties_to_the_earlier_item(scores, ratio, data) -> None:
+    n = len(scores)
+    count = masked_count(ratio, n)
+    keep = sorted(data.draw(st.sets(st.integers(0, n - 1), max_size=count)))
+    chosen = top_items(np.array(scores), count, keep)
+    assert len(chosen) == count == math.floor(ratio * n / 100)
+    assert set(keep) <= set(chosen)
+    rest = [i for i in range(n) if i not in keep]
+    wanted = sorted(rest, key=lambda i: (-scores[i], i))[: count - len(keep)]
+    assert chosen == sorted([*keep, *wanted])
+
+
+def test_mask_example_masks_tokens_or_whole_sentences() -> None:
+    ex = Example(tokens=["a", "b", "c", "d"], label="x")
+    assert mask_example(ex, [1, 3], "<unk>").tokens == ["a", "<unk>", "c", "<unk>"]
+    doc = Example(tokens=["a", "b", ".", "c", "."], sentences=[["a", "b", "."], ["c", "."]], label="x")
+    masked = mask_example(doc, [0], "<unk>", sentences=True)
+    assert masked.sentences == [["<unk>"] * 3, ["c", "."]] and masked.tokens == ["<unk>"] * 3 + ["c", "."]
+
+
+# --------------------------------------------------------------------------- the test on a tiny BiLSTM
+
+
+def racu_by_hand(curve: dict[int, float], random: dict[int, float]) -> float:
+    ratios = sorted(curve)
+    x = [r / 100 for r in ratios]
+    dp = [random[r] - curve[r] for r in ratios]
+    db = [random[r] - random[100] for r in ratios]
+    between = sum(0.5 * (x[i + 1] - x[i]) * (dp[i] + dp[i + 1]) for i in range(len(x) - 1))
+    most = sum(0.5 * (x[i + 1] - x[i]) * (db[i] + db[i + 1]) for i in range(len(x) - 1))
+    return 100 * max(-1.0, min(1.0, between / most))
+
+
+def test_racu_of_the_result_is_the_hand_computation_on_its_own_curves(recursive) -> None:
+    result, _ = recursive
+    curves = result.tables["curves"]
+    by = {m: {r["ratio"]: r["score"] for r in curves if r["method"] == m} for m in ("attention", "random")}
+    assert sorted(by["attention"]) == sorted(by["random"]) == [0, 30, 60, 100]
+    assert by["attention"][0] == by["random"][0] and by["attention"][100] == by["random"][100]  # shared anchors
+    if by["random"][0] == by["random"][100] and by["random"][30] == by["random"][100] == by["random"][60]:
+        pytest.skip("flat random curve: no RACU")
+    assert result.summary["racu_attention"] == pytest.approx(racu_by_hand(by["attention"], by["random"]), abs=1e-9)
+    assert result.summary["metric"] == "accuracy" and result.summary["recursive"] is True
+    base_accuracy = json.loads((Path(result.meta["run"]) / "metrics.json").read_text())["test"]["accuracy"]
+    assert by["attention"][0] == pytest.approx(base_accuracy)
+
+
+def _masks(out: Path, folder: str, ratio: int) -> dict[str, list[list[int]]]:
+    return json.loads((out / "subruns" / "roar" / folder / f"ratio-{ratio}.masks.json").read_text())
+
+
+def test_every_instance_has_floor_k_percent_of_its_items_masked(base: Run, recursive) -> None:
+    _, out = recursive
+    data = base.data()
+    for ratio in (30, 60):
+        masks = _masks(out, "seed-0/attention-recursive", ratio)
+        for split in ("train", "dev", "test"):
+            counts = [len(m) for m in masks[split]]
+            assert counts == [math.floor(ratio * len(ex.tokens) / 100) for ex in data.split(split)]
+    sub = load_run(out / "subruns" / "roar" / "seed-0" / "all" / "ratio-100")
+    assert sub.info["variant"]["method"] == "all"
+
+
+def test_recursive_step_is_explained_by_the_previous_steps_model_on_its_masked_data(base: Run, recursive) -> None:
+    result, out = recursive
+    rows = {r["ratio"]: r for r in result.tables["curves"] if r["method"] == "attention"}
+    assert rows[30]["explained_by"] == "base"
+    assert rows[60]["explained_by"] == "seed-0/attention-recursive/ratio-30"
+    m30, m60 = _masks(out, "seed-0/attention-recursive", 30), _masks(out, "seed-0/attention-recursive", 60)
+    previous = load_run(out / "subruns" / "roar" / "seed-0" / "attention-recursive" / "ratio-30")
+    data30 = masked_data(base.data(), m30, "<unk>", False)
+    scores = item_scores(base, previous.model, data30.test, get_explanation("attention"), 0)
+    expected = [top_items(s, masked_count(60, len(s)), keep) for s, keep in zip(scores, m30["test"])]
+    assert m60["test"] == expected
+    assert all(set(a) <= set(b) for a, b in zip(m30["train"], m60["train"]))  # masked items stay masked
+    base_scores = item_scores(base, base.model, base.data().test, get_explanation("attention"), 0)
+    assert m30["test"] == [top_items(s, masked_count(30, len(s))) for s in base_scores]
+
+
+def test_not_recursive_takes_every_ratio_from_the_base_model(base: Run, tmp_path: Path) -> None:
+    result = run_test("roar", base, out=tmp_path, methods=["gradient"], ratios=[30, 60], epochs=1, plot=False)
+    rows = [r for r in result.tables["curves"] if r["method"] == "gradient" and r["ratio"] in (30, 60)]
+    assert [r["explained_by"] for r in rows] == ["base", "base"]
+    scores = item_scores(base, base.model, base.data().test, get_explanation("gradient"), 0)
+    assert _masks(tmp_path, "seed-0/gradient", 60)["test"] == [top_items(s, masked_count(60, len(s))) for s in scores]
+
+
+def test_resume_after_a_kill_retrains_only_the_unfinished_sub_run(base: Run, recursive, tmp_path: Path) -> None:
+    import shutil
+
+    result, out = recursive
+    copy = tmp_path / "out"
+    shutil.copytree(out, copy)
+    (copy / "subruns" / "roar" / "seed-0" / "attention-recursive" / "ratio-60" / "metrics.json").unlink()  # killed before the end
+    again = run_test("roar", base, out=copy, methods=["attention"], ratios=[30, 60], recursive=True, epochs=1, plot=False)
+    fresh = {(r["method"], r["ratio"]) for r in again.tables["curves"] if r["trained_now"]}
+    assert fresh == {("attention", 60)}
+    strip = [{k: v for k, v in r.items() if k != "trained_now"} for r in result.tables["curves"]]
+    assert [{k: v for k, v in r.items() if k != "trained_now"} for r in again.tables["curves"]] == strip
+    assert json.dumps(again.summary) == json.dumps(result.summary)  # NaN intervals (one seed) alike
+
+    # another epoch budget retrains every model; the recursive step's source changed, so its items are chosen anew
+    key = json.loads((copy / "subruns" / "roar" / "seed-0" / "attention-recursive" / "ratio-60.masks.json").read_text())["key"]
+    longer = run_test("roar", base, out=copy, methods=["attention"], ratios=[30, 60], recursive=True, epochs=2, plot=False)
+    assert all(r["trained_now"] for r in longer.tables["curves"] if r["model"] != "base")
+    changed = json.loads((copy / "subruns" / "roar" / "seed-0" / "attention-recursive" / "ratio-60.masks.json").read_text())["key"]
+    assert changed != key
+
+
+def test_plot_and_saved_tables(base: Run, recursive, tmp_path: Path) -> None:
+    result, _ = recursive
+    paths = get_experiment("roar").plot(result, tmp_path)
+    assert {p.name for p in paths} == {"roar_curves.png", "roar_curves.svg"}
+    result.save(tmp_path)
+    assert (tmp_path / "roar_curves.csv").exists() and (tmp_path / "roar_racu.csv").exists()
+    rows = get_experiment("roar").verdict(result)
+    assert [r["statistic"] for r in rows] == ["racu_attention"]
+
+
+def test_a_model_that_cannot_be_retrained_is_refused(base: Run) -> None:
+    foreign = replace(base, info={**base.info, "kind": "hf"})
+    assert "Hugging Face" in (get_experiment("roar").why_not(foreign) or "")
+
+
+# --------------------------------------------------------------------------- bad values, through the CLI
+
+
+@pytest.mark.parametrize(
+    ("options", "names"),
+    [
+        (["--ratios", "0,120"], "--ratios must be percents strictly between 0 and 100"),
+        (["--methods", "nonsense"], "--methods"),
+        (["--methods", "rollout"], "rollout does not apply"),
+        (["--metric", "bleu"], "--metric"),
+        (["--seeds", "0"], "--seeds"),
+    ],
+)
+def test_bad_values_one_line_exit_2_nothing_written(base: Run, tmp_path: Path, options: list[str], names: str) -> None:
+    out = tmp_path / "out"
+    proc = cli("run", "roar", base.path, "--out", out, "--quiet", *options)
+    assert_clean_failure(proc, names, out=out)
+    assert not (out / "subruns").exists()
+
+
+@pytest.mark.parametrize("family", ["han", "transformer", "pair", "transformer-pair"])
+def test_every_native_family_retrains_with_its_items_masked(tiny_attention_run, family: str, tmp_path: Path) -> None:
+    run = tiny_attention_run(family)
+    result = run_test("roar", run, out=tmp_path, methods=["attention"], ratios=[50], epochs=1, plot=False)
+    assert {(r["method"], r["ratio"]) for r in result.tables["curves"]} == {(m, k) for m in ("attention", "random") for k in (0, 50, 100)}
+    masks = _masks(tmp_path, "seed-0/attention", 50)
+    data = run.data()
+    for split in ("train", "test"):
+        if family == "han":  # items are sentences: every word of a masked sentence is masked
+            n = [len([s for s in ex.sentences if s]) for ex in data.split(split)]
+        else:  # items are the (passage) tokens; the query is never masked
+            n = [len(ex.tokens) for ex in data.split(split)]
+        assert [len(m) for m in masks[split]] == [k // 2 for k in n]
+    sub = load_run(tmp_path / "subruns" / "roar" / "seed-0" / "attention" / "ratio-50")
+    assert sub.info["variant"]["ratio"] == 50
