@@ -92,7 +92,9 @@ class Batch:
     ``items`` (B,T) bool, True at the tokens an explanation ranks when those are only part of
     the real tokens (a zero-shot prompt's ``{text}`` span), None when every real token is one;
     ``explained`` (B,) the class each row's explanation is of (a generated or forced token; None:
-    the predicted class) and ``contrast`` (B,) a foil: then ``p(explained) − p(contrast)`` is explained.
+    the predicted class) and ``contrast`` (B,) a foil: then ``p(explained) − p(contrast)`` is explained;
+    ``segments`` (B,T) long, the segment (a group of tokens explained as one feature: a word, sentence,
+    line, ...) each position belongs to, -1 outside every segment; None: each item is its own feature.
     """
 
     tokens: Tensor
@@ -107,6 +109,7 @@ class Batch:
     items: Tensor | None = None
     explained: Tensor | None = None
     contrast: Tensor | None = None
+    segments: Tensor | None = None
 
     def to(self, device: torch.device | str) -> Batch:
         def move(t: Tensor | None) -> Tensor | None:
@@ -125,6 +128,7 @@ class Batch:
             items=move(self.items),
             explained=move(self.explained),
             contrast=move(self.contrast),
+            segments=move(self.segments),
         )
 
     def __len__(self) -> int:
@@ -157,4 +161,5 @@ class Batch:
             items=take(self.items, per_position=True),
             explained=take(self.explained),
             contrast=take(self.contrast),
+            segments=take(self.segments, per_position=True),
         )
