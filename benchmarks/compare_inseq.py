@@ -142,17 +142,16 @@ def all_layer_attention(run: Any, source: list[int], target: list[int]) -> list[
 
     from attnaudit.explain.generation import decoder_rows, forced_row
     from attnaudit.explain.helpers.attention import attention_per_head
-    from attnaudit.models.hf import forced_decision, next_token_decision
 
     model = run.model
     rows: list[list[float]] = []
     with torch.no_grad():
         if model.kind == "encoder-decoder":
-            with forced_decision(model):
+            with model.forced_decision():
                 for t in range(len(target)):
                     rows.append(attention_per_head(run, forced_row(model, source, target[:t]))[0].mean((0, 1)).tolist())
         else:
-            with next_token_decision(model):
+            with model.next_token_decision():
                 batch = decoder_rows(model, source, target, len(target))
                 means = attention_per_head(run, batch).mean((1, 2))
                 rows = [means[t, : len(source) + t].tolist() for t in range(len(target))]

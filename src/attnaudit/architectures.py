@@ -412,13 +412,12 @@ def _generation_difference(model: Any, tokenizer: PreTrainedTokenizerFast) -> fl
     passed through the model interface as one decision: the largest difference of a step's distribution (inf when a
     token is not the interface's most probable)."""
     from attnaudit.explain.generation import step_batches
-    from attnaudit.models.hf import forced_decision, next_token_decision
     from attnaudit.models.interface import evaluation
 
     source = list(tokenizer(SENTENCES[0])["input_ids"])
     ids, probs = model.continuation(source, 3)
-    decision = forced_decision if model.kind == "encoder-decoder" else next_token_decision
-    with decision(model), evaluation(model), torch.no_grad():
+    decision = model.forced_decision() if model.kind == "encoder-decoder" else model.next_token_decision()
+    with decision, evaluation(model), torch.no_grad():
         steps = torch.cat([model(batch).probs.float() for batch in step_batches(model, source, ids)])
     if steps.argmax(-1).tolist() != ids:
         return math.inf

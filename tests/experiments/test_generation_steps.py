@@ -15,7 +15,6 @@ from attnaudit.experiments.generation_steps import Steps, erase_until_change, er
 from attnaudit.experiments.runner import run_test
 from attnaudit.explain import get_explanation
 from attnaudit.hf import load_hf
-from attnaudit.models.hf import next_token_decision
 from attnaudit.models.interface import Intervention, evaluation
 from attnaudit.progress import set_quiet
 
@@ -73,7 +72,7 @@ def test_eraser_equals_deleting_the_top_tokens_by_hand(llama: Path) -> None:
     model = run.model
     source = model.tokenizer("the film was very good and long")["input_ids"]
     target = model.tokenizer(" good film", add_special_tokens=False)["input_ids"]
-    with next_token_decision(model):
+    with model.next_token_decision():
         steps = Steps(run, source, target)
         scores = [get_explanation("attention")(run, batch).float() for batch in steps.batches]
         comprehensiveness, sufficiency = eraser(steps, scores, 20.0)
@@ -105,7 +104,7 @@ def test_erase_until_change_equals_erasing_one_key_at_a_time(llama: Path) -> Non
     model = run.model
     source = model.tokenizer("the film was very good and long")["input_ids"]
     target = model.tokenizer(" good film bad", add_special_tokens=False)["input_ids"]
-    with next_token_decision(model), evaluation(model), torch.no_grad():
+    with model.next_token_decision(), evaluation(model), torch.no_grad():
         steps = Steps(run, source, target)
         batch, layer = steps.batches[0], steps.explained_layer
         shares = erase_until_change(model, batch, layer, "top", torch.Generator())
@@ -135,7 +134,7 @@ def test_adversaries_stay_within_epsilon_on_the_whole_model(llama: Path) -> None
     run = load_hf(str(llama), device="cpu")
     model = run.model
     source = model.tokenizer("the film was very good")["input_ids"]
-    with next_token_decision(model), evaluation(model):
+    with model.next_token_decision(), evaluation(model):
         steps = Steps(run, source, model.tokenizer(" good film", add_special_tokens=False)["input_ids"])
         batch, layer = steps.batches[0], steps.explained_layer
         outcome = search_batch(model, batch, layer, Search(adversaries=2, steps=20, epsilon=0.05, report_epsilon=0.05), 0, [0, 1])

@@ -10,7 +10,6 @@ import torch
 from attnaudit.architectures import save_tiny
 from attnaudit.explain.generation import encode_exactly, step_batches
 from attnaudit.hf import load_hf
-from attnaudit.models.hf import forced_decision, next_token_decision
 from attnaudit.models.interface import evaluation
 
 
@@ -19,7 +18,7 @@ def test_continuation_and_forced_pass_equal_the_interface_steps(family: str, tmp
     model = load_hf(str(save_tiny(family, tmp_path / family, seed=0)), device="cpu").model
     source = encode_exactly(model.tokenizer, "the film was very good")
     ids, probs = model.continuation(source, 4)
-    decision = forced_decision if model.kind == "encoder-decoder" else next_token_decision
+    decision = type(model).forced_decision if model.kind == "encoder-decoder" else type(model).next_token_decision
     with decision(model), evaluation(model), torch.no_grad():
         reference = torch.cat([model(batch).probs.float() for batch in step_batches(model, source, ids)])
     assert reference.argmax(-1).tolist() == ids

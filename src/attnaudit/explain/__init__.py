@@ -9,43 +9,18 @@ a method is adding one file there (and its test), nothing else. What several met
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
-
-from attnaudit.explain import methods
-from attnaudit.explain.registry import (
-    EXPLANATIONS,
-    NEEDS,
-    Explanation,
-    applying,
-    choose,
-    default_names,
-    explanation,
-    get_explanation,
-    item_mask,
-    item_names,
-    item_values,
-    list_explanations,
-    register,
-    unregister,
-)
-
-for _info in pkgutil.iter_modules(methods.__path__):
-    importlib.import_module(f"{methods.__name__}.{_info.name}")
-
-__all__ = [
-    "EXPLANATIONS",
-    "NEEDS",
-    "Explanation",
-    "applying",
-    "choose",
-    "default_names",
-    "explanation",
-    "get_explanation",
-    "item_mask",
-    "item_names",
-    "item_values",
-    "list_explanations",
-    "register",
-    "unregister",
-]
+from attnaudit.explain import methods as methods
+from attnaudit.explain.registry import EXPLANATIONS as EXPLANATIONS
+from attnaudit.explain.registry import NEEDS as NEEDS
+from attnaudit.explain.registry import Explanation as Explanation
+from attnaudit.explain.registry import applying as applying
+from attnaudit.explain.registry import choose as choose
+from attnaudit.explain.registry import default_names as default_names
+from attnaudit.explain.registry import explanation as explanation
+from attnaudit.explain.registry import get_explanation as get_explanation
+from attnaudit.explain.registry import item_mask as item_mask
+from attnaudit.explain.registry import item_names as item_names
+from attnaudit.explain.registry import item_values as item_values
+from attnaudit.explain.registry import list_explanations as list_explanations
+from attnaudit.explain.registry import register as register
+from attnaudit.explain.registry import unregister as unregister

@@ -10,7 +10,7 @@ to a next-token decision scores it unchanged:
   every earlier token, the prompt's (``side = "source"``) and the generated ones (``"target"``);
   all steps go through the model as one right-padded batch;
 * an **encoder-decoder**: step ``t`` forces ``[start] + y_<t`` on the decoder
-  (:func:`~attnaudit.models.hf.zeroshot.forced_decision`); the items are the source tokens (the attention
+  (:meth:`~attnaudit.models.interface.LanguageModel.forced_decision`); the items are the source tokens (the attention
   methods read the last target position's cross-attention).
 
 The explained class of every row is ``y_t`` itself (``Batch.explained``), not the argmax, so a forced
@@ -256,7 +256,7 @@ def explain_steps(
 
     A step's items are numbered as a decoder reads them: the source (prompt) tokens, then the earlier target
     tokens. An encoder-decoder's methods registered with ``target_side`` score both sides (within
-    :func:`~attnaudit.models.hf.zeroshot.target_side`); the others score its source and give NaN for its target."""
+    :meth:`~attnaudit.models.interface.LanguageModel.target_side`); the others score its source and give NaN for its target."""
     model = language_model(run.model, "a generated sequence")
     batches = step_batches(model, source, target, contrast)
     device = model.input_device

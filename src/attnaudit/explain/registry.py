@@ -79,7 +79,7 @@ class Explanation:
     order: int = 100
     per_example: bool = True
     target_side: bool = False
-    """It scores an encoder-decoder's earlier target tokens too, within :func:`attnaudit.models.hf.zeroshot.target_side`."""
+    """It scores an encoder-decoder's earlier target tokens too, within :meth:`attnaudit.models.interface.LanguageModel.target_side`."""
     settings_check: SettingsCheck | None = None
 
     def applies(self, target: AttentionModel | Run, offered: dict[str, Any] | None = None) -> str | None:

@@ -7,13 +7,13 @@ The decision explained, through the one model interface (:class:`~attnaudit.mode
   with a prompt and verbalizer): its predicted class;
 * a causal LM without a head or verbalizer: the predicted **next token** at the last position.
   Its output already is the next-token logits over the whole vocabulary, so the whole vocabulary
-  is taken as the classes (:func:`attnaudit.models.hf.zeroshot.next_token_decision`, the zero-shot
+  is taken as the classes (:meth:`attnaudit.models.interface.LanguageModel.next_token_decision`, the zero-shot
   mechanism without restricting the ids; not a top-k, which would renormalise ŷ): ŷ is the real
   next-token probability, and gradient, input × gradient, IG, leave-one-out (TVD over the
   vocabulary), ... apply unchanged, interventions included;
 * a generated or forced sequence (``generate`` / ``target``; decoders and encoder-decoders): each of
   its tokens as one next-token decision (:mod:`attnaudit.explain.generation`; an encoder-decoder's
-  through :func:`attnaudit.models.hf.zeroshot.forced_decision`);
+  through :meth:`attnaudit.models.interface.LanguageModel.forced_decision`);
 * a headless encoder (``--hf minilm``): no decision; only the attention-based methods apply, and
   the defaults that do not are listed under ``skipped`` with the reason.
 """

@@ -527,6 +527,8 @@ class LanguageModel(AttentionModel):
 
     kind: str = "encoder"
     streams_layers = True
+    verbalizer_ids: Tensor | None = None
+    """A decoder classifying zero-shot: the verbalizer's first token per class (its outputs are those logits)."""
 
     @property
     def input_device(self) -> Any:

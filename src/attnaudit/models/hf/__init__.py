@@ -1,14 +1,12 @@
-"""The Hugging Face adapter: one :class:`HFModel` serves every architecture transformers registers
-(encoders, decoders, encoder-decoders, GGUF files), through transformers' documented registration
-points, never a forked modeling file.
+"""The Hugging Face adapter: one :class:`HFModel` serves every architecture transformers registers (encoders,
+decoders, encoder-decoders, GGUF files), through transformers' registration points, never a forked modeling file.
 
-Inside, one module per concern: ``structure`` (the dry run that finds the blocks), ``attention`` (capture
-and interventions at the softmax), ``layouts`` and ``projections`` (what a block computes), ``passes``,
-``inputs``, ``restarts``, ``readout`` and ``generation`` (how a forward runs), ``capabilities``, ``config``,
-``model`` (the adapter), ``loading`` and ``gguf`` (from a name, folder or ``.gguf`` file to a model),
-``fresh`` (built from scratch), ``batches`` (texts to batches) and ``zeroshot`` (a causal LM's decisions).
-
-The rest of attnaudit imports only the names below; the modules are the package's own.
+One module per concern: ``structure`` (the dry run that finds the blocks), ``attention`` (capture and interventions
+at the softmax), ``layouts`` and ``projections`` (what a block computes), ``passes``, ``inputs``, ``restarts``,
+``readout`` and ``generation`` (how a forward runs), ``capabilities``, ``config``, ``model`` (the adapter),
+``loading`` and ``gguf`` (a name, folder or ``.gguf`` file to a model), ``fresh`` (built from scratch), ``batches``
+(texts to batches) and ``zeroshot`` (a causal LM classifying with a prompt). The rest of attnaudit imports only the
+names below; the modules are the package's own.
 """
 
 from attnaudit.models.hf.batches import HFCollator, HFSubwords, forced_batch
@@ -21,41 +19,13 @@ from attnaudit.models.hf.loading import DTYPES, HF_DIR, build_hf_model
 from attnaudit.models.hf.loading import _quiet_transformers as quiet_transformers
 from attnaudit.models.hf.model import HFModel
 from attnaudit.models.hf.passes import HFLayer
-from attnaudit.models.hf.zeroshot import (
-    ZeroShotCollator,
-    forced_decision,
-    make_zero_shot,
-    next_token_decision,
-    parse_verbalizer,
-    target_side,
-    text_items,
-)
+from attnaudit.models.hf.zeroshot import ZeroShotCollator, make_zero_shot, parse_verbalizer, text_items
 from attnaudit.models.hf.zeroshot import derive as derive_zero_shot
 from attnaudit.models.hf.zeroshot import resolve as resolve_zero_shot
 
 __all__ = [
-    "DTYPES",
-    "FRESH_ARCHITECTURES",
-    "HF_DIR",
-    "BlockLayout",
-    "HFCollator",
-    "HFLayer",
-    "HFModel",
-    "HFSubwords",
-    "ZeroShotCollator",
-    "build_hf_model",
-    "derive_zero_shot",
-    "forced_batch",
-    "forced_decision",
-    "fresh_seq2seq",
-    "fresh_tokenizer",
-    "gguf_cache_folder",
-    "make_zero_shot",
-    "next_token_decision",
-    "parse_verbalizer",
-    "quiet_transformers",
-    "resolve_zero_shot",
-    "seq2seq_collator",
-    "target_side",
-    "text_items",
+    "DTYPES", "FRESH_ARCHITECTURES", "HF_DIR", "BlockLayout", "HFCollator", "HFLayer", "HFModel", "HFSubwords",
+    "ZeroShotCollator", "build_hf_model", "derive_zero_shot", "forced_batch", "fresh_seq2seq", "fresh_tokenizer",
+    "gguf_cache_folder", "make_zero_shot", "parse_verbalizer", "quiet_transformers", "resolve_zero_shot",
+    "seq2seq_collator", "text_items",
 ]

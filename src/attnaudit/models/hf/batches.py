@@ -12,7 +12,7 @@ from torch import Tensor
 from attnaudit.data.batching import IGNORE_INDEX, _pad
 from attnaudit.data.types import Batch, Example, text_of
 from attnaudit.errors import AttnAuditError, InputError, warn
-from attnaudit.models.hf.model import HFModel
+from attnaudit.models.interface import LanguageModel
 
 
 class HFCollator:
@@ -231,6 +231,6 @@ class HFSeq2SeqCollator:
         return batch
 
 
-def collator(model: HFModel) -> HFSeq2SeqCollator:
+def collator(model: LanguageModel) -> HFSeq2SeqCollator:
     """The batches an encoder-decoder reads: its tokenizer, ``max_len`` and decoder start token."""
     return HFSeq2SeqCollator(model.tokenizer, model.config.max_len, model.decoder_start)

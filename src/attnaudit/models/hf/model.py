@@ -82,7 +82,7 @@ class HFModel(HFCapabilities, HFRestarts, EncoderDecoderLayout, LanguageModel):
     keep_scores = False
     """Traces hold each layer's pre-softmax scores as well (for checks; they double a trace's memory)."""
     target_items = False
-    """An encoder-decoder's explained items include its decoder inputs (:func:`attnaudit.models.hf.zeroshot.target_side`)."""
+    """An encoder-decoder's explained items include its decoder inputs (:meth:`attnaudit.models.interface.LanguageModel.target_side`)."""
 
     def __init__(self, hf: PreTrainedModel, tokenizer: Any, task_type: str, source: str, trained_head: bool) -> None:
         cfg = hf.config

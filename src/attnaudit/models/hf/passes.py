@@ -260,7 +260,7 @@ def decided(
 
     def decision(out: Any) -> Tensor:
         if kind == "encoder-decoder" and output == "next_token" and isinstance(rows, int):
-            return out.logits[:, rows]  # a forced target's next token (:func:`attnaudit.models.hf.zeroshot.forced_decision`)
+            return out.logits[:, rows]  # a forced target's next token (:meth:`attnaudit.models.interface.LanguageModel.forced_decision`)
         if kind == "encoder-decoder" or has_head:
             return out.logits
         if head is not None:

@@ -4,7 +4,7 @@ Each example's text is put into the template (``"Review: {text}\\nSentiment:"``)
 next-token logits at the last prompt position are read at the first token of each label's
 verbalizer string (``" positive"``), in the task's label order. Those ``(B, labels)`` logits are
 the model's output, so the prediction is their softmax and the tests that need a prediction run.
-The explanation query is the last prompt position (:meth:`HFModel.explanation_rows`).
+The explanation query is the last prompt position (:meth:`~attnaudit.models.interface.AttentionModel.explanation_rows`).
 
 The ranked items are the input text's tokens only, the ``{text}`` span of the filled prompt:
 :class:`ZeroShotCollator` sets ``Batch.items`` to the tokens whose characters overlap that span
@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import re
 from collections.abc import Sequence
-from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
@@ -31,7 +30,7 @@ from torch import Tensor
 from attnaudit.data.types import Batch, Example
 from attnaudit.errors import AttnAuditError
 from attnaudit.models.hf.batches import HFCollator
-from attnaudit.models.hf.model import HFModel
+from attnaudit.models.interface import LanguageModel
 
 SENTIMENT_PROMPT = "Review: {text}\nSentiment:"
 SENTIMENT_VERBALIZER = {"negative": " negative", "positive": " positive"}
@@ -184,7 +183,7 @@ def derive(labels: Sequence[str], tokenizer: Any) -> tuple[str, dict[str, str]]:
     )
 
 
-def make_zero_shot(model: HFModel, prompt: str, verbalizer: dict[str, str], labels: Sequence[str], derived: bool = False) -> None:
+def make_zero_shot(model: LanguageModel, prompt: str, verbalizer: dict[str, str], labels: Sequence[str], derived: bool = False) -> None:
     """Turn a causal LM into a zero-shot classifier over ``labels`` (its outputs become the verbalizer logits);
     ``derived``: the prompt and verbalizer were made from the label names (:func:`derive`), which the notes say."""
     if model.config.extra.get("output") != "next_token":
@@ -200,18 +199,3 @@ def make_zero_shot(model: HFModel, prompt: str, verbalizer: dict[str, str], labe
                        "; prompt and verbalizer derived from the label names (--prompt/--verbalizer override them)" if derived else ""
                    )},
     )
-
-
-def next_token_decision(model: HFModel) -> AbstractContextManager[HFModel]:
-    """:meth:`HFModel.next_token_decision` (a causal LM's next token as its decision, within the block)."""
-    return model.next_token_decision()
-
-
-def forced_decision(model: HFModel) -> AbstractContextManager[HFModel]:
-    """:meth:`HFModel.forced_decision` (an encoder-decoder's next target token after a forced prefix, within the block)."""
-    return model.forced_decision()
-
-
-def target_side(model: HFModel) -> AbstractContextManager[HFModel]:
-    """:meth:`HFModel.target_side` (an encoder-decoder's earlier target tokens among the explained items, within the block)."""
-    return model.target_side()
