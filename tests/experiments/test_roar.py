@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -25,6 +26,7 @@ from attnaudit.experiments.roar import (
 )
 from attnaudit.experiments.runner import run_test
 from attnaudit.explain.registry import get_explanation
+from attnaudit.io import read_json
 from attnaudit.progress import set_quiet
 from attnaudit.run import Run, load_run
 from attnaudit.training.trainer import train
@@ -219,3 +221,56 @@ def test_every_native_family_retrains_with_its_items_masked(tiny_attention_run, 
         assert [len(m) for m in masks[split]] == [k // 2 for k in n]
     sub = load_run(tmp_path / "subruns" / "roar" / "seed-0" / "attention" / "ratio-50")
     assert sub.info["variant"]["ratio"] == 50
+
+
+# --------------------------------------------------------------------------- a Hugging Face encoder through finetune
+
+
+def test_mask_example_masks_the_text_as_written() -> None:
+    ex = Example(tokens=["a", "warm", ",", "funny", "film"], label="x", meta={"text": "A warm, funny film"})
+    masked = mask_example(ex, [1, 3], "[MASK]")
+    assert masked.meta["text"] == "A [MASK], [MASK] film" and masked.tokens == ["a", "[MASK]", ",", "[MASK]", "film"]
+    assert ex.meta["text"] == "A warm, funny film"  # the original untouched
+
+
+@pytest.fixture(scope="module")
+def tuned_hf(tiny_hf, tmp_path_factory: pytest.TempPathFactory) -> Run:
+    """The tiny BERT fine-tuned by ``finetune`` on 40 sentences of its words whose label is whether ``good`` occurs."""
+    import random as random_module
+
+    from attnaudit.data.types import TaskData
+    from attnaudit.training.finetune import finetune
+
+    rng = random_module.Random(0)
+    words = [w for w in tiny_hf.vocab[5:] if w != "good"]
+
+    def example(i: int) -> Example:
+        tokens = [rng.choice(words) for _ in range(rng.randint(4, 7))]
+        if i % 2:
+            tokens[rng.randrange(len(tokens))] = "good"
+        return Example(tokens=tokens, label=["neg", "pos"][i % 2], meta={"text": " ".join(tokens)})
+
+    data = [example(i) for i in range(56)]
+    task = TaskData(name="t", task_type="classification", train=data[:40], dev=data[40:48], test=data[48:], labels=["neg", "pos"])
+    return finetune(task, tmp_path_factory.mktemp("roar-hf") / "run", hf=str(tiny_hf.dir), epochs=1, batch_size=8, lr=1e-3, device="cpu")
+
+
+def test_a_fine_tuned_hf_encoder_is_retrained_through_finetune(tuned_hf: Run, tmp_path: Path) -> None:
+    result = run_test("roar", tuned_hf, out=tmp_path / "r", plot=False, methods=["gradient"], ratios=[50], seeds=1, epochs=1)
+    curves = pd.DataFrame(result.tables["curves"])
+    assert set(curves["method"]) == {"gradient", "random"} and set(curves["ratio"]) == {0, 50, 100}
+    sub = tmp_path / "r" / "subruns" / "roar" / "seed-0" / "gradient" / "ratio-50"
+    assert (sub / "metrics.json").is_file() and read_json(sub / "config.json")["finetune"]["variant"]
+    masks = read_json(sub.with_name("ratio-50.masks.json"))
+    test = tuned_hf.data().test
+    assert [len(m) for m in masks["test"]] == [len(ex.tokens) // 2 for ex in test]  # floor(50 % of the words)
+    again = run_test("roar", tuned_hf, out=tmp_path / "r", plot=False, methods=["gradient"], ratios=[50], seeds=1, epochs=1)
+    assert [r["score"] for r in again.tables["curves"]] == [r["score"] for r in result.tables["curves"]]  # every sub-run loaded
+    assert not any(row["trained_now"] for row in again.tables["curves"])
+
+
+def test_a_pretrained_or_zero_shot_hf_model_is_refused(tiny_hf) -> None:
+    from attnaudit.hf import load_hf
+
+    run = load_hf(str(tiny_hf.dir), task=tiny_hf.task("classification"), device="cpu")
+    assert "attnaudit finetune" in (get_experiment("roar").why_not(run) or "")

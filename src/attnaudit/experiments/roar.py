@@ -26,6 +26,11 @@ bootstrap 95 % interval, in percent as Madsen et al. report it.
 
 The items a sub-run masked are kept beside it (``ratio-<k>.masks.json``), so a resumed run
 rebuilds the masked data without recomputing the explanations.
+
+A Hugging Face run made by ``attnaudit finetune`` is retrained by fine-tuning its source again with the
+settings it recorded (:func:`~attnaudit.training.finetune.finetune`, the sub-run's key in its settings hash); its
+items are the example's words (a word's pieces' scores summed), masked by the tokenizer's mask token in the text
+as written.
 """
 
 from __future__ import annotations
@@ -41,13 +46,14 @@ import numpy as np
 
 from attnaudit.algorithms.racu import mean_interval, racu
 from attnaudit.data.batching import split_sentences
-from attnaudit.data.types import Example, TaskData
+from attnaudit.data.types import Example, TaskData, word_spans
 from attnaudit.data.vocab import UNK
-from attnaudit.errors import AttnAuditError
+from attnaudit.errors import AttnAuditError, warn
+from attnaudit.experiments.common.units import hf_word_ids
 from attnaudit.experiments.experiment import AuditSettings, Experiment, Result, register
 from attnaudit.explain.registry import EXPLANATIONS, Explanation, applying, hierarchical, item_mask
-from attnaudit.io import atomic_write_json, digest, read_json_object
-from attnaudit.models.interface import AttentionModel, evaluation
+from attnaudit.io import atomic_write_json, digest, read_json, read_json_object
+from attnaudit.models.interface import AttentionModel, evaluation, language_model
 from attnaudit.plotting import save_figure
 from attnaudit.progress import status
 from attnaudit.run import Run
@@ -62,7 +68,8 @@ from attnaudit.training.adversary import (
     train_variant,
     trainable_reason,
 )
-from attnaudit.training.trainer import score_key
+from attnaudit.training.finetune import finetune
+from attnaudit.training.trainer import METRICS, score_key
 
 if TYPE_CHECKING:
     from attnaudit.data.batching import Collator
@@ -103,11 +110,32 @@ def item_groups(example: Example, sentences: bool) -> list[list[str]]:
 
 
 def mask_example(example: Example, items: Sequence[int], token: str, sentences: bool = False) -> Example:
-    """``example`` with every token of items ``items`` replaced by ``token`` (tokens, or HAN's sentences)."""
+    """``example`` with every token of items ``items`` replaced by ``token`` (tokens, or HAN's sentences); the text as
+    written (``meta["text"]``, what a subword tokenizer reads) gets ``token`` in place of each masked word."""
     chosen = set(items)
     groups = [[token] * len(g) if i in chosen else g for i, g in enumerate(item_groups(example, sentences))]
     tokens = [t for g in groups for t in g]
-    return replace(example, tokens=tokens, sentences=groups if sentences else example.sentences)
+    masked_words = [w for w, t in enumerate(tokens) if t == token and example.tokens[w] != token]
+    return replace(example, tokens=tokens, sentences=groups if sentences else example.sentences,
+                   meta=_masked_meta(example, masked_words, token))
+
+
+def _masked_meta(example: Example, words: Sequence[int], token: str) -> dict[str, Any]:
+    """``example.meta`` with ``token`` in place of ``words`` in its written text (the text dropped, so that the
+    masked words are read, where the words cannot be found in it)."""
+    if not isinstance(example.meta.get("text"), str) or not words:
+        return example.meta
+    meta, spans = dict(example.meta), word_spans(example)
+    if spans is None:
+        meta.pop("text")
+        return meta
+    text, parts, last = meta["text"], [], 0
+    for w in sorted(words):
+        start, end = spans[w]
+        parts += [text[last:start], token]
+        last = end
+    meta["text"] = "".join(parts) + text[last:]
+    return meta
 
 
 def masked_data(data: TaskData, masks: Masks, token: str, sentences: bool) -> TaskData:
@@ -121,23 +149,79 @@ def masked_data(data: TaskData, masks: Masks, token: str, sentences: bool) -> Ta
 # --------------------------------------------------------------------------- scores, sub-runs
 
 
+def finetuned(run: Run) -> dict[str, Any] | None:
+    """The ``attnaudit finetune`` settings of a Hugging Face run (None: not a Hugging Face run, or not fine-tuned here)."""
+    settings = run.info.get("finetune") if run.info.get("kind") == "hf" else None
+    return settings if isinstance(settings, dict) else None
+
+
+def base_seed_of(run: Run) -> int:
+    """The seed the base run was trained (or fine-tuned) with."""
+    settings = finetuned(run)
+    return int(settings.get("seed", 0)) if settings is not None else base_seed(run)
+
+
+def run_hash(run: Run) -> str:
+    """The config hash of a run: a native run's, or the settings hash of a fine-tuned one."""
+    settings = finetuned(run)
+    return str(settings.get("hash", "")) if settings is not None else str(run.info.get("hash", ""))
+
+
+def retrain_reason(run: Run) -> str | None:
+    """Why ``run`` cannot be retrained on masked data (None when it can): native runs from their training config,
+    Hugging Face runs by fine-tuning their source again with the settings ``attnaudit finetune`` recorded."""
+    if run.info.get("kind") != "hf":
+        return trainable_reason(run)
+    if finetuned(run) is None:
+        return ("ROAR retrains the model on masked data, and this Hugging Face model was not fine-tuned by `attnaudit finetune` "
+                "(a pretrained or zero-shot model has no training to repeat): fine-tune it with `attnaudit finetune` and test that run")
+    return None
+
+
 def mask_token(run: Run) -> str:
-    """The token masked items become: the vocabulary's mask special, else ``<unk>`` (a native vocabulary)."""
+    """The token masked items become: a Hugging Face tokenizer's mask token (else its unknown token); a native
+    vocabulary's mask special, else ``<unk>``."""
+    if run.info.get("kind") == "hf":
+        tokenizer = language_model(run.model, "ROAR's mask token").tokenizer
+        return str(tokenizer.mask_token or tokenizer.unk_token)
     vocab = cast("Collator", run.collate).vocab
     return next((t for t in MASK_TOKENS if t in vocab.specials), UNK)
 
 
 def item_scores(run: Run, model: AttentionModel, examples: list[Example], method: Explanation, seed: int) -> list[np.ndarray]:
     """``method``'s scores of each instance's items by ``model`` (eval mode), batches in order; the random
-    baseline's draws are seeded per batch (``seed``, batch number)."""
+    baseline's draws are seeded per batch (``seed``, batch number). A Hugging Face model's items are the
+    example's words: the scores of a word's pieces summed (NaN, ranked last, for a word it never read)."""
     source = replace(run, model=model)
     out: list[np.ndarray] = []
+    unaligned = 0
     with evaluation(model):
         for number, batch in enumerate(source.batches(examples, EXPLAIN_BATCH)):
             scores = method(source, batch, seed=seed * 1_000_003 + number).float().cpu().numpy()
             counts = item_mask(model, batch).sum(1).tolist()
-            out.extend(row[:n] for row, n in zip(scores, counts))
+            for row, n in enumerate(counts):
+                if run.info.get("kind") != "hf":
+                    out.append(scores[row][:n])
+                    continue
+                words = _word_scores(source, batch.examples[row], batch.tokens[row, :n].tolist(), scores[row][:n])
+                unaligned += words is None
+                out.append(np.full(len(batch.examples[row].tokens), np.nan) if words is None else words)
+    if unaligned:
+        warn(f"roar: {unaligned} of {len(examples)} instances' pieces could not be aligned with their words; their words are masked in order")
     return out
+
+
+def _word_scores(run: Run, example: Example, ids: list[int], scores: np.ndarray) -> np.ndarray | None:
+    """Per word of ``example``: the sum of its pieces' ``scores`` (NaN where it has none); None when unaligned."""
+    word_of = hf_word_ids(run, example, ids)
+    if word_of is None:
+        return None
+    out = np.zeros(len(example.tokens))
+    keep = word_of >= 0
+    np.add.at(out, word_of[keep], scores[keep])
+    read = np.zeros(len(example.tokens), dtype=bool)
+    read[word_of[keep]] = True
+    return np.where(read, out, np.nan)
 
 
 def chosen_items(scores: list[np.ndarray], ratio: int, before: list[list[int]] | None) -> list[list[int]]:
@@ -175,17 +259,22 @@ class Roarer:
         self.data = run.data()
         self.token = mask_token(run)
         self.sentences = hierarchical(run.model)
+        self.finetuned = finetuned(run)
 
     def folder(self, seed: int, name: str) -> str:
         return f"seed-{seed}/{name}"
 
     def zero(self, seed: int) -> Zero:
         """The seed's 0 % model: the base run, or the base retrained with ``seed``."""
-        if seed == base_seed(self.run):
+        if seed == base_seed_of(self.run):
             score = float(base_scores(self.run)["test"][self.metric])
-            return Zero(self.run.model, score, "base", str(self.run.info.get("hash", "")), False)
+            return Zero(self.run.model, score, "base", run_hash(self.run), False)
         status(f"roar: seed {seed}, 0 % model")
-        sub = train_standard(self.run, subrun_dir(self.run, "roar", self.folder(seed, "unmasked")), seed=seed, epochs=self.options.epochs)
+        out = subrun_dir(self.run, "roar", self.folder(seed, "unmasked"))
+        if self.finetuned is not None:
+            sub = self._finetune(out, self.data, seed, {"kind": "roar", "unmasked": True, "seed": seed})
+        else:
+            sub = train_standard(self.run, out, seed=seed, epochs=self.options.epochs)
         return Zero(sub.model, float(sub.metrics["test"][self.metric]), self.folder(seed, "unmasked"), sub.hash, sub.trained)
 
     def retrain(self, seed: int, name: str, ratio: int, key: dict[str, Any], masks: Masks | None, build: Any) -> tuple[SubRun, Masks]:
@@ -201,8 +290,25 @@ class Roarer:
             atomic_write_json(out.with_name(out.name + ".masks.json"), {"key": stamp, **masks})
         status(f"roar: seed {seed}, {name} at {ratio} %")
         data = masked_data(self.data, masks, self.token, self.sentences)
+        if self.finetuned is not None:
+            return self._finetune(out, data, seed, key), masks
         sub = train_variant(self.run, out, Variant(key=key), epochs=self.options.epochs, seed=seed, label=f"roar {where}", data=data)
         return sub, masks
+
+    def _finetune(self, out: Path, data: TaskData, seed: int, key: dict[str, Any]) -> SubRun:
+        """A Hugging Face run's retrain: its source fine-tuned again on ``data`` with the recorded settings and
+        ``seed`` (``--epochs`` overrides theirs); a finished one with the same settings and key is loaded."""
+        settings = self.finetuned or {}
+        before = (out / METRICS).stat().st_mtime_ns if (out / METRICS).exists() else None
+        sub = finetune(
+            data, out, hf=str(settings["source"]), epochs=self.options.epochs or int(settings["epochs"]), lr=float(settings["lr"]),
+            batch_size=int(settings["batch_size"]), limit=settings.get("limit"), seed=seed, data_dir=self.run.task.data_dir,
+            device=str(self.run.device), warmup=float(settings.get("warmup", 0.1)), weight_decay=float(settings.get("weight_decay", 0.01)),
+            max_len=settings.get("max_len"), train_layers=settings.get("train_layers"), masking=bool(settings.get("masking")),
+            variant=digest(key),
+        )
+        sub.info["hash"] = run_hash(sub)
+        return SubRun(sub, read_json(out / METRICS), None, trained=before != (out / METRICS).stat().st_mtime_ns)
 
     def _stored_masks(self, out: Path, stamp: str) -> Masks | None:
         for place in stored_subruns(self.run, out):
@@ -304,7 +410,7 @@ class Roar(Experiment):
         return list(EXPLANATIONS)
 
     def applies(self, run: Run) -> str | None:
-        reason = trainable_reason(run)
+        reason = retrain_reason(run)
         if reason is None and run.task.task_type == "tagging":
             return "ROAR masks the items an explanation ranks for one decision per instance; a tagger makes one per token"
         return reason
@@ -329,7 +435,7 @@ class Roar(Experiment):
         ratios, methods, dropped, metric = self._check(run, options)
         options = replace(options, ratios=ratios)
         roarer = Roarer(run, options, metric)
-        seeds = [base_seed(run) + i for i in range(options.seeds)]
+        seeds = [base_seed_of(run) + i for i in range(options.seeds)]
         curves: list[dict[str, Any]] = []
         for s in seeds:
             zero = roarer.zero(s)

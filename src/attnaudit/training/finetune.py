@@ -161,6 +161,7 @@ def finetune(
     max_len: int | None = None,
     train_layers: int | None = None,
     masking: bool = False,
+    variant: str | None = None,
 ) -> Run:
     """Fine-tune ``hf`` (``minilm``, ``smollm2``, a local directory, ``.gguf`` file or hub name) on
     ``task``; return the best-dev run.
@@ -170,7 +171,8 @@ def finetune(
     ``train_layers`` trains only the head and the last N layers (None: every parameter).
     ``masking``: masked fine-tuning (Madsen et al. 2024; :mod:`attnaudit.training.masking`): half of each batch
     masked at a per-example ratio drawn from U[0, 1), so that erased inputs are in distribution; needs a tokenizer
-    with a mask token.
+    with a mask token. ``variant``: a name of the data's variant (a test's masked copy of ``task``), part of
+    the settings' hash, so that a folder fine-tuned on other data is never taken for this one.
     """
     from attnaudit.hf import load_hf, load_hf_run
     from attnaudit.pretrained import resolve_source
@@ -188,6 +190,8 @@ def finetune(
         settings["train_layers"] = train_layers
     if masking:
         settings["masking"] = True
+    if variant is not None:
+        settings["variant"] = variant
     digest = _settings_hash(settings)
     config_file = out / "config.json"
     if (

@@ -29,7 +29,7 @@ class Units:
         return out
 
 
-def _hf_word_ids(run: Run, ex: Example, ids: list[int]) -> np.ndarray | None:
+def hf_word_ids(run: Run, ex: Example, ids: list[int]) -> np.ndarray | None:
     """Word index of each wordpiece of ``ex`` (-1 for special tokens, the query and pieces of no word), from the
     tokenizer's character offsets into the text as the collator gave it (:func:`~attnaudit.data.types.text_of`)
     and the words' spans in it; None if it cannot be aligned."""
@@ -65,7 +65,7 @@ def instance_units(run: Run, batch: Batch, row: int) -> Units | None:
         return Units(np.arange(n_sent), positive)
     n_items = int(mask.sum())
     if run.family == "hf":
-        word_of = _hf_word_ids(run, ex, batch.tokens[row, :n_items].tolist())
+        word_of = hf_word_ids(run, ex, batch.tokens[row, :n_items].tolist())
         if word_of is None:
             return None
         n_words = int(word_of.max()) + 1 if (word_of >= 0).any() else 0
