@@ -359,7 +359,16 @@ def explain(
         str | None, typer.Option(help="Gradient methods: differentiate the probability or the logit (default: each method's own).")
     ] = None,
     baseline: Annotated[
-        str | None, typer.Option(help="ig's baseline: zero (default) or the embedding of the unk, pad, mask or eos token.")
+        str | None, typer.Option(help="What stands in for an item: ig: zero (default) or the embedding of the unk, pad, mask or eos token; "
+                                 "loo: delete (default) or that token in place of each removed token.")
+    ] = None,
+    segments: Annotated[
+        str | None, typer.Option(help="The features: token (default), word, sentence, line, paragraph, or a JSON list of [start, end) "
+                                 "character spans; one score per segment (gradient methods sum their token scores; loo removes it whole).")
+    ] = None,
+    replace: Annotated[
+        str | None, typer.Option(help="loo's counterfactuals: SEGMENT=TEXT pairs, comma-separated (\"Dave=Sarah\"): that segment's tokens "
+                                 "replaced by TEXT's tokens instead of removed.")
     ] = None,
     data_dir: DataDir = None,
     device: Device = "auto",
@@ -383,6 +392,8 @@ def explain(
     attnaudit explain --hf smollm2 --text "The capital of France is" --target " Paris" --contrast " Lyon" --method gradient
 
     attnaudit explain --hf smollm2 --text "The capital of France is" --target " Paris" --method input_gradient,ig --steps 4 --score probability --reduction l2 --baseline unk
+
+    attnaudit explain --hf smollm2 --text "Dave lives in Paris. He met Sarah there. Where does Dave live? In" --segments sentence --method gradient,loo
     """  # noqa: E501 (example commands stay on one line)
     from attnaudit.explain.generation import Generated
     from attnaudit.explain.text import decision_line, explain_text
@@ -397,7 +408,8 @@ def explain(
         max_length=max_length, seed=seed, steps=steps, device=device, data_dir=data_dir, dtype=dtype, target=target,
         device_map=device_map, max_memory=max_memory,
         generate=generate, contrast=contrast, sample=sample, aggregate=aggregate,
-        options={k: v for k, v in {"reduction": reduction, "score": score, "baseline": baseline}.items() if v is not None},
+        options={k: v for k, v in {"reduction": reduction, "score": score, "baseline": baseline, "replace": replace}.items() if v is not None},
+        segments=segments,
     )
     if isinstance(result, Generated):
         _print_generated(result, quiet, out, aggregate)
