@@ -94,7 +94,8 @@ def token_segments(text: str, offsets: Sequence[Span | None], spans: Sequence[Sp
     """The segment (index into ``spans``) of each token, from its character ``offsets`` into ``text`` (None: a
     special token); -1 for a token of no segment (specials, whitespace between segments, a prompt's template).
     A token belongs to the segment that holds most of its characters once the whitespace around it is left out
-    (a BPE token ``" Dave"`` belongs to ``Dave``'s word)."""
+    (a BPE token ``" Dave"`` belongs to ``Dave``'s word); a token of whitespace only (``"\n"``) to the segment
+    it lies inside, if any."""
     out = []
     for offset in offsets:
         if offset is None or offset[1] <= offset[0]:
@@ -102,11 +103,11 @@ def token_segments(text: str, offsets: Sequence[Span | None], spans: Sequence[Sp
             continue
         a, b = offset
         piece = text[a:b]
-        a, b = a + len(piece) - len(piece.lstrip()), a + len(piece.rstrip())
-        best, share = -1, 0
-        for index, (start, end) in enumerate(spans):
-            overlap = min(b, end) - max(a, start)
-            if overlap > share:
-                best, share = index, overlap
-        out.append(best)
+        if piece.strip():
+            a, b = a + len(piece) - len(piece.lstrip()), a + len(piece.rstrip())
+            overlaps = [min(b, end) - max(a, start) for start, end in spans]
+            best = max(range(len(spans)), key=overlaps.__getitem__, default=-1)
+            out.append(best if best >= 0 and overlaps[best] > 0 else -1)
+        else:
+            out.append(next((i for i, (start, end) in enumerate(spans) if start <= a and b <= end), -1))
     return out

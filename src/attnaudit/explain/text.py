@@ -36,7 +36,7 @@ from attnaudit.errors import AttnAuditError, unknown, warn
 from attnaudit.explain import EXPLANATIONS, choose, item_mask, item_names, item_values
 from attnaudit.explain.generation import AGGREGATIONS, Generated, decoder_rows, encode_exactly, explain_generated
 from attnaudit.explain.helpers.attention import attention_per_head
-from attnaudit.explain.helpers.segments import check_replaced, segment_spans, segment_text, text_segments
+from attnaudit.explain.helpers.segments import check_replaced, replacements, segment_spans, segment_text, text_segments
 from attnaudit.explain.registry import CHOICES, choice, item_groups, methods_for
 from attnaudit.io import (
     atomic_write,
@@ -166,6 +166,8 @@ def explain_text(
     if spans is not None and sequence:
         raise AttnAuditError("--segments applies to one decision; a generated sequence is explained token by token")
     offered = {"seed": seed, "steps": steps, **method_options(options)}
+    if offered.get("replace") is not None:
+        replacements(str(offered["replace"]))  # its form checked before the model loads
     folder = check_output_dir(out) if out is not None else None
     named = name_model(source=source, prompt=prompt, verbalizer=verbalizer, dtype=dtype, device_map=device_map, max_memory=max_memory)
     if out is not None:  # before loading: nothing is written inside what was named

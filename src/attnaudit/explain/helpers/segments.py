@@ -49,8 +49,11 @@ def add_segments(model: AttentionModel, batch: Batch, unit: str, prompt: str | N
     segments = torch.full(batch.tokens.shape, -1, dtype=torch.long)
     unaligned = 0
     for row, example in enumerate(batch.examples):
-        spans = example_spans(example, unit) if unit != "token" or "spans" in example.meta else []
         real = batch.tokens[row][batch.mask[row].bool()].tolist()
+        if unit == "token" and "spans" not in example.meta:  # no spans given for this row: each token its own segment
+            segments[row, : len(real)] = torch.arange(len(real))
+            continue
+        spans = example_spans(example, unit)
         offsets = token_offsets(model, example, real, prompt)
         if offsets is None:
             unaligned += 1
@@ -164,25 +167,23 @@ def perturbed_rows(batch: Batch, rows: Sequence[tuple[int, Sequence[int], Sequen
     segment) removed (``tokens`` None or empty) or replaced, as one run, by ``tokens`` (a baseline token per position,
     a replacement text's tokens); token types follow the first replaced position; the query and target stay."""
     sequences, features = [], []
-    for row, positions, tokens in rows:
+    for row, positions, fresh_tokens in rows:
         real = batch.mask[row].bool()
         ids = batch.tokens[row][real].tolist()
         types = batch.features[row][real].tolist() if batch.features is not None else [0] * len(ids)
         gone = set(positions)
         first = min(gone)
-        fresh = list(tokens or [])
+        fresh = list(fresh_tokens or [])
         sequences.append([*ids[:first], *fresh, *(t for p, t in enumerate(ids) if p > first and p not in gone)])
-        kept_types = [k for p, k in enumerate(types) if p > first and p not in gone]
-        kept_ids = [t for p, t in enumerate(ids) if p < first and p not in gone]
-        features.append([*types[: len(kept_ids)], *[types[first]] * len(fresh), *kept_types])
+        features.append([*types[:first], *[types[first]] * len(fresh), *(k for p, k in enumerate(types) if p > first and p not in gone)])
     width = max(1, max(map(len, sequences)))
     tokens = torch.full((len(rows), width), pad_id, dtype=batch.tokens.dtype)
     mask = torch.zeros(len(rows), width, dtype=torch.bool)
     feats = torch.zeros(len(rows), width, dtype=torch.long)
-    for i, (sequence, types) in enumerate(zip(sequences, features)):
+    for i, (sequence, kinds) in enumerate(zip(sequences, features)):
         tokens[i, : len(sequence)] = torch.tensor(sequence, dtype=batch.tokens.dtype)
         mask[i, : len(sequence)] = True
-        feats[i, : len(types)] = torch.tensor(types, dtype=torch.long)
+        feats[i, : len(kinds)] = torch.tensor(kinds, dtype=torch.long)
     index = torch.tensor([row for row, _, _ in rows], dtype=torch.long, device=batch.tokens.device)
     device = batch.tokens.device
     return Batch(
@@ -234,7 +235,7 @@ def segment_text(model: AttentionModel, batch: Batch, text: str, unit: str, span
 def segment_spans(example: Example) -> list[Span] | None:
     """The spans ``example``'s segments were made from (segment ``i`` is ``spans[i]``), None when it has none."""
     spans = example.meta.get(SPANS)
-    return [tuple(span) for span in spans] if spans else None  # type: ignore[misc]
+    return [(int(span[0]), int(span[1])) for span in spans] if spans else None
 
 
 def check_replaced(names: Sequence[str], replace: str) -> None:
