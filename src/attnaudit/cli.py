@@ -50,6 +50,11 @@ DataDir = Annotated[
 ]
 Device = Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars or status lines.")]
+Segments = Annotated[
+    str | None,
+    typer.Option(help="The features explanations and erasures work with: token (default), word, sentence, line or paragraph of "
+                 "each text as written (spans given in a JSONL row's spans field take precedence).")
+]
 LimitOrder = Annotated[
     str,
     typer.Option(
@@ -574,6 +579,7 @@ def audit(
     max_memory: MaxMemory = None,
     data_dir: DataDir = None,
     device: Device = "auto",
+    segments: Segments = None,
     quiet: Quiet = False,
 ) -> None:
     """Run every applicable faithfulness test and write OUT/report.html (resumable; trains first if needed).
@@ -592,7 +598,7 @@ def audit(
         lr=lr, patience=patience, vectors=vectors, max_vocab=max_vocab, min_freq=min_freq,
         prompt=prompt, verbalizer=verbalizer, max_length=max_length, dtype=dtype, limit_order=limit_order,
         device_map=device_map, max_memory=max_memory,
-        engine=engine, workers=workers, address=address,
+        engine=engine, workers=workers, address=address, segments=segments,
     )
     out_console.print(f"summary: {out / 'summary.csv'}\nreport: [bold]{result.report}[/]")
     if result.failed:
@@ -748,7 +754,11 @@ def _make_run_command(name: str, experiment: Any) -> None:
         zero_shot = {k: v for k, v in zero_shot.items() if v is not None}
         if zero_shot and not hf:
             raise AttnAuditError("--prompt/--verbalizer/--max-length/--dtype/--device-map/--max-memory apply with --hf only")
-        common = {k: kwargs.pop(k) for k in ("split", "limit", "limit_order", "seed", "out", "data_dir", "device")}
+        common = {k: kwargs.pop(k) for k in ("split", "limit", "limit_order", "seed", "out", "data_dir", "device", "segments")}
+        if common["segments"] is not None:
+            from attnaudit.data.segments import check_unit
+
+            check_unit(common["segments"])  # before any model loads
         for key, annotation in sequences.items():
             if kwargs[key] is None:
                 del kwargs[key]
@@ -800,6 +810,7 @@ def _make_run_command(name: str, experiment: Any) -> None:
         inspect.Parameter("max_memory", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=MaxMemory),
         inspect.Parameter("data_dir", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=DataDir),
         inspect.Parameter("device", inspect.Parameter.KEYWORD_ONLY, default="auto", annotation=Device),
+        inspect.Parameter("segments", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Segments),
         inspect.Parameter("quiet", inspect.Parameter.KEYWORD_ONLY, default=False, annotation=Quiet),
     ]
     command.__signature__ = inspect.Signature(common_params + own)  # type: ignore[attr-defined]

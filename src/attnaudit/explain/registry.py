@@ -379,11 +379,11 @@ def item_values(values: Tensor, items: Tensor, groups: Tensor | None = None) -> 
     ``{text}`` span, not its first positions)."""
     keep = items.to(values.device)
     if groups is not None:
-        keep = keep & _first_of_group(groups.to(values.device))
+        keep = keep & first_items(groups.to(values.device))
     return [row[mask].tolist() for row, mask in zip(values, keep)]
 
 
-def _first_of_group(groups: Tensor) -> Tensor:
+def first_items(groups: Tensor) -> Tensor:
     """``(B, K)`` True at the first item of each group (groups numbered 0, 1, ... in position order, -1: none)."""
     before = torch.cat([groups.new_full((len(groups), 1), -1), groups.cummax(1).values[:, :-1]], 1)
     return (groups >= 0) & (groups > before)
@@ -454,7 +454,7 @@ def _segment_names(model: AttentionModel, batch: Batch, items: Tensor) -> list[l
 
     groups = item_groups(model, batch)
     assert groups is not None and batch.segments is not None
-    first = items.to(groups.device) & _first_of_group(groups)
+    first = items.to(groups.device) & first_items(groups)
     out = []
     for b, example in enumerate(batch.examples):
         texts = segment_names(example) or []

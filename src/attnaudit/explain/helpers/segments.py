@@ -11,6 +11,7 @@ name each segment by its text (:func:`segment_names`).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -20,6 +21,7 @@ from attnaudit.data.types import Batch, Example, text_of, word_spans
 from attnaudit.errors import AttnAuditError, warn
 from attnaudit.explain.registry import hierarchical
 from attnaudit.models.interface import AttentionModel
+from attnaudit.run import Run
 
 SPANS = "segment_spans"
 """``Example.meta`` key: the spans the example's segments were made from (segment ``i`` is ``spans[i]``)."""
@@ -132,6 +134,8 @@ class Segmenting:
         return add_segments(self.model, self.inner(examples), self.unit, getattr(self.inner, "prompt", None))
 
     def __getattr__(self, name: str) -> Any:
+        if name == "inner":  # not set yet (a copy being made): no recursion
+            raise AttributeError(name)
         return getattr(self.inner, name)
 
 
@@ -245,3 +249,21 @@ def check_replaced(names: Sequence[str], replace: str) -> None:
     if missing:
         shown = ", ".join(repr(name.strip()) for name in names[:12])
         raise AttnAuditError(f"--replace: no segment reads {missing[0]!r}; the segments are {shown}"[:300])
+
+
+def segmented(run: Run, unit: str | None) -> Run:
+    """``run`` whose batches carry segments of ``unit`` (``run <test> --segments``, ``audit --segments``): its collate
+    function wrapped (:class:`Segmenting`); ``None`` or ``token`` (without spans given in the data) leave it as it is."""
+    if unit is None:
+        return run
+    check_unit(unit)
+    if hierarchical(run.model):
+        raise AttnAuditError("--segments: this model's items are sentences already (HAN)")
+    if isinstance(run.collate, Segmenting):
+        run = replace(run, collate=run.collate.inner)
+    return replace(run, collate=Segmenting(run.collate, run.model, unit))
+
+
+def segment_unit(run: Run) -> str | None:
+    """The unit ``run``'s batches are segmented by (:func:`segmented`), None when they are not."""
+    return run.collate.unit if isinstance(run.collate, Segmenting) else None
