@@ -245,3 +245,22 @@ def test_bad_baselines_and_replacements(tmp_path: Path, bpe_lm: Path, options: l
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert re.search(message, done.stderr.strip()), done.stderr
     assert not out.exists()
+
+
+@pytest.mark.parametrize("family", ["bilstm", "transformer"])
+def test_native_words_are_tokens_and_sentences_group_them(tiny_attention_run, family: str) -> None:  # type: ignore[no-untyped-def]
+    """attnaudit's own word-level models: ``word`` is each token its own segment; ``sentence`` groups the words, and
+    leave-one-sentence-out is removing its words by hand (the BiLSTM's shortcut is not used for groups)."""
+    run = tiny_attention_run(family)
+    words = run.examples("test", 1)[0].tokens[:6]
+    text = " ".join(words[:3]) + ". " + " ".join(words[3:6]) + "."
+    example = Example(tokens=text.split(), meta={"text": text})
+    assert add_segments(run.model, run.collate([example]), "word").segments[0].tolist() == [0, 1, 2, 3, 4, 5]  # "w3." is one token
+    batch = add_segments(run.model, run.collate([example]), "sentence")
+    assert batch.segments[0].tolist() == [0, 0, 0, 1, 1, 1]
+    scores = get_explanation("loo")(run, batch)[0]
+    with evaluation(run.model), torch.no_grad():
+        full = run.model(batch).probs
+        for g, kept in ((0, batch.tokens[:, 3:]), (1, batch.tokens[:, :3])):
+            removed = run.model(Batch(tokens=kept, mask=torch.ones_like(kept, dtype=torch.bool))).probs
+            torch.testing.assert_close(scores[3 * g : 3 * g + 3], output_change(removed, full).expand(3))

@@ -55,7 +55,8 @@ def add_segments(model: AttentionModel, batch: Batch, unit: str, prompt: str | N
         if unit == "token" and "spans" not in example.meta:  # no spans given for this row: each token its own segment
             segments[row, : len(real)] = torch.arange(len(real))
             continue
-        spans = example_spans(example, unit)
+        own_words = word_spans(example) if unit == "word" and model.tokenizer is None and "spans" not in example.meta else None
+        spans = own_words if own_words is not None else example_spans(example, unit)  # a word-level model: its words are its tokens
         offsets = token_offsets(model, example, real, prompt)
         if offsets is None:
             unaligned += 1
@@ -228,7 +229,8 @@ def segment_text(model: AttentionModel, batch: Batch, text: str, unit: str, span
     example = batch.examples[0] if batch.examples else Example(tokens=text.split(), meta={"text": text})
     if text_of(example) != text:
         example = Example(tokens=text.split(), meta={"text": text})
-    example.meta["spans"] = [list(span) for span in spans]
+    if unit != "word" or model.tokenizer is not None:  # a word-level model's words are its tokens (add_segments)
+        example.meta["spans"] = [list(span) for span in spans]
     batch.examples = [example]
     real = batch.tokens[0][batch.mask[0].bool()].tolist()
     if token_offsets(model, example, real, prompt) is None:
