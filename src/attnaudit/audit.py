@@ -40,7 +40,7 @@ from attnaudit.data.subsets import check_order, describe
 from attnaudit.errors import AttnAuditError, error_line, os_error_line, spelled, storage_full, unknown
 from attnaudit.experiments.experiment import Experiment, Result, discover
 from attnaudit.experiments.runner import fingerprint, make_options, run_test
-from attnaudit.explain.helpers.segments import segmented
+from attnaudit.explain.helpers.segments import segment_unit, segmented
 from attnaudit.explain.registry import Memo, memoised
 from attnaudit.io import atomic_write_json, refuse_inside, remove_stray_tmp, writes_folder
 from attnaudit.options import check_max_length, check_seed, parse_assignment
@@ -448,6 +448,7 @@ def _write_record(
         "limit_order": limit_order,
         "seed": seed,
         "data_dir": str(data_dir) if data_dir else None,
+        **({"segments": unit} if (unit := segment_unit(target)) else {}),  # the report's views are rebuilt with them
         "tests": log,
     }
     try:

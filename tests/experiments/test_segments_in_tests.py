@@ -89,3 +89,19 @@ def test_segments_change_the_fingerprint(run: Run) -> None:
     plain = fingerprint("faithfulness", run, options, split="test", limit=None, seed=0, figures=False)
     words = fingerprint("faithfulness", segmented(run, "word"), options, split="test", limit=None, seed=0, figures=False)
     assert "segments" not in plain and words["segments"] == "word" and plain["hash"] != words["hash"]
+
+
+def test_an_audit_with_segments_shows_them(run: Run, tmp_path: Path) -> None:
+    """``audit --segments``: the tests, the report's heatmaps and its explorer all see one item per sentence, named by
+    its text, and ``audit.json`` records the unit (a rebuilt report reads it)."""
+    import json
+
+    from attnaudit.audit import audit
+
+    audit(tmp_path, run=run, only=["importance"], test_options={"importance": {"methods": ["gradient"]}}, heatmap_instances=1,
+          explore=2, figures=False, segments="sentence")
+    assert json.loads((tmp_path / "audit.json").read_text(encoding="utf-8"))["segments"] == "sentence"
+    texts = {text for text, _ in TEXTS}
+    for name in ("heatmaps.json", "explorer.json"):
+        for entry in json.loads((tmp_path / "results" / name).read_text(encoding="utf-8"))["instances"]:
+            assert " ".join(entry["items"]) in texts and len(entry["items"]) in (2, 3), entry["items"]
