@@ -264,3 +264,24 @@ def test_native_words_are_tokens_and_sentences_group_them(tiny_attention_run, fa
         for g, kept in ((0, batch.tokens[:, 3:]), (1, batch.tokens[:, :3])):
             removed = run.model(Batch(tokens=kept, mask=torch.ones_like(kept, dtype=torch.bool))).probs
             torch.testing.assert_close(scores[3 * g : 3 * g + 3], output_change(removed, full).expand(3))
+
+
+@pytest.mark.parametrize("kind", ["encoder", "decoder"])
+def test_every_method_gives_one_score_per_segment(kind: str, encoder: Run, bpe_lm: Path) -> None:
+    """Every registered method that applies (the costly ones too) works on segments: one finite score per sentence;
+    the token-level ones equal the sum of their token scores."""
+    from attnaudit.explain import list_explanations
+
+    run = encoder if kind == "encoder" else load_hf(bpe_lm, device="cpu")
+    methods = [m.name for m in list_explanations(run) if m.name != "random"]
+    explained = explain_text(run, TEXT, methods=methods, segments="sentence", steps=2, device="cpu")
+    plain = explain_text(run, TEXT, methods=methods, steps=2, device="cpu")
+    assert explained.tokens == HAND["sentence"] and set(explained.scores) == set(methods)
+    offsets = token_offsets(run.model, Example(tokens=TEXT.split(), meta={"text": TEXT}), plain.token_ids, None)
+    assert offsets is not None
+    owners = token_segments(TEXT, offsets[1], unit_spans(TEXT, "sentence"))
+    for name, scores in explained.scores.items():
+        assert len(scores) == 4 and all(torch.isfinite(torch.tensor(scores))), name
+        if not get_explanation(name).grouped:
+            sums = [sum(v for v, o in zip(plain.scores[name], owners) if o == g) for g in range(4)]
+            torch.testing.assert_close(torch.tensor(scores), torch.tensor(sums), rtol=1e-4, atol=1e-6, msg=name)

@@ -429,7 +429,8 @@ def plot_explanation(explained: Explained, stem: Path) -> list[Path]:
     panel = bottom.imshow(sink, cmap="viridis", vmin=0, vmax=1, aspect="auto")
     bottom.set_xlabel("head", fontsize=8)
     bottom.set_ylabel("layer", fontsize=8)
-    bottom.set_title(f"attention of the explained position to the first token {explained.tokens[0]!r}", fontsize=9)
+    first = "segment (summed over its tokens)" if explained.meta.get("segments") else "token"
+    bottom.set_title(f"attention of the explained position to the first {first} {explained.tokens[0]!r}", fontsize=9)
     fig.colorbar(panel, ax=bottom, fraction=0.03)
     fig.tight_layout()
     return save_figure(fig, stem.parent, stem.name)
