@@ -35,10 +35,12 @@ from typing import Any
 
 import torch
 
+from attnaudit.data.segments import check_unit
 from attnaudit.data.subsets import check_order, describe
 from attnaudit.errors import AttnAuditError, error_line, os_error_line, spelled, storage_full, unknown
 from attnaudit.experiments.experiment import Experiment, Result, discover
 from attnaudit.experiments.runner import fingerprint, make_options, run_test
+from attnaudit.explain.helpers.segments import segment_unit, segmented
 from attnaudit.explain.registry import Memo, memoised
 from attnaudit.io import atomic_write_json, refuse_inside, remove_stray_tmp, writes_folder
 from attnaudit.options import check_max_length, check_seed, parse_assignment
@@ -275,6 +277,7 @@ def audit(
     workers: int | None = None,
     address: str | None = None,
     shard_size: int | None = None,
+    segments: str | None = None,
     **train_options: Any,
 ) -> AuditResult:
     """Audit a model's attention with every applicable test and write ``out/report.html``.
@@ -296,7 +299,9 @@ def audit(
     a sample stratified by label drawn with ``seed`` (``limit_order="first"``: the first ones).
     ``engine="ray"``: the tests on ``workers`` Ray workers (the cluster at ``address``, else a local Ray),
     shardable tests in checkpointed shards of ``shard_size`` instances (:mod:`attnaudit.shards`; with
-    ``engine="local"`` a ``shard_size`` computes the same shards in this process).
+    ``engine="local"`` a ``shard_size`` computes the same shards in this process). ``segments``: the features every
+    test's explanations and erasures and the report's heatmaps work with (``word``, ``sentence``, ...;
+    :func:`~attnaudit.explain.helpers.segments.segmented`).
     """
     out = Path(out)
     check_seed(seed)
@@ -308,6 +313,10 @@ def audit(
     if explore < 0:
         raise AttnAuditError(f"--explore must be >= 0, got {explore}")
     check_engine(engine, workers, address)
+    if segments is not None:
+        check_unit(segments)
+        if engine == "ray":
+            raise AttnAuditError("--segments runs with --engine local (the Ray workers load the model without them)")
     train_options = {k: v for k, v in train_options.items() if v is not None}
     order, options = _plan(only, skip, test_options or {})
     named = {"prompt": prompt, "verbalizer": verbalizer, "max_length": check_max_length(max_length), "dtype": dtype,
@@ -317,7 +326,7 @@ def audit(
         given = "/".join("--" + k.replace("_", "-") for k in hf_options)
         raise AttnAuditError(f"{given} appl{'ies' if len(hf_options) == 1 else 'y'} with --hf only")
     refuse_inside(out, run.path if isinstance(run, Run) else run)
-    target = _load_target(out, task, model, run, hf, data_dir, device, seed, train_options, hf_options)
+    target = segmented(_load_target(out, task, model, run, hf, data_dir, device, seed, train_options, hf_options), segments)
     if target.model.causal:
         order, options = _plan(only, skip, test_options or {}, decoder=True)
     if not target.examples(split, limit, data_dir=data_dir):  # a bad --split fails here, not in every test
@@ -439,6 +448,7 @@ def _write_record(
         "limit_order": limit_order,
         "seed": seed,
         "data_dir": str(data_dir) if data_dir else None,
+        **({"segments": unit} if (unit := segment_unit(target)) else {}),  # the report's views are rebuilt with them
         "tests": log,
     }
     try:

@@ -50,6 +50,11 @@ DataDir = Annotated[
 ]
 Device = Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars or status lines.")]
+Segments = Annotated[
+    str | None,
+    typer.Option(help="The features explanations and erasures work with: token (default), word, sentence, line or paragraph of "
+                 "each text as written (spans given in a JSONL row's spans field take precedence).")
+]
 LimitOrder = Annotated[
     str,
     typer.Option(
@@ -359,7 +364,16 @@ def explain(
         str | None, typer.Option(help="Gradient methods: differentiate the probability or the logit (default: each method's own).")
     ] = None,
     baseline: Annotated[
-        str | None, typer.Option(help="ig's baseline: zero (default) or the embedding of the unk, pad, mask or eos token.")
+        str | None, typer.Option(help="What stands in for an item: ig: zero (default) or the embedding of the unk, pad, mask or eos token; "
+                                 "loo: delete (default) or that token in place of each removed token.")
+    ] = None,
+    segments: Annotated[
+        str | None, typer.Option(help="The features: token (default), word, sentence, line, paragraph, or a JSON list of [start, end) "
+                                 "character spans; one score per segment (gradient methods sum their token scores; loo removes it whole).")
+    ] = None,
+    replace: Annotated[
+        str | None, typer.Option(help="loo's counterfactuals: SEGMENT=TEXT pairs, comma-separated (\"Dave=Sarah\"): that segment's tokens "
+                                 "replaced by TEXT's tokens instead of removed.")
     ] = None,
     data_dir: DataDir = None,
     device: Device = "auto",
@@ -383,6 +397,8 @@ def explain(
     attnaudit explain --hf smollm2 --text "The capital of France is" --target " Paris" --contrast " Lyon" --method gradient
 
     attnaudit explain --hf smollm2 --text "The capital of France is" --target " Paris" --method input_gradient,ig --steps 4 --score probability --reduction l2 --baseline unk
+
+    attnaudit explain --hf smollm2 --text "Dave lives in Paris. He met Sarah there. Where does Dave live? In" --segments sentence --method gradient,loo
     """  # noqa: E501 (example commands stay on one line)
     from attnaudit.explain.generation import Generated
     from attnaudit.explain.text import decision_line, explain_text
@@ -397,7 +413,8 @@ def explain(
         max_length=max_length, seed=seed, steps=steps, device=device, data_dir=data_dir, dtype=dtype, target=target,
         device_map=device_map, max_memory=max_memory,
         generate=generate, contrast=contrast, sample=sample, aggregate=aggregate,
-        options={k: v for k, v in {"reduction": reduction, "score": score, "baseline": baseline}.items() if v is not None},
+        options={k: v for k, v in {"reduction": reduction, "score": score, "baseline": baseline, "replace": replace}.items() if v is not None},
+        segments=segments,
     )
     if isinstance(result, Generated):
         _print_generated(result, quiet, out, aggregate)
@@ -562,6 +579,7 @@ def audit(
     max_memory: MaxMemory = None,
     data_dir: DataDir = None,
     device: Device = "auto",
+    segments: Segments = None,
     quiet: Quiet = False,
 ) -> None:
     """Run every applicable faithfulness test and write OUT/report.html (resumable; trains first if needed).
@@ -580,7 +598,7 @@ def audit(
         lr=lr, patience=patience, vectors=vectors, max_vocab=max_vocab, min_freq=min_freq,
         prompt=prompt, verbalizer=verbalizer, max_length=max_length, dtype=dtype, limit_order=limit_order,
         device_map=device_map, max_memory=max_memory,
-        engine=engine, workers=workers, address=address,
+        engine=engine, workers=workers, address=address, segments=segments,
     )
     out_console.print(f"summary: {out / 'summary.csv'}\nreport: [bold]{result.report}[/]")
     if result.failed:
@@ -736,7 +754,11 @@ def _make_run_command(name: str, experiment: Any) -> None:
         zero_shot = {k: v for k, v in zero_shot.items() if v is not None}
         if zero_shot and not hf:
             raise AttnAuditError("--prompt/--verbalizer/--max-length/--dtype/--device-map/--max-memory apply with --hf only")
-        common = {k: kwargs.pop(k) for k in ("split", "limit", "limit_order", "seed", "out", "data_dir", "device")}
+        common = {k: kwargs.pop(k) for k in ("split", "limit", "limit_order", "seed", "out", "data_dir", "device", "segments")}
+        if common["segments"] is not None:
+            from attnaudit.data.segments import check_unit
+
+            check_unit(common["segments"])  # before any model loads
         for key, annotation in sequences.items():
             if kwargs[key] is None:
                 del kwargs[key]
@@ -788,6 +810,7 @@ def _make_run_command(name: str, experiment: Any) -> None:
         inspect.Parameter("max_memory", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=MaxMemory),
         inspect.Parameter("data_dir", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=DataDir),
         inspect.Parameter("device", inspect.Parameter.KEYWORD_ONLY, default="auto", annotation=Device),
+        inspect.Parameter("segments", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Segments),
         inspect.Parameter("quiet", inspect.Parameter.KEYWORD_ONLY, default=False, annotation=Quiet),
     ]
     command.__signature__ = inspect.Signature(common_params + own)  # type: ignore[attr-defined]

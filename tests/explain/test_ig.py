@@ -12,6 +12,7 @@ import torch
 from attnaudit.data.types import Batch
 from attnaudit.data.vocab import Vocab
 from attnaudit.errors import AttnAuditError
+from attnaudit.explain import get_explanation
 from attnaudit.explain.methods.ig import baseline_embeddings, integrated_gradients
 from attnaudit.hf import load_hf
 
@@ -114,10 +115,14 @@ def test_token_baselines_of_a_hugging_face_encoder(tiny_hf: SimpleNamespace) -> 
 
 def test_bad_options_are_one_line(runs: dict) -> None:
     run, batch = runs["bilstm"]
-    with pytest.raises(AttnAuditError, match=r"^unknown baseline 'unknown'; did you mean 'unk'\? \(choose from zero, unk, pad, mask, eos\)$"):
+    with pytest.raises(AttnAuditError, match=r"^unknown baseline 'unknown'; did you mean 'unk'\? \(choose from zero, unk, pad, mask, eos, delete\)$"):
         integrated_gradients(run, batch, steps=2, baseline="unknown")
     with pytest.raises(AttnAuditError, match="this model's vocabulary has no mask token; choose zero, unk or pad$"):
         integrated_gradients(run, batch, steps=2, baseline="mask")
+    with pytest.raises(AttnAuditError, match=r"^ig: baseline 'delete' removes tokens"):
+        integrated_gradients(run, batch, steps=2, baseline="delete")
+    with pytest.raises(AttnAuditError, match=r"^explanation 'ig' does not apply to this model: baseline 'delete' removes tokens"):
+        get_explanation("ig")(run, batch, steps=2, baseline="delete")
     with pytest.raises(AttnAuditError, match=r"absolute=False is reduction='sum'; it does not combine with reduction='l2'"):
         integrated_gradients(run, batch, steps=2, absolute=False, reduction="l2")
     torch.testing.assert_close(integrated_gradients(run, batch, steps=4, absolute=False), integrated_gradients(run, batch, steps=4, reduction="sum"))

@@ -260,5 +260,5 @@ def test_bad_options_fail_before_any_work(lm: SimpleNamespace, tmp_path: Path) -
     with pytest.raises(AttnAuditError, match=r"^options: give steps as its own parameter"):
         explain_text(lm.run, TEXT, out=out, options={"steps": 3})
     assert not out.exists()
-    with pytest.warns(AttnAuditWarning, match="option 'baseline' is taken by none of the methods computed .attention.; it applies to ig"):
+    with pytest.warns(AttnAuditWarning, match="option 'baseline' is taken by none of the methods computed .attention.; it applies to loo, ig"):
         explain_text(lm.run, TEXT, methods=["attention"], options={"baseline": "unk"})

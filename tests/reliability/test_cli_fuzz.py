@@ -234,3 +234,15 @@ def test_in_process_is_the_console_script(workspace: Workspace, words: list[str]
     inside, fresh = cli(*resolved, cwd=workspace.cwd), fresh_cli(*resolved, cwd=workspace.cwd)
     assert (inside.returncode, inside.stderr, inside.stdout) == (fresh.returncode, fresh.stderr, fresh.stdout)
     assert inside.returncode == 2 and inside.stderr.startswith("error:")
+
+
+SEGMENT_OPTIONS = {(("explain",), "--segments"), (("explain",), "--replace"), (("explain",), "--baseline"), (("audit",), "--segments"),
+                   (SHARED_ON, "--segments")}
+"""The options of segments and baselines (issue 45 item 2), fuzzed with every value of their kind."""
+
+
+def test_segments_and_baselines_with_every_value(workspace: Workspace) -> None:
+    chosen = [(option, value) for command, (own, shared) in SCHEMA.items() for option in own + shared
+              if (command, option.flag) in SEGMENT_OPTIONS for value in values(option)]
+    assert {(option.command, option.flag) for option, _ in chosen} == SEGMENT_OPTIONS
+    assert fuzz(workspace, chosen) == []

@@ -133,3 +133,28 @@ def test_a_zero_shot_audit_report_shows_what_explain_gives(kinds, tmp_path: Path
 def test_smollm2_zero_shot_audit_report_shows_what_explain_gives(tmp_path: Path) -> None:
     run = load_hf("smollm2", task=csv_task(tmp_path), device="cpu")
     audited_views_agree(run, tmp_path / "audit")
+
+
+@pytest.mark.parametrize(("kind", "unit"), [("decoder", "word"), ("encoder", "word"), ("transformer", "word"), ("decoder", "sentence")])
+def test_segmented_report_data_and_explain_agree(kinds, kind: str, unit: str) -> None:
+    """With segments (``audit --segments``, ``explain --segments``) both views give one score per segment, named by
+    its text as written: the same segments, the same scores."""
+    from attnaudit.explain.helpers.segments import segmented
+
+    run, examples = kinds[kind]
+    if unit == "sentence":  # texts of two sentences each, through the same prompt
+        written = ["The movie was good! A warm, funny film.", "Bad plot; dull, slow. not very fun"]
+        examples = [Example(tokens=t.split(), label="pos", meta={"text": t}) for t in written]
+    indices = [0, 1]
+    methods = [m.name for m in heatmap_methods(run)]
+    entries = compute_heatmaps(segmented(run, unit), examples, indices, {})
+    for entry in entries:
+        text = text_of(examples[entry["index"]])
+        explained = explain_text(run, text, methods=methods, steps=IG_STEPS, segments=unit)
+        if unit == "sentence":  # two segments, each named by its text as written
+            assert " ".join(explained.tokens) == text and len(explained.tokens) == 2
+        assert entry["items"] == explained.tokens and all(name.strip() for name in explained.tokens)
+        assert len(explained.tokens) < len(explain_text(run, text, methods=methods[:1], steps=IG_STEPS).tokens) or kind == "transformer"
+        for method in methods:
+            torch.testing.assert_close(torch.tensor(entry["scores"][method]), torch.tensor(explained.scores[method]).nan_to_num(0.0),
+                                       rtol=1e-4, atol=1e-5, msg=f"{kind}: {method}")

@@ -618,9 +618,25 @@ def read_jsonl(
             query, count = _json_text(obj[query_key], path, number, query_key)
             removed += count
         written = {"text": obj[text_key], "query": obj[query_key] if query_key is not None else None}
-        examples.append(Example(tokens=tokens, label=label, query=query, meta=_source(path, number) | _written(written)))
+        meta = _source(path, number) | _written(written)
+        if "spans" in obj:  # segments given with the text: [start, end) character spans of it (--segments)
+            meta["spans"] = _given_spans(obj["spans"], obj[text_key], meta.get("text", ""), f"{path}:{number}: spans")
+        examples.append(Example(tokens=tokens, label=label, query=query, meta=meta))
     _warn_controls(path, removed)
     return examples
+
+
+def _given_spans(spans: Any, written: Any, kept: str, where: str) -> list[list[int]]:
+    """A JSONL row's ``spans`` (``[start, end)`` offsets into its text field as written), checked and moved onto
+    the text as kept (its surrounding whitespace stripped); a one-line error naming the row otherwise."""
+    from attnaudit.data.segments import check_spans
+
+    if not isinstance(written, str):
+        raise AttnAuditError(f"{where}: spans need the text as a string, not a list of tokens")
+    checked = check_spans(written, [[int(v) if isinstance(v, Decimal) and v == int(v) else v for v in span] if isinstance(span, list) else span
+                                    for span in spans] if isinstance(spans, list) else spans, where)
+    shift = len(written) - len(written.lstrip())
+    return [[a - shift, b - shift] for a, b in checked]
 
 
 def read_plain_per_label(files: dict[str, Path]) -> list[Example]:

@@ -40,8 +40,9 @@ from torch import Tensor
 from attnaudit.algorithms.metrics import kendall_tau, rank_items, top_items
 from attnaudit.data.batching import length_groups
 from attnaudit.data.types import Batch
+from attnaudit.explain.helpers.features import group_members
 from attnaudit.explain.helpers.items import compact_items
-from attnaudit.explain.registry import hierarchical, item_mask
+from attnaudit.explain.registry import first_items, hierarchical, item_groups, item_mask
 from attnaudit.models.interface import AttentionModel, evaluation
 
 BINS = (1.0, 5.0, 10.0, 20.0, 50.0)
@@ -75,14 +76,23 @@ def top_count(n: Tensor, percent: float) -> Tensor:
 
 def removable_items(model: AttentionModel, batch: Batch) -> Tensor:
     """``(B,K)`` True at the items a perturbation may remove: the real items
-    (:func:`~attnaudit.explain.item_mask`) without a Hugging Face tokenizer's special tokens."""
+    (:func:`~attnaudit.explain.item_mask`) without a Hugging Face tokenizer's special tokens; with segments, the first
+    item of each segment, which stands for it (its score is the segment's; :func:`removed_with` removes it whole)."""
     mask = item_mask(model, batch)
     tokenizer = model.tokenizer
     special = getattr(tokenizer, "all_special_ids", None)
     if special and not hierarchical(model):
         ids = torch.tensor(sorted(set(special)), device=batch.tokens.device)
         mask = mask & ~torch.isin(batch.tokens[:, : mask.shape[1]], ids)
-    return mask
+    groups = item_groups(model, batch)
+    return mask if groups is None else mask & first_items(groups.to(mask.device))
+
+
+def removed_with(groups: Tensor | None, chosen: Tensor) -> Tensor:
+    """``chosen`` ``(B,K)`` (among :func:`removable_items`) with, under segments (``groups``:
+    :func:`~attnaudit.explain.registry.item_groups`), every other item of each chosen segment: what removing those
+    features removes."""
+    return chosen if groups is None else group_members(chosen, groups.to(chosen.device))
 
 
 def filler(model: AttentionModel) -> tuple[int, str]:
@@ -203,6 +213,8 @@ def perturbation_probs(
     """
     items = item_mask(model, batch).cpu()
     removable = removable_items(model, batch).cpu()
+    groups = item_groups(model, batch)
+    everything = removed_with(groups, removable)
     n = removable.sum(1)
     if pred is None:
         pred, _ = predictions(model, batch)
@@ -211,8 +223,8 @@ def perturbation_probs(
     for values in scores.values():
         ranks = rank_items(values.cpu(), removable)
         for percent in percents:
-            top = top_items(ranks, removable, top_count(n, percent))
-            keeps += [items & ~top, items & ~(removable & ~top)]  # without the top items; only them (+ specials)
+            top = removed_with(groups, top_items(ranks, removable, top_count(n, percent)))
+            keeps += [items & ~top, items & ~(everything & ~top)]  # without the top items; only them (+ specials)
             rows += [torch.arange(size)] * 2
     probs = perturbed_probs(model, batch, torch.cat(rows), torch.cat(keeps), pred, mode)
     probs = probs.view(len(scores), len(percents), 2, size)

@@ -31,6 +31,8 @@ from attnaudit.errors import AttnAuditError
 from attnaudit.experiments.common.passes import prepare as prepare_layers
 from attnaudit.experiments.experiment import AuditSettings, Experiment, Result, counted, joined, register, summarise, where
 from attnaudit.explain import EXPLANATIONS, Explanation, choose, item_mask
+from attnaudit.explain.helpers.features import group_members
+from attnaudit.explain.registry import first_items, item_groups, per_segment
 from attnaudit.models.interface import (
     AttentionModel,
     Cache,
@@ -86,6 +88,15 @@ class Explained:
     lengths: Tensor
     attention: Tensor
     weights: Tensor | None = None
+    groups: Tensor | None = None
+    """With segments: each item's segment (:func:`~attnaudit.explain.registry.item_groups`); ``mask`` then marks each
+    segment's first item, which stands for it, and every erasure takes the whole segment (:meth:`erased`)."""
+
+    def erased(self, removed: Tensor, rows: Tensor | None = None) -> Tensor:
+        """``removed`` ``(R,K)`` (of instances ``rows``, default all) spread over whole segments."""
+        if self.groups is None:
+            return removed
+        return group_members(removed, self.groups if rows is None else self.groups.index_select(0, rows))
 
 
 def prepare(run: Run, batch: Any) -> Explained:
@@ -96,9 +107,13 @@ def prepare(run: Run, batch: Any) -> Explained:
     prepared = prepare_layers(model, batch, [layer])
     assert prepared.attention is not None  # the explained layer alone
     mask = item_mask(model, batch)
+    groups = item_groups(model, batch)
+    if groups is not None:  # one item per segment: its first
+        groups = groups.to(mask.device)
+        mask = mask & first_items(groups)
     probs = prepared.probs
-    return Explained(prepared.cache, layer, probs, probs.argmax(-1), mask, mask.sum(-1), prepared.attention,
-                     prepared.weights[0])
+    return Explained(prepared.cache, layer, probs, probs.argmax(-1), mask, mask.sum(-1), per_segment(model, batch, prepared.attention),
+                     prepared.weights[0], groups)
 
 
 def decode_erased(
@@ -153,7 +168,7 @@ def flip_steps(
         removed[rows, order[rows, step - 1]] = True
         picked = instance[rows]
         weights = None if explained.weights is None else explained.weights.index_select(0, picked)
-        probs = decode_erased(model, explained.cache.select(picked), explained.layer, removed[rows], weights)
+        probs = decode_erased(model, explained.cache.select(picked), explained.layer, explained.erased(removed[rows], picked), weights)
         calls += 1
         hit = rows[probs.argmax(-1) != pred[rows]]
         flipped[hit] = True
@@ -250,7 +265,7 @@ def _single(
     for name, item in (("max", top), ("rand", rand)):
         removed = torch.zeros_like(explained.mask)
         removed[rows, item] = True
-        probs = decode_erased(model, explained.cache, explained.layer, removed, explained.weights)
+        probs = decode_erased(model, explained.cache, explained.layer, explained.erased(removed), explained.weights)
         out[f"jsd_{name}"] = jsd(explained.probs, probs)
         out[f"flip_{name}"] = probs.argmax(-1) != explained.pred
         out[f"weight_{name}"] = attention.detach()[rows, item]

@@ -43,6 +43,7 @@ from attnaudit.experiments.eraser_metrics import (
 )
 from attnaudit.experiments.experiment import AuditSettings, Experiment, Result, register
 from attnaudit.explain import EXPLANATIONS, choose, list_explanations
+from attnaudit.explain.registry import per_segment
 from attnaudit.models.interface import evaluation
 from attnaudit.plotting import save_figure
 from attnaudit.progress import track
@@ -203,7 +204,7 @@ class Faithfulness(Experiment):
         for m in methods:
             if m == "attention":
                 assert prepared.attention is not None  # prepare() reads it when the explained layer is the only one
-                score = prepared.attention
+                score = per_segment(model, batch, prepared.attention)  # summed per segment, as the registry's methods
             else:
                 score = EXPLANATIONS[m](model, batch, steps=options.ig_steps, seed=seed)
             scores[m] = score.detach().double().cpu()

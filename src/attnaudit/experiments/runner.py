@@ -13,10 +13,12 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from attnaudit.bounds import check_test_options
+from attnaudit.data.segments import check_unit
 from attnaudit.data.subsets import describe, limited
 from attnaudit.data.types import Example
 from attnaudit.errors import AttnAuditError, spelled, unknown
 from attnaudit.experiments.experiment import Experiment, Result, get_experiment
+from attnaudit.explain.helpers.segments import segment_unit, segmented
 from attnaudit.io import (
     check_output_dir,
     digest,
@@ -93,6 +95,9 @@ def fingerprint(
         "data": [file_fingerprint(f) for f in files],
         "version": __version__,
     }
+    unit = segment_unit(run)
+    if unit is not None:  # only when set: results without segments keep their hash
+        body["segments"] = unit
     return {**body, "hash": digest(body)}
 
 
@@ -109,6 +114,7 @@ def run_test(
     plot: bool = True,
     limit_order: str = "stratified",
     compute: Compute | None = None,
+    segments: str | None = None,
     **options: Any,
 ) -> Result:
     """Run test ``name`` on a run (object or directory) and save JSON, CSV and figures.
@@ -121,18 +127,23 @@ def run_test(
     is given, else ``RUN/subruns``. ``meta["fingerprint"]`` records what the result depends on
     (:func:`fingerprint`). Raises a one-line error when the test does not apply to the model family.
     ``compute``: how the test's result is computed (an audit's ``--engine ray``: :mod:`attnaudit.shards`);
-    default :meth:`Experiment.run` in this process.
+    default :meth:`Experiment.run` in this process. ``segments`` (``word``, ``sentence``, ``line``, ``paragraph``;
+    spans given in JSONL rows take precedence): the features every explanation and erasure of the test works with
+    (:func:`~attnaudit.explain.helpers.segments.segmented`).
     """
     from attnaudit.resolve import load_model
     from attnaudit.seed import set_seed
 
     experiment = get_experiment(name)
     opts = make_options(experiment, options)
+    if segments is not None:
+        check_unit(segments)  # before loading
     if out is not None:
         directory = check_output_dir(out)  # before loading the run: a bad --out fails at once
         refuse_inside(out, run.path if isinstance(run, Run) else run, allowed="results")  # RUN/results: the default
     if not isinstance(run, Run):
         run = load_model(run=run, device=device, data_dir=data_dir)
+    run = segmented(run, segments)
     if out is None:
         directory = check_output_dir(Path(run.path) / "results" if run.path else Path("results"))
     elif run.subruns is None and run.path is not None:
@@ -172,6 +183,7 @@ def run_test(
                 "options": asdict(opts) if is_dataclass(opts) and not isinstance(opts, type) else {},
                 "seconds": round(time.perf_counter() - start, 3),
                 "fingerprint": stamp,
+                **({"segments": segment_unit(run)} if segment_unit(run) else {}),
             }
         )
         zero_shot = run.config.extra.get("zero_shot")

@@ -81,6 +81,9 @@ class Explanation:
     target_side: bool = False
     """It scores an encoder-decoder's earlier target tokens too, within :meth:`attnaudit.models.interface.LanguageModel.target_side`."""
     settings_check: SettingsCheck | None = None
+    grouped: bool = False
+    """It perturbs each group of :func:`~attnaudit.explain.helpers.features.feature_groups` as one unit itself (leave-one-out,
+    Shapley, ...), so its scores are per group already; the others' item scores are summed per segment (:func:`per_segment`)."""
 
     def applies(self, target: AttentionModel | Run, offered: dict[str, Any] | None = None) -> str | None:
         """Why this method cannot explain a model (or a run's model) with the ``offered`` options (the defaults
@@ -117,13 +120,15 @@ class Explanation:
         if reason:
             raise AttnAuditError(f"explanation {self.name!r} does not apply to this model: {reason}")
         taken = {k: v for k, v in offered.items() if k in self.options}
-        name = (self.name, tuple(sorted(taken.items())), getattr(model_of(target), "target_items", False))
+        segmented = batch.segments is not None
+        name = (self.name, tuple(sorted(taken.items())), getattr(model_of(target), "target_items", False), segmented and self.grouped)
 
         def compute() -> Tensor:
             return self.fn(target, batch, **taken).detach()
 
         remember = remembered_rows if self.per_example else remembered
-        return remember(target, name, batch, compute).clone()
+        scores = remember(target, name, batch, compute).clone()
+        return per_segment(target, batch, scores) if segmented and not self.grouped else scores
 
 
 class Memo(dict[tuple[Any, ...], tuple[tuple[Any, ...], Any]]):
@@ -212,7 +217,7 @@ EXPLANATIONS: dict[str, Explanation] = {}
 
 def explanation(
     name: str, about: str, needs: Iterable[str] = (), check: Check | None = None, default: bool = True, order: int = 100,
-    per_example: bool = True, target_side: bool = False, settings_check: SettingsCheck | None = None,
+    per_example: bool = True, target_side: bool = False, settings_check: SettingsCheck | None = None, grouped: bool = False,
 ) -> Callable[[ExplainFn], ExplainFn]:
     """Decorator registering ``fn(model, batch, **options) -> (B, K)`` as explanation ``name``;
     the function itself is returned unchanged."""
@@ -223,7 +228,7 @@ def explanation(
 
     def add(fn: ExplainFn) -> ExplainFn:
         method = takes_run(fn)
-        register(Explanation(name, method, about, wanted, check, default, order, per_example, target_side, settings_check))
+        register(Explanation(name, method, about, wanted, check, default, order, per_example, target_side, settings_check, grouped))
         return method
 
     return add
@@ -364,24 +369,62 @@ def item_mask(target: AttentionModel | Run, batch: Batch) -> Tensor:
     return mask if batch.items is None else mask & batch.items.bool()
 
 
-def item_values(values: Tensor, items: Tensor) -> list[list[float]]:
-    """Each row's ``values`` ``(B, K)`` at its items (``items``: :func:`item_mask`), in position order.
+def item_values(values: Tensor, items: Tensor, groups: Tensor | None = None) -> list[list[float]]:
+    """Each row's ``values`` ``(B, K)`` at its items (``items``: :func:`item_mask`), in position order; with ``groups``
+    (:func:`item_groups`: a batch with segments) one value per segment instead, in the order of the text, read at the
+    segment's first item (every item of a segment carries the segment's score, :func:`per_segment`).
 
     The one mapping from positions to explained items: ``attnaudit explain``'s JSON, CSV and terminal, the
     report's heatmaps and the explorer all read scores through it (a zero-shot prompt's items are its
     ``{text}`` span, not its first positions)."""
     keep = items.to(values.device)
+    if groups is not None:
+        keep = keep & first_items(groups.to(values.device))
     return [row[mask].tolist() for row, mask in zip(values, keep)]
+
+
+def first_items(groups: Tensor) -> Tensor:
+    """``(B, K)`` True at the first item of each group (groups numbered 0, 1, ... in position order, -1: none)."""
+    before = torch.cat([groups.new_full((len(groups), 1), -1), groups.cummax(1).values[:, :-1]], 1)
+    return (groups >= 0) & (groups > before)
+
+
+def item_groups(target: AttentionModel | Run, batch: Batch) -> Tensor | None:
+    """``(B, K)`` each item's segment (:func:`~attnaudit.explain.helpers.features.feature_groups`) when ``batch`` has
+    segments, else None (every item its own feature)."""
+    if batch.segments is None:
+        return None
+    from attnaudit.explain.helpers.features import feature_groups
+
+    return feature_groups(model_of(target), batch)
+
+
+def per_segment(target: AttentionModel | Run, batch: Batch, values: Tensor) -> Tensor:
+    """Item scores ``(B, K)`` aggregated per segment: every item of a segment carries the **sum** of its segment's item
+    scores (Captum's feature-mask convention), 0 at items of no segment. The one place where a method's token scores
+    become segment scores (gradient, input x gradient, IG, attention, rollout, norms, ...); methods that perturb
+    whole segments themselves (``grouped``: leave-one-out, Shapley, ...) are not summed again."""
+    groups = item_groups(target, batch)
+    if groups is None:
+        return values
+    groups = groups.to(values.device)
+    index = (groups + 1).clamp_min(0)  # -1 (no segment) goes to column 0, dropped below
+    sums = values.new_zeros(len(values), int(index.max()) + 1 if index.numel() else 1).scatter_add(1, index, values[:, : index.shape[1]])
+    out = sums.gather(1, index).masked_fill(groups < 0, 0.0)
+    return torch.nn.functional.pad(out, (0, values.shape[1] - out.shape[1]))
 
 
 def item_names(target: AttentionModel | Run, batch: Batch) -> list[list[str]]:
     """Readable names of each row's explained items, in the order of :func:`item_values`: a causal LM's pieces
     decoded as its tokenizer writes them, an encoder's wordpieces, a word-level model's words, HAN's sentences;
-    ``item i`` where items are no tokens of the row (an encoder-decoder's target positions)."""
+    ``item i`` where items are no tokens of the row (an encoder-decoder's target positions); with segments, each
+    segment's text as written."""
     from attnaudit.data.batching import split_sentences
 
     model = model_of(target)
     items = item_mask(model, batch)
+    if batch.segments is not None and not hierarchical(model):
+        return _segment_names(model, batch, items)
     if hierarchical(model):
         sentences = [[" ".join(s) for s in (ex.sentences or split_sentences(ex.tokens)) if s] for ex in batch.examples]
         return [_named_or_numbered(names, int(row.sum())) for names, row in zip(sentences, items)]
@@ -401,6 +444,22 @@ def item_names(target: AttentionModel | Run, batch: Batch) -> list[list[str]]:
         keep = items[b][real[b]].tolist()
         chosen = [name for name, kept in zip(names, keep) if kept] if len(names) == len(keep) else []
         out.append(_named_or_numbered(chosen, int(items[b].sum())))
+    return out
+
+
+def _segment_names(model: AttentionModel, batch: Batch, items: Tensor) -> list[list[str]]:
+    """Each row's segments named by their text (``segment i`` where the text is not known), in the order of
+    :func:`item_values` with groups."""
+    from attnaudit.explain.helpers.segments import segment_names
+
+    groups = item_groups(model, batch)
+    assert groups is not None and batch.segments is not None
+    first = items.to(groups.device) & first_items(groups)
+    out = []
+    for b, example in enumerate(batch.examples):
+        texts = segment_names(example) or []
+        ids = batch.segments[b, : first.shape[1]][first[b].to(batch.segments.device)].tolist()
+        out.append([texts[i] if 0 <= i < len(texts) else f"segment {i}" for i in ids])
     return out
 
 
@@ -485,9 +544,11 @@ REDUCTIONS = ("abs_sum", "l2", "sum")
 SCORES = ("probability", "logit")
 """What the gradient family differentiates (option ``score``): the explained class's probability or its logit
 (minus the contrast class's when the batch has one)."""
-BASELINES = ("zero", "unk", "pad", "mask", "eos")
-"""Integrated Gradients' baseline (option ``baseline``): zero embeddings, or every item the embedding of the
-tokenizer's unknown, padding, mask or end-of-sequence token (inseq's default is ``unk``)."""
+BASELINES = ("zero", "unk", "pad", "mask", "eos", "delete")
+"""What stands in for an item (option ``baseline``), one meaning per name: Integrated Gradients integrates from zero
+embeddings or, at every item, the embedding of the tokenizer's unknown, padding, mask or end-of-sequence token
+(inseq's default is ``unk``); leave-one-out removes the item or segment (``delete``, its default) or puts that
+token in place of each of its tokens. ``zero`` is IG's only, ``delete`` the perturbations' only."""
 CHOICES: dict[str, tuple[str, ...]] = {"reduction": REDUCTIONS, "score": SCORES, "baseline": BASELINES}
 """The options whose values are names, with the names each takes: checked once here for every method."""
 

@@ -36,7 +36,8 @@ from attnaudit.errors import AttnAuditError, unknown, warn
 from attnaudit.explain import EXPLANATIONS, choose, item_mask, item_names, item_values
 from attnaudit.explain.generation import AGGREGATIONS, Generated, decoder_rows, encode_exactly, explain_generated
 from attnaudit.explain.helpers.attention import attention_per_head
-from attnaudit.explain.registry import CHOICES, choice, methods_for
+from attnaudit.explain.helpers.segments import check_replaced, replacements, segment_spans, segment_text, text_segments
+from attnaudit.explain.registry import CHOICES, choice, item_groups, methods_for
 from attnaudit.io import (
     atomic_write,
     atomic_write_json,
@@ -71,8 +72,9 @@ class Explained:
     files: list[str] = field(default_factory=list)
 
     def frame(self) -> pd.DataFrame:
-        """Tokens × methods: one row per token (``position``, ``token``), one column per method."""
-        columns = {"position": list(range(len(self.tokens))), "token": self.tokens, **self.scores}
+        """Tokens × methods: one row per token (``position``, ``token``; with segments ``segment``, its text), one column per method."""
+        named = "segment" if self.meta.get("segments") else "token"
+        columns = {"position": list(range(len(self.tokens))), named: self.tokens, **self.scores}
         return pd.DataFrame(columns)
 
     def to_json(self) -> dict[str, Any]:
@@ -113,6 +115,7 @@ def explain_text(
     sample: bool = False,
     aggregate: str | None = None,
     options: dict[str, Any] | None = None,
+    segments: str | Sequence[Sequence[int]] | None = None,
 ) -> Explained | Generated:
     """Explain ``text``'s decision by ``source``: a :class:`Run`, a run directory, or a Hugging Face
     model (``smollm2``, ``minilm``, a folder, a ``.gguf`` file or a hub name), or what the CLI named
@@ -135,6 +138,11 @@ def explain_text(
     (``{"reduction": "l2", "score": "probability", "baseline": "unk"}``: the gradient family's definitions;
     an unknown name or value is a one-line error). ``meta["definitions"]`` records, per method computed,
     the value of each of its options that was used.
+    ``segments``: the features explained, ``token`` (the default) or groups of tokens, a ``word``, ``sentence``,
+    ``line`` or ``paragraph`` of the text as written, or ``[start, end)`` character spans (a list or a JSON list):
+    every method then gives one score per segment (gradient-type methods sum their token scores within it;
+    leave-one-out removes, or with ``options["baseline"]``/``options["replace"]`` replaces, the segment as one
+    unit), named by its text.
     With ``out`` the JSON, CSV and figures are written there (checked before any work).
     """
     from attnaudit.seed import set_seed
@@ -154,7 +162,12 @@ def explain_text(
         choices = ", ".join(AGGREGATIONS)
         raise AttnAuditError(f"--aggregate must be one of {choices}" if sequence else "--aggregate applies with --generate or --target")
     ig_steps(steps)
+    unit, spans = text_segments(text, segments)
+    if spans is not None and sequence:
+        raise AttnAuditError("--segments applies to one decision; a generated sequence is explained token by token")
     offered = {"seed": seed, "steps": steps, **method_options(options)}
+    if offered.get("replace") is not None:
+        replacements(str(offered["replace"]))  # its form checked before the model loads
     folder = check_output_dir(out) if out is not None else None
     named = name_model(source=source, prompt=prompt, verbalizer=verbalizer, dtype=dtype, device_map=device_map, max_memory=max_memory)
     if out is not None:  # before loading: nothing is written inside what was named
@@ -171,7 +184,7 @@ def explain_text(
                 offered=offered,
             )
         else:
-            explained = _explain(run, text, kind, methods, max_length, offered)
+            explained = _explain(run, text, kind, methods, max_length, offered, (unit, spans))
     explained.meta.update(seed=seed, max_length=max_length, steps=steps, source=_describe(named, run),
                           definitions=definitions(list(explained.scores), offered, options or {}))
     if folder is not None:  # everything computed first: a failure above writes nothing
@@ -280,22 +293,36 @@ def _batch(run: Run, text: str, max_length: int | None, kind: str) -> Batch:
     return collate([Example(tokens=text.split(), meta={"text": text})]).to(run.device)  # a tokenizer reads the text as written
 
 
-def _explain(run: Run, text: str, kind: str, names: Sequence[str] | None, max_length: int | None, offered: dict[str, Any]) -> Explained:
+def _explain(
+    run: Run, text: str, kind: str, names: Sequence[str] | None, max_length: int | None, offered: dict[str, Any],
+    segmented: tuple[str, list[tuple[int, int]] | None] = ("token", None),
+) -> Explained:
     """Everything for one text, computed before anything is written."""
     model = run.model
     methods, skipped = methods_for(run, names, offered)
     batch = _batch(run, text, max_length, kind)
+    unit, spans = segmented
+    if spans is not None:
+        batch = segment_text(model, batch, text, unit, spans, getattr(run.collate, "prompt", None) if kind != "next_token" else None)
     mask = item_mask(model, batch)[0]
     _refuse_unknown_words(run, batch, mask)
+    groups = item_groups(model, batch)
+    if offered.get("replace"):
+        check_replaced(item_names(run, batch)[0], offered["replace"])
     with evaluation(model), torch.no_grad():
         probs = model(batch).probs[0]
     items = mask[None]
-    scores = {name: item_values(method(run, batch, **offered), items)[0] for name, method in methods.items()}
+    scores = {name: item_values(method(run, batch, **offered), items, groups)[0] for name, method in methods.items()}
     rollout = EXPLANATIONS.get("rollout")
     rolled = None
     if rollout is not None and rollout.applies(model) is None:
-        rolled = scores["rollout"] if "rollout" in scores else item_values(rollout(run, batch), items)[0]
-    heads = attention_per_head(model, batch)[0][..., mask]
+        rolled = scores["rollout"] if "rollout" in scores else item_values(rollout(run, batch), items, groups)[0]
+    heads = attention_per_head(model, batch)[0]
+    if groups is not None:  # each segment's attention: the sum over its tokens, as every method's scores
+        row = groups[0].to(heads.device)
+        heads = torch.stack([heads[..., : len(row)][..., row == g].sum(-1) for g in range(int(row.max()) + 1)], -1)
+    else:
+        heads = heads[..., mask]
     position = model.explanation_rows(batch.mask)
     ids = batch.tokens[0][mask].tolist() if batch.tokens.dim() == 2 else []
     return Explained(
@@ -311,6 +338,7 @@ def _explain(run: Run, text: str, kind: str, names: Sequence[str] | None, max_le
             "model": run.family,
             "explained_position": int(position[0]) if isinstance(position, torch.Tensor) else position,
             "explained_position_note": _position_note(model),
+            **({"segments": {"unit": unit, "spans": [list(s) for s in (segment_spans(batch.examples[0]) or [])]}} if groups is not None else {}),
         },
     )
 
@@ -401,7 +429,8 @@ def plot_explanation(explained: Explained, stem: Path) -> list[Path]:
     panel = bottom.imshow(sink, cmap="viridis", vmin=0, vmax=1, aspect="auto")
     bottom.set_xlabel("head", fontsize=8)
     bottom.set_ylabel("layer", fontsize=8)
-    bottom.set_title(f"attention of the explained position to the first token {explained.tokens[0]!r}", fontsize=9)
+    first = "segment (summed over its tokens)" if explained.meta.get("segments") else "token"
+    bottom.set_title(f"attention of the explained position to the first {first} {explained.tokens[0]!r}", fontsize=9)
     fig.colorbar(panel, ax=bottom, fraction=0.03)
     fig.tight_layout()
     return save_figure(fig, stem.parent, stem.name)

@@ -110,6 +110,14 @@ def results_folder(directory: Path) -> Path:
 
 
 def _find_run(directory: Path, info: dict[str, Any], data_dir: str | Path | None, device: str) -> Run | None:
+    """The run behind ``directory``, with the segments it was tested with (``info["segments"]``)."""
+    from attnaudit.explain.helpers.segments import segmented
+
+    found = _found_run(directory, info, data_dir, device)
+    return None if found is None else segmented(found, info.get("segments"))
+
+
+def _found_run(directory: Path, info: dict[str, Any], data_dir: str | Path | None, device: str) -> Run | None:
     """The run behind ``directory``: the recorded run (audit or results) or Hugging Face model, ``DIR/run``, or ``DIR``."""
     from attnaudit.run import load_run
 
@@ -257,7 +265,7 @@ def build_report(
     first = next(iter(results.values()), None)
     meta = first.meta if first else {}
     # without an audit.json, the results' own record says which run (split, instances) they came from
-    source = info or {k: meta[k] for k in ("run", "split", "limit", "seed", "limit_order") if meta.get(k) is not None}
+    source = info or {k: meta[k] for k in ("run", "split", "limit", "seed", "limit_order", "segments") if meta.get(k) is not None}
     find = functools.cache(lambda: _find_run(directory, source, data_dir, device))  # heatmaps and explorer share one load
     heatmaps, heatmap_note = _heatmaps(results_dir, run, find, source, split, limit, data_dir, instances)
     explored, explorer_note = _explorer_data(results_dir, run, find, source, split, limit, data_dir, explore)

@@ -21,6 +21,7 @@ from attnaudit.data.types import Batch, Example
 from attnaudit.errors import AttnAuditError
 from attnaudit.experiments.experiment import Result, discover
 from attnaudit.explain import Explanation, item_mask, item_names, item_values, list_explanations
+from attnaudit.explain.registry import item_groups
 from attnaudit.run import Run
 
 IG_STEPS = 20
@@ -107,8 +108,8 @@ def compute_heatmaps(run: Run, examples: list[Example], indices: list[int], taus
     methods = {m.name: m for m in heatmap_methods(run)}
     batch = next(iter(run.batches([examples[i] for i in indices], batch_size=len(indices))))
     run.model.eval()
-    items = item_mask(run, batch)
-    scores = {m: item_values(fn(run.model, batch, steps=IG_STEPS).detach().double(), items) for m, fn in methods.items()}
+    items, groups = item_mask(run, batch), item_groups(run, batch)  # groups: a segmented run's segments (one score each)
+    scores = {m: item_values(fn(run.model, batch, steps=IG_STEPS).detach().double(), items, groups) for m, fn in methods.items()}
     with torch.no_grad():
         predicted = run.model(batch).probs.argmax(-1).tolist()
     labels = item_names(run, batch)

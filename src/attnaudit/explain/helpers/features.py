@@ -35,3 +35,10 @@ def _renumber(row: Tensor) -> Tensor:
         if value >= 0:
             out[position] = seen.setdefault(value, len(seen))
     return out
+
+
+def group_members(selected: Tensor, groups: Tensor) -> Tensor:
+    """``(B, K)`` True at every item whose group (``groups``, :func:`feature_groups`) has an item in ``selected``: a
+    choice made among the groups' first items (:func:`~attnaudit.explain.registry.first_items`) spread over whole groups."""
+    chosen = torch.where(selected & (groups >= 0), groups, torch.full_like(groups, -2))
+    return (groups[:, :, None] == chosen[:, None, :]).any(-1) & (groups >= 0)

@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import torch
 from torch import Tensor
 
 from attnaudit.data.batching import length_groups
 from attnaudit.data.types import Batch
-from attnaudit.data.vocab import Vocab
 from attnaudit.errors import AttnAuditError
+from attnaudit.explain.helpers.baselines import baseline_token
 from attnaudit.explain.registry import (
-    BASELINES,
     check_task,
     choice,
     decision_score,
@@ -32,6 +30,9 @@ _PASS_ACTIVATIONS = 1 << 27
 _PASS_ROWS = 4096
 
 
+DELETE_IS_NO_EMBEDDING = "baseline 'delete' removes tokens (leave-one-out, erasures); IG integrates from an embedding: zero, unk, pad, mask or eos"
+
+
 def pass_rows(model: AttentionModel, length: int) -> int:
     """Interpolated inputs of ``length`` tokens per forward-backward pass: a rough count of the
     activations each keeps (per layer, the residual-width states, the feed-forward ones and every
@@ -45,6 +46,7 @@ def pass_rows(model: AttentionModel, length: int) -> int:
 @explanation(
     "ig", "Integrated Gradients of ŷ w.r.t. the embeddings, zero baseline, |Σ_d| per token (Captum)",
     ("prediction", "gradients"), order=40, target_side=True,
+    settings_check=lambda model, settings: DELETE_IS_NO_EMBEDDING if settings.get("baseline") == "delete" else None,
 )
 def integrated_gradients(
     model: AttentionModel, batch: Batch, steps: int = 50, absolute: bool = True, reduction: str = "abs_sum",
@@ -69,6 +71,8 @@ def integrated_gradients(
     if steps < 1:
         raise AttnAuditError(f"integrated gradients needs steps >= 1, got {steps}")
     reduction, score, baseline = choice("reduction", reduction), choice("score", score), choice("baseline", baseline)
+    if baseline == "delete":
+        raise AttnAuditError(f"ig: {DELETE_IS_NO_EMBEDDING}")
     if not absolute:
         if reduction not in ("abs_sum", "sum"):
             raise AttnAuditError(f"ig: absolute=False is reduction='sum'; it does not combine with reduction={reduction!r}")
@@ -123,32 +127,6 @@ def _groups(model: AttentionModel, batch: Batch) -> list[Tensor]:
     if batch.tokens.dim() != 2 or hierarchical(model) or model.target_items:
         return [torch.arange(len(batch))]
     return length_groups(batch.mask.sum(1).cpu())
-
-
-def _has_token(tokenizer: Any, name: str) -> bool:
-    """Whether a tokenizer (None: our vocabularies, with pad and unk only) has an ``unk``/``pad``/``mask``/``eos`` token."""
-    if tokenizer is None:
-        return name in ("pad", "unk")
-    return getattr(tokenizer, f"{name}_token_id", None) is not None
-
-
-def baseline_token(model: AttentionModel, name: str) -> int:
-    """The id of the ``unk``/``pad``/``mask``/``eos`` token: a Hugging Face model's tokenizer's, else our
-    vocabularies' (``<pad>`` 0, ``<unk>`` 1; they have no mask or end token); a one-line error when there is none."""
-    tokenizer = model.tokenizer
-    if tokenizer is not None:
-        found = getattr(tokenizer, f"{name}_token_id", None)
-    else:
-        found = {"pad": Vocab.pad_id, "unk": Vocab.unk_id}.get(name)
-    if found is None:
-        # Suggest only the tokens this model has (``mask`` was once offered to a model without one).
-        offered = ["zero", *(other for other in BASELINES[1:] if other != name and _has_token(tokenizer, other))]
-        choices = f"{', '.join(offered[:-1])} or {offered[-1]}" if len(offered) > 1 else "zero"
-        raise AttnAuditError(f"ig baseline {name!r}: this model's {'tokenizer' if tokenizer is not None else 'vocabulary'} has no {name} token; "
-                             f"choose {choices}")
-    if not 0 <= int(found) < model.config.vocab_size:
-        raise AttnAuditError(f"ig baseline {name!r}: token id {found} is outside the model's {model.config.vocab_size} embeddings")
-    return int(found)
 
 
 def baseline_embeddings(model: AttentionModel, batch: Batch, name: str) -> Tensor:

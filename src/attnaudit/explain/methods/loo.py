@@ -18,13 +18,18 @@ from torch import Tensor, nn
 from attnaudit.algorithms.metrics import output_change, rank_items, top_items
 from attnaudit.data.types import Batch
 from attnaudit.errors import AttnAuditError
+from attnaudit.explain.helpers.baselines import baseline_token
+from attnaudit.explain.helpers.features import feature_groups
 from attnaudit.explain.helpers.items import compact_items
+from attnaudit.explain.helpers.segments import perturbed_rows, replacement_ids, replacements
 from attnaudit.explain.registry import (
     check_task,
+    choice,
     explanation,
     get_explanation,
     hierarchical,
     item_mask,
+    item_names,
     takes_run,
 )
 from attnaudit.models.interface import AttentionModel, Cache, ModelOutput, evaluation, language_model
@@ -350,11 +355,17 @@ def _finish_loo(changes: Tensor, mask: Tensor) -> Tensor:
     return changes.masked_fill(_single_items(mask)[:, None] & mask, float("nan"))
 
 
+ZERO_IS_NO_TOKEN = "baseline 'zero' is IG's (zero embeddings); leave-one-out removes (delete) or replaces tokens (unk, pad, mask, eos)"
+
+
 @explanation(
-    "loo", "output change (|Δŷ|; TVD multi-class) when the item is removed from the input (Jain & Wallace 2019)",
-    ("prediction",), order=30,
+    "loo", "output change (|Δŷ|; TVD multi-class) when the item (or segment) is removed from the input (Jain & Wallace 2019)",
+    ("prediction",), order=30, grouped=True,
+    settings_check=lambda model, settings: ZERO_IS_NO_TOKEN if settings.get("baseline") == "zero" else None,
 )
-def loo_importance(model: AttentionModel, batch: Batch, loo_tokens: int | None = None) -> Tensor:
+def loo_importance(
+    model: AttentionModel, batch: Batch, loo_tokens: int | None = None, baseline: str = "delete", replace: str | None = None,
+) -> Tensor:
     """Leave-one-out: output change (:func:`~attnaudit.algorithms.metrics.output_change`) when item i is removed.
 
     ``(B, K)``; |Δŷ| for binary models, TVD for multi-class. Exact removal (later items
@@ -364,8 +375,19 @@ def loo_importance(model: AttentionModel, batch: Batch, loo_tokens: int | None =
     ``loo_tokens`` K (approximate, opt-in): only each instance's K items of highest ``gradient``
     importance are removed; the others score 0, below every removed one (a causal decoder's cost
     is one rerun of the later tokens per removal, so the exact mode grows with the square of the length).
+    With segments (``Batch.segments``), another ``baseline`` than ``delete`` (the token ``unk``, ``pad``, ``mask`` or
+    ``eos`` in place of each removed token) or ``replace`` (``"Dave=Sarah"``: a segment reading ``Dave`` replaced
+    by the tokens of ``Sarah``, the others by the baseline), each group of
+    :func:`~attnaudit.explain.helpers.features.feature_groups` is perturbed as one unit (:func:`_loo_groups`).
     """
     check_task(model)
+    baseline = choice("baseline", baseline)
+    if baseline == "zero":
+        raise AttnAuditError(f"loo: {ZERO_IS_NO_TOKEN}")
+    if batch.segments is not None or baseline != "delete" or replace:
+        if loo_tokens is not None:
+            raise AttnAuditError("--loo-tokens applies to token deletion; not with segments, --baseline or --replace")
+        return _loo_groups(model, batch, baseline, replacements(replace) if replace else {})
     mask = item_mask(model, batch)
     removed = mask & ~_single_items(mask)[:, None]
     if loo_tokens is not None:
@@ -380,6 +402,45 @@ def loo_importance(model: AttentionModel, batch: Batch, loo_tokens: int | None =
             dropped = _loo_method(model)(model, batch, mask, rows, cache, output)
             changes[rows[:, 0], rows[:, 1]] = output_change(dropped, full[rows[:, 0]])
     return _finish_loo(changes, mask)
+
+
+def _loo_groups(model: AttentionModel, batch: Batch, baseline: str, replace: dict[str, str]) -> Tensor:
+    """Leave-one-out over groups (segments): each group removed (``delete``) or replaced as one unit, by full forward
+    passes in chunks; every item of a group carries its output change; NaN for an instance with a single group."""
+    if hierarchical(model) or batch.tokens.dim() != 2 or model.target_items:
+        raise AttnAuditError("loo: segments and baselines apply to flat token inputs (not HAN, not an encoder-decoder's target)")
+    groups = feature_groups(model, batch)
+    fill = None if baseline == "delete" else baseline_token(model, baseline, who="loo", other="delete")
+    names = item_names(model, batch) if replace else []
+    lookup = {key.casefold(): value for key, value in replace.items()}
+    perturbations: list[tuple[int, list[int], list[int] | None]] = []
+    where: list[tuple[int, Tensor]] = []
+    for b in range(len(batch)):
+        real = batch.mask[b].bool()
+        place = (real.long().cumsum(0) - 1)[: groups.shape[1]]  # a position's index among the row's real tokens
+        count = int(groups[b].max()) + 1
+        for g in range(count if count > 1 else 0):
+            at = (groups[b] == g).nonzero().squeeze(1)
+            positions = place[at].tolist()
+            name = names[b][g].strip() if names and g < len(names[b]) else None
+            if name is not None and (name in replace or name.casefold() in lookup):
+                tokens: list[int] | None = replacement_ids(model, int(batch.tokens[b, at[0]]), replace.get(name, lookup.get(name.casefold(), "")))
+            else:
+                tokens = None if fill is None else [fill] * len(positions)
+            perturbations.append((b, positions, tokens))
+            where.append((b, at))
+    with evaluation(model), torch.no_grad():
+        full = model.logits_forward(batch).probs
+        changes = full.new_zeros(groups.shape)
+        step = max(1, _PASS_ELEMENTS // max(batch.tokens.shape[1] * max(model.config.d_model, model.config.embed_dim, 1), 1))
+        for first in range(0, len(perturbations), step):
+            part = perturbations[first : first + step]
+            probs = model.logits_forward(perturbed_rows(batch, part, model.config.pad_id)).probs
+            change = output_change(probs, full[[b for b, _, _ in part]])
+            for (b, at), value in zip(where[first : first + step], change.tolist()):
+                changes[b, at] = value
+    single = (groups.max(1).values < 1)[:, None] & (groups >= 0)
+    return changes.masked_fill(single, float("nan"))
 
 
 def _highest_gradient(model: AttentionModel, batch: Batch, mask: Tensor, count: int) -> Tensor:
