@@ -27,7 +27,7 @@ from torch import Tensor
 
 from attnaudit.data.types import Batch
 from attnaudit.errors import AttnAuditError, named, spelled, unknown
-from attnaudit.models.han import HierarchicalAttentionNetwork
+from attnaudit.explain.helpers.items import hierarchical, item_mask, model_of
 from attnaudit.models.interface import AttentionModel, ModelOutput, take_rows
 from attnaudit.run import Run
 
@@ -258,11 +258,6 @@ def unregister(name: str) -> None:
     EXPLANATIONS.pop(name, None)
 
 
-def model_of(target: AttentionModel | Run) -> AttentionModel:
-    """The model itself, or a run's model."""
-    return target.model if isinstance(target, Run) else target
-
-
 def list_explanations(target: AttentionModel | Run, default: bool = False) -> list[Explanation]:
     """The registered methods that apply to a model (or a run's model), in listing order;
     ``default``: only those a test takes when it compares every explanation."""
@@ -348,25 +343,6 @@ def check_task(model: AttentionModel) -> None:
     task = model.config.task_type
     if task not in ("classification", "pair"):
         raise AttnAuditError(f"importance explains one decision per instance; a {task} model makes one per token")
-
-
-def hierarchical(model: AttentionModel) -> bool:
-    """Whether the explained items are sentences of words (HAN)."""
-    return isinstance(model, HierarchicalAttentionNetwork)
-
-
-def item_mask(target: AttentionModel | Run, batch: Batch) -> Tensor:
-    """``(B, K)`` bool, True at the real items of the explained layer (tokens; HAN: sentences;
-    a zero-shot prompt: the tokens of its ``{text}`` span, ``Batch.items``)."""
-    mask = batch.mask.bool()
-    model = model_of(target)
-    if hierarchical(model):
-        return mask.any(-1)
-    if model.target_items and batch.target is not None and batch.target_mask is not None:
-        after_start = batch.target_mask.bool().clone()
-        after_start[:, 0] = False  # the decoder start token is no earlier target token
-        return torch.cat([mask, after_start.to(mask.device)], 1)
-    return mask if batch.items is None else mask & batch.items.bool()
 
 
 def item_values(values: Tensor, items: Tensor, groups: Tensor | None = None) -> list[list[float]]:

@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from attnaudit.data.types import Batch
-from attnaudit.explain.registry import item_mask
+from attnaudit.explain.helpers.items import item_mask
 from attnaudit.models.interface import AttentionModel
 
 

@@ -1,4 +1,5 @@
-"""Batches with some items removed, compacted (leave-one-out, ERASER)."""
+"""The explained items of a batch (:func:`item_mask`: tokens, a prompt's ``{text}`` span, HAN's sentences) and
+batches with some of them removed, compacted (leave-one-out, ERASER)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,9 @@ import torch
 from torch import Tensor
 
 from attnaudit.data.types import Batch
+from attnaudit.models.han import HierarchicalAttentionNetwork
+from attnaudit.models.interface import AttentionModel
+from attnaudit.run import Run
 
 
 def compact_items(batch: Batch, index: Tensor, keep: Tensor, pad_id: int) -> Batch:
@@ -37,3 +41,27 @@ def compact_items(batch: Batch, index: Tensor, keep: Tensor, pad_id: int) -> Bat
         target=None if batch.target is None else batch.target[index],  # an encoder-decoder's forced target stays
         target_mask=None if batch.target_mask is None else batch.target_mask[index],
     )
+
+
+def model_of(target: AttentionModel | Run) -> AttentionModel:
+    """The model itself, or a run's model."""
+    return target.model if isinstance(target, Run) else target
+
+
+def hierarchical(model: AttentionModel) -> bool:
+    """Whether the explained items are sentences of words (HAN)."""
+    return isinstance(model, HierarchicalAttentionNetwork)
+
+
+def item_mask(target: AttentionModel | Run, batch: Batch) -> Tensor:
+    """``(B, K)`` bool, True at the real items of the explained layer (tokens; HAN: sentences;
+    a zero-shot prompt: the tokens of its ``{text}`` span, ``Batch.items``)."""
+    mask = batch.mask.bool()
+    model = model_of(target)
+    if hierarchical(model):
+        return mask.any(-1)
+    if model.target_items and batch.target is not None and batch.target_mask is not None:
+        after_start = batch.target_mask.bool().clone()
+        after_start[:, 0] = False  # the decoder start token is no earlier target token
+        return torch.cat([mask, after_start.to(mask.device)], 1)
+    return mask if batch.items is None else mask & batch.items.bool()

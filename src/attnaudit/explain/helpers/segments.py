@@ -19,7 +19,7 @@ import torch
 from attnaudit.data.segments import Span, check_spans, check_unit, comparable, token_segments, unit_spans
 from attnaudit.data.types import Batch, Example, text_of, word_spans
 from attnaudit.errors import AttnAuditError, warn
-from attnaudit.explain.registry import hierarchical
+from attnaudit.explain.helpers.items import hierarchical
 from attnaudit.models.interface import AttentionModel
 from attnaudit.run import Run
 
