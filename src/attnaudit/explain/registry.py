@@ -485,9 +485,11 @@ REDUCTIONS = ("abs_sum", "l2", "sum")
 SCORES = ("probability", "logit")
 """What the gradient family differentiates (option ``score``): the explained class's probability or its logit
 (minus the contrast class's when the batch has one)."""
-BASELINES = ("zero", "unk", "pad", "mask", "eos")
+BASELINES = ("zero", "unk", "pad", "mask", "eos", "delete")
 """Integrated Gradients' baseline (option ``baseline``): zero embeddings, or every item the embedding of the
-tokenizer's unknown, padding, mask or end-of-sequence token (inseq's default is ``unk``)."""
+tokenizer's unknown, padding, mask or end-of-sequence token (inseq's default is ``unk``). The perturbation methods
+(``shapley``, ``kernel_shap``, ``lime``, ``occlusion``) take the same names for what a perturbed item becomes, and
+``delete`` (removed from the input, their default; not a baseline IG can integrate from)."""
 CHOICES: dict[str, tuple[str, ...]] = {"reduction": REDUCTIONS, "score": SCORES, "baseline": BASELINES}
 """The options whose values are names, with the names each takes: checked once here for every method."""
 

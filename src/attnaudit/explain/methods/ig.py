@@ -69,6 +69,8 @@ def integrated_gradients(
     if steps < 1:
         raise AttnAuditError(f"integrated gradients needs steps >= 1, got {steps}")
     reduction, score, baseline = choice("reduction", reduction), choice("score", score), choice("baseline", baseline)
+    if baseline == "delete":
+        raise AttnAuditError("ig baseline 'delete': Integrated Gradients integrates from a baseline input; choose zero, unk, pad, mask or eos")
     if not absolute:
         if reduction not in ("abs_sum", "sum"):
             raise AttnAuditError(f"ig: absolute=False is reduction='sum'; it does not combine with reduction={reduction!r}")
@@ -142,7 +144,7 @@ def baseline_token(model: AttentionModel, name: str) -> int:
         found = {"pad": Vocab.pad_id, "unk": Vocab.unk_id}.get(name)
     if found is None:
         # Suggest only the tokens this model has (``mask`` was once offered to a model without one).
-        offered = ["zero", *(other for other in BASELINES[1:] if other != name and _has_token(tokenizer, other))]
+        offered = ["zero", *(other for other in BASELINES[1:] if other not in (name, "delete") and _has_token(tokenizer, other))]
         choices = f"{', '.join(offered[:-1])} or {offered[-1]}" if len(offered) > 1 else "zero"
         raise AttnAuditError(f"ig baseline {name!r}: this model's {'tokenizer' if tokenizer is not None else 'vocabulary'} has no {name} token; "
                              f"choose {choices}")
