@@ -359,8 +359,14 @@ def explain(
         str | None, typer.Option(help="Gradient methods: differentiate the probability or the logit (default: each method's own).")
     ] = None,
     baseline: Annotated[
-        str | None, typer.Option(help="ig's baseline: zero (default) or the embedding of the unk, pad, mask or eos token.")
+        str | None, typer.Option(help="ig's baseline: zero (default) or the embedding of the unk, pad, mask or eos token; "
+                                 "what the perturbation methods put in place of a feature: delete (their default), zero, unk, pad, mask or eos.")
     ] = None,
+    samples: Annotated[
+        int | None, typer.Option(help="Perturbation methods: shapley's random orders (default 25), kernel_shap's and lime's coalitions (200).")
+    ] = None,
+    window: Annotated[int | None, typer.Option(help="occlusion: features perturbed together (default 3).")] = None,
+    stride: Annotated[int | None, typer.Option(help="occlusion: features between window starts (default 1, at most the window).")] = None,
     data_dir: DataDir = None,
     device: Device = "auto",
     quiet: Quiet = False,
@@ -383,6 +389,8 @@ def explain(
     attnaudit explain --hf smollm2 --text "The capital of France is" --target " Paris" --contrast " Lyon" --method gradient
 
     attnaudit explain --hf smollm2 --text "The capital of France is" --target " Paris" --method input_gradient,ig --steps 4 --score probability --reduction l2 --baseline unk
+
+    attnaudit explain --hf smollm2 --text "The capital of France is" --method shapley,kernel_shap,lime,occlusion --samples 4 --window 2
     """  # noqa: E501 (example commands stay on one line)
     from attnaudit.explain.generation import Generated
     from attnaudit.explain.text import decision_line, explain_text
@@ -397,7 +405,8 @@ def explain(
         max_length=max_length, seed=seed, steps=steps, device=device, data_dir=data_dir, dtype=dtype, target=target,
         device_map=device_map, max_memory=max_memory,
         generate=generate, contrast=contrast, sample=sample, aggregate=aggregate,
-        options={k: v for k, v in {"reduction": reduction, "score": score, "baseline": baseline}.items() if v is not None},
+        options={k: v for k, v in {"reduction": reduction, "score": score, "baseline": baseline, "samples": samples, "window": window,
+                                   "stride": stride}.items() if v is not None},
     )
     if isinstance(result, Generated):
         _print_generated(result, quiet, out, aggregate)

@@ -77,6 +77,19 @@ def plain_values(model, batch: Batch, keep: torch.Tensor, baseline: str) -> torc
     return torch.stack(out)
 
 
+def test_additive_toy_is_exact_for_every_order() -> None:
+    """v(S) = Σ_{i∈S} w_i: every order credits each feature its own weight, so even one sample is exact."""
+    weights = torch.tensor([0.5, -2.0, 3.0, 0.25], dtype=torch.float64)
+
+    class Toy:
+        def values(self, rows: torch.Tensor, present: torch.Tensor) -> torch.Tensor:
+            return present.double() @ weights
+
+    from attnaudit.explain.methods.shapley import _instance
+
+    assert torch.equal(_instance(Toy(), 0, 4, 1, seed=3), weights)  # type: ignore[arg-type]
+
+
 def test_exact_shapley_of_an_additive_and_interaction_toy() -> None:
     """v(S) = 1·[0∈S] + 2·[1∈S] + 3·[1∈S][2∈S]: φ = (1, 3.5, 1.5), with enough permutations of 3 features."""
     class Toy:
@@ -138,7 +151,7 @@ def test_batched_route_equals_one_instance_at_a_time(decoder: SimpleNamespace, n
         torch.testing.assert_close(together[b, :width], single[0], atol=TOLERANCE, rtol=0)
 
 
-def test_bad_settings_are_one_line(decoder: SimpleNamespace, tiny_hf: SimpleNamespace) -> None:
+def test_bad_settings_are_one_line(decoder: SimpleNamespace) -> None:
     model, batch = decoder.model, decoder.batch
     with pytest.raises(AttnAuditError, match="--stride 3 is larger than --window 2"):
         occlusion(model, batch, window=2, stride=3)
@@ -148,9 +161,10 @@ def test_bad_settings_are_one_line(decoder: SimpleNamespace, tiny_hf: SimpleName
         shapley(model, batch, samples=10**8)
     with pytest.raises(AttnAuditError, match="baseline"):
         lime(model, batch, baseline="nothing")
-    qwen, collate = zero_shot("qwen2", tiny_hf.vocab, "the {text}")
-    reason = get_explanation("shapley").applies(qwen, {"baseline": "mask"})
-    assert reason is None or "mask" in reason
+    assert model.tokenizer.mask_token_id is None  # the tiny tokenizer has unk, pad and eos only
+    for name in METHODS:
+        assert "has no usable mask token" in (get_explanation(name).applies(model, {"baseline": "mask"}) or "")
+        assert get_explanation(name).applies(model, {"baseline": "eos"}) is None
 
 
 # --------------------------------------------------------------------------- Captum on the same forward
@@ -243,3 +257,21 @@ def test_classifier_route(captum, classifier: SimpleNamespace) -> None:
     theirs = captum.ShapleyValueSampling(captum_forward(model, alone, "delete")).attribute(
         torch.ones(1, k), baselines=0.0, n_samples=3)[0]
     torch.testing.assert_close(ours, theirs, atol=TOLERANCE, rtol=0)
+
+
+@pytest.mark.parametrize("family", ["han", "pair-transformer", "cnn"])
+@pytest.mark.parametrize("baseline", ["delete", "unk", "zero"])
+def test_other_families(runs, family: str, baseline: str) -> None:
+    """Sentences (HAN), a pair model's passage, a CNN: efficiency against the perturber's own ends, zero at padding,
+    each instance as it is alone (the one-item instance included)."""
+    run, batch = runs[family]
+    scores = shapley(run, batch, samples=2, seed=0, baseline=baseline)
+    items = item_mask(run.model, batch)
+    assert torch.isfinite(scores).all() and torch.all(scores[~items] == 0)
+    with perturbation.perturbing(run.model, batch, baseline) as perturber:
+        for b, count in enumerate(perturber.counts):
+            empty = perturber.values(torch.tensor([b]), torch.zeros(1, max(count, 1), dtype=torch.bool))
+            assert scores[b].sum().item() == pytest.approx((perturber.full[b] - empty[0]).item(), abs=1e-5)
+    for b in (0, len(batch) - 1):
+        alone = shapley(run, one(batch, b), samples=2, seed=0, baseline=baseline)
+        torch.testing.assert_close(scores[b, : alone.shape[1]], alone[0], atol=TOLERANCE, rtol=0)
