@@ -114,8 +114,10 @@ def test_token_baselines_of_a_hugging_face_encoder(tiny_hf: SimpleNamespace) -> 
 
 def test_bad_options_are_one_line(runs: dict) -> None:
     run, batch = runs["bilstm"]
-    with pytest.raises(AttnAuditError, match=r"^unknown baseline 'unknown'; did you mean 'unk'\? \(choose from zero, unk, pad, mask, eos\)$"):
+    with pytest.raises(AttnAuditError, match=r"^unknown baseline 'unknown'; did you mean 'unk'\? \(choose from zero, unk, pad, mask, eos, delete\)$"):
         integrated_gradients(run, batch, steps=2, baseline="unknown")
+    with pytest.raises(AttnAuditError, match="^ig baseline 'delete': Integrated Gradients integrates from a baseline input"):
+        integrated_gradients(run, batch, steps=2, baseline="delete")  # the perturbation methods' removal
     with pytest.raises(AttnAuditError, match="this model's vocabulary has no mask token; choose zero, unk or pad$"):
         integrated_gradients(run, batch, steps=2, baseline="mask")
     with pytest.raises(AttnAuditError, match=r"absolute=False is reduction='sum'; it does not combine with reduction='l2'"):

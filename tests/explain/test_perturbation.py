@@ -275,3 +275,31 @@ def test_other_families(runs, family: str, baseline: str) -> None:
     for b in (0, len(batch) - 1):
         alone = shapley(run, one(batch, b), samples=2, seed=0, baseline=baseline)
         torch.testing.assert_close(scores[b, : alone.shape[1]], alone[0], atol=TOLERANCE, rtol=0)
+
+
+def test_explained_and_contrast_classes(decoder: SimpleNamespace) -> None:
+    """``batch.explained``/``contrast`` (a generated token, --contrast): v = p(explained) − p(contrast), by efficiency."""
+    model, batch = decoder.model, one(decoder.batch, 0)
+    with torch.no_grad():
+        predicted = model.logits_forward(batch).probs.argmax(-1)
+    explained = dataclasses.replace(batch, explained=1 - predicted, contrast=predicted)
+    scores = shapley(model, explained, samples=3, seed=0)
+    k = int(item_mask(model, batch).sum())
+    ends = torch.stack([torch.ones(k), torch.zeros(k)])
+    p_explained = plain_values(model, dataclasses.replace(batch, explained=1 - predicted), ends, "delete")
+    p_contrast = plain_values(model, dataclasses.replace(batch, explained=predicted), ends, "delete")
+    v = p_explained - p_contrast
+    assert scores.sum().item() == pytest.approx((v[0] - v[1]).item(), abs=1e-5)
+    assert torch.allclose(scores, -shapley(model, dataclasses.replace(batch, explained=predicted, contrast=1 - predicted), samples=3),
+                          atol=1e-6)
+
+
+def test_small_chunks_and_passes_give_the_same_scores(decoder: SimpleNamespace, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Coalitions two at a time, continuations of 8 tokens a pass: the same scores as the defaults."""
+    model, batch = decoder.model, decoder.batch
+    expected = {name: METHODS[name](model, batch, **({"samples": 6} if name != "occlusion" else {})) for name in METHODS}
+    monkeypatch.setattr(perturbation, "_CHUNK_ROWS", 2)
+    monkeypatch.setattr(perturbation, "_PASS_TOKENS", 8)
+    for name, scores in expected.items():
+        again = METHODS[name](model, batch, **({"samples": 6} if name != "occlusion" else {}))
+        torch.testing.assert_close(again, scores, atol=TOLERANCE, rtol=0)

@@ -43,7 +43,9 @@ _PASS_TOKENS = 512
 _PASS_ROWS = 256
 """Rows per pass at the most (a continuation's prefix keys and values travel with each row)."""
 _CHUNK_ROWS = 1 << 14
-"""Coalitions handled at once (their masks, deduplication), whatever their number in all."""
+"""Coalitions handled at once (their masks, deduplication), whatever their number in all ..."""
+_CHUNK_ELEMENTS = 1 << 24
+"""... and at most this many mask elements (coalitions × items: 128 MB of int64 for deduplication) at once."""
 
 
 def token_baseline(model: AttentionModel, name: str) -> int:
@@ -91,8 +93,9 @@ class Perturber:
         """``(R,)`` float64: ``v`` of each coalition, instance ``rows[r]`` keeping the groups ``present[r]``
         (``(R, M)`` bool over group numbers; columns past an instance's groups are ignored)."""
         out = torch.empty(len(rows), dtype=torch.float64)
-        for start in range(0, len(rows), _CHUNK_ROWS):
-            part = slice(start, start + _CHUNK_ROWS)
+        size = max(1, min(_CHUNK_ROWS, _CHUNK_ELEMENTS // (self.items.shape[1] + 1)))
+        for start in range(0, len(rows), size):
+            part = slice(start, start + size)
             out[part] = self._chunk(rows[part], present[part])
         return out
 
