@@ -92,7 +92,32 @@ def load(folder: Path = RESULTS) -> dict[str, dict[str, Any]]:
         results.update(lrp_results(json.loads((folder / "lrp.json").read_text(encoding="utf-8"))))
     if (folder / "inseq_comparison.json").exists():
         results.update(inseq_results(json.loads((folder / "inseq_comparison.json").read_text(encoding="utf-8"))))
+    if (folder / "perturbation_captum.json").exists():
+        results.update(perturbation_results(json.loads((folder / "perturbation_captum.json").read_text(encoding="utf-8"))))
     return results
+
+
+PERTURBATION_LABELS = {"occlusion": "`occlusion` (window 1)", "shapley": "`shapley` ({permutations} order(s))",
+                       "kernel_shap": "`kernel_shap` ({samples} coalitions)", "lime": "`lime` ({samples} coalitions)"}
+
+
+def perturbation_results(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """``benchmarks/bench_perturbation_captum.py``'s result as one row per method against Captum's ``LLMAttribution``
+    (stem ``perturbation:<method>``): ratio Captum / ours per round, both times, the agreement and the machine."""
+    rows = {}
+    timing = data["timing"]
+    for method, record in data["methods"].items():
+        label = PERTURBATION_LABELS.get(method, f"`{method}`").format(**data)
+        rows[f"perturbation:{method}"] = {
+            "label": f"{label}, SmolLM2 next token, a {data['tokens']}-token prompt, {data['baseline']} baseline",
+            "peer": f"{record['peer']} in `LLMAttribution` (`TextTokenInput`) on HF's model",
+            "timing": {"repeats": timing["repeats"], "ratio": timing[method],
+                       "seconds": {"ours": timing["seconds"][f"ours_{method}"], "peer": timing["seconds"][f"peer_{method}"]},
+                       "load_average_before": timing["load_average_before"], "load_average_after": timing["load_average_after"]},
+            "agree": record["agree"], "max_abs_diff": record["max_abs_diff"],
+            **{key: data[key] for key in ("machine", "command", "commit")},
+        }
+    return rows
 
 
 def inseq_results(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -163,6 +188,7 @@ def table_rows(results: dict[str, dict[str, Any]]) -> list[str]:
     ]
     extra = [Row(stem, results[stem]["label"], LRP_PEER) for stem in results if stem.startswith("lrp:")]
     extra += [Row(stem, results[stem]["label"], INSEQ_PEER) for stem in results if stem.startswith("inseq:")]
+    extra += [Row(stem, results[stem]["label"], results[stem]["peer"]) for stem in results if stem.startswith("perturbation:")]
     for row in (*ROWS, *extra):
         data = results.get(row.stem)
         if data is None:

@@ -166,3 +166,51 @@ def check_test_options(values: dict[str, Any]) -> None:
     for name, check in TEST_OPTIONS.items():
         if name in values and values[name] is not None:
             check(values)
+
+
+MAX_EVALUATIONS = 10**8
+"""Perturbed inputs one instance may ask the model to run (a perturbation explainer's samples times its features):
+past it the work, not the memory, is what no machine finishes."""
+
+
+def perturbation_samples(samples: int, features: int = 1, regression: bool = False, option: str = "--samples") -> None:
+    """A perturbation explainer's ``samples`` for an instance of ``features`` groups: at least 1; the coalitions of one
+    instance (a float64 row of ``features + 2`` numbers per sample for the linear fit of ``lime``/``kernel_shap``
+    and its least-squares copy; Shapley sampling's permutations are evaluated in bounded chunks) within memory;
+    at most :data:`MAX_EVALUATIONS` model evaluations (``samples`` × ``features`` for Shapley sampling)."""
+    if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
+        raise AttnAuditError(f"{option} must be a whole number of at least 1, got {samples}")
+    features = max(int(features), 1)
+    if regression:
+        check_memory(option, samples, 3 * 8.0 * samples * (features + 2),
+                     f"the linear fit's {features + 2} float64 numbers per sample, copied for least squares",
+                     "give fewer samples (a few hundred is usual) or fewer features (--segments)")
+    evaluations = samples * (1 if regression else features)
+    if evaluations > MAX_EVALUATIONS:
+        raise AttnAuditError(f"{option} {samples}: {evaluations:,} model evaluations per instance; at most {MAX_EVALUATIONS:,} are run: "
+                             "give fewer samples")
+
+
+def occlusion_window(window: int, stride: int) -> None:
+    """Occlusion's ``window`` and ``stride`` (in features): each at least 1, the stride at most the window (Captum's
+    rule: a larger step would leave features no window covers)."""
+    for name, value in (("--window", window), ("--stride", stride)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise AttnAuditError(f"{name} must be a whole number of at least 1, got {value}")
+    if stride > window:
+        raise AttnAuditError(f"--stride {stride} is larger than --window {window}: features between windows would be left out; "
+                             "give a stride of at most the window")
+
+
+OCCLUSION_WINDOW = 3
+"""Occlusion's window (in features) unless one is given; its stride is 1."""
+
+
+def check_method_options(values: dict[str, Any]) -> None:
+    """Every bounded option among the options offered to the explanation methods (``samples``; occlusion's
+    ``window`` and ``stride``, the other taking its default), before the model loads."""
+    if values.get("samples") is not None:
+        perturbation_samples(values["samples"])
+    if values.get("window") is not None or values.get("stride") is not None:
+        window, stride = values.get("window"), values.get("stride")
+        occlusion_window(OCCLUSION_WINDOW if window is None else window, 1 if stride is None else stride)

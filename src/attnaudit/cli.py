@@ -365,7 +365,8 @@ def explain(
     ] = None,
     baseline: Annotated[
         str | None, typer.Option(help="What stands in for an item: ig: zero (default) or the embedding of the unk, pad, mask or eos token; "
-                                 "loo: delete (default) or that token in place of each removed token.")
+                                 "loo and the perturbation methods: delete (their default) or that token in place of each removed token "
+                                 "(the perturbation methods also zero).")
     ] = None,
     segments: Annotated[
         str | None, typer.Option(help="The features: token (default), word, sentence, line, paragraph, or a JSON list of [start, end) "
@@ -375,6 +376,11 @@ def explain(
         str | None, typer.Option(help="loo's counterfactuals: SEGMENT=TEXT pairs, comma-separated (\"Dave=Sarah\"): that segment's tokens "
                                  "replaced by TEXT's tokens instead of removed.")
     ] = None,
+    samples: Annotated[
+        int | None, typer.Option(help="Perturbation methods: shapley's random orders (default 25), kernel_shap's and lime's coalitions (200).")
+    ] = None,
+    window: Annotated[int | None, typer.Option(help="occlusion: features perturbed together (default 3).")] = None,
+    stride: Annotated[int | None, typer.Option(help="occlusion: features between window starts (default 1, at most the window).")] = None,
     data_dir: DataDir = None,
     device: Device = "auto",
     quiet: Quiet = False,
@@ -399,6 +405,7 @@ def explain(
     attnaudit explain --hf smollm2 --text "The capital of France is" --target " Paris" --method input_gradient,ig --steps 4 --score probability --reduction l2 --baseline unk
 
     attnaudit explain --hf smollm2 --text "Dave lives in Paris. He met Sarah there. Where does Dave live? In" --segments sentence --method gradient,loo
+    attnaudit explain --hf smollm2 --text "The capital of France is" --method shapley,kernel_shap,lime,occlusion --samples 4 --window 2
     """  # noqa: E501 (example commands stay on one line)
     from attnaudit.explain.generation import Generated
     from attnaudit.explain.text import decision_line, explain_text
@@ -413,7 +420,8 @@ def explain(
         max_length=max_length, seed=seed, steps=steps, device=device, data_dir=data_dir, dtype=dtype, target=target,
         device_map=device_map, max_memory=max_memory,
         generate=generate, contrast=contrast, sample=sample, aggregate=aggregate,
-        options={k: v for k, v in {"reduction": reduction, "score": score, "baseline": baseline, "replace": replace}.items() if v is not None},
+        options={k: v for k, v in {"reduction": reduction, "score": score, "baseline": baseline, "replace": replace, "samples": samples,
+                                   "window": window, "stride": stride}.items() if v is not None},
         segments=segments,
     )
     if isinstance(result, Generated):

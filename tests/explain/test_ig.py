@@ -117,6 +117,8 @@ def test_bad_options_are_one_line(runs: dict) -> None:
     run, batch = runs["bilstm"]
     with pytest.raises(AttnAuditError, match=r"^unknown baseline 'unknown'; did you mean 'unk'\? \(choose from zero, unk, pad, mask, eos, delete\)$"):
         integrated_gradients(run, batch, steps=2, baseline="unknown")
+    with pytest.raises(AttnAuditError, match="^ig: baseline 'delete' removes tokens .*; IG integrates from an embedding"):
+        integrated_gradients(run, batch, steps=2, baseline="delete")  # the perturbation methods' removal
     with pytest.raises(AttnAuditError, match="this model's vocabulary has no mask token; choose zero, unk or pad$"):
         integrated_gradients(run, batch, steps=2, baseline="mask")
     with pytest.raises(AttnAuditError, match=r"^ig: baseline 'delete' removes tokens"):

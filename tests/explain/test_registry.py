@@ -57,7 +57,8 @@ def test_every_method_that_applies_has_item_shape_and_zero_padding(runs: dict, f
     single = mask.sum(1) < 2
     assert single[-1] and not single[:-1].any()
     applying = list_explanations(run)
-    expected = {"attention", "gradient", "attention_gradient", "gradient_x_attention", "loo", "ig", "input_gradient", "random"}
+    expected = {"attention", "gradient", "attention_gradient", "gradient_x_attention", "loo", "ig", "input_gradient", "random",
+                "shapley", "kernel_shap", "lime", "occlusion"}
     if "transformer" in family:
         expected |= {"rollout", "flow", "norms", "decompx", "attnlrp", "cp_lrp", *CONTEXT_MIXING}
         expected -= {"input_gradient"}  # a LayerNorm reads its embeddings first: |Σ_d| refused (tests/explain/test_input_gradient.py)
@@ -109,8 +110,8 @@ def test_tagging_models_get_none() -> None:
 
 def test_choose_keeps_order_drops_repeats_and_names_the_option() -> None:
     assert list(choose(["loo", "gradient", "loo"])) == ["loo", "gradient"]
-    with pytest.raises(AttnAuditError, match=r"^--rankings: unknown method 'saliency' \(choose from attention, "):
-        choose(["saliency"], option="--rankings")
+    with pytest.raises(AttnAuditError, match=r"^--rankings: unknown method 'integrated' \(choose from attention, "):
+        choose(["integrated"], option="--rankings")
     with pytest.raises(AttnAuditError, match="no method given"):
         choose([])
     with pytest.raises(AttnAuditError, match=r"\(choose from gradient\)$"):

@@ -523,8 +523,10 @@ SCORES = ("probability", "logit")
 BASELINES = ("zero", "unk", "pad", "mask", "eos", "delete")
 """What stands in for an item (option ``baseline``), one meaning per name: Integrated Gradients integrates from zero
 embeddings or, at every item, the embedding of the tokenizer's unknown, padding, mask or end-of-sequence token
-(inseq's default is ``unk``); leave-one-out removes the item or segment (``delete``, its default) or puts that
-token in place of each of its tokens. ``zero`` is IG's only, ``delete`` the perturbations' only."""
+(inseq's default is ``unk``); leave-one-out and the perturbation methods (``shapley``, ``kernel_shap``, ``lime``,
+``occlusion``) remove the item or segment (``delete``, their default) or put that token in place of each of its
+tokens; the perturbation methods also take ``zero`` (zero input embeddings). ``delete`` is no baseline IG can
+integrate from."""
 CHOICES: dict[str, tuple[str, ...]] = {"reduction": REDUCTIONS, "score": SCORES, "baseline": BASELINES}
 """The options whose values are names, with the names each takes: checked once here for every method."""
 

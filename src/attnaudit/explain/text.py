@@ -30,7 +30,7 @@ from typing import Any
 import pandas as pd
 import torch
 
-from attnaudit.bounds import ig_steps
+from attnaudit.bounds import check_method_options, ig_steps
 from attnaudit.data.types import Batch, Example
 from attnaudit.errors import AttnAuditError, unknown, warn
 from attnaudit.explain import EXPLANATIONS, choose, item_mask, item_names, item_values
@@ -212,6 +212,7 @@ def method_options(options: dict[str, Any] | None) -> dict[str, Any]:
         if name not in valid:
             raise AttnAuditError(f"options: {unknown('option', name, valid)}")
         checked[name] = choice(name, value) if name in CHOICES else value
+    check_method_options(checked)
     return checked
 
 
