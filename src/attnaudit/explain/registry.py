@@ -374,6 +374,16 @@ def item_values(values: Tensor, items: Tensor) -> list[list[float]]:
     return [row[mask].tolist() for row, mask in zip(values, keep)]
 
 
+def item_roles(batch: Batch, items: Tensor) -> list[list[str]]:
+    """Each row's items' roles in a chat-rendered prompt (system, user, template, assistant: ``Batch.roles``),
+    in the order of :func:`item_values`; ``""`` everywhere without roles."""
+    from attnaudit.models.hf import role_names
+
+    if batch.roles is None:
+        return [[""] * int(row.sum()) for row in items]
+    return [role_names([int(r) for r in row]) for row in item_values(batch.roles.float(), items)]
+
+
 def item_names(target: AttentionModel | Run, batch: Batch) -> list[list[str]]:
     """Readable names of each row's explained items, in the order of :func:`item_values`: a causal LM's pieces
     decoded as its tokenizer writes them, an encoder's wordpieces, a word-level model's words, HAN's sentences;

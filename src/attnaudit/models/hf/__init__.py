@@ -6,13 +6,19 @@ Inside, one module per concern: ``structure`` (the dry run that finds the blocks
 and interventions at the softmax), ``layouts`` and ``projections`` (what a block computes), ``passes``,
 ``inputs``, ``restarts``, ``readout`` and ``generation`` (how a forward runs), ``capabilities``, ``config``,
 ``model`` (the adapter), ``loading`` and ``gguf`` (from a name, folder or ``.gguf`` file to a model),
-``fresh`` (built from scratch), ``batches`` (texts to batches) and ``zeroshot`` (a causal LM's decisions).
+``fresh`` (built from scratch), ``batches`` (texts to batches), ``zeroshot`` (a causal LM's decisions) and ``chat``
+(a prompt rendered by the tokenizer's own chat template, with each position's role).
 
 The rest of attnaudit imports only the names below; the modules are the package's own.
 """
 
 from attnaudit.models.hf.batches import HFCollator, HFSubwords, forced_batch
 from attnaudit.models.hf.batches import collator as seq2seq_collator
+from attnaudit.models.hf.chat import ASSISTANT as ASSISTANT_ROLE
+from attnaudit.models.hf.chat import ITEMS as CHAT_ITEMS
+from attnaudit.models.hf.chat import ROLES, Chat, Rendered, check_chat_options, role_names
+from attnaudit.models.hf.chat import check_template as check_chat_template
+from attnaudit.models.hf.chat import render as render_chat
 from attnaudit.models.hf.fresh import ARCHITECTURES as FRESH_ARCHITECTURES
 from attnaudit.models.hf.fresh import fresh_seq2seq, fresh_tokenizer
 from attnaudit.models.hf.gguf import cache_folder as gguf_cache_folder
@@ -34,6 +40,15 @@ from attnaudit.models.hf.zeroshot import derive as derive_zero_shot
 from attnaudit.models.hf.zeroshot import resolve as resolve_zero_shot
 
 __all__ = [
+    "ASSISTANT_ROLE",
+    "CHAT_ITEMS",
+    "ROLES",
+    "Chat",
+    "Rendered",
+    "check_chat_options",
+    "check_chat_template",
+    "render_chat",
+    "role_names",
     "DTYPES",
     "FRESH_ARCHITECTURES",
     "HF_DIR",
