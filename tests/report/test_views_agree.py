@@ -103,6 +103,10 @@ def test_a_chat_model_views_carry_roles_and_grey_the_template(kinds) -> None:
     assert "".join(user) == PROMPT.replace("{text}", TEXTS[0])  # the user's message, the prompt with the text
     greyed = heatmap_block(entry).count("color:#999")
     assert greyed == entry["roles"].count("template") * len(entry["scores"])
+    from attnaudit.report.explorer import model_data
+
+    shown = model_data(run, examples, 1)["instances"][0]  # the explorer's instance: the same items and roles
+    assert shown["roles"] == entry["roles"] and len(shown["items"]) == len(entry["items"])
 
 
 @pytest.mark.parametrize("kind", ["decoder", "encoder", "transformer", "han", "chat"])
