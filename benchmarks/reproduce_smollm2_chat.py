@@ -39,11 +39,13 @@ def one_audit(args: argparse.Namespace, chat: bool) -> dict[str, Any]:
     out = (args.out or RUNS) / f"smollm2-sst2-{args.limit}{'-chat' if chat else ''}"
     shown = out.resolve().relative_to(ROOT) if out.resolve().is_relative_to(ROOT) else out
     command = f"attnaudit audit --hf smollm2 --task sst2 --limit {args.limit} --only {args.only} --out {shown} --data-dir {args.data_dir}"
-    command += "".join(f" --set {item}" for item in args.settings) + (" --no-figures" if args.no_figures else "") + (" --chat" if chat else "")
+    command += "".join(f" --set {item}" for item in args.settings) + (" --no-figures" if args.no_figures else "")
+    command += f" --heatmaps {args.heatmaps} --explore {args.explore}" + (" --chat" if chat else "")
     start = time.perf_counter()
     outcome = audit(out, task="sst2", hf="smollm2", limit=args.limit, limit_order=args.limit_order, data_dir=args.data_dir,
                     device="cpu", only=args.only.split(","), chat=chat or None,
-                    test_options=parse_settings(args.settings), strict_options=True, figures=not args.no_figures)
+                    test_options=parse_settings(args.settings), strict_options=True, figures=not args.no_figures,
+                    heatmap_instances=args.heatmaps, explore=args.explore)
     seconds = time.perf_counter() - start
     record = read_json(out / "audit.json")
     results = outcome.results
@@ -69,6 +71,8 @@ def main() -> dict[str, Any]:
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
     parser.add_argument("--set", dest="settings", action="append", default=[], metavar="TEST.OPTION=VALUE",
                         help="a test option, as attnaudit audit --set (repeatable)")
+    parser.add_argument("--heatmaps", type=int, default=3, help="the report's heatmap instances (0: none)")
+    parser.add_argument("--explore", type=int, default=50, help="the report's explorer instances (0: none)")
     parser.add_argument("--no-figures", action="store_true", help="skip the tests' figures (much faster on a busy CPU)")
     parser.add_argument("--note", default="", help="how it was run (e.g. why the sample is smaller)")
     add_limit_order(parser)
