@@ -44,6 +44,18 @@ def test_hf_axes_make_one_job_per_model_and_setting(tmp_path: Path) -> None:
                                                   "dtype": "bfloat16", "max_length": 64}
 
 
+def test_chat_axes(tmp_path: Path) -> None:
+    """``chats`` and ``systems``: a job per setting, named by it, and handed to the audit as --chat/--system."""
+    path = tmp_path / "study.yaml"
+    path.write_text("grid:\n  tasks: [sst2]\n  hf: [smollm2]\n  chats: [false, true]\n  systems: ['Answer in one word.']\n", encoding="utf-8")
+    jobs = plan(load_config(path), tmp_path / "out")
+    assert [j.id for j in jobs] == ["sst2_smollm2_sys1_s0", "sst2_smollm2_chat_sys1_s0"]
+    assert sweep_module._model_kwargs(jobs[1]) == {"hf": "smollm2", "system": "Answer in one word.", "chat": True}
+    path.write_text("grid:\n  tasks: [sst2]\n  hf: [smollm2]\n  chats: [maybe]\n", encoding="utf-8")
+    with pytest.raises(Exception, match="grid.chats: expected true or false"):
+        load_config(path)
+
+
 def test_a_model_may_carry_its_own_settings(tmp_path: Path) -> None:
     """A prompted decoder beside an encoder (a grid-wide prompt would fail the encoder's job)."""
     path = tmp_path / "study.yaml"

@@ -272,6 +272,9 @@ def audit(
     dtype: str | None = None,
     device_map: str | None = None,
     max_memory: str | None = None,
+    chat: bool | None = None,
+    system: str | None = None,
+    items: str | None = None,
     limit_order: str = "stratified",
     engine: str = "local",
     workers: int | None = None,
@@ -295,7 +298,8 @@ def audit(
     ``prompt``/``verbalizer``: zero-shot classification with an ``hf`` causal LM (see :func:`load_hf`);
     ``max_length``: keep at most that many tokens of each text; ``dtype``: a decoder's parameter dtype
     (``float32`` or ``bfloat16``); ``device_map``/``max_memory``: its layers spread over devices, the CPU and disk
-    (:func:`~attnaudit.hf.load_hf`); all with ``hf`` only. ``limit``: audit that many examples of the split,
+    (:func:`~attnaudit.hf.load_hf`); ``chat``/``system``/``items``: the prompt rendered by the tokenizer's chat template
+    (:mod:`attnaudit.models.hf.chat`); all with ``hf`` only. ``limit``: audit that many examples of the split,
     a sample stratified by label drawn with ``seed`` (``limit_order="first"``: the first ones).
     ``engine="ray"``: the tests on ``workers`` Ray workers (the cluster at ``address``, else a local Ray),
     shardable tests in checkpointed shards of ``shard_size`` instances (:mod:`attnaudit.shards`; with
@@ -320,7 +324,7 @@ def audit(
     train_options = {k: v for k, v in train_options.items() if v is not None}
     order, options = _plan(only, skip, test_options or {})
     named = {"prompt": prompt, "verbalizer": verbalizer, "max_length": check_max_length(max_length), "dtype": dtype,
-             "device_map": device_map, "max_memory": max_memory}
+             "device_map": device_map, "max_memory": max_memory, "chat": chat or None, "system": system, "items": items}
     hf_options = {k: v for k, v in named.items() if v is not None}
     if hf_options and hf is None:
         given = "/".join("--" + k.replace("_", "-") for k in hf_options)
@@ -442,7 +446,7 @@ def _write_record(
         "architecture": target.config.extra.get("hf_type") or target.family,  # llama, bert, ...; bilstm, transformer
         "kind": getattr(target.model, "kind", None),  # a Hugging Face model's: encoder, decoder or encoder-decoder
         "zero_shot": bool(target.config.extra.get("zero_shot")),  # a decoder classifying by prompt and verbalizer
-        **{key: target.info[key] for key in ("max_length", "dtype", "device_map") if key in target.info},  # how it was loaded
+        **{key: target.info[key] for key in ("max_length", "dtype", "device_map", "chat") if key in target.info},  # how it was loaded
         "split": split,
         "limit": limit,
         "limit_order": limit_order,

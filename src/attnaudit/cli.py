@@ -68,6 +68,11 @@ Verbalizer = Annotated[
 ]
 MaxLength = Annotated[int | None, typer.Option(help="--hf: keep at most N tokens of each text (special tokens and a prompt's template stay).")]
 Dtype = Annotated[str | None, typer.Option(help="--hf decoder LLM parameter dtype: float32 (default, the reference) or bfloat16.")]
+Chat = Annotated[bool, typer.Option("--chat", help="--hf causal LM: apply the tokenizer's own chat template "
+                                     "(the text, or the prompt with it, is the user's message; the assistant answers).")]
+System = Annotated[str | None, typer.Option(help="With --chat: the system message's text (default: none, or the template's own).")]
+Items = Annotated[str | None, typer.Option(
+    help="With --chat: the explained items, user (the user's text, default) or all (system prompt and template tokens too).")]
 DeviceMap = Annotated[str | None, typer.Option(
     help="--hf model larger than one device: auto (or balanced, sequential) or a .json file of module -> cpu/disk/cuda:N; "
          "accelerate places the layers (--device is then not used).")]
@@ -338,6 +343,9 @@ def explain(
     seed: Annotated[int, typer.Option(**SEED_RANGE, help="Random seed (random baselines).")] = 0,
     prompt: Prompt = None,
     verbalizer: Verbalizer = None,
+    chat: Chat = False,
+    system: System = None,
+    items: Items = None,
     dtype: Dtype = None,
     device_map: DeviceMap = None,
     max_memory: MaxMemory = None,
@@ -412,11 +420,11 @@ def explain(
     from attnaudit.resolve import name_model
 
     set_quiet(quiet)
-    named = name_model(hf, run, prompt=prompt or None, verbalizer=verbalizer or None)
+    named = name_model(hf, run, prompt=prompt or None, verbalizer=verbalizer or None, chat=chat or None, system=system, items=items)
     if named.run is not None:
         _run_dir(run)
     result = explain_text(
-        named, text.replace("\\n", "\n"), _names(method), out, prompt=prompt, verbalizer=verbalizer,
+        named, text.replace("\\n", "\n"), _names(method), out, prompt=prompt, verbalizer=verbalizer, chat=chat, system=system, items=items,
         max_length=max_length, seed=seed, steps=steps, device=device, data_dir=data_dir, dtype=dtype, target=target,
         device_map=device_map, max_memory=max_memory,
         generate=generate, contrast=contrast, sample=sample, aggregate=aggregate,
@@ -581,6 +589,9 @@ def audit(
     seed: Annotated[int, typer.Option(**SEED_RANGE, help="Random seed (training and tests).")] = 0,
     prompt: Prompt = None,
     verbalizer: Verbalizer = None,
+    chat: Chat = False,
+    system: System = None,
+    items: Items = None,
     max_length: MaxLength = None,
     dtype: Dtype = None,
     device_map: DeviceMap = None,
@@ -605,7 +616,7 @@ def audit(
         d_model=d_model, hidden_dim=hidden_dim, embed_dim=embed_dim, epochs=epochs, batch_size=batch_size,
         lr=lr, patience=patience, vectors=vectors, max_vocab=max_vocab, min_freq=min_freq,
         prompt=prompt, verbalizer=verbalizer, max_length=max_length, dtype=dtype, limit_order=limit_order,
-        device_map=device_map, max_memory=max_memory,
+        device_map=device_map, max_memory=max_memory, chat=chat or None, system=system, items=items,
         engine=engine, workers=workers, address=address, segments=segments,
     )
     out_console.print(f"summary: {out / 'summary.csv'}\nreport: [bold]{result.report}[/]")
@@ -758,10 +769,10 @@ def _make_run_command(name: str, experiment: Any) -> None:
 
         set_quiet(kwargs.pop("quiet"))
         run_dir, hf, task = kwargs.pop("run_dir"), kwargs.pop("hf"), kwargs.pop("task")
-        zero_shot = {k: kwargs.pop(k) for k in ("prompt", "verbalizer", "max_length", "dtype", "device_map", "max_memory")}
-        zero_shot = {k: v for k, v in zero_shot.items() if v is not None}
+        zero_shot = {k: kwargs.pop(k) for k in ("prompt", "verbalizer", "max_length", "dtype", "device_map", "max_memory", "chat", "system", "items")}
+        zero_shot = {k: v for k, v in zero_shot.items() if v is not None and v is not False}
         if zero_shot and not hf:
-            raise AttnAuditError("--prompt/--verbalizer/--max-length/--dtype/--device-map/--max-memory apply with --hf only")
+            raise AttnAuditError("--prompt/--verbalizer/--max-length/--dtype/--device-map/--max-memory/--chat/--system/--items apply with --hf only")
         common = {k: kwargs.pop(k) for k in ("split", "limit", "limit_order", "seed", "out", "data_dir", "device", "segments")}
         if common["segments"] is not None:
             from attnaudit.data.segments import check_unit
@@ -812,6 +823,9 @@ def _make_run_command(name: str, experiment: Any) -> None:
                           annotation=Annotated[str | None, typer.Option(help="Data for --hf models.")]),
         inspect.Parameter("prompt", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Prompt),
         inspect.Parameter("verbalizer", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Verbalizer),
+        inspect.Parameter("chat", inspect.Parameter.KEYWORD_ONLY, default=False, annotation=Chat),
+        inspect.Parameter("system", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=System),
+        inspect.Parameter("items", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Items),
         inspect.Parameter("max_length", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=MaxLength),
         inspect.Parameter("dtype", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Dtype),
         inspect.Parameter("device_map", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=DeviceMap),

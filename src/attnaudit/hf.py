@@ -19,10 +19,13 @@ from attnaudit.errors import AttnAuditError, InputError
 from attnaudit.models.hf import (
     DTYPES,
     HF_DIR,
+    Chat,
     HFCollator,
     HFModel,
     ZeroShotCollator,
     build_hf_model,
+    check_chat_options,
+    check_chat_template,
     derive_zero_shot,
     make_zero_shot,
     quiet_transformers,
@@ -49,10 +52,12 @@ def _make_run(
         model.to(dev)
     model.eval()
     zero_shot = model.config.extra.get("zero_shot")
+    chat = Chat.from_dict(model.config.extra["chat"]) if isinstance(model.config.extra.get("chat"), dict) else None
     if model.kind == "encoder-decoder":
         collate: Any = seq2seq_collator(model)
-    elif zero_shot:
-        collate = ZeroShotCollator(zero_shot["prompt"], model.tokenizer, spec.labels, model.config.max_len)
+    elif zero_shot or chat is not None:  # a chat without a verbalizer: the text alone is the user's message
+        prompt = zero_shot["prompt"] if zero_shot else "{text}"
+        collate = ZeroShotCollator(prompt, model.tokenizer, spec.labels, model.config.max_len, chat=chat)
     else:
         collate = HFCollator(model.tokenizer, spec.labels, spec.task_type, model.config.max_len, model.uses_token_types)
     return Run(model=model, collate=collate, task=spec, path=path, device=dev, info=info, _data=data)
@@ -92,6 +97,9 @@ def load_hf(
     max_length: int | None = None,
     device_map: str | dict[str, str | int] | None = None,
     max_memory: str | dict[str | int, str] | None = None,
+    chat: bool | None = None,
+    system: str | None = None,
+    items: str | None = None,
 ) -> Run:
     """A :class:`~attnaudit.run.Run` around a Hugging Face encoder or decoder.
 
@@ -110,8 +118,12 @@ def load_hf(
     ``device_map`` (``--device-map``: ``auto``, another accelerate strategy or module -> device) spreads a model
     larger than one device over the GPUs, the CPU and disk (``max_memory``: ``cpu=2GiB,0=20GiB``, the budget per
     device); then ``device`` is not used, each layer runs where accelerate put it.
+    ``chat`` (``--chat``, a decoder whose tokenizer has a chat template): each prompt is the user's message rendered
+    by that template after the ``system`` message (:mod:`attnaudit.models.hf.chat`); ``items``: ``user`` (the
+    user's text, default) or ``all`` positions are the explained items.
     """
     check_max_length(max_length)
+    chatting = check_chat_options(chat, system, items)
     placement = _placement(device_map, max_memory)
     if isinstance(dtype, str):
         dtype = DTYPES[check_dtype(dtype)]
@@ -135,11 +147,16 @@ def load_hf(
         )
     model = build_hf_model(source, spec.task_type, num_labels, dtype=dtype, placement=placement)
     _check_task(model, spec, task is None, source)
+    if chatting is not None:
+        if model.kind != "decoder" or model.config.extra.get("output") != "next_token":
+            raise AttnAuditError(f"--chat applies to a decoder-only causal language model without a classification head; {source} is not one")
+        check_chat_template(model.tokenizer, source)
+        model.config.extra["chat"] = chatting.to_dict()
     if model.kind == "decoder" and num_labels is None:
-        chosen = resolve_zero_shot(spec.spec if isinstance(task, str) else None, prompt, verbalizer)
+        chosen = resolve_zero_shot(spec.spec if isinstance(task, str) else None, prompt, verbalizer, chat=chatting is not None)
         derived = chosen is None and len(spec.labels) >= 2 and spec.task_type == "classification"
         if derived and model.config.extra.get("output") == "next_token":  # any labelled data: ask by the label names
-            chosen = derive_zero_shot(spec.labels, model.tokenizer)
+            chosen = derive_zero_shot(spec.labels, model.tokenizer, chat=chatting is not None)
         if chosen is not None and model.config.extra.get("output") == "next_token":
             spec.labels = spec.labels or list(chosen[1])
             make_zero_shot(model, chosen[0], chosen[1], spec.labels, derived=derived)
@@ -156,6 +173,8 @@ def load_hf(
         info["dtype"] = str(dtype).removeprefix("torch.")
     if max_length is not None:
         info["max_length"] = max_length
+    if chatting is not None:
+        info["chat"] = chatting.to_dict()
     if placement:
         info["device_map"] = getattr(model.hf, "hf_device_map", None) or placement["device_map"]
     run = _make_run(model, spec, None if placement else device, None, info, data)
@@ -233,6 +252,10 @@ def load_hf_run(path: str | Path, device: str | None = "auto", data_dir: str | P
     zero_shot = raw["model"].get("extra", {}).get("zero_shot")
     if model.kind == "decoder" and isinstance(zero_shot, dict):
         make_zero_shot(model, str(zero_shot.get("prompt", "")), dict(zero_shot.get("verbalizer", {})), spec.labels)
+    chat = raw["model"].get("extra", {}).get("chat")
+    if model.kind == "decoder" and isinstance(chat, dict):  # a saved run keeps its chat rendering
+        check_chat_template(model.tokenizer, str(model_dir))
+        model.config.extra["chat"] = Chat.from_dict(chat).to_dict()
     if data_dir is not None:
         spec.data_dir = absolute_dir(data_dir)
     info = {**raw, "source": str(model_dir), "trained_head": trained}

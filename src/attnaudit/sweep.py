@@ -50,10 +50,11 @@ TABLE_CSV = "sweep.csv"
 TABLE_JSON = "sweep.json"
 # YAML grid key -> job parameter (the name of the matching `attnaudit train` option).
 GRID_KEYS = {"tasks": "task", "models": "model", "hf": "hf", "normalisers": "attention", "prompts": "prompt",
-             "verbalizers": "verbalizer", "dtypes": "dtype", "max_lengths": "max_length", "seeds": "seed", "lambdas": "lambda"}
+             "verbalizers": "verbalizer", "dtypes": "dtype", "max_lengths": "max_length", "chats": "chat", "systems": "system",
+             "seeds": "seed", "lambdas": "lambda"}
 MODEL_AXES = ("models", "hf")
 """At least one: families attnaudit trains, and Hugging Face models it loads (a job per model, not their product)."""
-HF_AXES = ("prompts", "verbalizers", "dtypes", "max_lengths")
+HF_AXES = ("prompts", "verbalizers", "dtypes", "max_lengths", "chats", "systems")
 """Loading settings of the ``hf`` models (``audit --hf`` options); the ``models`` jobs do not take them."""
 TRAINED_AXES = ("normalisers",)
 """Settings of the trained ``models`` only (an ``hf`` model's attention is its own)."""
@@ -64,7 +65,7 @@ LAMBDA_OPTION = "lambdas"
 # `train` keyword arguments a sweep may fix for all jobs (the grid sets task, model, attention, seed).
 TRAIN_EXTRA = {"dev": str | None, "test": str | None, "split_seed": int}
 GRID_CONTROLLED = {"model", "task_type", "vocab_size", "num_labels", "attention", "seed"}
-PARAM_COLUMNS = ["job", "task", "model", "hf", "architecture", "attention", "prompt", "verbalizer", "dtype", "max_length",
+PARAM_COLUMNS = ["job", "task", "model", "hf", "architecture", "attention", "prompt", "verbalizer", "dtype", "max_length", "chat", "system",
                  "seed", "lambda", "status", "error", "seconds"]
 
 
@@ -228,7 +229,9 @@ def _hf_item(reader: _Reader, node: yaml.Node, key: str, value: Any) -> Any:
         if len(words) < 2 or len(words) != len(value):
             reader.fail(node, f"{what}: expected at least two label: word pairs with text words, got {value!r}")
         return words
-    if key != "max_lengths" and (not isinstance(value, str) or not value):
+    if key == "chats" and not isinstance(value, bool):
+        reader.fail(node, f"{what}: expected true or false (the tokenizer's chat template, as --chat), got {value!r}")
+    if key not in ("max_lengths", "chats") and (not isinstance(value, str) or not value.strip()):
         reader.fail(node, f"{what}: expected {'a model name or folder' if key == 'hf' else 'text'}, got {value!r}")
     if key == "prompts" and value.count("{text}") != 1:
         reader.fail(node, f"{what}: a prompt must contain {{text}} exactly once, got {value!r}")
@@ -407,6 +410,8 @@ def job_id(params: dict[str, Any], settings: dict[str, int] | None = None) -> st
         parts += [f"{letter}{places[key]}" for key, letter in (("prompt", "p"), ("verbalizer", "v")) if key in places]
         parts += [str(params["dtype"])] if "dtype" in params else []
         parts += [f"len{params['max_length']}"] if "max_length" in params else []
+        parts += ["chat"] if params.get("chat") else []
+        parts += [f"sys{places['system']}"] if "system" in places else []
     else:
         parts = [_slug(params["task"]), params["model"], _slug(params["attention"])]
     parts.append(f"s{params['seed']}")
@@ -443,7 +448,7 @@ def plan(config: SweepConfig, out: str | Path, data_dir: str | Path | None = Non
         for test in takers:
             test_options.setdefault(test, {})[LAMBDA_OPTION] = [float(params["lambda"])]
         places = {GRID_KEYS[key]: config.grid[key].index(params[GRID_KEYS[key]]) + 1
-                  for key in ("prompts", "verbalizers") if key in config.grid and GRID_KEYS[key] in params}
+                  for key in ("prompts", "verbalizers", "systems") if key in config.grid and GRID_KEYS[key] in params}
         ident = job_id(params, places)
         if ident in seen:  # two task specs with the same slug: keep the folders apart
             ident += "-" + hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()[:6]
@@ -532,7 +537,8 @@ def _model_kwargs(job: Job) -> dict[str, Any]:
     """What the audit is given about the model: a family to train with its options, or a Hugging Face model with its settings."""
     params = job.params
     if "hf" in params:
-        return {"hf": params["hf"], **{key: params[key] for key in ("prompt", "verbalizer", "dtype", "max_length") if key in params}}
+        settings = ("prompt", "verbalizer", "dtype", "max_length", "system")  # a system prompt without chat: the audit refuses it
+        return {"hf": params["hf"], **{key: params[key] for key in settings if key in params}, **({"chat": True} if params.get("chat") else {})}
     return {"model": params["model"], "attention": params["attention"], **job.train}
 
 

@@ -85,8 +85,8 @@ def _signature_options(command: tuple[str, ...], callback: Any, kinds: dict[str,
     return options
 
 
-COMMON_RUN = ("run_dir", "split", "limit", "limit_order", "seed", "out", "hf", "task", "prompt", "verbalizer", "max_length",
-              "dtype", "device_map", "max_memory", "data_dir", "device", "segments", "quiet")
+COMMON_RUN = ("run_dir", "split", "limit", "limit_order", "seed", "out", "hf", "task", "prompt", "verbalizer", "chat", "system", "items",
+              "max_length", "dtype", "device_map", "max_memory", "data_dir", "device", "segments", "quiet")
 """The options every ``attnaudit run <test>`` shares (cli._make_run_command), apart from the test's own."""
 
 

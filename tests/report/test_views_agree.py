@@ -34,6 +34,10 @@ VERBALIZER = {"neg": " bad", "pos": " good"}
 TEXTS = ["A warm, funny film.", "Bad plot; dull, slow.", "The movie was good!", "not very fun", "A dog runs, the plot was good."]
 
 
+CHAT_TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}> {{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}<assistant>{% endif %}")
+
+
 def byte_level_lm(folder: Path) -> Path:
     """A tiny random Llama causal LM with a byte-level BPE tokenizer (trained here on a few lines), as SmolLM2's."""
     core = Tokenizer(models.BPE())
@@ -65,7 +69,12 @@ def kinds(tiny_attention_run, tiny_hf: SimpleNamespace, tmp_path_factory: pytest
     tmp = tmp_path_factory.mktemp("views")
     decoder = load_hf(byte_level_lm(tmp / "lm"), task=csv_task(tmp), device="cpu", prompt=PROMPT, verbalizer=VERBALIZER)
     encoder = load_hf(tiny_hf.dir, task=tiny_hf.task(), device="cpu")
-    out = {"decoder": (decoder, decoder.data().test), "encoder": (encoder, encoder.data().test)}
+    chat_lm = byte_level_lm(tmp / "chat-lm")
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(chat_lm)
+    tokenizer.chat_template = CHAT_TEMPLATE  # a chat model: its prompt rendered by the template, every position an item
+    tokenizer.save_pretrained(chat_lm)
+    chat = load_hf(chat_lm, task=csv_task(tmp), device="cpu", prompt=PROMPT, verbalizer=VERBALIZER, chat=True, system="Be fun.", items="all")
+    out = {"decoder": (decoder, decoder.data().test), "encoder": (encoder, encoder.data().test), "chat": (chat, chat.data().test)}
     transformer, han = tiny_attention_run("transformer"), tiny_attention_run("han")
     out["transformer"] = (transformer, transformer.examples("test", 6))
     # explain reads a HAN's sentences from the text (split after . ! ?): the audit's examples without
@@ -84,7 +93,23 @@ def test_a_decoder_reads_the_text_as_written_and_its_items_are_the_text_span(kin
     assert batch.tokens[0][batch.mask[0]].tolist() == tokenizer(PROMPT.replace("{text}", TEXTS[0]))["input_ids"]
 
 
-@pytest.mark.parametrize("kind", ["decoder", "encoder", "transformer", "han"])
+def test_a_chat_model_views_carry_roles_and_grey_the_template(kinds) -> None:
+    from attnaudit.report.html import heatmap_block
+
+    run, examples = kinds["chat"]
+    [entry] = compute_heatmaps(run, examples, [0], {})
+    assert set(entry["roles"]) == {"system", "user", "template"} and len(entry["roles"]) == len(entry["items"])
+    user = [item for item, role in zip(entry["items"], entry["roles"]) if role == "user"]
+    assert "".join(user) == PROMPT.replace("{text}", TEXTS[0])  # the user's message, the prompt with the text
+    greyed = heatmap_block(entry).count("color:#999")
+    assert greyed == entry["roles"].count("template") * len(entry["scores"])
+    from attnaudit.report.explorer import model_data
+
+    shown = model_data(run, examples, 1)["instances"][0]  # the explorer's instance: the same items and roles
+    assert shown["roles"] == entry["roles"] and len(shown["items"]) == len(entry["items"])
+
+
+@pytest.mark.parametrize("kind", ["decoder", "encoder", "transformer", "han", "chat"])
 @settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_report_data_and_explain_give_the_same_items_and_scores(kinds, kind: str, data: st.DataObject) -> None:
@@ -96,7 +121,7 @@ def test_report_data_and_explain_give_the_same_items_and_scores(kinds, kind: str
     for entry in entries:
         example = examples[entry["index"]]
         explained = explain_text(run, text_of(example), methods=methods, steps=IG_STEPS)
-        assert entry["items"] == explained.tokens
+        assert entry["items"] == explained.tokens and entry.get("roles") == explained.roles
         for method in methods:
             assert len(entry["scores"][method]) == len(explained.tokens)
             torch.testing.assert_close(torch.tensor(entry["scores"][method]), torch.tensor(explained.scores[method]).nan_to_num(0.0),

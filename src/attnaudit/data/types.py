@@ -94,7 +94,9 @@ class Batch:
     ``explained`` (B,) the class each row's explanation is of (a generated or forced token; None:
     the predicted class) and ``contrast`` (B,) a foil: then ``p(explained) − p(contrast)`` is explained;
     ``segments`` (B,T) long, the segment (a group of tokens explained as one feature: a word, sentence,
-    line, ...) each position belongs to, -1 outside every segment; None: each item is its own feature.
+    line, ...) each position belongs to, -1 outside every segment; None: each item is its own feature;
+    ``roles`` (B,T) long, a chat-rendered prompt's role of each position (an index into
+    :data:`attnaudit.models.hf.chat.ROLES`: system, user, template, assistant; -1 at padding), None without a chat template.
     """
 
     tokens: Tensor
@@ -110,6 +112,7 @@ class Batch:
     explained: Tensor | None = None
     contrast: Tensor | None = None
     segments: Tensor | None = None
+    roles: Tensor | None = None
 
     def to(self, device: torch.device | str) -> Batch:
         def move(t: Tensor | None) -> Tensor | None:
@@ -129,6 +132,7 @@ class Batch:
             explained=move(self.explained),
             contrast=move(self.contrast),
             segments=move(self.segments),
+            roles=move(self.roles),
         )
 
     def __len__(self) -> int:
@@ -162,4 +166,5 @@ class Batch:
             explained=take(self.explained),
             contrast=take(self.contrast),
             segments=take(self.segments, per_position=True),
+            roles=take(self.roles, per_position=True),
         )

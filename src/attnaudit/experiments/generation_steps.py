@@ -52,7 +52,7 @@ from attnaudit.experiments.common.passes import Explained, prepare, take_rows
 from attnaudit.experiments.eraser_metrics import describe, removable_items, top_count
 from attnaudit.experiments.experiment import AuditSettings, Experiment, Result, register
 from attnaudit.explain import applying
-from attnaudit.explain.generation import encode_exactly, forced_row, generate_tokens, id_rows, step_batches, target_ids
+from attnaudit.explain.generation import forced_row, generate_tokens, id_rows, prompt_ids, step_batches, target_ids
 from attnaudit.models.interface import Intervention, LanguageModel, evaluation, language_model
 from attnaudit.models.normalisers import check_normaliser
 from attnaudit.progress import track
@@ -331,7 +331,7 @@ class GenerationTests(Experiment):
         """Every test at every step of one prompt: one row per generated token."""
         model = language_model(run.model, "generation")
         text = text_of(example)
-        source = encode_exactly(model.tokenizer, text)
+        source = prompt_ids(model, text)  # with --chat, the user's message in the chat template
         forced = example.meta.get("target")
         target = target_ids(model, forced, "target") if forced else generate_tokens(model, source, options.generate, False, seed)[0]
         steps = Steps(run, source, target, every_layer=options.layers == "all")

@@ -20,6 +20,7 @@ from attnaudit.explain.registry import explanation as explanation
 from attnaudit.explain.registry import get_explanation as get_explanation
 from attnaudit.explain.registry import item_mask as item_mask
 from attnaudit.explain.registry import item_names as item_names
+from attnaudit.explain.registry import item_roles as item_roles
 from attnaudit.explain.registry import item_values as item_values
 from attnaudit.explain.registry import list_explanations as list_explanations
 from attnaudit.explain.registry import register as register

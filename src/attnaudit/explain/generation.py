@@ -39,7 +39,8 @@ from attnaudit.data.types import Batch, Example
 from attnaudit.errors import AttnAuditError
 from attnaudit.explain.registry import Explanation, item_mask
 from attnaudit.io import atomic_write, atomic_write_json
-from attnaudit.models.hf import forced_batch
+from attnaudit.models.hf import ASSISTANT_ROLE as ASSISTANT
+from attnaudit.models.hf import Chat, Rendered, forced_batch, render_chat, role_names
 from attnaudit.models.interface import LanguageModel, language_model
 from attnaudit.run import Run
 
@@ -77,7 +78,7 @@ class Generated:
             for t in range(len(self.target))
             for i, item in enumerate(self.items[t])
         ]
-        columns = ["step", "target_token", "position", "token", "side", "word", "method", "score"]
+        columns = ["step", "target_token", "position", "token", "side", "word", *(["role"] if self.meta.get("chat") else []), "method", "score"]
         return pd.DataFrame(rows, columns=columns)
 
     def words(self, how: str = "sum") -> pd.DataFrame:
@@ -154,6 +155,18 @@ def encode_exactly(tokenizer: Any, text: str) -> list[int]:
     if not ids:
         raise AttnAuditError("--text has no tokens for this tokenizer; give the text to explain")
     return ids
+
+
+def chat_rendered(model: LanguageModel, text: str) -> Rendered | None:
+    """``text`` as the user's message in the model's chat template when it was loaded with ``--chat``, else None."""
+    chat = model.config.extra.get("chat")
+    return render_chat(model.tokenizer, text, Chat.from_dict(chat)) if isinstance(chat, dict) else None
+
+
+def prompt_ids(model: LanguageModel, text: str) -> list[int]:
+    """A prompt's token ids: rendered by the chat template (``--chat``), else the text as written (:func:`encode_exactly`)."""
+    rendered = chat_rendered(model, text)
+    return rendered.ids if rendered is not None else encode_exactly(model.tokenizer, text)
 
 
 def target_ids(model: LanguageModel, text: str, option: str) -> list[int]:
@@ -250,15 +263,22 @@ def step_batches(model: LanguageModel, source: list[int], target: list[int], con
 
 
 def explain_steps(
-    run: Run, methods: dict[str, Explanation], source: list[int], target: list[int], contrast: list[int] | None, offered: dict[str, Any]
+    run: Run, methods: dict[str, Explanation], source: list[int], target: list[int], contrast: list[int] | None, offered: dict[str, Any],
+    rendered: Rendered | None = None,
 ) -> tuple[dict[str, list[list[float]]], list[list[dict[str, Any]]], list[str]]:
-    """The methods' scores and the items per step, and the source tokens.
+    """The methods' scores and the items per step, and the source tokens (``rendered``: the chat-rendered prompt
+    whose ids are ``source``; its items, then the generated tokens, are the items and each item records its role).
 
     A step's items are numbered as a decoder reads them: the source (prompt) tokens, then the earlier target
     tokens. An encoder-decoder's methods registered with ``target_side`` score both sides (within
     :meth:`~attnaudit.models.interface.LanguageModel.target_side`); the others score its source and give NaN for its target."""
     model = language_model(run.model, "a generated sequence")
     batches = step_batches(model, source, target, contrast)
+    if rendered is not None and model.kind != "encoder-decoder":  # a chat prompt: its items and roles, then the assistant's
+        rows = [(rendered.items + [True] * t, rendered.roles + [ASSISTANT] * t) for t in range(len(target))]
+        width = batches[0].tokens.shape[1]
+        batches[0].items = torch.tensor([items + [False] * (width - len(items)) for items, _ in rows])
+        batches[0].roles = torch.tensor([roles + [-1] * (width - len(roles)) for _, roles in rows])
     device = model.input_device
     scores: dict[str, list[list[float]]] = {name: [] for name in methods}
     items: list[list[dict[str, Any]]] = []
@@ -277,8 +297,10 @@ def explain_steps(
             positions = mask[b].nonzero().flatten().tolist()
             # an encoder-decoder's decoder input p >= width is target token p - width - 1 (after the start token)
             read = [p if not both or p < width else len(source) + p - width - 1 for p in positions]
+            roles = role_names(rendered.roles + [ASSISTANT] * len(target)) if rendered is not None else None
             items.append([
-                {"position": r, "token": pieces[r], "side": "source" if r < len(source) else "target", "word": words[r]}
+                {"position": r, "token": pieces[r], "side": "source" if r < len(source) else "target", "word": words[r],
+                 **({"role": roles[r]} if roles is not None else {})}
                 for r in read
             ])
             for name in methods:
@@ -306,7 +328,9 @@ def explain_generated(
     ``p(target) − p(contrast)``; ``sample``: draw tokens instead of taking the most probable (seeded)."""
     model = language_model(run.model, "a generated sequence")
     methods, skipped = chosen
-    source = encode_exactly(model.tokenizer, text)
+    chat = model.config.extra.get("chat")
+    rendered = chat_rendered(model, text)
+    source = rendered.ids if rendered is not None else encode_exactly(model.tokenizer, text)
     if target is not None:
         ids = target_ids(model, target, "--target")
         check_length(model, source, len(ids))
@@ -321,7 +345,7 @@ def explain_generated(
             raise AttnAuditError(
                 f"--contrast has {len(foils)} tokens and the explained continuation {len(ids)}; give a contrast of as many tokens"
             )
-    scores, items, source_tokens = explain_steps(run, methods, source, ids, foils, offered or {})
+    scores, items, source_tokens = explain_steps(run, methods, source, ids, foils, offered or {}, rendered)
     decode = model.tokenizer.decode
     return Generated(
         source=source_tokens,
@@ -332,7 +356,7 @@ def explain_generated(
         skipped=skipped,
         meta={
             "text": text, "model": run.family, "kind": model.kind, "mode": "forced" if target is not None else "sampled" if sample else "greedy",
-            "target": target, "contrast": contrast, "generated_text": decode(ids),
+            "target": target, "contrast": contrast, "generated_text": decode(ids), "chat": chat,
             "explained": "p(target token) - p(contrast token)" if contrast is not None else "p(target token)",
             "items": "the source tokens, then the earlier target tokens (scored by "
                      + ", ".join(n for n, m in methods.items() if m.target_side) + "; NaN for the others)"

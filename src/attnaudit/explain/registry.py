@@ -390,6 +390,16 @@ def per_segment(target: AttentionModel | Run, batch: Batch, values: Tensor) -> T
     return torch.nn.functional.pad(out, (0, values.shape[1] - out.shape[1]))
 
 
+def item_roles(batch: Batch, items: Tensor) -> list[list[str]]:
+    """Each row's items' roles in a chat-rendered prompt (system, user, template, assistant: ``Batch.roles``),
+    in the order of :func:`item_values`; ``""`` everywhere without roles."""
+    from attnaudit.models.hf import role_names
+
+    if batch.roles is None:
+        return [[""] * int(row.sum()) for row in items]
+    return [role_names([int(r) for r in row]) for row in item_values(batch.roles.float(), items)]
+
+
 def item_names(target: AttentionModel | Run, batch: Batch) -> list[list[str]]:
     """Readable names of each row's explained items, in the order of :func:`item_values`: a causal LM's pieces
     decoded as its tokenizer writes them, an encoder's wordpieces, a word-level model's words, HAN's sentences;

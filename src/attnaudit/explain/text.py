@@ -33,7 +33,7 @@ import torch
 from attnaudit.bounds import check_method_options, ig_steps
 from attnaudit.data.types import Batch, Example
 from attnaudit.errors import AttnAuditError, unknown, warn
-from attnaudit.explain import EXPLANATIONS, choose, item_mask, item_names, item_values
+from attnaudit.explain import EXPLANATIONS, choose, item_mask, item_names, item_roles, item_values
 from attnaudit.explain.generation import AGGREGATIONS, Generated, decoder_rows, encode_exactly, explain_generated
 from attnaudit.explain.helpers.attention import attention_per_head
 from attnaudit.explain.helpers.segments import check_replaced, replacements, segment_spans, segment_text, text_segments
@@ -45,6 +45,7 @@ from attnaudit.io import (
     locked,
     refuse_inside,
 )
+from attnaudit.models.hf import check_chat_options
 from attnaudit.models.interface import LanguageModel, evaluation, language_model
 from attnaudit.resolve import Named, name_model
 from attnaudit.run import Run
@@ -71,10 +72,14 @@ class Explained:
     meta: dict[str, Any] = field(default_factory=dict)
     files: list[str] = field(default_factory=list)
 
+    roles: list[str] | None = None
+
     def frame(self) -> pd.DataFrame:
-        """Tokens × methods: one row per token (``position``, ``token``; with segments ``segment``, its text), one column per method."""
+        """Tokens × methods: one row per token (``position``, ``token``; with segments ``segment``, its text; with a chat
+        template its ``role``: system, user, template or assistant), one column per method."""
         named = "segment" if self.meta.get("segments") else "token"
-        columns = {"position": list(range(len(self.tokens))), named: self.tokens, **self.scores}
+        roles = {"role": self.roles} if self.roles is not None else {}
+        columns = {"position": list(range(len(self.tokens))), named: self.tokens, **roles, **self.scores}
         return pd.DataFrame(columns)
 
     def to_json(self) -> dict[str, Any]:
@@ -116,6 +121,9 @@ def explain_text(
     aggregate: str | None = None,
     options: dict[str, Any] | None = None,
     segments: str | Sequence[Sequence[int]] | None = None,
+    chat: bool = False,
+    system: str | None = None,
+    items: str | None = None,
 ) -> Explained | Generated:
     """Explain ``text``'s decision by ``source``: a :class:`Run`, a run directory, or a Hugging Face
     model (``smollm2``, ``minilm``, a folder, a ``.gguf`` file or a hub name), or what the CLI named
@@ -143,6 +151,9 @@ def explain_text(
     every method then gives one score per segment (gradient-type methods sum their token scores within it;
     leave-one-out removes, or with ``options["baseline"]``/``options["replace"]`` replaces, the segment as one
     unit), named by its text.
+    ``chat`` (a causal LM whose tokenizer has a chat template): the text (or the zero-shot prompt holding it) is the
+    user's message after the ``system`` message, rendered by the tokenizer's own template up to the assistant's turn
+    (:mod:`attnaudit.models.hf.chat`); each item's role is recorded; ``items``: ``user`` (the user's text, default) or ``all``.
     With ``out`` the JSON, CSV and figures are written there (checked before any work).
     """
     from attnaudit.seed import set_seed
@@ -169,7 +180,9 @@ def explain_text(
     if offered.get("replace") is not None:
         replacements(str(offered["replace"]))  # its form checked before the model loads
     folder = check_output_dir(out) if out is not None else None
-    named = name_model(source=source, prompt=prompt, verbalizer=verbalizer, dtype=dtype, device_map=device_map, max_memory=max_memory)
+    check_chat_options(chat, system, items)
+    named = name_model(source=source, prompt=prompt, verbalizer=verbalizer, dtype=dtype, device_map=device_map, max_memory=max_memory,
+                       chat=chat or None, system=system, items=items)
     if out is not None:  # before loading: nothing is written inside what was named
         folder_of = named.run.path if isinstance(named.run, Run) else named.run if named.run is not None else named.hf
         if folder_of is not None and Path(folder_of).is_dir():
@@ -273,6 +286,8 @@ def _decision(run: Run, sequence: bool = False) -> Iterator[str]:
 def _batch(run: Run, text: str, max_length: int | None, kind: str) -> Batch:
     """The one-example batch of ``text`` on the run's device (truncated to ``max_length`` tokens); a causal
     LM's next-token decision reads the text as written (the tokenizer's own encoding)."""
+    if kind == "next_token" and run.model.config.extra.get("chat"):  # the chat template's rendering, as the collator makes it
+        return _collated(run, text, max_length)
     if kind == "next_token":
         model = language_model(run.model, "a next-token decision")
         ids = encode_exactly(model.tokenizer, text)
@@ -285,6 +300,11 @@ def _batch(run: Run, text: str, max_length: int | None, kind: str) -> Batch:
         raise AttnAuditError(f"explain explains one decision per text; a {run.task.task_type} model makes one per token")
     if run.task.task_type == "pair":
         raise AttnAuditError("explain takes one text; this pair/QA model needs a second text (not supported yet)")
+    return _collated(run, text, max_length)
+
+
+def _collated(run: Run, text: str, max_length: int | None) -> Batch:
+    """``text`` through the run's own collator (truncated to ``max_length`` tokens of the text)."""
     collate = run.collate
     if max_length is not None:
         if not hasattr(collate, "max_len"):
@@ -327,6 +347,7 @@ def _explain(
     position = model.explanation_rows(batch.mask)
     ids = batch.tokens[0][mask].tolist() if batch.tokens.dim() == 2 else []
     return Explained(
+        roles=item_roles(batch, items)[0] if batch.roles is not None else None,
         tokens=item_names(run, batch)[0],
         token_ids=ids,
         decision=_decision_record(run, kind, probs),
@@ -422,8 +443,12 @@ def plot_explanation(explained: Explained, stem: Path) -> list[Path]:
         2, 1, figsize=(max(6.0, 0.55 * k + 2.5), 1.6 + 0.4 * len(rows) + 0.22 * sink.shape[0] + 1.5),
         gridspec_kw={"height_ratios": [max(len(rows), 1) + 1.5, max(sink.shape[0], 2)]},
     )
-    image = top.imshow(matrix, cmap="Reds", vmin=0, vmax=1, aspect="auto")
+    template = np.array([role == "template" for role in explained.roles or [""] * k], dtype=bool)
+    cmap = plt.get_cmap("Reds").with_extremes(bad="#d9d9d9")  # a chat template's own tokens are greyed: scored, not the user's text
+    image = top.imshow(np.where(template[None, :], np.nan, matrix), cmap=cmap, vmin=0, vmax=1, aspect="auto")
     top.set_xticks(range(k), [repr(t)[1:-1] for t in explained.tokens], rotation=45, ha="right", fontsize=8)
+    for label, grey in zip(top.get_xticklabels(), template):
+        label.set_color("#888888" if grey else "black")
     top.set_yticks(range(len(names)), names, fontsize=8)
     top.set_title(f"{decision_line(explained).removeprefix('explained: ')}; |score| / row max", fontsize=9)
     fig.colorbar(image, ax=top, fraction=0.03)

@@ -171,7 +171,11 @@
       var cell = el("td", {});
       inst.items.forEach(function (item, i) {
         var span = el("span", { cls: rationale.indexOf(i) >= 0 ? "tok rat" : "tok", title: fmt(scores[i]), text: item });
-        span.style.background = "rgba(230,97,1," + (peak > 0 ? Math.abs(scores[i]) / peak : 0).toFixed(3) + ")";
+        if (inst.roles && inst.roles[i] === "template") {  // a chat template's own token: greyed
+          span.style.background = "#eee"; span.style.color = "#999";
+        } else {
+          span.style.background = "rgba(230,97,1," + (peak > 0 ? Math.abs(scores[i]) / peak : 0).toFixed(3) + ")";
+        }
         cell.appendChild(span);
       });
       main.heat.appendChild(el("tr", { "data-method": name }, [el("th", {}, label), cell]));

@@ -204,6 +204,7 @@ def model_data(run: Run, examples: list[Example], explore: int, budget: int = BU
                 "index": index, "text": _text(example), "gold": None if example.label is None else str(example.label),
                 **prediction, "tokens": tokens, "layers": layers, "attention": blob,
                 "items": readable(run, extra.get("items", [])), "rationale": extra.get("rationale", []), "scores": extra.get("scores", {}),
+                **({"roles": extra["roles"]} if "roles" in extra else {}),
             })
         if notes:
             break

@@ -20,7 +20,7 @@ import torch
 from attnaudit.data.types import Batch, Example
 from attnaudit.errors import AttnAuditError
 from attnaudit.experiments.experiment import Result, discover
-from attnaudit.explain import Explanation, item_mask, item_names, item_values, list_explanations
+from attnaudit.explain import Explanation, item_mask, item_names, item_roles, item_values, list_explanations
 from attnaudit.explain.registry import item_groups
 from attnaudit.run import Run
 
@@ -113,6 +113,7 @@ def compute_heatmaps(run: Run, examples: list[Example], indices: list[int], taus
     with torch.no_grad():
         predicted = run.model(batch).probs.argmax(-1).tolist()
     labels = item_names(run, batch)
+    roles = item_roles(batch, items) if batch.roles is not None else None  # a chat-rendered prompt's roles
     out = []
     for row, index in enumerate(indices):
         ex = batch.examples[row]
@@ -125,6 +126,7 @@ def compute_heatmaps(run: Run, examples: list[Example], indices: list[int], taus
                 "tau": taus.get(index),
                 "items": labels[row],
                 "rationale": _rationale_items(run, batch, row),
+                **({"roles": roles[row]} if roles is not None else {}),
                 "scores": {m: np.nan_to_num(values[row], nan=0.0).tolist() for m, values in scores.items()},
             }
         )

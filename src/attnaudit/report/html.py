@@ -174,15 +174,15 @@ def test_section(section: Section, results_dir: Path) -> str:
     return "".join(parts)
 
 
-def token(text: str, weight: float, score: float, rationale: bool) -> str:
-    """One token span, background opacity proportional to ``weight`` in [0, 1]."""
+def token(text: str, weight: float, score: float, rationale: bool, template: bool = False) -> str:
+    """One token span, background opacity proportional to ``weight`` in [0, 1]; ``template``: a chat template's own
+    token, greyed (its score in the title)."""
     r, g, b = HEAT_RGB
     alpha = min(max(weight, 0.0), 1.0)
     cls = "tok rat" if rationale else "tok"
-    return (
-        f'<span class="{cls}" style="background:rgba({r},{g},{b},{alpha:.3f})" '
-        f'title="{esc(f"{score:.4g}")}">{esc(text)}</span>'
-    )
+    style = "color:#999;background:#eee" if template else f"background:rgba({r},{g},{b},{alpha:.3f})"
+    return f'<span class="{cls}" style="{style}" title="{esc(f"{score:.4g}")}">{esc(text)}</span>'
+
 
 
 def _plain(value: Any) -> str:
@@ -236,6 +236,7 @@ def heatmap_block(instance: dict[str, Any]) -> str:
     """One instance: a row of token spans per explanation, each scaled to its own maximum magnitude."""
     items = [str(t) for t in instance.get("items", [])]
     rationale = set(instance.get("rationale") or [])
+    roles = [str(r) for r in instance.get("roles") or []]  # a chat-rendered prompt: template tokens greyed
     head = [f"#{esc(instance.get('index'))}", f"gold: {esc(instance.get('label'))}"]
     if instance.get("predicted") is not None:
         head.append(f"predicted: {esc(instance['predicted'])}")
@@ -245,7 +246,8 @@ def heatmap_block(instance: dict[str, Any]) -> str:
     for method, scores in instance.get("scores", {}).items():
         values = [abs(float(v)) for v in scores[: len(items)]]
         peak = max(values, default=0.0) or 1.0
-        spans = "".join(token(t, v / peak, v, i in rationale) for i, (t, v) in enumerate(zip(items, values)))
+        spans = "".join(token(t, v / peak, v, i in rationale, i < len(roles) and roles[i] == "template")
+                        for i, (t, v) in enumerate(zip(items, values)))
         rows.append(f"<tr><th>{esc(method)}</th><td>{spans}</td></tr>")
     return (
         f'<div class="instance"><div class="head">{" · ".join(head)}</div>'

@@ -46,13 +46,17 @@ class HFCollator:
         batch = self.tokenise(examples)
         return batch if self.max_text is None else self.cut_text(batch, self.text_tokens(batch))
 
-    def tokenise(self, examples: Sequence[Example]) -> Batch:
-        """The padded batch of ``examples`` (before any ``--max-length`` cut)."""
+    def check(self, examples: Sequence[Example]) -> None:
+        """One-line errors for no examples or an example without tokens."""
         if not examples:
             raise AttnAuditError("cannot build a batch from no examples")
         for ex in examples:
             if not ex.tokens:
                 raise InputError(str(ex.meta.get("source", "<example>")), "example has no tokens")
+
+    def tokenise(self, examples: Sequence[Example]) -> Batch:
+        """The padded batch of ``examples`` (before any ``--max-length`` cut)."""
+        self.check(examples)
         texts = self.texts(examples)
         pairs = None
         if self.task_type == "pair":
@@ -69,15 +73,20 @@ class HFCollator:
         batch = Batch(tokens=enc["input_ids"], mask=enc["attention_mask"].bool(), examples=list(examples))
         if self.token_types and "token_type_ids" in enc:
             batch.features = enc["token_type_ids"]
-        if self.labels and any(ex.label is not None for ex in examples):  # no label set (no task): unlabelled
-            ids = []
-            for ex in examples:
-                if ex.label is None or ex.label not in self.label_ids:
-                    where = str(ex.meta.get("source", "<example>"))
-                    raise InputError(where, f"unknown or missing label {ex.label!r}; known: {', '.join(self.labels[:20])}")
-                ids.append(self.label_ids[ex.label])
-            batch.labels = torch.tensor(ids, dtype=torch.long)
+        batch.labels = self.label_tensor(examples)
         return batch
+
+    def label_tensor(self, examples: Sequence[Example]) -> Tensor | None:
+        """``(B,)`` the examples' label ids; None without a label set (no task: unlabelled)."""
+        if not (self.labels and any(ex.label is not None for ex in examples)):
+            return None
+        ids = []
+        for ex in examples:
+            if ex.label is None or ex.label not in self.label_ids:
+                where = str(ex.meta.get("source", "<example>"))
+                raise InputError(where, f"unknown or missing label {ex.label!r}; known: {', '.join(self.labels[:20])}")
+            ids.append(self.label_ids[ex.label])
+        return torch.tensor(ids, dtype=torch.long)
 
     def text_tokens(self, batch: Batch) -> Tensor:
         """``(B,T)`` the tokens of the (first) text: real, not special, and in a pair the first segment."""
@@ -109,6 +118,7 @@ class HFCollator:
 
         batch.tokens = take(batch.tokens, int(self.tokenizer.pad_token_id or 0))  # type: ignore[assignment]
         batch.features, batch.items = take(batch.features, 0), take(batch.items, False)
+        batch.roles = take(batch.roles, -1)
         batch.mask = mask
         return batch
 

@@ -30,6 +30,7 @@ from torch import Tensor
 from attnaudit.data.types import Batch, Example
 from attnaudit.errors import AttnAuditError
 from attnaudit.models.hf.batches import HFCollator
+from attnaudit.models.hf.chat import Chat, padded, render
 from attnaudit.models.interface import LanguageModel
 
 SENTIMENT_PROMPT = "Review: {text}\nSentiment:"
@@ -40,7 +41,16 @@ DEFAULTS: dict[str, tuple[str, dict[str, str]]] = {
     "synthetic": (SENTIMENT_PROMPT, SENTIMENT_VERBALIZER),
 }
 """Prompt and verbalizer used when ``--hf`` names a causal LM and the task is one of these."""
+CHAT_SENTIMENT_PROMPT = "Is the sentiment of this movie review positive or negative? Answer with one word.\n\nReview: {text}"
+CHAT_SENTIMENT_VERBALIZER = {"negative": "Negative", "positive": "Positive"}
+CHAT_DEFAULTS: dict[str, tuple[str, dict[str, str]]] = {task: (CHAT_SENTIMENT_PROMPT, CHAT_SENTIMENT_VERBALIZER) for task in DEFAULTS}
+"""The same with ``--chat``: a question the user asks, answered by the assistant's first token, which follows the
+template's assistant header and so has no leading space (capitalised, as an answer starts)."""
 ITEMS_NOTE = "ranked items are the input text's tokens only (the {text} span of the prompt); template tokens are not ranked"
+CHAT_ITEMS_NOTE = {
+    "user": "the prompt is the user's message in the tokenizer's chat template; ranked items are the user's text (the {text} span) only",
+    "all": "the prompt is the user's message in the tokenizer's chat template; every position is ranked (system, user, template)",
+}
 
 _PAIR = re.compile(r'\s*([^=,]+?)\s*=(?:\s*"([^"]*)"\s*|([^,]*))(?:,|$)')
 
@@ -71,25 +81,55 @@ def fill(prompt: str, text: str) -> str:
 
 
 class ZeroShotCollator(HFCollator):
-    """:class:`HFCollator` whose texts are the examples' texts put into the prompt template."""
+    """:class:`HFCollator` whose texts are the examples' texts put into the prompt template; with ``chat``,
+    the filled prompt is the user's message rendered by the tokenizer's chat template (:func:`attnaudit.models.hf.chat.render`:
+    ``Batch.roles`` marks each position's role, ``Batch.items`` the user's text or every position)."""
 
-    def __init__(self, prompt: str, tokenizer: Any, labels: Sequence[str], max_len: int) -> None:
+    def __init__(self, prompt: str, tokenizer: Any, labels: Sequence[str], max_len: int, chat: Chat | None = None) -> None:
         super().__init__(tokenizer, labels, "classification", max_len, token_types=False)
         self.prompt = prompt
+        self.chat = chat
 
     def texts(self, examples: Sequence[Example]) -> list[str]:
         return [fill(self.prompt, text) for text in super().texts(examples)]
 
     def tokenise(self, examples: Sequence[Example]) -> Batch:
+        if self.chat is not None:
+            return self.chat_batch(examples)
         batch = super().tokenise(examples)
         spans = [text_span(self.prompt, text) for text in super().texts(examples)]
         batch.items = text_items(self.tokenizer, self.texts(examples), spans, batch.mask.shape[1], self.max_len) & batch.mask
         return batch
 
+    def chat_batch(self, examples: Sequence[Example]) -> Batch:
+        """The examples' chat-rendered prompts, right-padded, with their roles and items."""
+        assert self.chat is not None
+        self.check(examples)
+        rows = [render(self.tokenizer, text, self.chat, self.prompt) for text in super().texts(examples)]
+        longest = max(len(row.ids) for row in rows)
+        if longest > self.max_len:
+            raise AttnAuditError(f"--chat: a rendered prompt has {longest} tokens; this model reads at most {self.max_len} (use --max-length)")
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
+        tokens = padded([row.ids for row in rows], int(pad or 0))
+        mask = padded([[1] * len(row.ids) for row in rows], 0).bool()
+        batch = Batch(tokens=tokens, mask=mask, examples=list(examples), labels=self.label_tensor(examples))
+        batch.roles = padded([row.roles for row in rows], -1)
+        batch.items = padded([[int(i) for i in row.items] for row in rows], 0).bool()
+        return batch
+
     def text_tokens(self, batch: Batch) -> Tensor:
         """The text span's tokens: ``--max-length`` cuts the text and keeps the template."""
+        if self.chat is not None and batch.roles is not None:  # with --items all, still the user's text only
+            return self.user_text(batch)
         assert batch.items is not None
         return batch.items
+
+    def user_text(self, batch: Batch) -> Tensor:
+        """``(B, T)`` the user's text tokens of chat-rendered rows (re-rendered with the default items)."""
+        assert self.chat is not None
+        chat = Chat(system=self.chat.system)
+        rows = [render(self.tokenizer, text, chat, self.prompt).items for text in super().texts(batch.examples)]
+        return padded([[int(i) for i in row] for row in rows], 0).bool()[:, : batch.tokens.shape[1]]
 
 
 def text_span(prompt: str, text: str) -> tuple[int, int]:
@@ -139,13 +179,16 @@ def verbalizer_ids(tokenizer: Any, verbalizer: dict[str, str], labels: Sequence[
     return list(ids)
 
 
-def resolve(task: str | None, prompt: str | None, verbalizer: str | dict[str, str] | None) -> tuple[str, dict[str, str]] | None:
-    """The ``(prompt, verbalizer)`` to use: given ones, else the task's defaults; None when neither applies.
+def resolve(
+    task: str | None, prompt: str | None, verbalizer: str | dict[str, str] | None, chat: bool = False
+) -> tuple[str, dict[str, str]] | None:
+    """The ``(prompt, verbalizer)`` to use: given ones, else the task's defaults (``chat``: those for a chat
+    template, :data:`CHAT_DEFAULTS`); None when neither applies.
 
     A literal ``\\n`` in ``prompt`` (as typed in a shell) is a newline."""
     if prompt is not None:
         prompt = prompt.replace("\\n", "\n")
-    default = DEFAULTS.get((task or "").lower())
+    default = (CHAT_DEFAULTS if chat else DEFAULTS).get((task or "").lower())
     if isinstance(verbalizer, str):
         verbalizer = parse_verbalizer(verbalizer)
     if prompt is None and verbalizer is None:
@@ -164,16 +207,17 @@ DERIVED_PROMPT = "Text: {text}\nQuestion: {choices}?\nAnswer:"
 """The prompt made from a task's label names when it has no default and none is given (``{choices}``: the names)."""
 
 
-def derive(labels: Sequence[str], tokenizer: Any) -> tuple[str, dict[str, str]]:
+def derive(labels: Sequence[str], tokenizer: Any, chat: bool = False) -> tuple[str, dict[str, str]]:
     """A prompt and verbalizer from the task's label names, so that an LLM classifies any labelled data zero-shot:
     the names offered as the answer, each verbalized by itself after a space (then capitalized, where the first
-    tokens clash); a one-line error when no spelling gives every label its own first token."""
+    tokens clash); a one-line error when no spelling gives every label its own first token. With ``chat`` the
+    answer opens the assistant's turn, so the names are verbalized without the space."""
     if len(labels) < 2:
         raise AttnAuditError("zero-shot classification needs at least two labels")
     choices = ", ".join(f'"{label}"' for label in labels[:-1]) + f' or "{labels[-1]}"'
     prompt = DERIVED_PROMPT.replace("{choices}", choices)
     for spell in (str, str.capitalize, str.upper):
-        verbalizer = {label: " " + spell(str(label)) for label in labels}
+        verbalizer = {label: ("" if chat else " ") + spell(str(label)) for label in labels}
         with contextlib.suppress(AttnAuditError):
             verbalizer_ids(tokenizer, verbalizer, labels)
             return prompt, verbalizer
@@ -192,10 +236,12 @@ def make_zero_shot(model: LanguageModel, prompt: str, verbalizer: dict[str, str]
     model.verbalizer_ids = torch.tensor(ids, dtype=torch.long)
     model.trained_head = True
     model.config.num_labels = len(ids)
+    chat = model.config.extra.get("chat")
+    note = ITEMS_NOTE if not chat else CHAT_ITEMS_NOTE[str(chat.get("items", "user"))]
     model.config.extra.update(
         trained_head=True, output="verbalizer",
         zero_shot={"prompt": prompt, "verbalizer": {label: verbalizer[label] for label in labels}, "token_ids": ids,
-                   "items": ITEMS_NOTE + (
+                   "items": note + (
                        "; prompt and verbalizer derived from the label names (--prompt/--verbalizer override them)" if derived else ""
                    )},
     )
