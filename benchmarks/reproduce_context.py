@@ -23,7 +23,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `benchmarks.common` when run as a script
 
-from benchmarks.common import RESULTS, RUNS, write_result  # noqa: E402
+from benchmarks.common import RESULTS, RUNS, commit, write_result  # noqa: E402
 
 NAME = "context_smollm2"
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "sections" / "context.md"
@@ -37,6 +37,7 @@ def measure(args: argparse.Namespace) -> None:
     from attnaudit.hf import load_hf
 
     torch.set_num_threads(args.threads)
+    code = commit()  # the code measured (``commit`` in the JSON is the checkout's when the file was last written)
     tasks: dict[str, Any] = {}
     for task in args.tasks.split(","):
         start = time.perf_counter()
@@ -54,6 +55,7 @@ def measure(args: argparse.Namespace) -> None:
         }
         write_result(NAME, {
             "command": " ".join(["python -m benchmarks.reproduce_context", *sys.argv[1:]]),
+            "code_commit": code,
             "model": "SmolLM2-135M-Instruct (embedded, float32, CPU)",
             "options": {"limit": args.limit, "generate": args.generate, "ablations": args.ablations, "heads": args.heads,
                         "resamples": args.resamples, "seed": args.seed, "threads": args.threads},

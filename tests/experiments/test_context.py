@@ -155,4 +155,26 @@ def test_bad_input_is_refused_in_one_line(llama: Path, tmp_path: Path) -> None:
     from attnaudit.architectures import save_tiny
 
     plain = load_hf(str(save_tiny("llama", tmp_path / "plain")), device="cpu")
+    plain.task.spec = "babi1"
     assert "chat template" in (experiment.why_not(plain) or "")
+    assert "bAbI" in (experiment.why_not(run) or "")  # no task: no supporting facts
+
+
+@pytest.mark.slow  # SmolLM2-135M on CPU: about a minute per question on a busy machine
+def test_smollm2_on_babi_stories(shared_data: Path, tmp_path: Path) -> None:
+    from attnaudit.experiments.runner import run_test
+
+    for task, facts in (("babi1", 1), ("babi2", 2)):
+        run = load_hf("smollm2", task=task, data_dir=shared_data, device="cpu")
+        result = run_test("context", run, out=tmp_path / task, limit=2, seed=0, data_dir=shared_data, ablations=4, generate=6,
+                          resamples=50)
+        assert result.summary["prompts"] == 2 and (tmp_path / task / "context.json").exists()
+        for row in result.instances:
+            assert len(row["supporting"].split(",")) == facts and 1 <= row["answer_tokens"] <= 6
+            assert all(0 <= row[f"{m}_top1"] <= 1 and 0 <= row[f"{m}_recall"] <= 1 for m in context.METHODS)
+        example = run.examples("test", data_dir=shared_data)[0]
+        ids, segments = context.render(run.model, example.meta["sentence_texts"], example.meta["question"])
+        user, _ = context.user_message(example.meta["sentence_texts"], example.meta["question"])
+        own = run.model.tokenizer.apply_chat_template([{"role": "user", "content": user}], tokenize=True, add_generation_prompt=True)
+        assert ids == list(own["input_ids"] if hasattr(own, "keys") else own)
+        assert sorted(set(segments) - {-1}) == list(range(len(example.meta["sentence_texts"])))

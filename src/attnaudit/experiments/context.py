@@ -283,7 +283,7 @@ class ContextTracing(Experiment):
     paper = "AttnTrace (Wang et al. 2025); ContextCite (Cohen-Wang et al. 2024); bAbI (Weston et al. 2015)"
     needs_prediction = False
     shardable = True
-    examples = ("--hf smollm2 --task babi1 --data-dir ../shared/data --limit 2 --ablations 4 --resamples 20 --out context/smollm2",)
+    examples = ("--hf smollm2 --task babi1 --data-dir ../shared/data --limit 1 --generate 2 --ablations 2 --resamples 20 --out context/smollm2",)
     settings = AuditSettings(rank=62, options={"ablations": 16}, demo={"quick": {"ablations": 4, "resamples": 100}})
 
     @dataclass
@@ -302,6 +302,8 @@ class ContextTracing(Experiment):
             return "the context test needs a Hugging Face causal language model (it generates the answer)"
         if model.config.extra.get("output") not in ("next_token", "verbalizer"):
             return "this model does not generate text (a classifier with a trained head)"
+        if "babi" not in str(getattr(run.task, "spec", "")).lower():
+            return "the context test needs supporting facts as ground truth: a bAbI task (--task babi1, babi2 or babi3)"
         if not has_chat_template(model.tokenizer):
             return "this model's tokenizer has no chat template (the prompts are rendered as chats); use an instruction-tuned model"
         return None
