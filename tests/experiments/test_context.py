@@ -134,6 +134,21 @@ def test_every_score_recomputed_by_hand(llama: Path) -> None:
     rows = torch.stack([w[0, :, len(prompt) - 1 :, : len(prompt)] for w in weights]).mean(2)  # (L, H, P)
     by_sentence = torch.stack([rows[..., [s == j for s in segments]].sum(-1) for j in range(3)], -1)
     assert [t["attention"] for t in table] == pytest.approx(by_sentence.mean((0, 1)).tolist(), abs=1e-5)
+    flat = by_sentence.sum(-1).flatten()  # the 2 heads (options.heads) with the most answer attention on the context
+    top = flat.argsort(descending=True, stable=True)[:2]
+    expected_heads = by_sentence.reshape(-1, 3)[top].mean(0)
+    assert [t["attention_top_heads"] for t in table] == pytest.approx(expected_heads.tolist(), abs=1e-5)
+    table_embeddings = model.hf.get_input_embeddings()
+    with torch.enable_grad():
+        shared = table_embeddings(torch.tensor(prompt)).detach().requires_grad_(True)  # one leaf for every step's prompt
+        total = torch.zeros(())
+        for t, token in enumerate(answer):
+            rows = torch.cat([shared, table_embeddings(torch.tensor(answer[:t], dtype=torch.long))])[None]
+            total = total + model.hf(inputs_embeds=rows).logits[0, -1].log_softmax(-1)[token]
+        (grad,) = torch.autograd.grad(total, shared)
+    tokens = (shared * grad).sum(-1).detach()
+    hand = [float(tokens[[s == j for s in segments]].sum()) for j in range(3)]
+    assert [t["input_x_gradient"] for t in table] == pytest.approx(hand, rel=1e-3, abs=1e-5)
     expected = {"top1": top1_hit([t["loo"] for t in table], [2]), "recall": recall_at_k([t["loo"] for t in table], [2])}
     assert row["loo_top1"] == expected["top1"] and row["loo_recall"] == expected["recall"]
     assert row["attention_spearman"] == pytest.approx(rank_correlation([t["attention"] for t in table], [t["loo"] for t in table]), nan_ok=True)
