@@ -99,7 +99,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data-dir", default="../shared/data")
     parser.add_argument("--tasks", default="babi1", help="comma-separated: babi1, babi2, babi3")
-    parser.add_argument("--limit", type=int, default=30, help="questions per task (a seeded sample stratified by answer)")
+    parser.add_argument("--limit", type=int, default=12, help="questions per task (a seeded sample stratified by answer)")
     parser.add_argument("--generate", type=int, default=6)
     parser.add_argument("--ablations", type=int, default=16)
     parser.add_argument("--heads", type=int, default=8)
