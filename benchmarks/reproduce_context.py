@@ -78,10 +78,11 @@ def table(data: dict[str, Any]) -> str:
         summary = entry["summary"]
         lines += [f"**{task}**: {summary['prompts']} questions, answer accuracy {cell(summary, 'accuracy')} "
                   f"({summary['correct_prompts']} correct); {entry['seconds']['per_prompt']} s per question.", "",
-                  "| method | top-1 hit, all | recall@k, all | ρ with LOO, all | top-1 hit, correct | recall@k, correct | ρ with LOO, correct |",
-                  "|---|---|---|---|---|---|---|"]
+                  "| method | top-1 hit, all | recall@k, all | ρ with LOO, all | top = 1st sentence, all | top-1 hit, correct | recall@k, correct "
+                  "| ρ with LOO, correct |", "|---|---|---|---|---|---|---|---|"]
         for method in METHODS:
-            cells = [cell(summary, f"{method}_{measure}_{subset}") for subset in ("all", "correct") for measure in ("top1", "recall", "spearman")]
+            cells = [cell(summary, f"{method}_{measure}_{subset}") for subset in ("all", "correct")
+                     for measure in ("top1", "recall", "spearman", "first") if subset == "all" or measure != "first"]
             lines.append(f"| {method} | " + " | ".join(cells) + " |")
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"

@@ -83,7 +83,7 @@ def test_the_surrogate_recovers_a_planted_linear_effect() -> None:
 def test_the_summary_bootstrap_is_seeded() -> None:
     rng = np.random.default_rng(2)
     rows = [{"correct": float(rng.random() < 0.5), **{f"{m}_{k}": float(rng.random()) for m in ("chance", *context.METHODS)
-                                                      for k in ("top1", "recall", "spearman")}} for _ in range(30)]
+                                                      for k in ("top1", "recall", "spearman", "first")}} for _ in range(30)]
     first, again, other = context.summarise(rows, 3, 200), context.summarise(rows, 3, 200), context.summarise(rows, 4, 200)
     assert first == again and first != other
     assert first["attention_top1_all"] == pytest.approx(np.mean([r["attention_top1"] for r in rows]))
@@ -151,6 +151,8 @@ def test_every_score_recomputed_by_hand(llama: Path) -> None:
     assert [t["input_x_gradient"] for t in table] == pytest.approx(hand, rel=1e-3, abs=1e-5)
     expected = {"top1": top1_hit([t["loo"] for t in table], [2]), "recall": recall_at_k([t["loo"] for t in table], [2])}
     assert row["loo_top1"] == expected["top1"] and row["loo_recall"] == expected["recall"]
+    top = max(range(3), key=lambda j: (table[j]["attention"], -j))
+    assert row["attention_top"] == top and row["attention_first"] == float(top == 0) and row["chance_first"] == 1 / 3
     assert row["attention_spearman"] == pytest.approx(rank_correlation([t["attention"] for t in table], [t["loo"] for t in table]), nan_ok=True)
     assert result.summary["prompts"] == 2 and 0 <= result.summary["accuracy"] <= 1
 

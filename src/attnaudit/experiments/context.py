@@ -28,7 +28,8 @@ The sentences are the features: ``Batch.segments`` marks each token's sentence a
 :func:`~attnaudit.explain.helpers.features.feature_groups` groups the tokens, as for every grouped explanation.
 Against the ground truth each method gets the top-1 hit (its top sentence is a supporting fact), the recall at k
 (k = the number of supporting facts) and Spearman's ρ with the measured leave-one-out effect (not for ``loo``
-itself); ``chance`` is what a random ranking scores on average. Summaries: means with seeded bootstrap 95 % CIs
+itself), and how often its top sentence is the first of the context (``first``: a position bias); ``chance`` is what
+a random ranking scores on average. Summaries: means with seeded bootstrap 95 % CIs
 over the prompts, on all prompts and on the correctly answered ones.
 """
 
@@ -48,6 +49,7 @@ from torch import Tensor
 from attnaudit.algorithms.context_attribution import (
     ablation_masks,
     rank_correlation,
+    ranking,
     recall_at_k,
     surrogate_weights,
     top1_hit,
@@ -234,8 +236,11 @@ def prompt_rows(model: LanguageModel, example: Example, index: int, options: Any
         "index": index, "source": example.meta.get("source", ""), "sentences": n, "supporting": ",".join(map(str, story.supporting)),
         "gold": story.answer, "answer": text.strip(), "correct": float(is_correct(text, story.answer)), "answer_tokens": len(answer),
         "prompt_tokens": len(prompt), "answer_logp": ablated["logp"], "chance_top1": k / n, "chance_recall": min(k, n) / n,
+        "chance_first": 1 / n,
     }
     for method in METHODS:
+        row[f"{method}_top"] = int(ranking(scores[method])[0])
+        row[f"{method}_first"] = float(row[f"{method}_top"] == 0)
         row[f"{method}_top1"] = top1_hit(scores[method], story.supporting)
         row[f"{method}_recall"] = recall_at_k(scores[method], story.supporting)
         row[f"{method}_spearman"] = math.nan if method == "loo" else rank_correlation(scores[method], ablated["loo"])
@@ -252,7 +257,7 @@ def summarise(rows: list[dict[str, Any]], seed: int, resamples: int) -> dict[str
     for subset in ("all", "correct"):
         chosen = [r for r in rows if subset == "all" or r["correct"]]
         for method in ("chance", *METHODS):
-            for measure in ("top1", "recall", "spearman"):
+            for measure in ("top1", "recall", "spearman", "first"):
                 column = f"{method}_{measure}"
                 if not chosen or column not in chosen[0] or (method == "loo" and measure == "spearman"):
                     continue
@@ -334,7 +339,8 @@ class ContextTracing(Experiment):
         notes = [
             f"{len(rows)} prompts rendered with the tokenizer's chat template; the answer generated greedily (at most {options.generate} tokens)",
             "top1: the method's top sentence is a supporting fact; recall: supporting facts among its top k (k = their number); "
-            "spearman: rank correlation with the leave-one-out effect on log p(answer); chance: a random ranking's expectation",
+            "spearman: rank correlation with the leave-one-out effect on log p(answer); first: the top sentence is the context's first; "
+            "chance: a random ranking's expectation",
             f"attention_top_heads reads the {options.heads} heads with the most answer attention on the context (chosen per prompt, no labels); "
             f"contextcite: Lasso (alpha {options.alpha}) on {options.ablations} seeded random ablations",
         ]
