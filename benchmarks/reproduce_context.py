@@ -68,7 +68,7 @@ def cell(summary: dict[str, Any], key: str) -> str:
     value, ci = summary.get(key), summary.get(f"{key}_ci")
     if not isinstance(value, (int, float)) or value != value:
         return "–"
-    return f"{value:.2f} ({ci[0]:.2f}–{ci[1]:.2f})" if isinstance(ci, list) and ci[0] == ci[0] else f"{value:.2f}"
+    return f"{value:.2f} [{ci[0]:.2f}, {ci[1]:.2f}]" if isinstance(ci, list) and ci[0] == ci[0] else f"{value:.2f}"
 
 
 def table(data: dict[str, Any]) -> str:
