@@ -195,3 +195,13 @@ def test_smollm2_on_babi_stories(shared_data: Path, tmp_path: Path) -> None:
         own = run.model.tokenizer.apply_chat_template([{"role": "user", "content": user}], tokenize=True, add_generation_prompt=True)
         assert ids == list(own["input_ids"] if hasattr(own, "keys") else own)
         assert sorted(set(segments) - {-1}) == list(range(len(example.meta["sentence_texts"])))
+
+
+def test_the_docs_table_is_generated_from_the_result() -> None:
+    import json
+
+    from benchmarks.common import RESULTS
+    from benchmarks.reproduce_context import DOCS, NAME, table
+
+    data = json.loads((RESULTS / f"{NAME}.json").read_text())
+    assert table(data) in DOCS.read_text()
