@@ -318,6 +318,8 @@ def test_read_babi(tmp_path: Path) -> None:
     assert second.rationale == [12, 13, 14, 15, 16, 17] and second.meta["supporting"] == [2]
     assert examples[2].tokens == ["sandra", "went", "to", "the", "office", "."]  # story reset
     assert examples[2].meta["source"].endswith("qa.txt:7")
+    assert second.meta["sentence_texts"] == ["Mary moved to the bathroom.", "John went to the hallway.", "Mary went to the garden."]
+    assert second.meta["question"] == "Where is Mary?" and examples[2].meta["sentence_texts"] == ["Sandra went to the office."]
 
 
 @pytest.mark.parametrize(

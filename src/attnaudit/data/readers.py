@@ -694,10 +694,12 @@ def read_babi(path: str | Path) -> list[Example]:
     ``tokens`` are the story sentences so far (tokenised, concatenated), ``sentences`` the
     same split by sentence, ``query`` the question, ``label`` the answer and ``rationale``
     the token positions of the supporting facts (``meta["supporting"]`` their sentence
-    indices). Question lines take a line number but add no sentence, as in the format.
+    indices; ``meta["sentence_texts"]`` and ``meta["question"]`` the sentences and the question as written).
+    Question lines take a line number but add no sentence, as in the format.
     """
     examples: list[Example] = []
     story: list[list[str]] = []
+    written: list[str] = []  # the story sentences as the file writes them (a language model reads these)
     line_to_sentence: dict[int, int] = {}
     for number, line in enumerate(read_text_lines(path), start=1):
         if not line.strip():
@@ -707,13 +709,14 @@ def read_babi(path: str | Path) -> list[Example]:
             raise InputError(path, "expected a line starting with its number", number)
         index, text = int(match.group(1)), match.group(2)
         if index == 1:
-            story, line_to_sentence = [], {}
+            story, written, line_to_sentence = [], [], {}
         if "\t" not in text:
             tokens = tokenize(text)
             if not tokens:
                 raise InputError(path, "empty story sentence", number)
             line_to_sentence[index] = len(story)
             story.append(tokens)
+            written.append(text.strip())
             continue
         fields = [f.strip() for f in text.split("\t")]
         if len(fields) < 3 or not fields[0] or not fields[1]:
@@ -737,7 +740,7 @@ def read_babi(path: str | Path) -> list[Example]:
                 query=tokenize(fields[0]),
                 sentences=[list(s) for s in story],
                 rationale=rationale,
-                meta=_source(path, number) | {"supporting": supporting},
+                meta=_source(path, number) | {"supporting": supporting, "sentence_texts": list(written), "question": fields[0]},
             )
         )
     return examples
