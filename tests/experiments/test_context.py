@@ -199,6 +199,9 @@ def test_smollm2_on_babi_stories(shared_data: Path, tmp_path: Path) -> None:
 
 def test_the_docs_table_is_generated_from_the_result() -> None:
     import json
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # `benchmarks` is a folder of the checkout, not a package
 
     from benchmarks.common import RESULTS
     from benchmarks.reproduce_context import DOCS, NAME, table

@@ -1,10 +1,12 @@
-"""A prompt rendered with the tokenizer's own chat template (one user turn, the assistant's turn opened)."""
+"""A prompt rendered with the tokenizer's own chat template (one user turn, the assistant's turn opened), through the
+one renderer of chat prompts (:func:`attnaudit.models.hf.render_chat`, what ``--chat`` uses everywhere)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from attnaudit.errors import AttnAuditError
+from attnaudit.models.hf import Chat, render_chat
 
 
 def has_chat_template(tokenizer: Any) -> bool:
@@ -18,7 +20,4 @@ def chat_prompt(tokenizer: Any, user: str) -> str:
     if not has_chat_template(tokenizer):
         raise AttnAuditError("this model's tokenizer has no chat template, so the prompt cannot be rendered as a chat; "
                              "use an instruction-tuned model")
-    text = tokenizer.apply_chat_template([{"role": "user", "content": user}], tokenize=False, add_generation_prompt=True)
-    if not isinstance(text, str) or user not in text:
-        raise AttnAuditError("the tokenizer's chat template does not show the user's message as written")
-    return text
+    return render_chat(tokenizer, user, Chat()).text
