@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from torch import nn
 
+from attnaudit import bounds
 from attnaudit.data.types import TaskData
 from attnaudit.errors import AttnAuditError
 from attnaudit.io import atomic_write_json, digest, read_json_object, writes_folder
@@ -107,6 +108,7 @@ def _check(epochs: int, batch_size: int, lr: float, warmup: float, limit: int | 
         raise AttnAuditError(f"--max-len must be at least 1, got {max_len}")
     if train_layers is not None and train_layers < 0:
         raise AttnAuditError(f"--train-layers must be at least 0, got {train_layers}")
+    bounds.epochs(epochs)  # no early stopping: every epoch runs
 
 
 def _hooks(run: Run, data: TaskData, out: Path, extra: dict[str, Any], masking: tuple[int, list[int], int] | None = None) -> Hooks:

@@ -278,6 +278,10 @@ def _nmt_config(options: dict[str, Any], bleu_split: str | None) -> NMTConfig:
             raise AttnAuditError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
     if not 0 < cfg.lr < math.inf:
         raise AttnAuditError(f"--lr must be a finite number above 0, got {cfg.lr}")
+    if cfg.max_steps is None:  # --max-steps caps the work whatever the epochs
+        bounds.epochs(cfg.epochs)
+    else:
+        bounds.check_time("--max-steps", cfg.max_steps, cfg.max_steps, "one per optimiser step", "give fewer steps")
     # Encoder and decoder layers (attention: 4 d², cross-attention too, feed-forward: 2 d d_ff), 16 bytes a parameter in training.
     per_layer = 2 * (8 * cfg.d_model * cfg.d_model + 2 * cfg.d_model * cfg.d_ff)
     bounds.check_memory("--layers/--d-model/--d-ff", f"{cfg.layers}/{cfg.d_model}/{cfg.d_ff}", float(bounds.TRAINING_BYTES) * cfg.layers * per_layer,

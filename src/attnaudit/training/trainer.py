@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 from torch import Tensor, nn
 
-from attnaudit import __version__
+from attnaudit import __version__, bounds
 from attnaudit.algorithms.metrics import score_classification, score_tagging
 from attnaudit.data.tasks import absolute_spec, drop_short, load_task
 from attnaudit.data.types import Batch, Example, TaskData
@@ -170,6 +170,7 @@ class TrainConfig:
         for failed, message in bad:
             if failed:
                 raise AttnAuditError(message)
+        bounds.epochs(self.epochs)
         self.loop("classification")  # an unknown optimiser is refused here too
 
     def to_dict(self) -> dict[str, Any]:
