@@ -34,7 +34,7 @@ from attnaudit.errors import AttnAuditError, error_line
 from attnaudit.experiments.experiment import Experiment, Result, get_experiment
 from attnaudit.experiments.runner import make_options
 from attnaudit.io import atomic_write_text, read_json
-from attnaudit.progress import status
+from attnaudit.progress import is_quiet, status
 from attnaudit.run import Run
 from attnaudit.seed import set_seed
 
@@ -257,18 +257,37 @@ def import_ray() -> Any:
     return ray
 
 
+def local_workers(workers: int | None) -> int:
+    """The CPUs (and so at most the worker processes) of a local Ray: ``workers``, else one per core, never more
+    than the cores (:func:`bounds.workers` refused more before)."""
+    import os
+
+    cores = os.cpu_count() or 1
+    return min(workers or cores, cores)
+
+
+def ray_logging() -> dict[str, Any]:
+    """``ray.init``'s logging settings: Ray's INFO and WARNING lines ("Started a local Ray instance", its token notice)
+    follow ``--quiet`` (only errors then); the workers' output never reaches the terminal (``log_to_driver``)."""
+    import logging
+
+    return {"log_to_driver": False, "logging_level": logging.ERROR if is_quiet() else logging.INFO}
+
+
 def connect(ray: Any, address: str | None, workers: int | None) -> bool:
-    """Connect to the Ray cluster at ``address``, or start a local Ray with ``workers`` CPUs, unless Ray
-    is running in this process already; whether it was started here (then shut it down afterwards)."""
+    """Connect to the Ray cluster at ``address``, or start a local Ray with ``workers`` CPUs (one per core by
+    default, :func:`local_workers`) unless Ray is running in this process already; whether it was started here
+    (then shut it down afterwards). A local Ray starts no more worker processes than its CPUs (Ray's soft limit)."""
     if ray.is_initialized():
         return False
     try:
         if address:
-            ray.init(address=address, log_to_driver=False)
+            ray.init(address=address, **ray_logging())
             if workers is not None:  # no more workers than the cluster has cores for
                 bounds.workers(workers, offered=int(ray.cluster_resources().get("CPU", 0)) or 1)
         else:
-            ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False)
+            cpus = local_workers(workers)
+            ray.init(num_cpus=cpus, include_dashboard=False, _system_config={"num_workers_soft_limit": cpus}, **ray_logging())
     except (ConnectionError, RuntimeError, ValueError) as exc:
         raise AttnAuditError(f"could not connect to Ray{f' at {address}' if address else ''}: {error_line(exc)}") from None
     return True

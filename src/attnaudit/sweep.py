@@ -609,14 +609,28 @@ def _run_ray(jobs: list[Job], address: str | None, workers: int | None) -> Itera
     with ray_session(address, workers) as ray:
         remote = ray.remote(num_cpus=1, max_retries=0)(run_job)
         pending = {remote.remote(job): job for job in jobs}
-        while pending:
-            done, _ = ray.wait(list(pending), num_returns=1)
-            for ref in done:
-                job = pending.pop(ref)
-                try:
-                    yield ray.get(ref)
-                except Exception as exc:  # RayTaskError / WorkerCrashedError: the worker died
-                    yield _crashed(job, exc)
+        try:
+            while pending:
+                done, _ = ray.wait(list(pending), num_returns=1)
+                for ref in done:
+                    job = pending.pop(ref)
+                    try:
+                        yield ray.get(ref)
+                    except Exception as exc:  # RayTaskError / WorkerCrashedError: the worker died
+                        yield _crashed(job, exc)
+        except BaseException:  # Ctrl-C, or the caller stopped reading: end the jobs (on a cluster too), do not wait
+            _cancel(ray, list(pending))
+            raise
+
+
+def _cancel(ray: Any, refs: list[Any]) -> None:
+    """Cancel Ray tasks now, the running ones by killing their worker (``force``): their job folders resume on the
+    next run. A local Ray started here is shut down afterwards anyway; on a cluster this is what stops them."""
+    for ref in refs:
+        try:
+            ray.cancel(ref, force=True)
+        except Exception:  # noqa: BLE001, S112 - a task that just finished or whose worker is gone: nothing to stop
+            continue
 
 
 # --------------------------------------------------------------------------- aggregation
