@@ -23,8 +23,8 @@ from attnaudit.run import CONFIG, STAGE
 
 KEPT = frozenset({LOCK, STAGE})
 """What a retraining in place never removes from ``OUT``: the lock and the stage."""
-RUN_FOLDERS = frozenset({"checkpoint", "epochs"})
-"""The old run's own sub-folders (its epoch checkpoint and kept epochs), replaced with the new run; other folders
+RUN_FOLDERS = frozenset({"checkpoint", "epochs", "hf"})
+"""The old run's own sub-folders (its epoch checkpoint, kept epochs, Hugging Face model), replaced with the new run; other folders
 (a training-based test's ``subruns/``, ``results/``) are left in place."""
 
 
