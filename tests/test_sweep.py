@@ -179,7 +179,7 @@ def test_ray_engine_on_a_local_ray_instance(tmp_path: Path, monkeypatch: pytest.
     monkeypatch.chdir(tmp_path)
     # One job is enough to exercise the Ray path; the grid logic is tested on the local engine.
     config = _tiny_config(tmp_path, **{"models: [bilstm, average]": "models: [bilstm]", "seeds: [0, 1]": "seeds: [0]"})
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _system_config={"num_workers_soft_limit": 2})  # at most 2 worker processes
     try:
         result = sweep(config, engine="ray", out=tmp_path / "out")
         assert ray.is_initialized()  # the sweep leaves a Ray it did not start running

@@ -169,12 +169,21 @@ def model_parameters(make: Callable[[], Any], what: str) -> int:
     return count
 
 
+def cores() -> int:
+    """The CPU cores this process may run on (its affinity: a container or ``taskset`` limits them below
+    ``os.cpu_count()``, the machine's count, which Ray and a process pool would otherwise fill)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):  # no affinity on this platform
+        return os.cpu_count() or 1
+
+
 def workers(count: int, offered: int | None = None, option: str = "--workers") -> None:
     """Refuse more workers than the machine (or the cluster, ``offered``) has CPU cores for."""
-    cores = offered if offered is not None else os.cpu_count() or 1
-    if count > cores:
+    cores_here = offered if offered is not None else cores()
+    if count > cores_here:
         where = "in the cluster" if offered is not None else "here"
-        raise AttnAuditError(f"{option} {count}: only {cores} CPU core(s) {where}; give at most {cores}")
+        raise AttnAuditError(f"{option} {count}: only {cores_here} CPU core(s) {where}; give at most {cores_here}")
 
 
 def adversaries(count: int, batch_size: int, option: str = "--adversaries") -> None:

@@ -260,9 +260,7 @@ def import_ray() -> Any:
 def local_workers(workers: int | None) -> int:
     """The CPUs (and so at most the worker processes) of a local Ray: ``workers``, else one per core, never more
     than the cores (:func:`bounds.workers` refused more before)."""
-    import os
-
-    cores = os.cpu_count() or 1
+    cores = bounds.cores()
     return min(workers or cores, cores)
 
 

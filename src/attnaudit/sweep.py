@@ -721,7 +721,7 @@ def sweep(
     skipped = list(records)
     status(f"sweep: {len(jobs)} job(s), {len(skipped)} already finished, {len(todo)} to run ({engine}) -> {root}")
     if todo:
-        count = min(workers or os.cpu_count() or 1, len(todo))
+        count = min(workers or bounds.cores(), len(todo))
         stream = _run_local(todo, count) if engine == "local" else _run_ray(todo, address, workers)
         for record in track(stream, "sweep jobs", total=len(todo)):
             records[record["id"]] = record

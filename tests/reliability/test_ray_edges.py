@@ -92,7 +92,8 @@ def test_a_sweep_on_ray_stops_on_ctrl_c_in_one_line_and_resumes(tmp_path: Path) 
 
 def test_a_local_ray_starts_no_more_workers_than_cores(monkeypatch: pytest.MonkeyPatch) -> None:
     """The engine's local Ray: ``num_cpus`` (Ray prestarts that many workers) and Ray's soft limit on worker processes are
-    the cores, or ``--workers`` when fewer; Ray's own logging is ERROR under --quiet (checked without starting Ray)."""
+    the usable cores (the process's affinity, not the machine's count), or ``--workers`` when fewer; Ray's own logging
+    is ERROR under --quiet (checked without starting Ray)."""
     import logging
 
     from attnaudit import shards
@@ -107,7 +108,7 @@ def test_a_local_ray_starts_no_more_workers_than_cores(monkeypatch: pytest.Monke
         def init(self, **kwargs: Any) -> None:
             calls.append(kwargs)
 
-    monkeypatch.setattr(os, "cpu_count", lambda: 3)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2})  # three usable cores (of more, maybe)
     previous = is_quiet()
     try:
         set_quiet(True)
