@@ -161,6 +161,7 @@ class RayWorkers:
 
     def _get(self, ref: Any) -> Result:
         """The task's result; a failure inside the task raises its own error (one line), not Ray's wrapper."""
+        wait_one(self.ray, [ref])  # Ctrl-C is seen within a second, not once the task ends
         try:
             result: Result = self.ray.get(ref)
             return result
@@ -184,7 +185,7 @@ class RayWorkers:
             while queue and idle:
                 actor, (k, indices) = idle.pop(), queue.pop(0)
                 running[actor.compute.remote(experiment.name, values, seed, [examples[i] for i in indices], indices)] = (k, actor)
-            done, _ = self.ray.wait(list(running), num_returns=1)
+            done = wait_one(self.ray, list(running))
             k, actor = running.pop(done[0])
             idle.append(actor)
             yield k, self._get(done[0])
@@ -246,6 +247,20 @@ def _stored(path: Path, key: str, indices: list[int]) -> Result | None:
         return Result(**record["part"])
     except (AttnAuditError, AttributeError, KeyError, TypeError):
         return None
+
+
+WAIT_SECONDS = 0.5
+"""How long one ``ray.wait`` blocks: Ray's wait holds the main thread in its own code, where Python's Ctrl-C handler
+cannot run; a short wait in a loop lets a KeyboardInterrupt through within this time (a sweep once ignored Ctrl-C
+until its running job ended)."""
+
+
+def wait_one(ray: Any, refs: list[Any]) -> list[Any]:
+    """The refs of ``refs`` that are done, once at least one is (``ray.wait`` in short waits, see :data:`WAIT_SECONDS`)."""
+    while True:
+        done, _ = ray.wait(refs, num_returns=1, timeout=WAIT_SECONDS)
+        if done:
+            return list(done)
 
 
 def import_ray() -> Any:

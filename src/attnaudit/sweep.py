@@ -42,7 +42,7 @@ from attnaudit.io import (
 )
 from attnaudit.options import SEED_MAX, check_dtype, check_max_length, check_value, conforms, type_name
 from attnaudit.progress import status, track
-from attnaudit.shards import ENGINES, check_address, ray_session
+from attnaudit.shards import ENGINES, check_address, ray_session, wait_one
 from attnaudit.study import write_study
 
 JOB_FILE = "job.json"
@@ -611,8 +611,7 @@ def _run_ray(jobs: list[Job], address: str | None, workers: int | None) -> Itera
         pending = {remote.remote(job): job for job in jobs}
         try:
             while pending:
-                done, _ = ray.wait(list(pending), num_returns=1)
-                for ref in done:
+                for ref in wait_one(ray, list(pending)):
                     job = pending.pop(ref)
                     try:
                         yield ray.get(ref)

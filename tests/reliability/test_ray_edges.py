@@ -120,3 +120,20 @@ def test_a_local_ray_starts_no_more_workers_than_cores(monkeypatch: pytest.Monke
     assert [(c["num_cpus"], c["_system_config"]["num_workers_soft_limit"]) for c in calls] == [(3, 3), (2, 2), (1, 1)]
     assert [c["logging_level"] for c in calls] == [logging.ERROR, logging.ERROR, logging.INFO]
     assert all(c["log_to_driver"] is False and c["include_dashboard"] is False for c in calls)
+
+
+def test_waiting_on_ray_lets_ctrl_c_through_within_a_second() -> None:
+    """Every wait on Ray tasks (the sweep's jobs, the audit's shards) blocks at most :data:`shards.WAIT_SECONDS` at a
+    time: Ray's wait holds the main thread where Python cannot raise KeyboardInterrupt (a Ray sweep ignored Ctrl-C
+    until its running job ended)."""
+    from attnaudit import shards
+
+    timeouts: list[float | None] = []
+
+    class SlowRay:
+        def wait(self, refs: list[str], num_returns: int = 1, timeout: float | None = None) -> tuple[list[str], list[str]]:
+            timeouts.append(timeout)
+            return (refs[:1], refs[1:]) if len(timeouts) == 3 else ([], refs)
+
+    assert shards.wait_one(SlowRay(), ["a", "b"]) == ["a"]
+    assert timeouts == [shards.WAIT_SECONDS] * 3 and shards.WAIT_SECONDS <= 1
