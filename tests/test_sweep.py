@@ -211,7 +211,8 @@ def test_ctrl_c_stops_the_pool_in_seconds_with_one_line(tmp_path: Path) -> None:
     command = [sys.executable, "-m", "attnaudit.cli", "sweep", str(config), "--out", str(out), "--workers", "2", "--quiet"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env,
-                               start_new_session=True)  # its own process group, as a terminal's foreground job
+                               start_new_session=True,  # its own process group, as a terminal's foreground job
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # not ignored, as in a terminal
     deadline = time.monotonic() + 240
     while len({p.relative_to(out).parts[0] for p in out.rglob("config.json")}) < 2 and process.poll() is None \
             and time.monotonic() < deadline:  # (a run is built in run/.partial until it is whole)

@@ -99,8 +99,8 @@ def is_attnaudit_dir(path: Path) -> bool:
         return True
     if "results" in names and (path / "results").is_dir() and _holds_ours(path / "results"):
         return True
-    if "run" in names and _is_run(path / "run"):
-        return True
+    if "run" in names and (_is_run(path / "run") or (path / "run" / ".partial").is_dir()):
+        return True  # an audit's run, finished or still being trained (attnaudit.run.STAGE)
     if "checkpoint" in names and (path / "checkpoint" / "state.json").is_file():
         return True  # a training's epoch checkpoint
     if ".partial" in names and (path / ".partial").is_dir():

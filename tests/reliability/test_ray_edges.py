@@ -41,7 +41,13 @@ def _start(words: list[str], cwd: Path) -> subprocess.Popen[str]:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     env.pop("ATTNAUDIT_DATA", None)
     return subprocess.Popen([*CLI, *words], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd, env=env,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=_ctrl_c_as_in_a_terminal)
+
+
+def _ctrl_c_as_in_a_terminal() -> None:
+    """SIGINT's default action in the child, as a terminal's foreground job has it: a test run started in the background
+    of a shell without job control inherits SIGINT ignored, and Python then never raises KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _left(group: int) -> list[str]:

@@ -123,3 +123,17 @@ def test_a_kill_while_the_run_moves_in_leaves_no_mix(tmp_path: Path, monkeypatch
     proc = cli("train", "--task", f"csv:{data}", "--out", out, *TINY_TRAIN[:2], "--epochs", "2", *TINY_TRAIN[4:])
     assert proc.returncode == 130 and moved and not (out / "config.json").exists()
     _refused_as_unfinished(out)
+
+
+def test_a_folder_with_an_unfinished_training_is_ours_to_resume(tmp_path: Path) -> None:
+    """An audit (or sweep job) folder whose run was interrupted in training holds ``run/.partial`` only, and a train
+    folder only ``.partial``: the same command may write there again (a Ray sweep's resume once refused both jobs'
+    folders as "not an attnaudit run or audit folder")."""
+    from attnaudit.io import check_output_dir
+
+    for folder in (tmp_path / "audit" / "run" / staging.STAGE / "checkpoint", tmp_path / "train" / staging.STAGE):
+        folder.mkdir(parents=True)
+        (folder / "config.json").write_text("{}")
+    (tmp_path / "audit" / ".attnaudit.lock").write_text("123")
+    assert check_output_dir(tmp_path / "audit") == tmp_path / "audit"
+    assert check_output_dir(tmp_path / "train") == tmp_path / "train"
