@@ -151,7 +151,7 @@ def test_a_killed_audit_resumes_without_recomputing_finished_shards(run, tmp_pat
 def test_ray_workers_give_the_same_summary(run, tmp_path: Path) -> None:
     ray = pytest.importorskip("ray")
     audit(tmp_path / "one", run=run, limit=8, test_options=ONE_BY_ONE, **QUICK)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _system_config={"num_workers_soft_limit": 2})  # at most 2 worker processes
     try:
         result = audit(tmp_path / "ray", run=run, limit=8, test_options=ONE_BY_ONE, engine="ray", workers=2, shard_size=3, **QUICK)
         assert ray.is_initialized()  # the audit leaves a Ray it did not start running

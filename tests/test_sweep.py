@@ -179,7 +179,7 @@ def test_ray_engine_on_a_local_ray_instance(tmp_path: Path, monkeypatch: pytest.
     monkeypatch.chdir(tmp_path)
     # One job is enough to exercise the Ray path; the grid logic is tested on the local engine.
     config = _tiny_config(tmp_path, **{"models: [bilstm, average]": "models: [bilstm]", "seeds: [0, 1]": "seeds: [0]"})
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _system_config={"num_workers_soft_limit": 2})  # at most 2 worker processes
     try:
         result = sweep(config, engine="ray", out=tmp_path / "out")
         assert ray.is_initialized()  # the sweep leaves a Ray it did not start running
@@ -211,9 +211,11 @@ def test_ctrl_c_stops_the_pool_in_seconds_with_one_line(tmp_path: Path) -> None:
     command = [sys.executable, "-m", "attnaudit.cli", "sweep", str(config), "--out", str(out), "--workers", "2", "--quiet"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env,
-                               start_new_session=True)  # its own process group, as a terminal's foreground job
+                               start_new_session=True,  # its own process group, as a terminal's foreground job
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # not ignored, as in a terminal
     deadline = time.monotonic() + 240
-    while len(list(out.glob("*/run/config.json"))) < 2 and process.poll() is None and time.monotonic() < deadline:
+    while len({p.relative_to(out).parts[0] for p in out.rglob("config.json")}) < 2 and process.poll() is None \
+            and time.monotonic() < deadline:  # (a run is built in run/.partial until it is whole)
         time.sleep(0.1)  # both workers are training
     assert process.poll() is None, process.communicate()[1]
     os.killpg(process.pid, signal.SIGINT)

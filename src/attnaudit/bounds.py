@@ -2,7 +2,9 @@
 
 One place knows what an option costs: each check estimates the memory the value asks for, from the
 value and what is known before the model is loaded, and refuses a value the machine cannot hold in one
-line that gives the estimate and the limit (exit 2). The checks are called where the values enter:
+line that gives the estimate and the limit (exit 2). Counts that size the time (epochs, optimiser steps,
+random orders, curve points, permutations...) are bounded by :func:`check_time`: the model passes they ask
+for at the least, times the fastest pass there is (:data:`PASS_SECONDS`), against :data:`MAX_HOURS_ENV`. The checks are called where the values enter:
 every test's options (:func:`attnaudit.experiments.experiment.make_options`: ``run``, ``--set``, sweeps),
 ``explain`` (``--steps``), model construction (:func:`attnaudit.models.build_model`) and the Ray engine
 (workers).
@@ -55,6 +57,62 @@ def check_memory(option: str, value: Any, need: float, what: str, fix: str, shar
         )
 
 
+PASS_SECONDS = 1e-4
+"""Seconds one model pass (a forward, or a forward and backward step) takes at the fastest: below the smallest model's
+pass on one example (a BiLSTM with embeddings and states of 4: 0.3 ms forward, 0.9 ms a training step on this project's
+CPU, tests/reliability/test_time_bounds.py ``test_the_pass_floor_is_below_the_fastest_pass``); any real model on any
+machine is slower, so a time estimate made with it is a lower bound and refuses no work that would really finish in time."""
+MAX_HOURS_ENV = "ATTNAUDIT_MAX_HOURS"
+"""The environment variable that sets the time limit in hours (one place for every command)."""
+MAX_HOURS = 24.0
+"""The default time limit: work estimated at more than a day (at :data:`PASS_SECONDS` a pass) is refused before it starts."""
+
+
+def max_seconds() -> float:
+    """The time limit: ``$ATTNAUDIT_MAX_HOURS`` hours (a positive number), else :data:`MAX_HOURS`."""
+    raw = os.environ.get(MAX_HOURS_ENV, "").strip()
+    if not raw:
+        return MAX_HOURS * 3600
+    try:
+        hours = float(raw)
+    except ValueError:
+        hours = math.nan
+    if not 0 < hours < math.inf:
+        raise AttnAuditError(f"{MAX_HOURS_ENV}={raw!r}: give the time limit in hours, a number above 0 (e.g. 72)")
+    return hours * 3600
+
+
+def duration(seconds: float) -> str:
+    """``seconds`` for a person: ``2.5 days``, ``3.0 h``, ``12 min``, ``40 s``."""
+    for unit, length in (("years", 365 * 86400.0), ("days", 86400.0), ("h", 3600.0), ("min", 60.0)):
+        if seconds >= length:
+            return f"{seconds / length:,.1f} {unit}"
+    return f"{seconds:.0f} s"
+
+
+def check_time(option: str, value: Any, passes: float, what: str, fix: str) -> None:
+    """Refuse ``option`` = ``value`` when the ``passes`` (``what`` they are) take longer than the time limit at
+    :data:`PASS_SECONDS` each: the one line says the estimate, the limit and how to raise it."""
+    need, limit = float(passes) * PASS_SECONDS, max_seconds()
+    if need > limit:
+        raise AttnAuditError(
+            f"{option} {value}: at least {duration(need)} of work ({float(passes):,.0f} model passes: {what}, "
+            f"{PASS_SECONDS * 1000:g} ms each at the fastest); {duration(limit)} is the limit "
+            f"({MAX_HOURS_ENV}=HOURS raises it): {fix}"
+        )
+
+
+def count(value: Any) -> int:
+    """``value`` when it is a positive int (a count to bound), else 0 (the option's own check refuses it)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def epochs(value: Any, option: str = "--epochs") -> None:
+    """Training ``epochs``: one optimiser step per epoch at the least (one batch)."""
+    if count(value):
+        check_time(option, value, count(value), "one training step per epoch at the least", "give fewer epochs")
+
+
 def ig_steps(steps: int, option: str = "--steps") -> None:
     """Integrated Gradients' ``steps``: Captum places them at Gauss–Legendre nodes, which numpy's ``leggauss``
     finds as the eigenvalues of an ``steps × steps`` float64 matrix (8·steps² bytes: 74.5 GiB at 100,000)."""
@@ -62,6 +120,7 @@ def ig_steps(steps: int, option: str = "--steps") -> None:
         largest = int(math.sqrt(SHARE * available_memory() / 8))
         check_memory(option, steps, 8.0 * steps * steps, "Integrated Gradients' Gauss-Legendre nodes, a steps x steps matrix",
                      f"give at most {largest:,} (20-50 steps are the usual choice)")
+        check_time(option, steps, steps, "one gradient per step for each instance", "20-50 steps are the usual choice")
 
 
 def permutations(count: int, batch_size: int, option: str = "--permutations") -> None:
@@ -70,6 +129,7 @@ def permutations(count: int, batch_size: int, option: str = "--permutations") ->
     if isinstance(count, int) and isinstance(batch_size, int) and count > 0 and batch_size > 0:
         check_memory(option, count, 16.0 * count * batch_size, f"two numbers per permutation for each of a batch's {batch_size} instances",
                      "give fewer permutations (the published test uses 100) or a smaller --batch-size")
+        check_time(option, count, count, "one pass per permutation for each batch", "give fewer permutations (the published test uses 100)")
 
 
 BPE_ENTRY_BYTES = 66
@@ -109,12 +169,21 @@ def model_parameters(make: Callable[[], Any], what: str) -> int:
     return count
 
 
+def cores() -> int:
+    """The CPU cores this process may run on (its affinity: a container or ``taskset`` limits them below
+    ``os.cpu_count()``, the machine's count, which Ray and a process pool would otherwise fill)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):  # no affinity on this platform
+        return os.cpu_count() or 1
+
+
 def workers(count: int, offered: int | None = None, option: str = "--workers") -> None:
     """Refuse more workers than the machine (or the cluster, ``offered``) has CPU cores for."""
-    cores = offered if offered is not None else os.cpu_count() or 1
-    if count > cores:
+    cores_here = offered if offered is not None else cores()
+    if count > cores_here:
         where = "in the cluster" if offered is not None else "here"
-        raise AttnAuditError(f"{option} {count}: only {cores} CPU core(s) {where}; give at most {cores}")
+        raise AttnAuditError(f"{option} {count}: only {cores_here} CPU core(s) {where}; give at most {cores_here}")
 
 
 def adversaries(count: int, batch_size: int, option: str = "--adversaries") -> None:
@@ -150,7 +219,24 @@ def histogram_bins(bins: int, option: str = "--bins") -> None:
         check_memory(option, bins, 16.0 * (bins + 1), "a histogram's edges and counts", "give fewer bins (Quantus' default is 100)")
 
 
+def per_instance(option: str, value: Any, what: str, fix: str) -> None:
+    """A count of model passes per instance (random orders, curve points, repeats...): one instance at the least."""
+    if count(value):
+        check_time(option, value, count(value), what, fix)
+
+
 TEST_OPTIONS: dict[str, Callable[[dict[str, Any]], None]] = {
+    "epochs": lambda values: epochs(values["epochs"]),
+    "steps": lambda values: per_instance("--steps", values["steps"], "one optimiser step per step for each batch",
+                                         "give fewer steps (the published test uses 500)"),
+    "adversary_steps": lambda values: per_instance("--adversary-steps", values["adversary_steps"], "one optimiser step per step for each batch",
+                                                   "give fewer steps (100 is the default)"),
+    "random_orders": lambda values: per_instance("--random-orders", values["random_orders"], "one erasure pass per order for each instance",
+                                                 "give fewer orders (5 is the default)"),
+    "curve_steps": lambda values: per_instance("--curve-steps", values["curve_steps"], "one pass per curve point for each instance",
+                                               "give fewer points (10 is the default)"),
+    "repeats": lambda values: per_instance("--repeats", values["repeats"], "one pass per repeat for each batch",
+                                           "give fewer repeats (5 is the default)"),
     "bins": lambda values: histogram_bins(values["bins"]),  # an int (sanity's); faithfulness' bins are a list of percents
     "adversaries": lambda values: adversaries(values["adversaries"], int(values.get("batch_size") or 1)),
     "ig_steps": lambda values: ig_steps(values["ig_steps"], "--ig-steps"),

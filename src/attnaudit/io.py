@@ -99,10 +99,12 @@ def is_attnaudit_dir(path: Path) -> bool:
         return True
     if "results" in names and (path / "results").is_dir() and _holds_ours(path / "results"):
         return True
-    if "run" in names and _is_run(path / "run"):
-        return True
+    if "run" in names and (_is_run(path / "run") or (path / "run" / ".partial").is_dir()):
+        return True  # an audit's run, finished or still being trained (attnaudit.run.STAGE)
     if "checkpoint" in names and (path / "checkpoint" / "state.json").is_file():
         return True  # a training's epoch checkpoint
+    if ".partial" in names and (path / ".partial").is_dir():
+        return True  # an unfinished training's stage (attnaudit.run.STAGE)
     if "subruns" in names and any(_is_run(p) for p in (path / "subruns").glob("*/*")):
         return True
     return "runs" in names and (path / "runs").is_dir() and any(_is_run(p) for p in (path / "runs").iterdir())

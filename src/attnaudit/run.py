@@ -27,6 +27,9 @@ from attnaudit.models.interface import AttentionModel, ModelConfig
 from attnaudit.weights import load_tensors
 
 CONFIG = "config.json"
+STAGE = ".partial"
+"""The folder inside a run folder where ``train``, ``finetune`` and ``train-nmt`` build the run before moving it in
+(:mod:`attnaudit.training.staging`): a folder with a stage and no config is an unfinished training, never a run."""
 
 
 
@@ -153,6 +156,9 @@ def read_config(directory: Path) -> dict[str, Any]:
     if not directory.is_dir():
         raise InputError(directory, "run directory not found")
     path = directory / CONFIG
+    if (directory / STAGE).is_dir() and not path.is_file():
+        raise InputError(directory, f"its training did not finish (the unfinished run is in {STAGE}/); run the same training "
+                                    "command again to resume it")
     config = read_json(path)
     if not isinstance(config, dict) or "model" not in config or "task" not in config:
         raise InputError(path, "not an attnaudit run config (needs 'model' and 'task')")

@@ -34,7 +34,7 @@ from attnaudit.errors import AttnAuditError, error_line
 from attnaudit.experiments.experiment import Experiment, Result, get_experiment
 from attnaudit.experiments.runner import make_options
 from attnaudit.io import atomic_write_text, read_json
-from attnaudit.progress import status
+from attnaudit.progress import is_quiet, status
 from attnaudit.run import Run
 from attnaudit.seed import set_seed
 
@@ -161,6 +161,7 @@ class RayWorkers:
 
     def _get(self, ref: Any) -> Result:
         """The task's result; a failure inside the task raises its own error (one line), not Ray's wrapper."""
+        wait_one(self.ray, [ref])  # Ctrl-C is seen within a second, not once the task ends
         try:
             result: Result = self.ray.get(ref)
             return result
@@ -184,7 +185,7 @@ class RayWorkers:
             while queue and idle:
                 actor, (k, indices) = idle.pop(), queue.pop(0)
                 running[actor.compute.remote(experiment.name, values, seed, [examples[i] for i in indices], indices)] = (k, actor)
-            done, _ = self.ray.wait(list(running), num_returns=1)
+            done = wait_one(self.ray, list(running))
             k, actor = running.pop(done[0])
             idle.append(actor)
             yield k, self._get(done[0])
@@ -248,6 +249,20 @@ def _stored(path: Path, key: str, indices: list[int]) -> Result | None:
         return None
 
 
+WAIT_SECONDS = 0.5
+"""How long one ``ray.wait`` blocks: Ray's wait holds the main thread in its own code, where Python's Ctrl-C handler
+cannot run; a short wait in a loop lets a KeyboardInterrupt through within this time (a sweep once ignored Ctrl-C
+until its running job ended)."""
+
+
+def wait_one(ray: Any, refs: list[Any]) -> list[Any]:
+    """The refs of ``refs`` that are done, once at least one is (``ray.wait`` in short waits, see :data:`WAIT_SECONDS`)."""
+    while True:
+        done, _ = ray.wait(refs, num_returns=1, timeout=WAIT_SECONDS)
+        if done:
+            return list(done)
+
+
 def import_ray() -> Any:
     """The ``ray`` module, or one line saying how to install it."""
     try:
@@ -257,18 +272,35 @@ def import_ray() -> Any:
     return ray
 
 
+def local_workers(workers: int | None) -> int:
+    """The CPUs (and so at most the worker processes) of a local Ray: ``workers``, else one per core, never more
+    than the cores (:func:`bounds.workers` refused more before)."""
+    cores = bounds.cores()
+    return min(workers or cores, cores)
+
+
+def ray_logging() -> dict[str, Any]:
+    """``ray.init``'s logging settings: Ray's INFO and WARNING lines ("Started a local Ray instance", its token notice)
+    follow ``--quiet`` (only errors then); the workers' output never reaches the terminal (``log_to_driver``)."""
+    import logging
+
+    return {"log_to_driver": False, "logging_level": logging.ERROR if is_quiet() else logging.INFO}
+
+
 def connect(ray: Any, address: str | None, workers: int | None) -> bool:
-    """Connect to the Ray cluster at ``address``, or start a local Ray with ``workers`` CPUs, unless Ray
-    is running in this process already; whether it was started here (then shut it down afterwards)."""
+    """Connect to the Ray cluster at ``address``, or start a local Ray with ``workers`` CPUs (one per core by
+    default, :func:`local_workers`) unless Ray is running in this process already; whether it was started here
+    (then shut it down afterwards). A local Ray starts no more worker processes than its CPUs (Ray's soft limit)."""
     if ray.is_initialized():
         return False
     try:
         if address:
-            ray.init(address=address, log_to_driver=False)
+            ray.init(address=address, **ray_logging())
             if workers is not None:  # no more workers than the cluster has cores for
                 bounds.workers(workers, offered=int(ray.cluster_resources().get("CPU", 0)) or 1)
         else:
-            ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False)
+            cpus = local_workers(workers)
+            ray.init(num_cpus=cpus, include_dashboard=False, _system_config={"num_workers_soft_limit": cpus}, **ray_logging())
     except (ConnectionError, RuntimeError, ValueError) as exc:
         raise AttnAuditError(f"could not connect to Ray{f' at {address}' if address else ''}: {error_line(exc)}") from None
     return True

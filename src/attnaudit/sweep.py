@@ -42,7 +42,7 @@ from attnaudit.io import (
 )
 from attnaudit.options import SEED_MAX, check_dtype, check_max_length, check_value, conforms, type_name
 from attnaudit.progress import status, track
-from attnaudit.shards import ENGINES, check_address, ray_session
+from attnaudit.shards import ENGINES, check_address, ray_session, wait_one
 from attnaudit.study import write_study
 
 JOB_FILE = "job.json"
@@ -615,14 +615,27 @@ def _run_ray(jobs: list[Job], address: str | None, workers: int | None) -> Itera
     with ray_session(address, workers) as ray:
         remote = ray.remote(num_cpus=1, max_retries=0)(run_job)
         pending = {remote.remote(job): job for job in jobs}
-        while pending:
-            done, _ = ray.wait(list(pending), num_returns=1)
-            for ref in done:
-                job = pending.pop(ref)
-                try:
-                    yield ray.get(ref)
-                except Exception as exc:  # RayTaskError / WorkerCrashedError: the worker died
-                    yield _crashed(job, exc)
+        try:
+            while pending:
+                for ref in wait_one(ray, list(pending)):
+                    job = pending.pop(ref)
+                    try:
+                        yield ray.get(ref)
+                    except Exception as exc:  # RayTaskError / WorkerCrashedError: the worker died
+                        yield _crashed(job, exc)
+        except BaseException:  # Ctrl-C, or the caller stopped reading: end the jobs (on a cluster too), do not wait
+            _cancel(ray, list(pending))
+            raise
+
+
+def _cancel(ray: Any, refs: list[Any]) -> None:
+    """Cancel Ray tasks now, the running ones by killing their worker (``force``): their job folders resume on the
+    next run. A local Ray started here is shut down afterwards anyway; on a cluster this is what stops them."""
+    for ref in refs:
+        try:
+            ray.cancel(ref, force=True)
+        except Exception:  # noqa: BLE001, S112 - a task that just finished or whose worker is gone: nothing to stop
+            continue
 
 
 # --------------------------------------------------------------------------- aggregation
@@ -713,7 +726,7 @@ def sweep(
     skipped = list(records)
     status(f"sweep: {len(jobs)} job(s), {len(skipped)} already finished, {len(todo)} to run ({engine}) -> {root}")
     if todo:
-        count = min(workers or os.cpu_count() or 1, len(todo))
+        count = min(workers or bounds.cores(), len(todo))
         stream = _run_local(todo, count) if engine == "local" else _run_ray(todo, address, workers)
         for record in track(stream, "sweep jobs", total=len(todo)):
             records[record["id"]] = record

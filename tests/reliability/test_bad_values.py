@@ -196,7 +196,7 @@ def test_tex_like_labels_and_tokens_are_drawn_literally(tmp_path: Path) -> None:
 
 def test_state_json_that_is_not_an_object(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    state = out / "checkpoint" / "state.json"
+    state = out / ".partial" / "checkpoint" / "state.json"  # an unfinished training's stage (training/staging.py)
     state.parent.mkdir(parents=True)
     state.write_text("[1, 2]")
     proc = cli("train", "--task", "synthetic", "--out", out, *TINY_TRAIN)
@@ -211,8 +211,8 @@ def test_state_json_with_a_field_of_the_wrong_type(trained: Run, run_copy: Path,
     config = json.loads((run_copy / "config.json").read_text())
     (run_copy / "metrics.json").unlink()
     state = {"epoch": 1, "best": 0.5, "bad": 0, "history": [], "seconds": 1.0, "hash": config["hash"], field: value}
-    (run_copy / "checkpoint").mkdir()
-    (run_copy / "checkpoint" / "state.json").write_text(json.dumps(state))
+    (run_copy / ".partial" / "checkpoint").mkdir(parents=True)  # a retraining in place, built in the stage
+    (run_copy / ".partial" / "checkpoint" / "state.json").write_text(json.dumps(state))
     with pytest.raises(InputError, match=rf"state\.json: field '{field}' must be"):
         train(trained.task.spec, "bilstm", run_copy, test=trained.task.test, epochs=1, embed_dim=8, hidden_dim=8, quiet_eval=True)
 

@@ -302,10 +302,11 @@ def test_full_disk_during_training_keeps_the_last_epoch(tmp_path: Path, monkeypa
     with monkeypatch.context() as patch:
         patch.setattr(weights, "save_file", save_file)
         proc = main_in_process(patch, capsys, *args, "--out", tmp_path / "cut")
-    error = assert_clean_failure(proc, str(tmp_path / "cut" / "checkpoint"))
-    assert "no space left on device" in error
-    assert json.loads((tmp_path / "cut" / "checkpoint" / "state.json").read_text())["epoch"] == 1
+    error = assert_clean_failure(proc, str(tmp_path / "cut" / ".partial" / "checkpoint"))
+    assert "no space left on device" in error and f"{tmp_path / 'cut'} is unchanged" in error
+    assert json.loads((tmp_path / "cut" / ".partial" / "checkpoint" / "state.json").read_text())["epoch"] == 1
     assert not (tmp_path / "cut" / "metrics.json").exists() and leftovers(tmp_path / "cut") == []
+    assert sorted(p.name for p in (tmp_path / "cut").iterdir()) == [".partial"]  # no half run: the run is built apart
     assert main_in_process(monkeypatch, capsys, *args, "--out", tmp_path / "cut").returncode == 0  # resumes after epoch 1
     full, resumed = load_file(tmp_path / "full" / "model.safetensors"), load_file(tmp_path / "cut" / "model.safetensors")
     assert all(full[k].equal(resumed[k]) for k in full)

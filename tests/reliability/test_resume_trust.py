@@ -137,9 +137,9 @@ def test_stray_temporary_files_are_removed_on_the_next_start(tmp_path: Path) -> 
     run_test("permutation", run.path, out=results, limit=LIMIT, plot=False, permutations=2)
     assert not left.exists() and (results / "permutation.json").exists()
 
-    killed = [run.path / ".metrics.json.zz11yy22.tmp", run.path / "checkpoint" / ".state.json.aa33bb44.tmp"]
+    killed = [run.path / ".metrics.json.zz11yy22.tmp", run.path / ".partial" / "checkpoint" / ".state.json.aa33bb44.tmp"]
     for path in killed:
-        path.parent.mkdir(exist_ok=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("{")
     _train(tmp_path)  # already trained: loads it, after clearing what a killed training left
     assert [p for p in killed if p.exists()] == []

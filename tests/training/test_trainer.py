@@ -74,13 +74,14 @@ def test_kill_during_training_then_resume_matches_uninterrupted(tmp_path: Path) 
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path / "full")], check=True, env=env)
     proc = subprocess.Popen([sys.executable, "-c", SCRIPT, str(tmp_path / "killed")], env=env)
-    state = tmp_path / "killed" / "checkpoint" / "state.json"
+    state = tmp_path / "killed" / ".partial" / "checkpoint" / "state.json"  # the run is built in .partial until whole
     deadline = time.time() + 120
     while time.time() < deadline and not (state.exists() and json.loads(state.read_text())["epoch"] >= 2):
         time.sleep(0.05)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert not (tmp_path / "killed" / "metrics.json").exists(), "killed run must not look complete"
+    assert not (tmp_path / "killed" / "config.json").exists(), "nor look like a run at all"
     subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path / "killed")], check=True, env=env)
     full = load_file(tmp_path / "full" / "model.safetensors")
     resumed = load_file(tmp_path / "killed" / "model.safetensors")

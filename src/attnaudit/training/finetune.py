@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from torch import nn
 
+from attnaudit import bounds
 from attnaudit.data.types import TaskData
 from attnaudit.errors import AttnAuditError
 from attnaudit.io import atomic_write_json, digest, read_json_object, writes_folder
@@ -45,6 +46,7 @@ from attnaudit.training.loop import (
     notes,
     seeded,
 )
+from attnaudit.training.staging import staged
 from attnaudit.training.trainer import cross_entropy, evaluate_examples
 
 if TYPE_CHECKING:
@@ -107,6 +109,7 @@ def _check(epochs: int, batch_size: int, lr: float, warmup: float, limit: int | 
         raise AttnAuditError(f"--max-len must be at least 1, got {max_len}")
     if train_layers is not None and train_layers < 0:
         raise AttnAuditError(f"--train-layers must be at least 0, got {train_layers}")
+    bounds.epochs(epochs)  # no early stopping: every epoch runs
 
 
 def _hooks(run: Run, data: TaskData, out: Path, extra: dict[str, Any], masking: tuple[int, list[int], int] | None = None) -> Hooks:
@@ -204,7 +207,6 @@ def finetune(
     if not data.train or not data.dev:
         raise AttnAuditError(f"task {spec_name!r} needs train and dev examples to fine-tune")
 
-    (out / METRICS).unlink(missing_ok=True)  # stale results of other settings; rewritten last
     run = seeded(seed, lambda: load_hf(hf, task=data, data_dir=data_dir, device=device, num_labels=len(data.labels)))
     run.task = TaskSpec(
         spec=spec_name, task_type=data.task_type, labels=list(data.labels), data_dir=absolute_dir(data_dir)
@@ -220,23 +222,26 @@ def finetune(
     steps = epochs * -(-len(train_set) // batch_size)
     optimiser = Optimiser("adamw", lr, weight_decay, frozen=frozen, clip=1.0, schedule="linear-hf", warmup=int(warmup * steps))
     loop = LoopConfig(epochs, batch_size, seed, optimiser, Selection("dev.accuracy"))
-    state = fit(run.model, run, train_set, loop, _hooks(run, data, out, extra, _masking(run, seed) if masking else None))
-    best_run = load_hf_run(out, device=device, data_dir=data_dir)
+    with staged(out) as stage:  # the run appears in `out` whole, or not at all (a full disk, a kill)
+        state = fit(run.model, run, train_set, loop, _hooks(run, data, stage, extra, _masking(run, seed) if masking else None))
+        best_run = load_hf_run(stage, device=device, data_dir=data_dir)
+        best_run._data = data
+        metrics = {
+            "dev": state["history"][state["selected"] - 1]["dev"],  # the saved epoch's own scores
+            "test": evaluate_examples(best_run, data.test) if data.test else {},
+            "epochs": epochs,
+            "best_dev": state["best"],
+            "train_seconds": state["seconds"],
+            "train_examples": len(train_set),
+            "trained_parameters": trained,
+            "history": state["history"],
+            "selection": "best dev accuracy",
+            "training": notes(loop, state),
+            "notes": list(data.notes),
+        }
+        atomic_write_json(stage / METRICS, metrics)
+    best_run = load_hf_run(out, device=device, data_dir=data_dir)  # from where it now lies
     best_run._data = data
-    metrics = {
-        "dev": state["history"][state["selected"] - 1]["dev"],  # the saved epoch's own scores
-        "test": evaluate_examples(best_run, data.test) if data.test else {},
-        "epochs": epochs,
-        "best_dev": state["best"],
-        "train_seconds": state["seconds"],
-        "train_examples": len(train_set),
-        "trained_parameters": trained,
-        "history": state["history"],
-        "selection": "best dev accuracy",
-        "training": notes(loop, state),
-        "notes": list(data.notes),
-    }
-    atomic_write_json(out / METRICS, metrics)
     status(f"[green]done[/]: dev accuracy {metrics['dev']['accuracy']:.4f}" + (
         f", test accuracy {metrics['test']['accuracy']:.4f}" if metrics["test"] else ""
     ))

@@ -45,6 +45,7 @@ from attnaudit.training.loop import (
     notes,
     seeded,
 )
+from attnaudit.training.staging import staged
 
 if TYPE_CHECKING:
     from attnaudit.models.hf import HFModel
@@ -210,10 +211,11 @@ def train_nmt(
         target.save(directory / TARGET_BPE)
 
     loop = nmt_loop(cfg)
-    state = fit(net, run, train_pairs, loop, nmt_hooks(run, data.dev, cfg), Checkpoint(out, run_config, save_bpe, resume))
-    metrics = {**_final_metrics(run, data, state, cfg, train_pairs, bleu_split), "training": notes(loop, state)}
-    atomic_write_json(out / METRICS, metrics)
-    shutil.rmtree(out / "checkpoint", ignore_errors=True)  # the run is complete: no resume needed
+    with staged(out) as stage:  # the run appears in `out` whole, or not at all
+        state = fit(net, run, train_pairs, loop, nmt_hooks(run, data.dev, cfg), Checkpoint(stage, run_config, save_bpe, resume))
+        metrics = {**_final_metrics(run, data, state, cfg, train_pairs, bleu_split), "training": notes(loop, state)}
+        atomic_write_json(stage / METRICS, metrics)
+        shutil.rmtree(stage / "checkpoint", ignore_errors=True)  # the run is complete: no resume needed
     status(f"[green]done[/]: dev loss {metrics['dev']['loss']:.4f}"
            + (f", {bleu_split} BLEU {metrics[f'{bleu_split}_bleu']:.2f}" if bleu_split else ""))
     return run
@@ -240,7 +242,6 @@ def train_hf_nmt(
     config_hash = digest(settings)
     if finished_run(out, config_hash, resume):
         return load_hf_run(out, device=device, data_dir=spec.data_dir)
-    (out / METRICS).unlink(missing_ok=True)  # written last: the commit point
     joint = SubwordTokenizer.train((words for ex in data.train for words in (ex.tokens, ex.target or [])), cfg.source_vocab)
     tokenizer = fresh_tokenizer(joint)
     net = seeded(cfg.seed, lambda: fresh_seq2seq(arch, tokenizer, cfg.layers, cfg.heads, cfg.d_model, cfg.d_ff, cfg.dropout, cfg.max_len))
@@ -251,15 +252,18 @@ def train_hf_nmt(
     extra = {"hash": config_hash, "train_nmt": {"arch": arch, **asdict(cfg)}}
     loop = nmt_loop(cfg)
 
-    def save_best() -> None:
-        save_hf_run(run, out, extra)
+    with staged(out) as stage:  # the run appears in `out` whole, or not at all
+        def save_best() -> None:
+            save_hf_run(run, stage, extra)
 
-    hooks = replace(nmt_hooks(run, data.dev, cfg), save_best=save_best)
-    state = fit(net, run, train_pairs, loop, hooks)
-    best = load_hf_run(out, device=device, data_dir=spec.data_dir)
+        hooks = replace(nmt_hooks(run, data.dev, cfg), save_best=save_best)
+        state = fit(net, run, train_pairs, loop, hooks)
+        best = load_hf_run(stage, device=device, data_dir=spec.data_dir)
+        best._data = data
+        metrics = {**_final_metrics(best, data, state, cfg, train_pairs, bleu_split), "training": notes(loop, state)}
+        atomic_write_json(stage / METRICS, metrics)
+    best = load_hf_run(out, device=device, data_dir=spec.data_dir)  # from where it now lies
     best._data = data
-    metrics = {**_final_metrics(best, data, state, cfg, train_pairs, bleu_split), "training": notes(loop, state)}
-    atomic_write_json(out / METRICS, metrics)
     status(f"[green]done[/]: dev loss {metrics['dev']['loss']:.4f}"
            + (f", {bleu_split} BLEU {metrics[f'{bleu_split}_bleu']:.2f}" if bleu_split else ""))
     return best
@@ -278,6 +282,10 @@ def _nmt_config(options: dict[str, Any], bleu_split: str | None) -> NMTConfig:
             raise AttnAuditError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
     if not 0 < cfg.lr < math.inf:
         raise AttnAuditError(f"--lr must be a finite number above 0, got {cfg.lr}")
+    if cfg.max_steps is None:  # --max-steps caps the work whatever the epochs
+        bounds.epochs(cfg.epochs)
+    else:
+        bounds.check_time("--max-steps", cfg.max_steps, cfg.max_steps, "one per optimiser step", "give fewer steps")
     # Encoder and decoder layers (attention: 4 d², cross-attention too, feed-forward: 2 d d_ff), 16 bytes a parameter in training.
     per_layer = 2 * (8 * cfg.d_model * cfg.d_model + 2 * cfg.d_model * cfg.d_ff)
     bounds.check_memory("--layers/--d-model/--d-ff", f"{cfg.layers}/{cfg.d_model}/{cfg.d_ff}", float(bounds.TRAINING_BYTES) * cfg.layers * per_layer,

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 from torch import Tensor, nn
 
-from attnaudit import __version__
+from attnaudit import __version__, bounds
 from attnaudit.algorithms.metrics import score_classification, score_tagging
 from attnaudit.data.tasks import absolute_spec, drop_short, load_task
 from attnaudit.data.types import Batch, Example, TaskData
@@ -52,6 +52,7 @@ from attnaudit.training.loop import (
     notes,
     seeded,
 )
+from attnaudit.training.staging import stage_of, staged
 
 if TYPE_CHECKING:
     from attnaudit.data.batching import Collator
@@ -170,6 +171,7 @@ class TrainConfig:
         for failed, message in bad:
             if failed:
                 raise AttnAuditError(message)
+        bounds.epochs(self.epochs)
         self.loop("classification")  # an unknown optimiser is refused here too
 
     def to_dict(self) -> dict[str, Any]:
@@ -468,8 +470,8 @@ def train(
 
     cfg, merged = _settings(model, options)
     out = Path(out)
-    for folder in (out, out / "checkpoint"):  # what a killed earlier training left half-written
-        remove_stray_tmp(folder)
+    for folder in (out, stage_of(out)):  # what a killed earlier training left half-written
+        remove_stray_tmp(folder, recursive=folder != out)
     data, spec = _task_data(task, data_dir, split_seed, dev, test, merged.get("min_length", 0))
     if cfg.select == "roc_auc" and (data.task_type == "tagging" or len(data.labels) != 2):
         raise AttnAuditError(f"--select dev-roc-auc needs a binary classification task; {data.name} has {len(data.labels)} labels")
@@ -502,17 +504,18 @@ def train(
 
     loop = cfg.loop(data.task_type)
     hooks = classifier_hooks(run, cfg, data.dev)
-    if keep_epochs:
-        hooks = epoch_keeping(hooks, net, out / EPOCHS)
-    state = fit(net, run, data.train, loop, hooks, Checkpoint(out, run_config, save_vocabs, resume))
-    metrics = {
-        "dev": evaluate_examples(run, data.dev),
-        "test": evaluate_examples(run, data.test),
-        **run_summary(cfg, loop, state, data.task_type),
-        "notes": [*data.notes, *preset_note(cfg.preset, options)],
-    }
-    atomic_write_json(out / METRICS, metrics)
-    shutil.rmtree(out / "checkpoint", ignore_errors=True)  # the run is complete: no resume needed
+    with staged(out) as stage:  # the run appears in `out` whole, or not at all (a full disk, a kill)
+        if keep_epochs:
+            hooks = epoch_keeping(hooks, net, stage / EPOCHS)
+        state = fit(net, run, data.train, loop, hooks, Checkpoint(stage, run_config, save_vocabs, resume))
+        metrics = {
+            "dev": evaluate_examples(run, data.dev),
+            "test": evaluate_examples(run, data.test),
+            **run_summary(cfg, loop, state, data.task_type),
+            "notes": [*data.notes, *preset_note(cfg.preset, options)],
+        }
+        atomic_write_json(stage / METRICS, metrics)
+        shutil.rmtree(stage / "checkpoint", ignore_errors=True)  # the run is complete: no resume needed
     if not quiet_eval:
         status(f"[green]done[/]: dev {metrics['dev']}, test {metrics['test']}")
     return run
