@@ -303,6 +303,7 @@ class HFModel(HFCapabilities, HFRestarts, EncoderDecoderLayout, LanguageModel):
         on_layer: LayerCallback | None = None,
         rows_only: bool = False,
         cut: Cut | None = None,
+        lean: bool = False,
     ) -> ModelOutput:
         """Attention layer ``start_layer`` (default ``cache.layer``) onwards and the head, as the model's own forward.
 
@@ -311,7 +312,9 @@ class HFModel(HFCapabilities, HFRestarts, EncoderDecoderLayout, LanguageModel):
         ``rows_only``: the caller reads the weights at :meth:`explanation_rows` alone, so the layers that can run
         SDPA for their outputs and compute only those rows' weights (:func:`~attnaudit.models.hf.attention._rows_only`;
         not encoder-decoders, interventions or a restart from a key/value prefix). ``cut``: the last block's tail runs at
-        the explanation rows alone (:mod:`attnaudit.models.hf.readout`; the last layer's record then holds those rows)."""
+        the explanation rows alone (:mod:`attnaudit.models.hf.readout`; the last layer's record then holds those rows).
+        ``lean``: only the logits (or their gradient) are read: no trace, SDPA where a layer can, long passes recomputed
+        block by block in the backward pass (:attr:`~attnaudit.models.hf.attention.Capture.lean`)."""
         n = self.num_attention_layers
         start = cache.layer if start_layer is None else start_layer
         if not -n <= start < n:
@@ -330,6 +333,8 @@ class HFModel(HFCapabilities, HFRestarts, EncoderDecoderLayout, LanguageModel):
         first_call = self.structure.sites[self.first_decoder_layer].block if decoder_side else 0
         state = Pass(self.structure, cache, start, interventions, pass_masks(self.structure, cache), self.layer_label, first_call, self.hf_type)
         state.keep_scores = self.keep_scores
+        state.lean = lean and on_layer is None and keep_layers is not None and not keep_layers
+        state.recompute = self.kind != "encoder-decoder"
         inputs = pass_inputs(self.structure, cache, start, lambda: self.continues_prefix, self.hf_type)
         trace = AttentionTrace()
 
@@ -360,7 +365,7 @@ class HFModel(HFCapabilities, HFRestarts, EncoderDecoderLayout, LanguageModel):
     ) -> ModelOutput:
         """``self(batch, interventions, embeddings)`` read for its logits alone: no trace, and the last block's tail at
         the read rows only where the dry batch gave the same logits that way (:mod:`attnaudit.models.hf.readout`)."""
-        return self.decode(self.encode(batch, embeddings), interventions, keep_layers=(), cut=self.read_cut())
+        return self.decode(self.encode(batch, embeddings), interventions, keep_layers=(), cut=self.read_cut(), lean=True)
 
     def read_cut(self) -> Cut | None:
         """The last block's read-rows cut (:func:`~attnaudit.models.hf.readout.find_cut` on the dry batch, once), or None."""

@@ -1,0 +1,63 @@
+"""Lean passes (:attr:`attnaudit.models.hf.attention.Capture.lean`): a pass read for its logits or their gradient alone
+runs transformers' SDPA function in every layer that allows it (no ``(B,H,Q,K)`` weights made), detached weights as
+detached queries and keys, and long passes recompute each block in the backward pass. On tiny random decoders of four
+families, with padding: the logits and input gradients equal the full eager pass's, with the weights live and detached,
+checkpointed or not."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnaudit.architectures import SENTENCES, build_tiny
+from attnaudit.data.types import Batch
+from attnaudit.models.hf import HFModel, passes
+from attnaudit.models.hf import attention as hf_attention
+from attnaudit.models.interface import detach_weights, evaluation
+
+FAMILIES = ("llama", "gpt2", "qwen2", "gemma")
+
+
+def tiny(model_type: str) -> tuple[HFModel, Batch]:
+    hf, tokenizer = build_tiny(model_type, "lm")
+    model = HFModel(hf, tokenizer, "classification", model_type, trained_head=True)
+    encoded = tokenizer(list(SENTENCES), padding=True, return_tensors="pt")
+    return model, Batch(tokens=encoded["input_ids"], mask=encoded["attention_mask"].bool(), examples=[])
+
+
+def gradient(model: HFModel, batch: Batch, detach: bool, lean: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    interventions = [detach_weights()] if detach else []
+    with evaluation(model), torch.enable_grad():
+        embeddings = model.embed(batch).detach().requires_grad_(True)
+        if lean:
+            logits = model.logits_forward(batch, interventions, embeddings=embeddings).logits
+        else:
+            logits = model.decode(model.encode(batch, embeddings), interventions, keep_layers=()).logits
+        (grad,) = torch.autograd.grad(logits.max(-1).values.sum(), embeddings)
+    return logits.detach(), grad
+
+
+@pytest.mark.parametrize("model_type", FAMILIES)
+@pytest.mark.parametrize("detach", [False, True])
+@pytest.mark.parametrize("recompute", [False, True])
+def test_a_lean_pass_gives_the_full_pass_logits_and_gradients(model_type: str, detach: bool, recompute: bool,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    model, batch = tiny(model_type)
+    reference = gradient(model, batch, detach, lean=False)
+    fused: list[int] = []
+    plain_sdpa = hf_attention.sdpa_attention_forward
+
+    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        fused.append(1)
+        return plain_sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(hf_attention, "sdpa_attention_forward", counted)
+    monkeypatch.setattr(passes, "CHECKPOINT_TOKENS", 1 if recompute else 10**9)
+    logits, grad = gradient(model, batch, detach, lean=True)
+    layers = model.num_attention_layers
+    # every layer fused in the forward; recomputed blocks (all but the last) run it again in the backward pass
+    assert len(fused) == (2 * layers - 1 if recompute else layers)
+    torch.testing.assert_close(logits, reference[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(grad, reference[1], rtol=1e-4, atol=1e-6)
+    if detach:  # the detached weights change the gradient: the test tells the two apart
+        assert not torch.allclose(grad, gradient(model, batch, False, lean=True)[1], atol=1e-6)
