@@ -144,6 +144,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     parser.add_argument("--lengths", default=",".join(map(str, LENGTHS)))
     parser.add_argument("--cases", help="comma-separated cases to run (default: all but ours_gradient, which costs as much as "
                         "ours_input_gradient)")
+    parser.add_argument("--name", default="long_context", help="the result file's name (parts measured side by side)")
+    parser.add_argument("--merge", help="comma-separated result names whose lengths make up --name (no measuring)")
     parser.add_argument("--cap-gb", type=float, default=12.0, help="address-space cap of every case's process (GiB)")
     parser.add_argument("--child"), parser.add_argument("--folder"), parser.add_argument("--ids"), parser.add_argument("--length", type=int)
     args = parser.parse_args(argv)
@@ -156,6 +158,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     from attnaudit.pretrained import smollm2_path
     from benchmarks.common import write_result
 
+    if args.merge:
+        return merge(args.name, args.merge.split(","))
     if not (args.data_dir / "sst2" / "train.tsv").is_file():
         print(f"no {args.data_dir / 'sst2' / 'train.tsv'}: nothing measured")
         return None
@@ -165,7 +169,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     lengths = [int(x) for x in args.lengths.split(",")]
     scratch = ROOT / "benchmarks" / "runs"
     scratch.mkdir(parents=True, exist_ok=True)
-    ids_path = scratch / "long_context_ids.json"
+    ids_path = scratch / f"{args.name}_ids.json"
     ids_path.write_text(json.dumps(text_ids(folder, args.data_dir, max(lengths))))
     peer_python = args.venv / "bin" / "python" if args.venv is not None and (args.venv / "bin" / "python").is_file() else None
     cases = [*HF, *OURS, *(PEER if peer_python is not None else ())]
@@ -184,8 +188,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
             for case in cases if case != "hf_forward" and "failed" not in row["cases"][case] and "failed" not in base
         }
         rows.append(row)
-        write_result("long_context", summary(rows, args.cap_gb, cases, peer_python is not None))  # each T as it completes
+        write_result(args.name, summary(rows, args.cap_gb, cases, peer_python is not None))  # each T as it completes
     return summary(rows, args.cap_gb, cases, peer_python is not None)
+
+
+def merge(name: str, parts: list[str]) -> dict[str, Any]:
+    """``name``'s result from the lengths of ``parts`` (each measured by its own command, recorded under ``parts``)."""
+    from benchmarks.common import RESULTS, write_result
+
+    loaded = [json.loads((RESULTS / f"{part}.json").read_text()) for part in parts]
+    rows = sorted((row for part in loaded for row in part["lengths"]), key=lambda row: row["tokens"])
+    first = loaded[0]
+    payload = summary(rows, first["cap_gb"], first["cases"], first["peer"] is not None)
+    payload["parts"] = [{key: part[key] for key in ("name", "command", "commit", "load_average")} for part in loaded]
+    write_result(name, payload)
+    return payload
 
 
 def summary(rows: list[dict[str, Any]], cap_gb: float, cases: list[str], peer: bool) -> dict[str, Any]:

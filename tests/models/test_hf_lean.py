@@ -61,3 +61,30 @@ def test_a_lean_pass_gives_the_full_pass_logits_and_gradients(model_type: str, d
     torch.testing.assert_close(grad, reference[1], rtol=1e-4, atol=1e-6)
     if detach:  # the detached weights change the gradient: the test tells the two apart
         assert not torch.allclose(grad, gradient(model, batch, False, lean=True)[1], atol=1e-6)
+
+
+@pytest.mark.parametrize("model_type", FAMILIES)
+def test_prefix_rows_share_one_pass(model_type: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch of prefixes of one sequence (a generated sequence's steps) runs its longest row once: the logits and every
+    layer's explanation row equal the batch's own row-only pass."""
+    model, batch = tiny(model_type)
+    full = batch.tokens[0][batch.mask[0]].tolist()
+    lengths = [len(full) - 3, len(full) - 1, len(full) - 2, len(full)]
+    tokens = torch.full((len(lengths), len(full)), int(batch.tokens[1, -1]))
+    for row, n in enumerate(lengths):
+        tokens[row, :n] = torch.tensor(full[:n])
+    prefixes = Batch(tokens=tokens, mask=torch.arange(len(full))[None] < torch.tensor(lengths)[:, None], examples=[])
+    batches: list[int] = []
+    plain_encode = model.encode
+    monkeypatch.setattr(model, "encode", lambda b, *a, **k: batches.append(len(b)) or plain_encode(b, *a, **k))
+    with evaluation(model), torch.no_grad():
+        shared = model.rows_forward(prefixes)
+        own = model.decode(plain_encode(prefixes), rows_only=True)
+    assert batches == [1]
+    torch.testing.assert_close(shared.logits, own.logits, rtol=1e-5, atol=1e-5)
+    for mine, theirs in zip(shared.trace.layers, own.trace.layers):
+        torch.testing.assert_close(mine.weights, theirs.weights, rtol=1e-5, atol=1e-6)
+    prefixes.tokens[0, 1] += 1  # no longer a prefix: the batch runs as it is
+    with evaluation(model), torch.no_grad():
+        model.rows_forward(prefixes)
+    assert batches == [1, len(lengths)]

@@ -304,6 +304,7 @@ class HFModel(HFCapabilities, HFRestarts, EncoderDecoderLayout, LanguageModel):
         rows_only: bool = False,
         cut: Cut | None = None,
         lean: bool = False,
+        rows: Tensor | None = None,
     ) -> ModelOutput:
         """Attention layer ``start_layer`` (default ``cache.layer``) onwards and the head, as the model's own forward.
 
@@ -314,7 +315,9 @@ class HFModel(HFCapabilities, HFRestarts, EncoderDecoderLayout, LanguageModel):
         not encoder-decoders, interventions or a restart from a key/value prefix). ``cut``: the last block's tail runs at
         the explanation rows alone (:mod:`attnaudit.models.hf.readout`; the last layer's record then holds those rows).
         ``lean``: only the logits (or their gradient) are read: no trace, SDPA where a layer can, long passes recomputed
-        block by block in the backward pass (:attr:`~attnaudit.models.hf.attention.Capture.lean`)."""
+        block by block in the backward pass (:attr:`~attnaudit.models.hf.attention.Capture.lean`). ``rows`` (with
+        ``rows_only``, a causal decoder): the read rows ``(R,)`` of the one sequence ``cache`` holds, each an instance of the
+        output (:meth:`rows_forward` of prefixes)."""
         n = self.num_attention_layers
         start = cache.layer if start_layer is None else start_layer
         if not -n <= start < n:
@@ -344,7 +347,9 @@ class HFModel(HFCapabilities, HFRestarts, EncoderDecoderLayout, LanguageModel):
             if kept is None or layer in kept:
                 trace.layers.append(record)
 
-        rows = self.explanation_rows(inputs["attention_mask"].bool())
+        if rows is not None and not (rows_only and self.kind == "decoder" and self.causal and len(cache.mask) == 1):
+            raise AttnAuditError("read rows are given for one sequence of a causal decoder, with rows_only")
+        rows = self.explanation_rows(inputs["attention_mask"].bool()) if rows is None else rows
         read = None if rows is None else rows if isinstance(rows, Tensor) else torch.full_like(cache.mask[:, 0], rows, dtype=torch.long)
         if rows_only and self.kind != "encoder-decoder" and read is not None and not interventions:
             state.rows = read
@@ -382,8 +387,34 @@ class HFModel(HFCapabilities, HFRestarts, EncoderDecoderLayout, LanguageModel):
         return self._cuts[0]
 
     def rows_forward(self, batch: Batch) -> ModelOutput:
-        """``self(batch)`` with each layer's weights at the explanation rows alone where a layer can (``decode(rows_only=True)``)."""
-        return self.decode(self.encode(batch), rows_only=True)
+        """``self(batch)`` with each layer's weights at the explanation rows alone where a layer can (``decode(rows_only=True)``).
+
+        A causal decoder's batch whose rows are prefixes of its longest (the steps of a generated sequence) runs that row
+        alone and reads each row's explanation row in it: a causal position sees only the tokens before it, so its
+        weights and logits are the prefix's own; the trace's weights and the logits have one instance per row (its other
+        records, of the one sequence, are not per row)."""
+        longest = self._longest_of_prefixes(batch)
+        if longest is None:
+            return self.decode(self.encode(batch), rows_only=True)
+        rows = self.explanation_rows(batch.mask.bool())
+        assert isinstance(rows, Tensor)
+        return self.decode(self.encode(batch.select(longest)), rows_only=True, rows=rows)
+
+    def _longest_of_prefixes(self, batch: Batch) -> Tensor | None:
+        """``(1,)`` the index of ``batch``'s longest row when every row is a right-padded prefix of it (a causal decoder's
+        plain token rows), else None."""
+        if self.kind != "decoder" or not self.causal or len(batch) < 2 or batch.tokens.dim() != 2:
+            return None
+        if any(getattr(batch, name, None) is not None for name in ("features", "query", "target")):
+            return None
+        mask = batch.mask.bool()
+        lengths = mask.sum(1)
+        longest = int(lengths.argmax())
+        positions = torch.arange(mask.shape[1], device=mask.device)
+        prefixes = bool((mask == (positions < lengths[:, None])).all()) and bool(mask[longest].all())
+        if not prefixes or not bool(((batch.tokens == batch.tokens[longest]) | ~mask).all()):
+            return None
+        return torch.tensor([longest])
 
     def continuation(self, source: Sequence[int], count: int, sample: bool = False, seed: int = 0) -> tuple[list[int], Tensor]:
         """Up to ``count`` tokens after ``source`` by the model's own cached forward (greedy, or sampled with a

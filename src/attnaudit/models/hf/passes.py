@@ -168,11 +168,12 @@ def _block_forward(state: Pass, plain: Callable[..., Any], finished: Finished) -
 
 
 CHECKPOINT_TOKENS = 512
-"""A lean pass under autograd (:attr:`~attnaudit.models.hf.attention.Capture.lean`) over at least this many positions
-(batch × length) keeps each block's input alone and recomputes the block in the backward pass (activation
+"""A lean pass under autograd (:attr:`~attnaudit.models.hf.attention.Capture.lean`) over sequences of at least this many
+positions keeps each block's input alone and recomputes the block in the backward pass (activation
 checkpointing): SmolLM2 would otherwise hold about 50 kB per position and layer for the backward pass (12 GB at 8,192
 tokens), with it its 30 block inputs (2.3 kB per position each) and one block's activations at a time; the price is a
-second forward through each block. Shorter passes keep their activations: the time matters more there."""
+second forward through each block. Shorter sequences keep their activations, however many (Integrated Gradients'
+interpolation batches, a generated sequence's steps): the time matters more there, and their passes are sized to memory."""
 
 
 def _recomputed(state: Pass, number: int, hidden: Tensor | None) -> bool:
@@ -180,7 +181,7 @@ def _recomputed(state: Pass, number: int, hidden: Tensor | None) -> bool:
     the last block (a read-rows cut may hook into it) nor a block whose states need no gradient."""
     return (
         state.lean and state.recompute and torch.is_grad_enabled() and hidden is not None and hidden.requires_grad
-        and hidden.shape[0] * hidden.shape[1] >= CHECKPOINT_TOKENS and number < len(state.structure.blocks) - 1
+        and hidden.dim() >= 2 and hidden.shape[1] >= CHECKPOINT_TOKENS and number < len(state.structure.blocks) - 1
     )
 
 
