@@ -43,7 +43,9 @@ LENGTHS = (1024, 2048, 4096, 8192)
 OURS = {"ours_attention": ("attention", {}), "ours_gradient": ("gradient", {}),
         "ours_input_gradient": ("input_gradient", {"score": "probability", "reduction": "l2"})}
 HF = ("hf_forward", "hf_forward_last")
-PEER = {"inseq_attention": "attention", "inseq_saliency": "saliency"}
+PEER = {"inseq_saliency": "saliency", "inseq_attention": "attention"}
+ORDER = ("hf_forward", "ours_attention", "ours_input_gradient", "inseq_saliency", "inseq_attention", "ours_gradient", "hf_forward_last")
+"""The order cases run in at each T (what matters most first)."""
 
 
 def _status(field: str) -> float:
@@ -170,25 +172,27 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     scratch = ROOT / "benchmarks" / "runs"
     scratch.mkdir(parents=True, exist_ok=True)
     ids_path = scratch / f"{args.name}_ids.json"
-    ids_path.write_text(json.dumps(text_ids(folder, args.data_dir, max(lengths))))
+    known = json.loads(ids_path.read_text()) if ids_path.is_file() else {}
+    if known.get("for_length") != max(lengths):  # the text depends on the data and the longest T alone
+        ids_path.write_text(json.dumps({**text_ids(folder, args.data_dir, max(lengths)), "for_length": max(lengths)}))
     peer_python = args.venv / "bin" / "python" if args.venv is not None and (args.venv / "bin" / "python").is_file() else None
     cases = [*HF, *OURS, *(PEER if peer_python is not None else ())]
     chosen = args.cases.split(",") if args.cases else [c for c in cases if c != "ours_gradient"]
-    cases = [c for c in cases if c in chosen]
+    cases = sorted((c for c in cases if c in chosen), key=ORDER.index)
     rows: list[dict[str, Any]] = []
     for length in lengths:
-        row: dict[str, Any] = {"tokens": length, "cases": {}}
+        row: dict[str, Any] = {"tokens": length, "cases": {}, "ratio_to_hf_forward": {}}
+        rows.append(row)
         for case in cases:
             python = str(peer_python) if case in PEER else sys.executable
             row["cases"][case] = answer = spawn(python, case, folder, ids_path, length, args.cap_gb)
             print(f"T={length} {case}: {answer}", flush=True)
-        base = row["cases"]["hf_forward"]
-        row["ratio_to_hf_forward"] = {
-            case: {measure: row["cases"][case][measure] / base[measure] for measure in ("peak_rss_mb", "operation_peak_mb", "seconds")}
-            for case in cases if case != "hf_forward" and "failed" not in row["cases"][case] and "failed" not in base
-        }
-        rows.append(row)
-        write_result(args.name, summary(rows, args.cap_gb, cases, peer_python is not None))  # each T as it completes
+            base = row["cases"].get("hf_forward")
+            row["ratio_to_hf_forward"] = {
+                name: {measure: got[measure] / base[measure] for measure in ("peak_rss_mb", "operation_peak_mb", "seconds")}
+                for name, got in row["cases"].items() if name != "hf_forward" and "failed" not in got and base and "failed" not in base
+            }
+            write_result(args.name, summary(rows, args.cap_gb, cases, peer_python is not None))  # each case as it completes
     return summary(rows, args.cap_gb, cases, peer_python is not None)
 
 
