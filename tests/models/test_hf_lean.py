@@ -88,3 +88,28 @@ def test_prefix_rows_share_one_pass(model_type: str, monkeypatch: pytest.MonkeyP
     with evaluation(model), torch.no_grad():
         model.rows_forward(prefixes)
     assert batches == [1, len(lengths)]
+
+
+@pytest.mark.parametrize("model_type", FAMILIES)
+def test_prefix_rows_share_one_gradient_pass(model_type: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``input_gradient``'s gradient of a batch of prefixes (a generated sequence's steps) from one pass over the longest
+    row and a batched backward equals each row's own gradient, and is 0 beyond each row's tokens."""
+    from attnaudit.explain.helpers.gradients import decision_gradient
+
+    model, batch = tiny(model_type)
+    full = batch.tokens[0][batch.mask[0]].tolist()
+    lengths = [len(full) - 2, len(full), len(full) - 1]
+    tokens = torch.full((len(lengths), len(full)), int(batch.tokens[1, -1]))
+    for row, n in enumerate(lengths):
+        tokens[row, :n] = torch.tensor(full[:n])
+    prefixes = Batch(tokens=tokens, mask=torch.arange(len(full))[None] < torch.tensor(lengths)[:, None], examples=[],
+                     explained=torch.tensor([3, 5, 7]))
+    with torch.enable_grad():
+        assert model.prefix_gradient_forward(prefixes) is not None  # the shared pass is the one taken below
+    for score in ("logit", "probability"):
+        _, shared = decision_gradient(model, prefixes, score)
+        monkeypatch.setattr(model, "prefix_gradient_forward", lambda b: None)  # each row its own pass
+        _, own = decision_gradient(model, prefixes, score)
+        monkeypatch.undo()
+        torch.testing.assert_close(shared, own * prefixes.mask[..., None], rtol=1e-4, atol=1e-7)
+        assert not shared[0, lengths[0]:].any()

@@ -53,7 +53,7 @@ from attnaudit.models.hf.config import heads as attention_heads
 from attnaudit.models.hf.generation import continue_ids, forced_distributions, input_device
 from attnaudit.models.hf.inputs import HFInputs, pass_inputs, pass_masks, real_positions, states_entering
 from attnaudit.models.hf.layouts import read_layouts
-from attnaudit.models.hf.passes import HFLayer, Pass, decided, given_output, wrapped
+from attnaudit.models.hf.passes import CHECKPOINT_TOKENS, HFLayer, Pass, decided, given_output, wrapped
 from attnaudit.models.hf.projections import read_projections
 from attnaudit.models.hf.readout import Cut, find_cut, read_rows_only
 from attnaudit.models.hf.restarts import HFRestarts
@@ -68,6 +68,7 @@ from attnaudit.models.interface import (
     ModelOutput,
     evaluation,
 )
+from attnaudit.models.lrp import active_rule
 from attnaudit.models.seq2seq import EncoderDecoderLayout
 
 if TYPE_CHECKING:
@@ -316,7 +317,7 @@ class HFModel(HFCapabilities, HFRestarts, EncoderDecoderLayout, LanguageModel):
         the explanation rows alone (:mod:`attnaudit.models.hf.readout`; the last layer's record then holds those rows).
         ``lean``: only the logits (or their gradient) are read: no trace, SDPA where a layer can, long passes recomputed
         block by block in the backward pass (:attr:`~attnaudit.models.hf.attention.Capture.lean`). ``rows`` (with
-        ``rows_only``, a causal decoder): the read rows ``(R,)`` of the one sequence ``cache`` holds, each an instance of the
+        ``rows_only`` or ``lean``, a causal decoder): the read rows ``(R,)`` of the one sequence ``cache`` holds, each an instance of the
         output (:meth:`rows_forward` of prefixes)."""
         n = self.num_attention_layers
         start = cache.layer if start_layer is None else start_layer
@@ -347,8 +348,8 @@ class HFModel(HFCapabilities, HFRestarts, EncoderDecoderLayout, LanguageModel):
             if kept is None or layer in kept:
                 trace.layers.append(record)
 
-        if rows is not None and not (rows_only and self.kind == "decoder" and self.causal and len(cache.mask) == 1):
-            raise AttnAuditError("read rows are given for one sequence of a causal decoder, with rows_only")
+        if rows is not None and not ((rows_only or lean) and self.kind == "decoder" and self.causal and len(cache.mask) == 1 and cut is None):
+            raise AttnAuditError("read rows are given for one sequence of a causal decoder, with rows_only or lean and no cut")
         rows = self.explanation_rows(inputs["attention_mask"].bool()) if rows is None else rows
         read = None if rows is None else rows if isinstance(rows, Tensor) else torch.full_like(cache.mask[:, 0], rows, dtype=torch.long)
         if rows_only and self.kind != "encoder-decoder" and read is not None and not interventions:
@@ -399,6 +400,21 @@ class HFModel(HFCapabilities, HFRestarts, EncoderDecoderLayout, LanguageModel):
         rows = self.explanation_rows(batch.mask.bool())
         assert isinstance(rows, Tensor)
         return self.decode(self.encode(batch.select(longest)), rows_only=True, rows=rows)
+
+    def prefix_gradient_forward(self, batch: Batch) -> tuple[Tensor, Tensor, ModelOutput] | None:
+        """:meth:`AttentionModel.prefix_gradient_forward`: a causal decoder's prefixes, run as their longest row in one
+        lean pass (SDPA, no trace) read at each row's last real token; call it with gradients enabled."""
+        # not under LRP's rules (their backward functions are not batched) nor where blocks are recomputed
+        if active_rule() is not None or not torch.is_grad_enabled() or batch.tokens.shape[-1] >= CHECKPOINT_TOKENS:
+            return None
+        longest = self._longest_of_prefixes(batch)
+        if longest is None:
+            return None
+        one = batch.select(longest)
+        rows = self.explanation_rows(batch.mask.bool())
+        assert isinstance(rows, Tensor)
+        embeddings = self.embed(one).detach().requires_grad_(True)
+        return embeddings, rows, self.decode(self.encode(one, embeddings), keep_layers=(), lean=True, rows=rows)
 
     def _longest_of_prefixes(self, batch: Batch) -> Tensor | None:
         """``(1,)`` the index of ``batch``'s longest row when every row is a right-padded prefix of it (a causal decoder's
