@@ -350,8 +350,8 @@ class HFModel(HFCapabilities, HFRestarts, EncoderDecoderLayout, LanguageModel):
 
         if rows is not None and not ((rows_only or lean) and self.kind == "decoder" and self.causal and len(cache.mask) == 1 and cut is None):
             raise AttnAuditError("read rows are given for one sequence of a causal decoder, with rows_only or lean and no cut")
-        rows = self.explanation_rows(inputs["attention_mask"].bool()) if rows is None else rows
-        read = None if rows is None else rows if isinstance(rows, Tensor) else torch.full_like(cache.mask[:, 0], rows, dtype=torch.long)
+        explained: int | Tensor | None = self.explanation_rows(inputs["attention_mask"].bool()) if rows is None else rows
+        read = explained if explained is None or isinstance(explained, Tensor) else torch.full_like(cache.mask[:, 0], explained, dtype=torch.long)
         if rows_only and self.kind != "encoder-decoder" and read is not None and not interventions:
             state.rows = read
         if cut is not None and (read is None or self.kind == "encoder-decoder"):
@@ -361,7 +361,7 @@ class HFModel(HFCapabilities, HFRestarts, EncoderDecoderLayout, LanguageModel):
             given_output(self._decoder_embedding(), inputs.get("decoder_input_ids"), cache.extra.get("target_embeddings")),
             hf_attention.capturing(state),
             wrapped(state, finished),
-            decided(self.hf, self.kind, self.has_head, self.config.extra["output"], self.verbalizer_ids, rows) as decision,
+            decided(self.hf, self.kind, self.has_head, self.config.extra["output"], self.verbalizer_ids, explained) as decision,
         ):
             out = self.hf(**inputs, use_cache=False)
         return ModelOutput(logits=decision(out), trace=trace)
