@@ -187,13 +187,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
             python = str(peer_python) if case in PEER else sys.executable
             row["cases"][case] = answer = spawn(python, case, folder, ids_path, length, args.cap_gb)
             print(f"T={length} {case}: {answer}", flush=True)
-            base = row["cases"].get("hf_forward")
-            row["ratio_to_hf_forward"] = {
-                name: {measure: got[measure] / base[measure] for measure in ("peak_rss_mb", "operation_peak_mb", "seconds")}
-                for name, got in row["cases"].items() if name != "hf_forward" and "failed" not in got and base and "failed" not in base
-            }
+            row["ratio_to_hf_forward"] = ratios(row["cases"])
             write_result(args.name, summary(rows, args.cap_gb, cases, peer_python is not None))  # each case as it completes
     return summary(rows, args.cap_gb, cases, peer_python is not None)
+
+
+def ratios(cases: dict[str, dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Each completed case's figures over ``hf_forward``'s at the same T (none without it)."""
+    base = cases.get("hf_forward")
+    if not base or "failed" in base:
+        return {}
+    return {name: {measure: got[measure] / base[measure] for measure in ("peak_rss_mb", "operation_peak_mb", "seconds")}
+            for name, got in cases.items() if name != "hf_forward" and "failed" not in got}
 
 
 def merge(name: str, parts: list[str]) -> dict[str, Any]:
@@ -201,9 +206,15 @@ def merge(name: str, parts: list[str]) -> dict[str, Any]:
     from benchmarks.common import RESULTS, write_result
 
     loaded = [json.loads((RESULTS / f"{part}.json").read_text()) for part in parts]
-    rows = sorted((row for part in loaded for row in part["lengths"]), key=lambda row: row["tokens"])
-    first = loaded[0]
-    payload = summary(rows, first["cap_gb"], first["cases"], first["peer"] is not None)
+    by_length: dict[int, dict[str, Any]] = {}
+    for part in loaded:  # parts may measure different cases of one T
+        for row in part["lengths"]:
+            by_length.setdefault(row["tokens"], {"tokens": row["tokens"], "cases": {}})["cases"].update(row["cases"])
+    rows = [by_length[length] for length in sorted(by_length)]
+    for row in rows:
+        row["ratio_to_hf_forward"] = ratios(row["cases"])
+    cases = sorted({case for part in loaded for case in part["cases"]}, key=ORDER.index)
+    payload = summary(rows, loaded[0]["cap_gb"], cases, any(part["peer"] is not None for part in loaded))
     payload["parts"] = [{key: part[key] for key in ("name", "command", "commit", "load_average")} for part in loaded]
     write_result(name, payload)
     return payload
