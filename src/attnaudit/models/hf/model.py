@@ -388,7 +388,8 @@ class HFModel(HFCapabilities, HFRestarts, EncoderDecoderLayout, LanguageModel):
         return self._cuts[0]
 
     def rows_forward(self, batch: Batch) -> ModelOutput:
-        """``self(batch)`` with each layer's weights at the explanation rows alone where a layer can (``decode(rows_only=True)``).
+        """``self(batch)`` with each layer's weights at the explanation rows alone where a layer can (``decode(rows_only=True)``);
+        such a layer's record keeps no ``(B,T,d)`` states (its ``inputs`` are empty, its ``outputs`` and ``residual`` None).
 
         A causal decoder's batch whose rows are prefixes of its longest (the steps of a generated sequence) runs that row
         alone and reads each row's explanation row in it: a causal position sees only the tokens before it, so its

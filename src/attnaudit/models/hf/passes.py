@@ -240,13 +240,16 @@ def _finish_block(state: Pass, number: int, hidden: Tensor | None, out: Any, fin
         call = state.calls.pop(layer, None)
         if call is None or call.weights is None:
             raise AttnAuditError(f"{state.name}: attention layer {layer} did not reach the attention softmax")
+        # a row-only layer's readers read its weights at those rows alone: its (B,T,d) states are not kept (at 8,192
+        # tokens SmolLM2's inputs, outputs and residuals would hold 1.7 GB while the rest of an explanation runs)
+        full = call.rows is None
         record = HFLayer(
             weights=call.weights, mask=call.key_mask if call.key_mask is not None else call.allowed.any(2).any(1),  # type: ignore[union-attr]
-            inputs=call.inputs if call.inputs is not None else call.weights.new_empty(0), keys=call.keys, values=call.values,
-            scores=call.scores, query_mask=call.query_mask if call.rows is None else None, name=state.label(layer),
+            inputs=call.inputs if call.inputs is not None and full else call.weights.new_empty(0), keys=call.keys, values=call.values,
+            scores=call.scores, query_mask=call.query_mask if full else None, name=state.label(layer),
             rows=call.rows,
-            outputs=output if position == len(layers) - 1 else None,
-            residual=hidden if position == 0 else None, allowed=call.allowed,
+            outputs=output if position == len(layers) - 1 and full else None,
+            residual=hidden if position == 0 and full else None, allowed=call.allowed,
             extras=extras if position == 0 else None,
         )
         finished(layer, record)
