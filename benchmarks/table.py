@@ -420,7 +420,11 @@ def replace_block(readme: str, block: str, start_marker: str = START, end_marker
 
 def updated_page(page: str) -> str:
     """The benchmark page with its benchmark table rewritten (and the decoder-LLM block where it has its markers)."""
+    from benchmarks import long_context_table
+
     text = replace_block(page, render(load()))
+    if long_context_table.START in text:
+        text = replace_block(text, long_context_table.render(), long_context_table.START, long_context_table.END)
     return replace_block(text, render_llm(), LLM_START, LLM_END) if LLM_START in text else text
 
 

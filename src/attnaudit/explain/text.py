@@ -52,6 +52,9 @@ from attnaudit.run import Run
 
 TOP_TOKENS = 5
 """How many most probable next tokens the explanation lists."""
+ROLLOUT_TOKENS = 1024
+"""Longer texts get ``rollout`` only when it is asked for (``--method rollout``): it folds every layer's full ``(T, T)``
+weights into a ``(T, T)`` product (T³ per layer), while the rest of the explanation reads one row per layer."""
 FILES = ("explanation.json", "explanation.csv", "explanation.png", "explanation.svg")
 
 
@@ -60,7 +63,7 @@ class Explained:
     """One text's explanation: ``tokens`` (the explained items), the ``decision``, per-method
     ``scores`` (one per token), ``skipped`` default methods with the reason, ``attention``
     (layers × heads × tokens: the explained position's row), ``rollout`` (None when it does
-    not apply) and ``meta`` (model, text, explained position, options)."""
+    not apply, or the text is longer than :data:`ROLLOUT_TOKENS` and it was not asked for) and ``meta`` (model, text, explained position, options)."""
 
     tokens: list[str]
     token_ids: list[int]
@@ -292,6 +295,9 @@ def _batch(run: Run, text: str, max_length: int | None, kind: str) -> Batch:
         model = language_model(run.model, "a next-token decision")
         ids = encode_exactly(model.tokenizer, text)
         limit = min(max_length or model.config.max_len, model.config.max_len)
+        if max_length is None and len(ids) > limit:
+            raise AttnAuditError(f"--text has {len(ids)} tokens; this model reads at most {limit}: shorten it, or give --max-length {limit} "
+                                 f"to explain its first {limit}")
         if len(ids) > limit:
             warn(f"--text is longer than {limit} wordpieces; truncated to its first {limit}")
             ids = ids[:limit]
@@ -331,14 +337,15 @@ def _explain(
     if offered.get("replace"):
         check_replaced(item_names(run, batch)[0], offered["replace"])
     with evaluation(model), torch.no_grad():
-        probs = model(batch).probs[0]
+        first = model.rows_forward(batch)  # the explained row's weights alone: no (T, T) per layer and head
+    probs = first.probs[0]
     items = mask[None]
     scores = {name: item_values(method(run, batch, **offered), items, groups)[0] for name, method in methods.items()}
     rollout = EXPLANATIONS.get("rollout")
     rolled = None
-    if rollout is not None and rollout.applies(model) is None:
+    if rollout is not None and rollout.applies(model) is None and ("rollout" in scores or batch.tokens.shape[-1] <= ROLLOUT_TOKENS):
         rolled = scores["rollout"] if "rollout" in scores else item_values(rollout(run, batch), items, groups)[0]
-    heads = attention_per_head(model, batch)[0]
+    heads = attention_per_head(model, batch, first.trace)[0]
     if groups is not None:  # each segment's attention: the sum over its tokens, as every method's scores
         row = groups[0].to(heads.device)
         heads = torch.stack([heads[..., : len(row)][..., row == g].sum(-1) for g in range(int(row.max()) + 1)], -1)

@@ -72,9 +72,22 @@ def freeze_to(distributions: Tensor, layer: int | None = None) -> Intervention:
     return Intervention(layer=layer, weights=distributions.detach())
 
 
+def detached(weights: Tensor, _mask: Tensor) -> Tensor:
+    """The weights as a constant (:func:`detach_weights`); a fused attention kernel reaches the same by detaching
+    the queries and keys it scores (:func:`only_detaches`)."""
+    return weights.detach()
+
+
 def detach_weights(layer: int | None = None) -> Intervention:
     """Treat attention as a constant: gradients flow only through values (J&W's gradient)."""
-    return Intervention(layer=layer, weights=lambda w, _m: w.detach())
+    return Intervention(layer=layer, weights=detached)
+
+
+def only_detaches(interventions: Sequence[Intervention]) -> bool:
+    """Every intervention is :func:`detach_weights`: the weights' values stay the model's own (none at all: True)."""
+    return all(
+        iv.weights is detached and iv.keys is None and iv.values is None and iv.normaliser is None for iv in interventions
+    )
 
 
 @dataclass
@@ -516,6 +529,13 @@ class AttentionModel(nn.Module):
         (:meth:`explanation_rows`). Families that can compute just those rows return them (``Q = 1``,
         :attr:`AttentionLayer.rows`); the others every row."""
         return self(batch)
+
+    def prefix_gradient_forward(self, batch: Any) -> tuple[Tensor, Tensor, ModelOutput] | None:
+        """For a batch whose rows are prefixes of one sequence (a causal decoder's generated steps): that sequence's
+        embeddings ``(1,T,d)`` (requiring grad), the rows' read positions ``(B,)`` and the logits ``(B, C)`` of every row
+        from one lean pass over the sequence, so that each row's gradient is a batched backward of that pass; None where
+        the family or the batch does not allow it (the default)."""
+        return None
 
 
 

@@ -46,8 +46,8 @@ from transformers.models.bert.modeling_bert import (
 )
 
 from attnaudit.errors import AttnAuditError
-from attnaudit.models.interface import Intervention
-from attnaudit.models.lrp import attention_operands
+from attnaudit.models.interface import Intervention, only_detaches
+from attnaudit.models.lrp import active_rule, attention_operands
 from attnaudit.models.normalisers import (
     apply_key_interventions,
     apply_value_interventions,
@@ -134,6 +134,11 @@ class Capture:
     """Record each layer's pre-softmax scores too (a second ``(B,H,Q,K)`` per layer; nothing in attnaudit reads them)."""
     rows: Tensor | None = None
     """``(B,)`` the one query row per instance whose weights the pass needs; None: every row (:func:`_rows_only`)."""
+    lean: bool = False
+    """Nothing reads this pass's weights, keys or values (a pass read for its logits or their gradient alone): a layer
+    whose interventions at most detach the weights runs transformers' SDPA function and records nothing (:func:`_lean`)."""
+    recompute: bool = False
+    """A lean pass may recompute its blocks in the backward pass (:func:`attnaudit.models.hf.passes._recomputed`)."""
     running: LayerCall | None = None
     armed: LayerCall | None = None
     mask_cache: dict[int, tuple[Tensor, Tensor]] = field(default_factory=dict)
@@ -262,9 +267,10 @@ def _attention(
     if call.allowed is None and isinstance(attention_mask, Tensor) and attention_mask.dim() == 4:
         # the model's mask says which pairs are readable: cheaper than reading it off every head's scores
         call.allowed = state.allowed_by(attention_mask)[..., : key.shape[-2]]
-    if state.rows is not None and state.prefix is None and not call.interventions and not any(
-        kwargs.get(name) is not None for name in EAGER_ONLY
-    ):
+    fused = state.prefix is None and not any(kwargs.get(name) is not None for name in EAGER_ONLY)
+    if fused and state.lean and active_rule() is None and only_detaches(call.interventions):
+        return _lean(module, call, (query, key, value), attention_mask, *args, **kwargs)
+    if fused and state.rows is not None and not call.interventions:
         return _rows_only(module, eager, state.rows, call, (query, key, value), attention_mask, *args, **kwargs)
     if state.prefix is not None:
         key, value = state.prefix.update(key, value, call.layer)
@@ -317,6 +323,20 @@ def _rows_only(
     mask = _at_rows(attention_mask, rows) if isinstance(attention_mask, Tensor) and attention_mask.dim() == 4 else attention_mask
     call.rows = rows
     eager(module, _at_rows(query, rows), key, value, mask, *args, **kwargs)
+    call.output = output
+    return output, None
+
+
+def _lean(
+    module: nn.Module, call: LayerCall, operands: tuple[Tensor, Tensor, Tensor], attention_mask: Tensor | None, *args: Any, **kwargs: Any,
+) -> tuple[Tensor, Tensor | None]:
+    """A layer of a lean pass (:attr:`Capture.lean`): transformers' SDPA function, no weights made or kept, so neither the
+    forward nor the backward holds a ``(B,H,Q,K)`` tensor. Detached weights (J&W's gradient) are those of detached
+    queries and keys: the same values, and gradients reach the values alone."""
+    query, key, value = operands
+    if call.interventions:  # only_detaches: the weights are a constant
+        query, key = query.detach(), key.detach()
+    output, _ = sdpa_attention_forward(module, query, key, value, attention_mask, *args, **kwargs)
     call.output = output
     return output, None
 

@@ -11,6 +11,7 @@ same seed gives the same tokens. A model whose forward returns no cache is rerun
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from typing import Any
 
@@ -52,6 +53,8 @@ def continue_ids(
         fixed = {"encoder_outputs": hf.get_encoder()(input_ids=src, attention_mask=torch.ones_like(src)),
                  "attention_mask": torch.ones_like(src)}
     prefix = [start] if encoder_decoder else list(source)
+    if "logits_to_keep" in inspect.signature(hf.forward).parameters:
+        fixed["logits_to_keep"] = 1  # the next token's logits alone, as ``generate`` asks (not the prompt's every position)
     for _ in range(count):
         fresh = prefix if past is None else prefix[-1:]
         key = "decoder_input_ids" if encoder_decoder else "input_ids"

@@ -53,7 +53,7 @@ from attnaudit.models.hf.config import heads as attention_heads
 from attnaudit.models.hf.generation import continue_ids, forced_distributions, input_device
 from attnaudit.models.hf.inputs import HFInputs, pass_inputs, pass_masks, real_positions, states_entering
 from attnaudit.models.hf.layouts import read_layouts
-from attnaudit.models.hf.passes import HFLayer, Pass, decided, given_output, wrapped
+from attnaudit.models.hf.passes import CHECKPOINT_TOKENS, HFLayer, Pass, decided, given_output, wrapped
 from attnaudit.models.hf.projections import read_projections
 from attnaudit.models.hf.readout import Cut, find_cut, read_rows_only
 from attnaudit.models.hf.restarts import HFRestarts
@@ -68,6 +68,7 @@ from attnaudit.models.interface import (
     ModelOutput,
     evaluation,
 )
+from attnaudit.models.lrp import active_rule
 from attnaudit.models.seq2seq import EncoderDecoderLayout
 
 if TYPE_CHECKING:
@@ -303,6 +304,8 @@ class HFModel(HFCapabilities, HFRestarts, EncoderDecoderLayout, LanguageModel):
         on_layer: LayerCallback | None = None,
         rows_only: bool = False,
         cut: Cut | None = None,
+        lean: bool = False,
+        rows: Tensor | None = None,
     ) -> ModelOutput:
         """Attention layer ``start_layer`` (default ``cache.layer``) onwards and the head, as the model's own forward.
 
@@ -311,7 +314,11 @@ class HFModel(HFCapabilities, HFRestarts, EncoderDecoderLayout, LanguageModel):
         ``rows_only``: the caller reads the weights at :meth:`explanation_rows` alone, so the layers that can run
         SDPA for their outputs and compute only those rows' weights (:func:`~attnaudit.models.hf.attention._rows_only`;
         not encoder-decoders, interventions or a restart from a key/value prefix). ``cut``: the last block's tail runs at
-        the explanation rows alone (:mod:`attnaudit.models.hf.readout`; the last layer's record then holds those rows)."""
+        the explanation rows alone (:mod:`attnaudit.models.hf.readout`; the last layer's record then holds those rows).
+        ``lean``: only the logits (or their gradient) are read: no trace, SDPA where a layer can, long passes recomputed
+        block by block in the backward pass (:attr:`~attnaudit.models.hf.attention.Capture.lean`). ``rows`` (with
+        ``rows_only`` or ``lean``, a causal decoder): the read rows ``(R,)`` of the one sequence ``cache`` holds, each an instance of the
+        output (:meth:`rows_forward` of prefixes)."""
         n = self.num_attention_layers
         start = cache.layer if start_layer is None else start_layer
         if not -n <= start < n:
@@ -330,6 +337,8 @@ class HFModel(HFCapabilities, HFRestarts, EncoderDecoderLayout, LanguageModel):
         first_call = self.structure.sites[self.first_decoder_layer].block if decoder_side else 0
         state = Pass(self.structure, cache, start, interventions, pass_masks(self.structure, cache), self.layer_label, first_call, self.hf_type)
         state.keep_scores = self.keep_scores
+        state.lean = lean and on_layer is None and keep_layers is not None and not keep_layers
+        state.recompute = self.kind != "encoder-decoder"
         inputs = pass_inputs(self.structure, cache, start, lambda: self.continues_prefix, self.hf_type)
         trace = AttentionTrace()
 
@@ -339,8 +348,10 @@ class HFModel(HFCapabilities, HFRestarts, EncoderDecoderLayout, LanguageModel):
             if kept is None or layer in kept:
                 trace.layers.append(record)
 
-        rows = self.explanation_rows(inputs["attention_mask"].bool())
-        read = None if rows is None else rows if isinstance(rows, Tensor) else torch.full_like(cache.mask[:, 0], rows, dtype=torch.long)
+        if rows is not None and not ((rows_only or lean) and self.kind == "decoder" and self.causal and len(cache.mask) == 1 and cut is None):
+            raise AttnAuditError("read rows are given for one sequence of a causal decoder, with rows_only or lean and no cut")
+        explained: int | Tensor | None = self.explanation_rows(inputs["attention_mask"].bool()) if rows is None else rows
+        read = explained if explained is None or isinstance(explained, Tensor) else torch.full_like(cache.mask[:, 0], explained, dtype=torch.long)
         if rows_only and self.kind != "encoder-decoder" and read is not None and not interventions:
             state.rows = read
         if cut is not None and (read is None or self.kind == "encoder-decoder"):
@@ -350,7 +361,7 @@ class HFModel(HFCapabilities, HFRestarts, EncoderDecoderLayout, LanguageModel):
             given_output(self._decoder_embedding(), inputs.get("decoder_input_ids"), cache.extra.get("target_embeddings")),
             hf_attention.capturing(state),
             wrapped(state, finished),
-            decided(self.hf, self.kind, self.has_head, self.config.extra["output"], self.verbalizer_ids, rows) as decision,
+            decided(self.hf, self.kind, self.has_head, self.config.extra["output"], self.verbalizer_ids, explained) as decision,
         ):
             out = self.hf(**inputs, use_cache=False)
         return ModelOutput(logits=decision(out), trace=trace)
@@ -360,7 +371,7 @@ class HFModel(HFCapabilities, HFRestarts, EncoderDecoderLayout, LanguageModel):
     ) -> ModelOutput:
         """``self(batch, interventions, embeddings)`` read for its logits alone: no trace, and the last block's tail at
         the read rows only where the dry batch gave the same logits that way (:mod:`attnaudit.models.hf.readout`)."""
-        return self.decode(self.encode(batch, embeddings), interventions, keep_layers=(), cut=self.read_cut())
+        return self.decode(self.encode(batch, embeddings), interventions, keep_layers=(), cut=self.read_cut(), lean=True)
 
     def read_cut(self) -> Cut | None:
         """The last block's read-rows cut (:func:`~attnaudit.models.hf.readout.find_cut` on the dry batch, once), or None."""
@@ -377,8 +388,50 @@ class HFModel(HFCapabilities, HFRestarts, EncoderDecoderLayout, LanguageModel):
         return self._cuts[0]
 
     def rows_forward(self, batch: Batch) -> ModelOutput:
-        """``self(batch)`` with each layer's weights at the explanation rows alone where a layer can (``decode(rows_only=True)``)."""
-        return self.decode(self.encode(batch), rows_only=True)
+        """``self(batch)`` with each layer's weights at the explanation rows alone where a layer can (``decode(rows_only=True)``);
+        such a layer's record keeps no ``(B,T,d)`` states (its ``inputs`` are empty, its ``outputs`` and ``residual`` None).
+
+        A causal decoder's batch whose rows are prefixes of its longest (the steps of a generated sequence) runs that row
+        alone and reads each row's explanation row in it: a causal position sees only the tokens before it, so its
+        weights and logits are the prefix's own; the trace's weights and the logits have one instance per row (its other
+        records, of the one sequence, are not per row)."""
+        longest = self._longest_of_prefixes(batch)
+        if longest is None:
+            return self.decode(self.encode(batch), rows_only=True)
+        rows = self.explanation_rows(batch.mask.bool())
+        assert isinstance(rows, Tensor)
+        return self.decode(self.encode(batch.select(longest)), rows_only=True, rows=rows)
+
+    def prefix_gradient_forward(self, batch: Batch) -> tuple[Tensor, Tensor, ModelOutput] | None:
+        """:meth:`AttentionModel.prefix_gradient_forward`: a causal decoder's prefixes, run as their longest row in one
+        lean pass (SDPA, no trace) read at each row's last real token; call it with gradients enabled."""
+        # not under LRP's rules (their backward functions are not batched) nor where blocks are recomputed
+        if active_rule() is not None or not torch.is_grad_enabled() or batch.tokens.shape[-1] >= CHECKPOINT_TOKENS:
+            return None
+        longest = self._longest_of_prefixes(batch)
+        if longest is None:
+            return None
+        one = batch.select(longest)
+        rows = self.explanation_rows(batch.mask.bool())
+        assert isinstance(rows, Tensor)
+        embeddings = self.embed(one).detach().requires_grad_(True)
+        return embeddings, rows, self.decode(self.encode(one, embeddings), keep_layers=(), lean=True, rows=rows)
+
+    def _longest_of_prefixes(self, batch: Batch) -> Tensor | None:
+        """``(1,)`` the index of ``batch``'s longest row when every row is a right-padded prefix of it (a causal decoder's
+        plain token rows), else None."""
+        if self.kind != "decoder" or not self.causal or len(batch) < 2 or batch.tokens.dim() != 2:
+            return None
+        if any(getattr(batch, name, None) is not None for name in ("features", "query", "target")):
+            return None
+        mask = batch.mask.bool()
+        lengths = mask.sum(1)
+        longest = int(lengths.argmax())
+        positions = torch.arange(mask.shape[1], device=mask.device)
+        prefixes = bool((mask == (positions < lengths[:, None])).all()) and bool(mask[longest].all())
+        if not prefixes or not bool(((batch.tokens == batch.tokens[longest]) | ~mask).all()):
+            return None
+        return torch.tensor([longest])
 
     def continuation(self, source: Sequence[int], count: int, sample: bool = False, seed: int = 0) -> tuple[list[int], Tensor]:
         """Up to ``count`` tokens after ``source`` by the model's own cached forward (greedy, or sampled with a

@@ -12,12 +12,14 @@ module is hooked to say which layer runs, with which inputs, and to arm the soft
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from attnaudit.errors import AttnAuditError
 from attnaudit.models.hf import attention as hf_attention
@@ -153,12 +155,54 @@ def _block_forward(state: Pass, plain: Callable[..., Any], finished: Finished) -
             args, kwargs = _with_hidden(args, kwargs, state.cache.states)
             hidden = state.cache.states
         state.block, state.within = number, 0
-        out = plain(*args, **kwargs)
+        if number >= state.first_block and _recomputed(state, number, hidden):
+            rerun = functools.partial(_rerun, state, number)
+            out = checkpoint(plain, *args, use_reentrant=False, context_fn=lambda: (contextlib.nullcontext(), rerun()), **kwargs)
+        else:
+            out = plain(*args, **kwargs)
         if number >= state.first_block:
             _finish_block(state, number, hidden, out, finished)
         return out
 
     return forward
+
+
+CHECKPOINT_TOKENS = 512
+"""A lean pass under autograd (:attr:`~attnaudit.models.hf.attention.Capture.lean`) over sequences of at least this many
+positions keeps each block's input alone and recomputes the block in the backward pass (activation
+checkpointing): SmolLM2 would otherwise hold about 50 kB per position and layer for the backward pass (12 GB at 8,192
+tokens), with it its 30 block inputs (2.3 kB per position each) and one block's activations at a time; the price is a
+second forward through each block. Shorter sequences keep their activations, however many (Integrated Gradients'
+interpolation batches, a generated sequence's steps): the time matters more there, and their passes are sized to memory."""
+
+
+def _recomputed(state: Pass, number: int, hidden: Tensor | None) -> bool:
+    """Whether block call ``number`` of a lean pass runs under activation checkpointing (:data:`CHECKPOINT_TOKENS`): not
+    the last block (a read-rows cut may hook into it) nor a block whose states need no gradient."""
+    return (
+        state.lean and state.recompute and torch.is_grad_enabled() and hidden is not None and hidden.requires_grad
+        and hidden.dim() >= 2 and hidden.shape[1] >= CHECKPOINT_TOKENS and number < len(state.structure.blocks) - 1
+    )
+
+
+@contextlib.contextmanager
+def _rerun(state: Pass, number: int) -> Iterator[None]:
+    """Block call ``number`` recomputed in the backward pass as it ran in the forward: its attention modules hooked and
+    the pass active, so each layer again gets its interventions and mask (:func:`~attnaudit.models.hf.attention._lean`)."""
+    modules = {id(state.structure.sites[layer].module): state.structure.sites[layer].module for layer in state.structure.layers_of(number)}
+    hooks = [h for m in modules.values() for h in (m.register_forward_pre_hook(_pre(state), with_kwargs=True),
+                                                  m.register_forward_hook(_post(state), with_kwargs=True))]
+    saved = state.block, state.within
+    state.block, state.within = number, 0
+    try:
+        with hf_attention.capturing(state):
+            yield
+    finally:
+        state.block, state.within = saved
+        for layer in state.structure.layers_of(number):
+            state.calls.pop(layer, None)
+        for hook in hooks:
+            hook.remove()
 
 
 def _replay(structure: Structure, state: Pass, number: int, hidden: Tensor | None) -> Any:
@@ -186,19 +230,26 @@ def _finish_block(state: Pass, number: int, hidden: Tensor | None, out: Any, fin
     """Complete the records of a block's attention layers (input, output, extras) and hand them over."""
     structure = state.structure
     layers = structure.layers_of(number)
+    if state.lean:  # nothing is recorded (the pass is read for its logits alone)
+        for layer in layers:
+            state.calls.pop(layer, None)
+        return
     output = first_tensor(out)
     extras = tuple(out[1:]) if structure.passes_state[number] and isinstance(out, tuple) else None
     for position, layer in enumerate(layers):
         call = state.calls.pop(layer, None)
         if call is None or call.weights is None:
             raise AttnAuditError(f"{state.name}: attention layer {layer} did not reach the attention softmax")
+        # a row-only layer's readers read its weights at those rows alone: its (B,T,d) states are not kept (at 8,192
+        # tokens SmolLM2's inputs, outputs and residuals would hold 1.7 GB while the rest of an explanation runs)
+        full = call.rows is None
         record = HFLayer(
             weights=call.weights, mask=call.key_mask if call.key_mask is not None else call.allowed.any(2).any(1),  # type: ignore[union-attr]
-            inputs=call.inputs if call.inputs is not None else call.weights.new_empty(0), keys=call.keys, values=call.values,
-            scores=call.scores, query_mask=call.query_mask if call.rows is None else None, name=state.label(layer),
+            inputs=call.inputs if call.inputs is not None and full else call.weights.new_empty(0), keys=call.keys, values=call.values,
+            scores=call.scores, query_mask=call.query_mask if full else None, name=state.label(layer),
             rows=call.rows,
-            outputs=output if position == len(layers) - 1 else None,
-            residual=hidden if position == 0 else None, allowed=call.allowed,
+            outputs=output if position == len(layers) - 1 and full else None,
+            residual=hidden if position == 0 and full else None, allowed=call.allowed,
             extras=extras if position == 0 else None,
         )
         finished(layer, record)
