@@ -107,9 +107,10 @@ def test_run_with_default_options(family_runs: Workspace, family: str, test: str
         assert "Traceback" not in err
 
 
-GENERATED_TEXT_ONLY = ("generation",)
-"""Tests of generated text, which none of the families above generates (every one of them refuses it in one
-line above); each one's ``--help`` example runs it with its defaults on SmolLM2 (test_documented_commands)."""
+GENERATED_TEXT_ONLY = ("generation", "context")
+"""Tests of generated text (``context``: an instruction-tuned decoder's generated answer to a bAbI story), which none of
+the families above generates (every one of them refuses it in one line above); each one's ``--help`` example runs it
+with its defaults on SmolLM2 (test_documented_commands)."""
 
 
 def test_every_test_applies_to_some_family(family_runs: Workspace) -> None:

@@ -400,7 +400,11 @@ class HFModel(HFCapabilities, HFRestarts, EncoderDecoderLayout, LanguageModel):
             return self.decode(self.encode(batch), rows_only=True)
         rows = self.explanation_rows(batch.mask.bool())
         assert isinstance(rows, Tensor)
-        return self.decode(self.encode(batch.select(longest)), rows_only=True, rows=rows)
+        out = self.decode(self.encode(batch.select(longest)), rows_only=True, rows=rows)
+        if all(record.weights is None or record.weights.shape[0] == len(batch) for record in out.trace):
+            return out
+        # A layer that cannot read given rows (its weights of the one sequence, not one per row): every row is run.
+        return self.decode(self.encode(batch), rows_only=True)
 
     def prefix_gradient_forward(self, batch: Batch) -> tuple[Tensor, Tensor, ModelOutput] | None:
         """:meth:`AttentionModel.prefix_gradient_forward`: a causal decoder's prefixes, run as their longest row in one
