@@ -14,6 +14,12 @@ BiLSTM encoder's forward and backward on one training batch of SST's shape (batc
 
 Both are checked equal (outputs and every weight's gradient, float32 tolerance) before timing. The timings
 are :func:`benchmarks.common.time_interleaved` (median of interleaved rounds).
+
+The roofline part says how much any batching could win on this CPU: the separate path's achieved GFLOP/s
+(its matmul FLOPs counted from the packed token count: per direction and token ``2·4H·(E + H)`` forward,
+twice that backward) against the best single-matmul rate this CPU reaches at the same thread count
+(square float32 matmuls of 256 … 2048). Their ratio bounds the speedup of any batched trainer that does the
+same FLOPs: a bound under 3 means issue #44's 3x goal cannot be met by batching on this machine.
 Run: ``.venv/bin/python benchmarks/bench_batched_lstm.py [--models 5] [--repeats 7] [--threads 1]``.
 """
 
@@ -21,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +111,43 @@ def check(lstms: list[nn.LSTM], x: Tensor, mask: Tensor) -> dict[str, float]:
     return {"max_output_difference": out_diff, "max_gradient_difference": grad_diff}
 
 
+def lstm_flops(mask: Tensor, embed: int, hidden: int) -> float:
+    """Matmul FLOPs of one model's bidirectional LSTM forward + backward over the packed tokens of ``mask``."""
+    tokens = int(mask.sum())
+    forward = 2 * tokens * 2 * 4 * hidden * (embed + hidden)  # 2 directions x multiply-add
+    return 3.0 * forward  # the backward computes the input and the weight gradients: twice the forward
+
+
+def matmul_peak(repeats: int = 5) -> dict[str, float]:
+    """GFLOP/s of square float32 matmuls at the current thread count (best of ``repeats`` per size)."""
+    rates: dict[str, float] = {}
+    for n in (256, 512, 1024, 2048):
+        a, b = torch.randn(n, n), torch.randn(n, n)
+        a @ b
+        best = float("inf")
+        for _ in range(repeats):
+            start = time.perf_counter()
+            a @ b
+            best = min(best, time.perf_counter() - start)
+        rates[str(n)] = 2 * n**3 / best / 1e9
+    return rates
+
+
+def roofline(timing: dict[str, Any], models: int, mask: Tensor, embed: int, hidden: int) -> dict[str, Any]:
+    """Achieved GFLOP/s of the separate path, this CPU's matmul peak, and the speedup bound they give."""
+    flops = lstm_flops(mask, embed, hidden) * models
+    achieved = {k: flops / v / 1e9 for k, v in timing["seconds"]["separate"].items() if k in ("min", "median", "max")}
+    peak = matmul_peak()
+    best = max(peak.values())
+    return {
+        "flops_per_round": flops, "separate_gflops": achieved, "matmul_gflops": peak,
+        "speedup_bound": best / achieved["median"],
+        "reading": "the separate path already runs at this fraction of the best matmul rate; a batched trainer doing "
+                   "the same FLOPs cannot be faster than peak / achieved",
+        "fraction_of_peak": achieved["median"] / best,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", type=int, default=5)
@@ -136,10 +180,13 @@ def main() -> None:
         "shape": {"models": args.models, "batch": args.batch, "max_tokens": args.width, "embed": args.embed, "hidden": args.hidden},
         "threads": args.threads, "equal": equal, "timing": timing,
         "speedup_median": timing["speedup"]["median"],
+        "roofline": roofline(timing, args.models, mask, args.embed, args.hidden),
     }
     write_result(args.name, payload)
     print(f"K={args.models}: separate {timing['seconds']['separate']['median'] * 1e3:.1f} ms, stacked "
-          f"{timing['seconds']['stacked']['median'] * 1e3:.1f} ms, speedup {timing['speedup']['median']:.2f}x; {equal}")
+          f"{timing['seconds']['stacked']['median'] * 1e3:.1f} ms, speedup {timing['speedup']['median']:.2f}x; {equal}; "
+          f"separate at {payload['roofline']['fraction_of_peak']:.0%} of the matmul peak: any batching <= "
+          f"{payload['roofline']['speedup_bound']:.2f}x")
 
 
 if __name__ == "__main__":

@@ -94,7 +94,28 @@ def load(folder: Path = RESULTS) -> dict[str, dict[str, Any]]:
         results.update(inseq_results(json.loads((folder / "inseq_comparison.json").read_text(encoding="utf-8"))))
     if (folder / "perturbation_captum.json").exists():
         results.update(perturbation_results(json.loads((folder / "perturbation_captum.json").read_text(encoding="utf-8"))))
+    if (folder / "batched_lstm.json").exists():
+        results.update(batched_results(json.loads((folder / "batched_lstm.json").read_text(encoding="utf-8"))))
     return results
+
+
+def batched_results(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """``benchmarks/bench_batched_lstm.py``'s result as one row (stem ``batched:lstm``): K models' BiLSTM training
+    step stacked into one module against K ``nn.LSTM`` passes, with the roofline bound on any batching here."""
+    shape, timing, roof = data["shape"], data["timing"], data["roofline"]
+    label = (f"batched retraining: {shape['models']} BiLSTMs' training step (batch {shape['batch']}, {shape['embed']}-d, "
+             f"{shape['hidden']} units) stacked in one module; the separate passes already run at "
+             f"{roof['fraction_of_peak']:.0%} of this CPU's matmul peak, so no batching can exceed {roof['speedup_bound']:.1f}×")
+    tolerance = data["equal"]
+    return {"batched:lstm": {
+        "label": label, "peer": f"{shape['models']} `nn.LSTM` passes, one model at a time",
+        "timing": {"repeats": timing["repeats"], "ratio": timing["speedup"],
+                   "seconds": {"ours": timing["seconds"]["stacked"], "peer": timing["seconds"]["separate"]},
+                   "load_average_before": timing["load_average_before"], "load_average_after": timing["load_average_after"]},
+        "agree": tolerance["max_output_difference"] < 1e-5 and tolerance["max_gradient_difference"] < 1e-4,
+        "max_abs_diff": max(tolerance.values()),
+        **{key: data[key] for key in ("machine", "command", "commit")},
+    }}
 
 
 PERTURBATION_LABELS = {"occlusion": "`occlusion` (window 1)", "shapley": "`shapley` ({permutations} order(s))",
@@ -188,7 +209,7 @@ def table_rows(results: dict[str, dict[str, Any]]) -> list[str]:
     ]
     extra = [Row(stem, results[stem]["label"], LRP_PEER) for stem in results if stem.startswith("lrp:")]
     extra += [Row(stem, results[stem]["label"], INSEQ_PEER) for stem in results if stem.startswith("inseq:")]
-    extra += [Row(stem, results[stem]["label"], results[stem]["peer"]) for stem in results if stem.startswith("perturbation:")]
+    extra += [Row(stem, results[stem]["label"], results[stem]["peer"]) for stem in results if stem.startswith(("perturbation:", "batched:"))]
     for row in (*ROWS, *extra):
         data = results.get(row.stem)
         if data is None:
