@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 
+from attnaudit.cluster import check_engine
 from attnaudit.data.segments import check_unit
 from attnaudit.data.subsets import check_order, describe
 from attnaudit.errors import AttnAuditError, error_line, os_error_line, spelled, storage_full, unknown
@@ -50,7 +51,7 @@ from attnaudit.report.explorer import EXPLORE
 from attnaudit.report.paradigms import PARADIGM_TESTS, disagreement, paradigm_rows
 from attnaudit.report.summary import AUDIT, order_tests, summary_rows
 from attnaudit.run import Run
-from attnaudit.shards import Sharded, Source, check_engine, engine_for
+from attnaudit.shards import Sharded, Source, engine_for
 
 RESULTS = "results"
 SHARDS = "shards"

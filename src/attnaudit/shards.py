@@ -28,20 +28,18 @@ from typing import Any, Protocol
 
 import torch
 
-from attnaudit import bounds
+from attnaudit.cluster import connect, import_ray, wait_one
 from attnaudit.data.types import Example
 from attnaudit.errors import AttnAuditError, error_line
 from attnaudit.experiments.experiment import Experiment, Result, get_experiment
 from attnaudit.experiments.runner import make_options
 from attnaudit.io import atomic_write_text, read_json
-from attnaudit.progress import is_quiet, status
+from attnaudit.progress import status
 from attnaudit.run import Run
 from attnaudit.seed import set_seed
 
-ENGINES = ("local", "ray")
 SHARD_SIZE = 32
 """Instances per shard (rounded up to whole batches of the test): a finished shard is what a killed audit keeps."""
-RAY_HINT = "pip install 'attnaudit[ray]'"
 
 Span = tuple[int, int]
 Todo = list[tuple[int, list[int]]]
@@ -247,112 +245,6 @@ def _stored(path: Path, key: str, indices: list[int]) -> Result | None:
         return Result(**record["part"])
     except (AttnAuditError, AttributeError, KeyError, TypeError):
         return None
-
-
-WAIT_SECONDS = 0.5
-"""How long one ``ray.wait`` blocks: Ray's wait holds the main thread in its own code, where Python's Ctrl-C handler
-cannot run; a short wait in a loop lets a KeyboardInterrupt through within this time (a sweep once ignored Ctrl-C
-until its running job ended)."""
-
-
-def wait_one(ray: Any, refs: list[Any]) -> list[Any]:
-    """The refs of ``refs`` that are done, once at least one is (``ray.wait`` in short waits, see :data:`WAIT_SECONDS`)."""
-    while True:
-        done, _ = ray.wait(refs, num_returns=1, timeout=WAIT_SECONDS)
-        if done:
-            return list(done)
-
-
-def import_ray() -> Any:
-    """The ``ray`` module, or one line saying how to install it."""
-    try:
-        import ray
-    except ImportError:
-        raise AttnAuditError(f"--engine ray needs the ray package: {RAY_HINT}") from None
-    return ray
-
-
-def local_workers(workers: int | None) -> int:
-    """The CPUs (and so at most the worker processes) of a local Ray: ``workers``, else one per core, never more
-    than the cores (:func:`bounds.workers` refused more before)."""
-    cores = bounds.cores()
-    return min(workers or cores, cores)
-
-
-def ray_logging() -> dict[str, Any]:
-    """``ray.init``'s logging settings: Ray's INFO and WARNING lines ("Started a local Ray instance", its token notice)
-    follow ``--quiet`` (only errors then); the workers' output never reaches the terminal (``log_to_driver``)."""
-    import logging
-
-    return {"log_to_driver": False, "logging_level": logging.ERROR if is_quiet() else logging.INFO}
-
-
-def connect(ray: Any, address: str | None, workers: int | None) -> bool:
-    """Connect to the Ray cluster at ``address``, or start a local Ray with ``workers`` CPUs (one per core by
-    default, :func:`local_workers`) unless Ray is running in this process already; whether it was started here
-    (then shut it down afterwards). A local Ray starts no more worker processes than its CPUs (Ray's soft limit)."""
-    if ray.is_initialized():
-        return False
-    try:
-        if address:
-            ray.init(address=address, **ray_logging())
-            if workers is not None:  # no more workers than the cluster has cores for
-                bounds.workers(workers, offered=int(ray.cluster_resources().get("CPU", 0)) or 1)
-        else:
-            cpus = local_workers(workers)
-            ray.init(num_cpus=cpus, include_dashboard=False, _system_config={"num_workers_soft_limit": cpus}, **ray_logging())
-    except (ConnectionError, RuntimeError, ValueError) as exc:
-        raise AttnAuditError(f"could not connect to Ray{f' at {address}' if address else ''}: {error_line(exc)}") from None
-    return True
-
-
-@contextmanager
-def ray_session(address: str | None, workers: int | None) -> Iterator[Any]:
-    """The ``ray`` module connected (:func:`connect`) for the block; shut down afterwards when started here."""
-    ray = import_ray()
-    started = connect(ray, address, workers)
-    try:
-        yield ray
-    finally:
-        if started:
-            ray.shutdown()
-
-
-def check_engine(engine: str, workers: int | None, address: str | None) -> None:
-    """One line for an unknown engine, a worker count below 1, Ray options without Ray, or no ray package."""
-    if engine not in ENGINES:
-        raise AttnAuditError(f"unknown engine {engine!r}; choose {' or '.join(ENGINES)}")
-    if workers is not None and workers < 1:
-        raise AttnAuditError(f"--workers must be at least 1, got {workers}")
-    if workers is not None and not address:  # a local pool or Ray: no more workers than cores (a cluster's are its own)
-        bounds.workers(workers)
-    if engine != "ray" and (workers is not None or address):
-        raise AttnAuditError("--workers and --address are for --engine ray")
-    if engine == "ray":
-        if address:
-            check_address(address)
-        import_ray()
-
-
-PROBE_SECONDS = 3.0
-"""How long :func:`check_address` waits for a Ray head to accept a connection."""
-
-
-def check_address(address: str) -> None:
-    """A Ray ``--address`` (``host:port``, ``ray://host:port`` or ``auto``) parsed, and its host asked for a
-    connection for at most :data:`PROBE_SECONDS`, before any work: one line, not Ray's retries and logs."""
-    import socket
-
-    if address == "auto":
-        return
-    host, colon, port = address.removeprefix("ray://").rpartition(":")
-    if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise AttnAuditError(f"--address {address!r} is not host:port (e.g. 127.0.0.1:6379), ray://host:port or auto")
-    try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=PROBE_SECONDS).close()
-    except OSError as exc:
-        raise AttnAuditError(f"--address {address}: no Ray cluster answers there ({exc.strerror or exc}); "
-                             "start one (ray start --head) or leave --address out for a local Ray") from None
 
 
 @contextmanager

@@ -31,6 +31,7 @@ from typing import Any
 import yaml
 
 from attnaudit import bounds
+from attnaudit.cluster import ENGINES, check_address, map_tasks, ray_session
 from attnaudit.errors import AttnAuditError, AttnAuditWarning, InputError, error_line
 from attnaudit.io import (
     atomic_write,
@@ -42,7 +43,6 @@ from attnaudit.io import (
 )
 from attnaudit.options import SEED_MAX, check_dtype, check_max_length, check_value, conforms, type_name
 from attnaudit.progress import status, track
-from attnaudit.shards import ENGINES, check_address, ray_session, wait_one
 from attnaudit.study import write_study
 
 JOB_FILE = "job.json"
@@ -611,31 +611,11 @@ def _run_local(jobs: list[Job], workers: int) -> Iterator[dict[str, Any]]:
 
 
 def _run_ray(jobs: list[Job], address: str | None, workers: int | None) -> Iterator[dict[str, Any]]:
-    """Jobs as Ray tasks (one CPU each) on the cluster at ``address``, or a local Ray when none is running."""
+    """Jobs as Ray tasks (one CPU each) on the cluster at ``address``, or a local Ray when none is running; Ctrl-C
+    cancels them (their job folders resume on the next run)."""
     with ray_session(address, workers) as ray:
-        remote = ray.remote(num_cpus=1, max_retries=0)(run_job)
-        pending = {remote.remote(job): job for job in jobs}
-        try:
-            while pending:
-                for ref in wait_one(ray, list(pending)):
-                    job = pending.pop(ref)
-                    try:
-                        yield ray.get(ref)
-                    except Exception as exc:  # RayTaskError / WorkerCrashedError: the worker died
-                        yield _crashed(job, exc)
-        except BaseException:  # Ctrl-C, or the caller stopped reading: end the jobs (on a cluster too), do not wait
-            _cancel(ray, list(pending))
-            raise
-
-
-def _cancel(ray: Any, refs: list[Any]) -> None:
-    """Cancel Ray tasks now, the running ones by killing their worker (``force``): their job folders resume on the
-    next run. A local Ray started here is shut down afterwards anyway; on a cluster this is what stops them."""
-    for ref in refs:
-        try:
-            ray.cancel(ref, force=True)
-        except Exception:  # noqa: BLE001, S112 - a task that just finished or whose worker is gone: nothing to stop
-            continue
+        for job, record, error in map_tasks(ray, run_job, jobs):
+            yield record if error is None else _crashed(job, error)
 
 
 # --------------------------------------------------------------------------- aggregation

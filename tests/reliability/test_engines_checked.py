@@ -16,7 +16,7 @@ import torch
 from attnaudit.errors import AttnAuditError
 from attnaudit.hf import load_hf
 from attnaudit.run import Run
-from attnaudit.shards import PROBE_SECONDS, check_address, check_engine
+from attnaudit.cluster import PROBE_SECONDS, check_address, check_engine
 
 from .helpers import assert_clean_failure, cli
 

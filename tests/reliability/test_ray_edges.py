@@ -102,7 +102,7 @@ def test_a_local_ray_starts_no_more_workers_than_cores(monkeypatch: pytest.Monke
     is ERROR under --quiet (checked without starting Ray)."""
     import logging
 
-    from attnaudit import shards
+    from attnaudit import cluster
     from attnaudit.progress import is_quiet, set_quiet
 
     calls: list[dict[str, Any]] = []
@@ -118,9 +118,9 @@ def test_a_local_ray_starts_no_more_workers_than_cores(monkeypatch: pytest.Monke
     previous = is_quiet()
     try:
         set_quiet(True)
-        assert shards.connect(FakeRay(), None, None) and shards.connect(FakeRay(), None, 2)
+        assert cluster.connect(FakeRay(), None, None) and cluster.connect(FakeRay(), None, 2)
         set_quiet(False)
-        shards.connect(FakeRay(), None, 1)
+        cluster.connect(FakeRay(), None, 1)
     finally:
         set_quiet(previous)
     assert [(c["num_cpus"], c["_system_config"]["num_workers_soft_limit"]) for c in calls] == [(3, 3), (2, 2), (1, 1)]
@@ -129,10 +129,10 @@ def test_a_local_ray_starts_no_more_workers_than_cores(monkeypatch: pytest.Monke
 
 
 def test_waiting_on_ray_lets_ctrl_c_through_within_a_second() -> None:
-    """Every wait on Ray tasks (the sweep's jobs, the audit's shards) blocks at most :data:`shards.WAIT_SECONDS` at a
+    """Every wait on Ray tasks (the sweep's jobs, the audit's shards) blocks at most :data:`cluster.WAIT_SECONDS` at a
     time: Ray's wait holds the main thread where Python cannot raise KeyboardInterrupt (a Ray sweep ignored Ctrl-C
     until its running job ended)."""
-    from attnaudit import shards
+    from attnaudit import cluster
 
     timeouts: list[float | None] = []
 
@@ -141,5 +141,5 @@ def test_waiting_on_ray_lets_ctrl_c_through_within_a_second() -> None:
             timeouts.append(timeout)
             return (refs[:1], refs[1:]) if len(timeouts) == 3 else ([], refs)
 
-    assert shards.wait_one(SlowRay(), ["a", "b"]) == ["a"]
-    assert timeouts == [shards.WAIT_SECONDS] * 3 and shards.WAIT_SECONDS <= 1
+    assert cluster.wait_one(SlowRay(), ["a", "b"]) == ["a"]
+    assert timeouts == [cluster.WAIT_SECONDS] * 3 and cluster.WAIT_SECONDS <= 1
