@@ -375,8 +375,8 @@ def _item(r: int, pieces: list[str], words: list[int], sources: int, roles: list
     if segments is not None:
         segment = segments.owner[r] if r < sources else segments.count + r - sources
         item["segment"] = segment
-        if r < sources:  # a segment of the prompt: its text, its number as its word
-            item.update(token=segments.names[segment], word=segment)
+        if r < sources:  # a segment of the prompt: its text, its number as its word, every position it covers
+            item.update(token=segments.names[segment], word=segment, positions=[p for p, o in enumerate(segments.owner) if o == segment])
     if roles is not None:
         item["role"] = roles[r]
     return item
