@@ -120,3 +120,24 @@ def test_an_encoder_decoder_over_source_segments(tmp_path: Path) -> None:
         sums = [sum(v for v, o in zip(token[: len(source)], owner) if o == g) for g in range(2)]
         torch.testing.assert_close(torch.tensor(grouped.scores["gradient"][t]), torch.tensor(sums + token[len(source) :]), rtol=1e-4, atol=1e-7)
         assert all(v == v for v in grouped.scores["loo"][t][:2]) and all(v != v for v in grouped.scores["loo"][t][2:])
+
+
+def test_a_chat_prompt_is_segmented_on_the_users_text(bpe_lm: Path, tmp_path: Path) -> None:  # noqa: F811
+    """With ``--chat`` the template's tokens are no segment: each sentence covers exactly its tokens inside the rendering."""
+    import shutil
+
+    from transformers import PreTrainedTokenizerFast
+
+    folder = tmp_path / "chat"
+    shutil.copytree(bpe_lm, folder)
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(folder)
+    tokenizer.chat_template = ("{% for m in messages %}<eos>{{ m['role'] }}\n{{ m['content'] }}<eos>\n{% endfor %}"
+                               "{% if add_generation_prompt %}<eos>assistant\n{% endif %}")
+    tokenizer.save_pretrained(folder)
+    generated = explain_text(folder, PROMPT, generate=2, methods=["loo"], segments="sentence", chat=True, device="cpu")
+    assert isinstance(generated, Generated)
+    first = generated.items[0]
+    assert [i["token"] for i in first] == ["Dave met Sarah in Paris.", "The movie was good."] and {i["role"] for i in first} == {"user"}
+    for item, sentence in zip(first, ["Dave met Sarah in Paris.", "The movie was good."]):
+        assert "".join(generated.source[p] for p in item["positions"]).strip() == sentence
+    assert all(v == v for v in generated.scores["loo"][1])
