@@ -5,7 +5,8 @@ Run from attnaudit's venv: ``python -m benchmarks.compare_shap --venv /tmp/shap-
 nothing). Never part of ``make test``.
 
 The case: SmolLM2-135M-Instruct explains its next token after ``"Review: {text}\\nSentiment:"`` for the first
-``--n`` GLUE SST-2 dev sentences of 7 to 10 words; the features are the sentence's words (spans given as
+``--n`` GLUE SST-2 dev sentences of ``--min-words`` to ``--max-words`` words (7 to 8: ``2^M`` coalitions per call cost
+minutes on this machine's one thread at ``M`` = 10); the features are the sentence's words (spans given as
 ``--segments`` JSON spans, so the template's tokens are no feature and always stay); the explained value is the
 probability of the predicted next token; the masker is the baseline token (``--baseline``, ``unk`` by default:
 every token of a perturbed word replaced by it, the length kept), so shap's background is the one row of zeros
@@ -181,7 +182,7 @@ def compare_sentence(run: Any, worker: Worker, folder: Path, text: str, args: ar
     return record
 
 
-def short_sentences(data_dir: Path, n: int, low: int = 7, high: int = 10) -> list[str] | None:
+def short_sentences(data_dir: Path, n: int, low: int = 7, high: int = 8) -> list[str] | None:
     """The first ``n`` SST-2 dev sentences of ``low`` to ``high`` words, or None without the file."""
     from benchmarks.compare_inseq import sentences
 
@@ -195,14 +196,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--venv", type=Path, default=SHAP_VENV, help="the shap venv (benchmarks/shap_venv.sh)")
     parser.add_argument("--data-dir", type=Path, default=ROOT.parent / "shared" / "data")
-    parser.add_argument("--n", type=int, default=3, help="SST-2 dev sentences (7 to 10 words)")
-    parser.add_argument("--samples", type=int, default=64, help="the sampled regime's coalitions (both sides)")
+    parser.add_argument("--n", type=int, default=3, help="SST-2 dev sentences (of --min-words to --max-words words)")
+    parser.add_argument("--min-words", type=int, default=7, help="fewest words (features) of a sentence: 2^M must exceed --samples")
+    parser.add_argument("--max-words", type=int, default=8, help="most words (features) of a sentence: 2^M coalitions per exact call")
+    parser.add_argument("--samples", type=int, default=48, help="the sampled regime's coalitions (both sides)")
     parser.add_argument("--baseline", default="unk", help="the masker: the token a perturbed word's tokens become (unk, pad, eos), or delete")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=REPEATS, help="interleaved timed rounds")
     args = parser.parse_args(argv)
     python = shap_python(args.venv)
-    texts = short_sentences(args.data_dir, args.n)
+    texts = short_sentences(args.data_dir, args.n, args.min_words, args.max_words)
     if python is None or not texts:
         why = f"no shap venv; build it with {SHAP_INSTALL}" if python is None else f"no SST-2 dev sentences in {args.data_dir}"
         print(f"nothing written: {why}")
