@@ -141,3 +141,29 @@ def test_a_chat_prompt_is_segmented_on_the_users_text(bpe_lm: Path, tmp_path: Pa
     for item, sentence in zip(first, ["Dave met Sarah in Paris.", "The movie was good."]):
         assert "".join(generated.source[p] for p in item["positions"]).strip() == sentence
     assert all(v == v for v in generated.scores["loo"][1])
+
+
+@pytest.mark.parametrize("family", ["gpt2", "gemma", "phi"])
+def test_other_decoder_families(family: str, tmp_path: Path) -> None:
+    """Tiny random GPT-2, Gemma and Phi (word-level tokenizers): each step over the two sentences, then the earlier
+    generated token; gradient the sum of the token-level scores, leave-one-out and kernel_shap one finite score each."""
+    from attnaudit.architectures import save_tiny
+
+    text = "i really loved the movie . the plot was boring ."
+    folder = save_tiny(family, tmp_path / family, seed=0)
+    grouped = explain_text(str(folder), text, target="good movie", methods=["gradient", "loo", "kernel_shap"], segments="sentence", device="cpu")
+    plain = explain_text(str(folder), text, target="good movie", methods=["gradient"], device="cpu")
+    assert isinstance(grouped, Generated) and isinstance(plain, Generated) and len(grouped.steps) == 2
+    sentences = ["i really loved the movie .", "the plot was boring ."]
+    assert [i["token"] for i in grouped.items[1]] == [*sentences, "good"]
+    run = load_hf(str(folder), device="cpu")
+    ids = run.model.tokenizer(text)["input_ids"]
+    offsets = token_offsets(run.model, Example(tokens=text.split(), meta={"text": text}), ids, None)
+    assert offsets is not None
+    owner = token_segments(text, offsets[1], [(0, 26), (27, 48)])  # by hand: the two sentences
+    assert [text[a:b] for a, b in [(0, 26), (27, 48)]] == sentences
+    for t in range(2):
+        token = plain.scores["gradient"][t]
+        sums = [sum(v for v, o in zip(token, owner) if o == g) for g in range(2)]
+        torch.testing.assert_close(torch.tensor(grouped.scores["gradient"][t]), torch.tensor(sums + token[len(owner) :]), rtol=1e-4, atol=1e-7)
+        assert all(math.isfinite(v) for name in ("loo", "kernel_shap") for v in grouped.scores[name][t])
