@@ -119,13 +119,14 @@ def _load_target(
 
 
 def _source(target: Run, hf: str | None, task: str | None, data_dir: str | Path | None, device: str,
-            hf_options: dict[str, Any]) -> Source | None:
-    """What a Ray worker loads to audit ``target`` (None when it is no saved run nor a Hugging Face model)."""
+            hf_options: dict[str, Any], segments: str | None = None) -> Source | None:
+    """What a Ray worker loads to audit ``target`` (None when it is no saved run nor a Hugging Face model), its batches
+    segmented by ``segments`` as the driver's are."""
     folder = str(target.subruns)
     data = str(data_dir) if data_dir else None
     if hf is not None:
-        return Source(folder, hf=hf, task=task, data_dir=data, device=device, hf_options=hf_options)
-    return Source(folder, run=str(target.path), data_dir=data, device=device) if target.path else None
+        return Source(folder, hf=hf, task=task, data_dir=data, device=device, hf_options=hf_options, segments=segments)
+    return Source(folder, run=str(target.path), data_dir=data, device=device, segments=segments) if target.path else None
 
 
 def _plan(
@@ -320,8 +321,6 @@ def audit(
     check_engine(engine, workers, address)
     if segments is not None:
         check_unit(segments)
-        if engine == "ray":
-            raise AttnAuditError("--segments runs with --engine local (the Ray workers load the model without them)")
     train_options = {k: v for k, v in train_options.items() if v is not None}
     order, options = _plan(only, skip, test_options or {})
     named = {"prompt": prompt, "verbalizer": verbalizer, "max_length": check_max_length(max_length), "dtype": dtype,
@@ -345,7 +344,7 @@ def audit(
     outcome = AuditResult(out=out)
     status(f"auditing {target.family} on {target.task.spec or 'its data'}: {len(order)} test(s) -> {out}")
     status(audited_line(target, split, limit, data_dir, limit_order, seed))
-    source = _source(target, hf, task, data_dir, device, hf_options) if engine == "ray" else None
+    source = _source(target, hf, task, data_dir, device, hf_options, segment_unit(target)) if engine == "ray" else None
     with engine_for(engine, source, out / SHARDS, workers, address, shard_size) as compute, memoised(target.model) as memo:
         settings = {"split": split, "limit": limit, "seed": seed, "figures": figures, "data_dir": data_dir,
                     "limit_order": limit_order, "compute": compute}

@@ -56,7 +56,7 @@ def spans(count: int, size: int) -> list[Span]:
 @dataclass(frozen=True)
 class Source:
     """How a worker loads the audited run: a run folder or a Hugging Face model on a task, with the
-    folder the training-based tests write their sub-runs to."""
+    folder the training-based tests write their sub-runs to, and the unit its batches are segmented by (``--segments``)."""
 
     subruns: str
     run: str | None = None
@@ -65,14 +65,16 @@ class Source:
     data_dir: str | None = None
     device: str = "auto"
     hf_options: dict[str, Any] = field(default_factory=dict)
+    segments: str | None = None
 
     def load(self) -> Run:
-        """The run, loaded as the audit's driver loaded it."""
+        """The run, loaded as the audit's driver loaded it (its collator segmenting as the driver's does)."""
+        from attnaudit.explain.helpers.segments import segmented
         from attnaudit.resolve import load_model
 
         hf_options = {"task": self.task, **self.hf_options} if self.hf is not None else {}
         run = load_model(self.hf, self.run, device=self.device, data_dir=self.data_dir, **hf_options)
-        return replace(run, subruns=Path(self.subruns))
+        return replace(segmented(run, self.segments), subruns=Path(self.subruns))
 
 
 class Worker:

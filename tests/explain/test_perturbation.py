@@ -217,13 +217,26 @@ def test_many_samples_approach_captums_exact_shapley_values(captum, decoder: Sim
 
 @pytest.mark.parametrize("grouped", [False, True])
 def test_kernel_shap_equals_captum(captum, decoder: SimpleNamespace, grouped: bool) -> None:
+    """Fewer samples than coalitions: both draw the same random coalitions."""
     model, alone, items, k, mask = _setup(decoder, 0, grouped)
     assert int(mask.max()) >= 1  # Captum's KernelShap needs two features at least
-    ours = kernel_shap(model, alone, samples=40, seed=7)[0][items[0]]
+    samples = (1 << (int(mask.max()) + 1)) - 1
+    ours = kernel_shap(model, alone, samples=samples, seed=7)[0][items[0]]
     torch.manual_seed(7)
     theirs = captum.KernelShap(captum_forward(model, alone, "delete")).attribute(
-        torch.ones(1, k), baselines=0.0, feature_mask=mask, n_samples=40)[0]
+        torch.ones(1, k), baselines=0.0, feature_mask=mask, n_samples=samples)[0]
     torch.testing.assert_close(ours, theirs, atol=TOLERANCE, rtol=0)
+
+
+@pytest.mark.parametrize(("grouped", "baseline"), [(False, "delete"), (True, "unk")])
+def test_kernel_shap_enumerates_to_captums_exact_shapley_values(captum, decoder: SimpleNamespace, grouped: bool, baseline: str) -> None:
+    """Samples covering every coalition (≥ 2^M): every coalition once, the exact Shapley values (as shap's
+    KernelExplainer enumerates), equal to Captum's ``ShapleyValues`` enumeration."""
+    model, alone, items, k, mask = _setup(decoder, 1, grouped)
+    ours = kernel_shap(model, alone, samples=1 << (int(mask.max()) + 1), seed=3, baseline=baseline)[0][items[0]]
+    exact = captum.ShapleyValues(captum_forward(model, alone, baseline)).attribute(torch.ones(1, k), baselines=0.0, feature_mask=mask)[0]
+    torch.testing.assert_close(ours, exact, atol=TOLERANCE, rtol=0)
+    assert exact.abs().max() > 1e-4
 
 
 @pytest.mark.parametrize("grouped", [False, True])

@@ -81,10 +81,10 @@
       el("div", {}, [el("h3", { text: "Largest magnitudes" }), view.top])]));
   }
 
-  /* the span showing item `item` (a source token, or an earlier generated token of a decoder) */
-  function spanOf(item) {
+  /* the spans showing item `item` (a source token, a segment's tokens, or an earlier generated token of a decoder) */
+  function spansOf(item) {
     var n = DATA.source.length;
-    return item.position < n ? spans.source[item.position] : spans.target[item.position - n];
+    return (item.positions || [item.position]).map(function (p) { return p < n ? spans.source[p] : spans.target[p - n]; });
   }
 
   function shadeItems(t, items, scores) {
@@ -97,14 +97,16 @@
       node.title = node.classList.contains("gv-step") ? "step " + node.getAttribute("data-step") + ": click to keep" : "not read at this step";
     });
     items.forEach(function (item, i) {
-      var node = spanOf(item), v = scores[i];
-      if (!node) return;
-      var colour = v !== null && v < 0 ? "11,87,208" : "230,97,1";
-      node.style.background = "rgba(" + colour + "," + (v !== null && peak > 0 ? Math.abs(v) / peak : 0).toFixed(3) + ")";
-      node.setAttribute("data-score", String(v));
-      node.classList.add("gv-item");
-      var what = state.words ? "word " + quoted(DATA.words.text[t][i]) + " (" + DATA.words.how + ")" : quoted(item.token);
-      node.title = what + ": " + fmt(v);
+      var v = scores[i];
+      spansOf(item).forEach(function (node) {
+        if (!node) return;
+        var colour = v !== null && v < 0 ? "11,87,208" : "230,97,1";
+        node.style.background = "rgba(" + colour + "," + (v !== null && peak > 0 ? Math.abs(v) / peak : 0).toFixed(3) + ")";
+        node.setAttribute("data-score", String(v));
+        node.classList.add("gv-item");
+        var what = state.words ? "word " + quoted(DATA.words.text[t][i]) + " (" + DATA.words.how + ")" : quoted(item.token);
+        node.title = what + ": " + fmt(v);
+      });
     });
     return peak;
   }

@@ -13,6 +13,13 @@ to a next-token decision scores it unchanged:
   (:meth:`~attnaudit.models.interface.LanguageModel.forced_decision`); the items are the source tokens (the attention
   methods read the last target position's cross-attention).
 
+With segments (``--segments``: words, sentences, ... or spans of the prompt's text) a step's features are the
+prompt's segments, then each earlier generated token on its own (the text segmented is the prompt; what the model
+wrote before the step stays token by token): ``Batch.segments`` of every row, so gradient-type methods sum their
+token scores within a segment and the perturbation methods and leave-one-out remove (or replace) it as one unit, as
+for one decision. An encoder-decoder's segments are its source's (its earlier target tokens, where a method scores
+them, each its own).
+
 The explained class of every row is ``y_t`` itself (``Batch.explained``), not the argmax, so a forced
 ``--target`` the model would not have produced is explained as written; with ``--contrast`` each step
 explains ``p(y_t) − p(c_t)`` (``Batch.contrast``: why this token rather than that one). Each step also
@@ -35,9 +42,11 @@ import torch
 from torch import Tensor
 
 from attnaudit.data.batching import _pad
+from attnaudit.data.segments import Span
 from attnaudit.data.types import Batch, Example
 from attnaudit.errors import AttnAuditError
-from attnaudit.explain.registry import Explanation, item_mask
+from attnaudit.explain.helpers.features import feature_groups
+from attnaudit.explain.registry import Explanation, first_items, item_mask
 from attnaudit.io import atomic_write, atomic_write_json
 from attnaudit.models.hf import ASSISTANT_ROLE as ASSISTANT
 from attnaudit.models.hf import Chat, Rendered, forced_batch, render_chat, role_names
@@ -78,7 +87,8 @@ class Generated:
             for t in range(len(self.target))
             for i, item in enumerate(self.items[t])
         ]
-        columns = ["step", "target_token", "position", "token", "side", "word", *(["role"] if self.meta.get("chat") else []), "method", "score"]
+        columns = ["step", "target_token", "position", "token", *(["segment"] if self.meta.get("segments") else []), "side", "word",
+                   *(["role"] if self.meta.get("chat") else []), "method", "score"]
         return pd.DataFrame(rows, columns=columns)
 
     def words(self, how: str = "sum") -> pd.DataFrame:
@@ -262,51 +272,114 @@ def step_batches(model: LanguageModel, source: list[int], target: list[int], con
     return batches
 
 
+@dataclass
+class PromptSegments:
+    """The prompt's segments (``--segments``) on a generated sequence: each source position's segment (-1 outside
+    every segment), the segments' texts and the spans they were made from (in the prompt's text)."""
+
+    owner: list[int]
+    names: list[str]
+    spans: list[Span]
+
+    @property
+    def count(self) -> int:
+        return len(self.names)
+
+    def row(self, earlier: int, target_side: bool = False) -> list[int]:
+        """A step's segments: the prompt's, then each of the ``earlier`` generated tokens its own (after an encoder-decoder's
+        start token with ``target_side``, which is no segment)."""
+        return self.owner + [-1] * target_side + [self.count + j for j in range(earlier)]
+
+
+def prompt_segments(model: LanguageModel, text: str, source: list[int], unit: str, spans: list[Span]) -> PromptSegments:
+    """The segments of the prompt ``text`` (``unit``'s ``spans``) on its tokens ``source`` (the text as written, or its
+    chat rendering: the text's tokens found among the template's); a one-line error when they cannot be aligned."""
+    from attnaudit.explain.helpers.segments import segment_names, segment_spans, segment_text
+
+    batch = segment_text(model, id_rows(model, [source]), text, unit, spans, None)
+    assert batch.segments is not None
+    example = batch.examples[0]
+    return PromptSegments(batch.segments[0].tolist(), segment_names(example) or [], segment_spans(example) or [])
+
+
+def _padded(rows: list[list[int]]) -> Tensor:
+    width = max(len(row) for row in rows)
+    return torch.tensor([row + [-1] * (width - len(row)) for row in rows], dtype=torch.long)
+
+
+def _segment_steps(batches: list[Batch], segments: PromptSegments, text: str, encoder_decoder: bool) -> None:
+    """Every step row's ``Batch.segments`` (a decoder: the prompt's, then its earlier generated tokens; an encoder-decoder:
+    its source's), its examples carrying the prompt's text and spans (segment names, ``--replace``)."""
+    from attnaudit.explain.helpers.segments import SPANS
+
+    for t, batch in enumerate(batches):
+        steps = [t] if encoder_decoder else list(range(len(batch)))
+        batch.segments = _padded([segments.row(0 if encoder_decoder else s) for s in steps])
+        batch.examples = [Example(tokens=text.split(), meta={"text": text, SPANS: [list(s) for s in segments.spans]}) for _ in steps]
+
+
 def explain_steps(
     run: Run, methods: dict[str, Explanation], source: list[int], target: list[int], contrast: list[int] | None, offered: dict[str, Any],
-    rendered: Rendered | None = None,
+    rendered: Rendered | None = None, segments: PromptSegments | None = None, text: str = "",
 ) -> tuple[dict[str, list[list[float]]], list[list[dict[str, Any]]], list[str]]:
     """The methods' scores and the items per step, and the source tokens (``rendered``: the chat-rendered prompt
     whose ids are ``source``; its items, then the generated tokens, are the items and each item records its role).
 
     A step's items are numbered as a decoder reads them: the source (prompt) tokens, then the earlier target
     tokens. An encoder-decoder's methods registered with ``target_side`` score both sides (within
-    :meth:`~attnaudit.models.interface.LanguageModel.target_side`); the others score its source and give NaN for its target."""
+    :meth:`~attnaudit.models.interface.LanguageModel.target_side`); the others score its source and give NaN for its target.
+    With ``segments`` (of the prompt ``text``) a step's items are its features instead: each segment (named by its text,
+    read at its first token), then each earlier generated token."""
     model = language_model(run.model, "a generated sequence")
     batches = step_batches(model, source, target, contrast)
-    if rendered is not None and model.kind != "encoder-decoder":  # a chat prompt: its items and roles, then the assistant's
+    both = model.kind == "encoder-decoder"
+    if rendered is not None and not both:  # a chat prompt: its items and roles, then the assistant's
         rows = [(rendered.items + [True] * t, rendered.roles + [ASSISTANT] * t) for t in range(len(target))]
         width = batches[0].tokens.shape[1]
         batches[0].items = torch.tensor([items + [False] * (width - len(items)) for items, _ in rows])
         batches[0].roles = torch.tensor([roles + [-1] * (width - len(roles)) for _, roles in rows])
+    if segments is not None:
+        _segment_steps(batches, segments, text, both)
     device = model.input_device
     scores: dict[str, list[list[float]]] = {name: [] for name in methods}
     items: list[list[dict[str, Any]]] = []
     pieces = [model.tokenizer.decode([i]) for i in source + target]
     words = word_indices(pieces[: len(source)]) + word_indices(pieces[len(source) :])
-    both = model.kind == "encoder-decoder"
-    for batch in batches:
+    roles = role_names(rendered.roles + [ASSISTANT] * len(target)) if rendered is not None else None
+    for t, batch in enumerate(batches):
         batch = batch.to(device)
         source_only = {name: m for name, m in methods.items() if not (both and m.target_side)}
         values = {name: m(run, batch, **offered).float().cpu() for name, m in source_only.items()}
         with model.target_side() if both else contextlib.nullcontext():
+            if both and segments is not None:  # the target side's items: the source's segments, then each earlier target token
+                batch.segments = _padded([segments.row(t, target_side=True)]).to(device)
             mask = item_mask(model, batch).cpu()
+            if segments is not None:
+                mask &= first_items(feature_groups(model, batch).cpu())
             values.update({name: m(run, batch, **offered).float().cpu() for name, m in methods.items() if name not in source_only})
         width = batch.tokens.shape[1]
         for b in range(len(batch)):
             positions = mask[b].nonzero().flatten().tolist()
             # an encoder-decoder's decoder input p >= width is target token p - width - 1 (after the start token)
             read = [p if not both or p < width else len(source) + p - width - 1 for p in positions]
-            roles = role_names(rendered.roles + [ASSISTANT] * len(target)) if rendered is not None else None
-            items.append([
-                {"position": r, "token": pieces[r], "side": "source" if r < len(source) else "target", "word": words[r],
-                 **({"role": roles[r]} if roles is not None else {})}
-                for r in read
-            ])
+            items.append([_item(r, pieces, words, len(source), roles, segments) for r in read])
             for name in methods:
                 value = values[name][b]
                 scores[name].append([float(value[p]) if p < value.shape[0] else math.nan for p in positions])
     return scores, items, pieces[: len(source)]
+
+
+def _item(r: int, pieces: list[str], words: list[int], sources: int, roles: list[str] | None, segments: PromptSegments | None) -> dict[str, Any]:
+    """Item ``r`` (a source position, or source count + a target token's index): its record in the tidy frame."""
+    item = {"position": r, "token": pieces[r], "side": "source" if r < sources else "target", "word": words[r]}
+    if segments is not None:
+        segment = segments.owner[r] if r < sources else segments.count + r - sources
+        item["segment"] = segment
+        if r < sources:  # a segment of the prompt: its text, its number as its word, every position it covers
+            item.update(token=segments.names[segment], word=segment, positions=[p for p, o in enumerate(segments.owner) if o == segment])
+    if roles is not None:
+        item["role"] = roles[r]
+    return item
 
 
 def explain_generated(
@@ -320,17 +393,25 @@ def explain_generated(
     sample: bool = False,
     seed: int = 0,
     offered: dict[str, Any] | None = None,
+    segments: tuple[str, list[Span] | None] = ("token", None),
 ) -> Generated:
     """``text``'s continuation explained step by step: ``generate`` tokens made by the model, or the forced ``target``.
 
     ``chosen``: the methods to compute and the default ones skipped (:func:`attnaudit.explain.registry.methods_for`,
     asked within the next-token decision); ``contrast``: a continuation of as many tokens, each step explaining
-    ``p(target) − p(contrast)``; ``sample``: draw tokens instead of taking the most probable (seeded)."""
+    ``p(target) − p(contrast)``; ``sample``: draw tokens instead of taking the most probable (seeded); ``segments``:
+    ``(unit, spans)`` of the prompt's text (:func:`~attnaudit.explain.helpers.segments.text_segments`; spans None: tokens)."""
     model = language_model(run.model, "a generated sequence")
     methods, skipped = chosen
     chat = model.config.extra.get("chat")
     rendered = chat_rendered(model, text)
     source = rendered.ids if rendered is not None else encode_exactly(model.tokenizer, text)
+    unit, spans = segments
+    grouped = prompt_segments(model, text, source, unit, spans) if spans is not None else None
+    if grouped is not None and (offered or {}).get("replace"):
+        from attnaudit.explain.helpers.segments import check_replaced
+
+        check_replaced(grouped.names, str((offered or {})["replace"]))
     if target is not None:
         ids = target_ids(model, target, "--target")
         check_length(model, source, len(ids))
@@ -345,7 +426,7 @@ def explain_generated(
             raise AttnAuditError(
                 f"--contrast has {len(foils)} tokens and the explained continuation {len(ids)}; give a contrast of as many tokens"
             )
-    scores, items, source_tokens = explain_steps(run, methods, source, ids, foils, offered or {}, rendered)
+    scores, items, source_tokens = explain_steps(run, methods, source, ids, foils, offered or {}, rendered, grouped, text)
     decode = model.tokenizer.decode
     return Generated(
         source=source_tokens,
@@ -361,6 +442,9 @@ def explain_generated(
             "items": "the source tokens, then the earlier target tokens (scored by "
                      + ", ".join(n for n, m in methods.items() if m.target_side) + "; NaN for the others)"
                      if model.kind == "encoder-decoder" else "the prompt's tokens and the earlier generated tokens",
+            **({"segments": {"unit": unit, "spans": [list(s) for s in grouped.spans],
+                             "items": "each segment of the prompt (its text; scores summed over its tokens, or the segment "
+                                      "perturbed as one unit), then each earlier generated token"}} if grouped is not None else {}),
         },
     )
 

@@ -70,11 +70,15 @@ def word_view(generated: Generated, how: str) -> dict[str, Any]:
     }
 
 
+ITEM_KEYS = ("position", "positions", "side", "word", "token")
+"""What the page reads of an item (``positions``: every token of a segment, which its score shades)."""
+
+
 def payload(generated: Generated, aggregate: str | None) -> dict[str, Any]:
     """What ``generation.js`` draws: tokens, items, scores (4 significant digits), step records, word scores."""
     return finite({
         "source": generated.source, "target": generated.target, "kind": generated.meta.get("kind"),
-        "items": [[{k: item[k] for k in ("position", "side", "word", "token")} for item in items] for items in generated.items],
+        "items": [[{k: item[k] for k in ITEM_KEYS if k in item} for item in items] for items in generated.items],
         "scores": {m: [[round_sig(v) for v in step] for step in steps] for m, steps in generated.scores.items()},
         "about": {m: EXPLANATIONS[m].about for m in generated.scores if m in EXPLANATIONS},
         "steps": generated.steps,

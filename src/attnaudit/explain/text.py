@@ -177,8 +177,6 @@ def explain_text(
         raise AttnAuditError(f"--aggregate must be one of {choices}" if sequence else "--aggregate applies with --generate or --target")
     ig_steps(steps)
     unit, spans = text_segments(text, segments)
-    if spans is not None and sequence:
-        raise AttnAuditError("--segments applies to one decision; a generated sequence is explained token by token")
     offered = {"seed": seed, "steps": steps, **method_options(options)}
     if offered.get("replace") is not None:
         replacements(str(offered["replace"]))  # its form checked before the model loads
@@ -197,7 +195,7 @@ def explain_text(
         if sequence:
             explained = explain_generated(
                 run, text, methods_for(run, methods, offered), generate=generate, target=target, contrast=contrast, sample=sample, seed=seed,
-                offered=offered,
+                offered=offered, segments=(unit, spans),
             )
         else:
             explained = _explain(run, text, kind, methods, max_length, offered, (unit, spans))

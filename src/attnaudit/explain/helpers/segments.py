@@ -195,6 +195,8 @@ def perturbed_rows(batch: Batch, rows: Sequence[tuple[int, Sequence[int], Sequen
         tokens=tokens.to(device), mask=mask.to(device), features=None if batch.features is None else feats.to(device),
         query=None if batch.query is None else batch.query[index],
         query_mask=None if batch.query_mask is None else batch.query_mask[index],
+        target=None if batch.target is None else batch.target[index],  # an encoder-decoder's forced target prefix
+        target_mask=None if batch.target_mask is None else batch.target_mask[index],
     )
 
 

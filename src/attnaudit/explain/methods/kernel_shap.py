@@ -1,6 +1,9 @@
-"""``kernel_shap``: KernelSHAP over the features (tokens or segments), seeded (Lundberg & Lee 2017; Captum's ``KernelShap``)."""
+"""``kernel_shap``: KernelSHAP over the features (tokens or segments), seeded (Lundberg & Lee 2017; Captum's ``KernelShap``;
+shap's ``KernelExplainer`` when the samples cover every coalition)."""
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import Tensor
@@ -36,7 +39,10 @@ def kernel_shap(model: AttentionModel, batch: Batch, samples: int = 200, seed: i
     uniformly — and the least-squares fit ``ŷ ≈ b + Σ_i c_i z_i`` on them (the two end coalitions weighted
     :data:`ENDPOINT_WEIGHT`, the others 1); a feature's score is its coefficient, carried by every item of it.
     The draws are Captum's (``Categorical``, ``torch.randn``, ``kthvalue``) after ``torch.manual_seed(seed)``,
-    per instance; one feature alone gets ``ŷ(x) − ŷ(perturbed)``."""
+    per instance; one feature alone gets ``ŷ(x) − ŷ(perturbed)``. When ``samples`` covers every coalition
+    (``samples ≥ 2^M`` for ``M`` features) they are all run once instead, each weighted by the Shapley kernel, and
+    the fit is the exact Shapley values (:func:`exact_shapley`), as shap's ``KernelExplainer`` enumerates then;
+    Captum keeps drawing at random there."""
     with perturbing(model, batch, baseline) as perturber:
         per_group = []
         for b, count in enumerate(perturber.counts):
@@ -62,7 +68,26 @@ def coalitions(count: int, samples: int, seed: int) -> Tensor:
     return torch.stack(drawn)
 
 
+def exact_shapley(perturber: Perturber, b: int, count: int) -> Tensor:
+    """``(count,)`` float32: the exact Shapley values of instance ``b``'s features from all ``2^count`` coalitions
+    (``φ_i = Σ_{S∌i} |S|!(M−|S|−1)!/M! · (v(S∪{i}) − v(S))``), the solution KernelSHAP's fit reaches with every
+    coalition under the Shapley kernel and the efficiency constraint."""
+    codes = torch.arange(1 << count)
+    present = ((codes[:, None] >> torch.arange(count)) & 1).bool()
+    values = perturber.values(torch.full((len(codes),), b), present)
+    sizes = present.sum(1)
+    weight = torch.tensor([math.factorial(s) * math.factorial(count - s - 1) / math.factorial(count) for s in range(count)],
+                          dtype=torch.float64)
+    out = torch.empty(count, dtype=torch.float64)
+    for i in range(count):
+        without = codes[~present[:, i]]
+        out[i] = (weight[sizes[without]] * (values[without | (1 << i)] - values[without])).sum()
+    return out.float()
+
+
 def _instance(perturber: Perturber, b: int, count: int, samples: int, seed: int) -> Tensor:
+    if count < 63 and samples >= 1 << count:  # every coalition fits the budget: enumerate them (exact)
+        return exact_shapley(perturber, b, count)
     if count == 1:  # one feature: the whole change (Captum's size distribution is empty there)
         ends = perturber.values(torch.tensor([b, b]), torch.tensor([[True], [False]]))
         return (ends[:1] - ends[1:]).float()
