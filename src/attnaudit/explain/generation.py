@@ -163,10 +163,16 @@ def chat_rendered(model: LanguageModel, text: str) -> Rendered | None:
     return render_chat(model.tokenizer, text, Chat.from_dict(chat)) if isinstance(chat, dict) else None
 
 
+def prompt_of(model: LanguageModel, text: str) -> tuple[list[int], Rendered | None]:
+    """A prompt's token ids and, with ``--chat``, its rendering by the chat template (else the text as written,
+    :func:`encode_exactly`, and None)."""
+    rendered = chat_rendered(model, text)
+    return (rendered.ids, rendered) if rendered is not None else (encode_exactly(model.tokenizer, text), None)
+
+
 def prompt_ids(model: LanguageModel, text: str) -> list[int]:
     """A prompt's token ids: rendered by the chat template (``--chat``), else the text as written (:func:`encode_exactly`)."""
-    rendered = chat_rendered(model, text)
-    return rendered.ids if rendered is not None else encode_exactly(model.tokenizer, text)
+    return prompt_of(model, text)[0]
 
 
 def target_ids(model: LanguageModel, text: str, option: str) -> list[int]:
@@ -246,20 +252,35 @@ def check_length(model: LanguageModel, source: Sequence[int], steps: int) -> Non
         raise AttnAuditError(f"the prompt and the continuation have {len(source) + steps} tokens; this model reads at most {limit}")
 
 
-def step_batches(model: LanguageModel, source: list[int], target: list[int], contrast: list[int] | None = None) -> list[Batch]:
+def step_batches(
+    model: LanguageModel, source: list[int], target: list[int], contrast: list[int] | None = None, rendered: Rendered | None = None,
+) -> list[Batch]:
     """The steps of a sequence as batches whose rows explain ``target[t]`` (and its ``contrast[t]``): one batch
-    of every step for a decoder, one batch per step for an encoder-decoder; one-line errors past the model's length."""
+    of every step for a decoder, one batch per step for an encoder-decoder; one-line errors past the model's length.
+    ``rendered``: the chat rendering whose ids are ``source`` (:func:`chat_steps` marks the items and roles)."""
     check_length(model, source, len(target))
     explained = torch.tensor(target)
     foils = torch.tensor(contrast) if contrast is not None else None
     if model.kind != "encoder-decoder":
         batch = decoder_rows(model, source, target, len(target))
         batch.explained, batch.contrast = explained, foils
+        if rendered is not None:
+            chat_steps(batch, rendered)
         return [batch]
     batches = [forced_row(model, source, target[:t]) for t in range(len(target))]
     for t, batch in enumerate(batches):
         batch.explained, batch.contrast = explained[t : t + 1], None if foils is None else foils[t : t + 1]
     return batches
+
+
+def chat_steps(batch: Batch, rendered: Rendered) -> None:
+    """Mark a chat prompt's decoder steps (row ``t``: the rendered prompt and ``t`` generated tokens): each row's items
+    are the prompt's (``--items user``: the user's text; ``all``: every position) and the generated tokens before
+    it, as ``explain --generate`` and ``run generation`` read them; its roles, the prompt's, then ``assistant``."""
+    width = batch.tokens.shape[1]
+    rows = [(rendered.items + [True] * t, rendered.roles + [ASSISTANT] * t) for t in range(len(batch))]
+    batch.items = torch.tensor([items + [False] * (width - len(items)) for items, _ in rows], dtype=torch.bool)
+    batch.roles = torch.tensor([roles + [-1] * (width - len(roles)) for _, roles in rows], dtype=torch.long)
 
 
 def explain_steps(
@@ -273,12 +294,7 @@ def explain_steps(
     tokens. An encoder-decoder's methods registered with ``target_side`` score both sides (within
     :meth:`~attnaudit.models.interface.LanguageModel.target_side`); the others score its source and give NaN for its target."""
     model = language_model(run.model, "a generated sequence")
-    batches = step_batches(model, source, target, contrast)
-    if rendered is not None and model.kind != "encoder-decoder":  # a chat prompt: its items and roles, then the assistant's
-        rows = [(rendered.items + [True] * t, rendered.roles + [ASSISTANT] * t) for t in range(len(target))]
-        width = batches[0].tokens.shape[1]
-        batches[0].items = torch.tensor([items + [False] * (width - len(items)) for items, _ in rows])
-        batches[0].roles = torch.tensor([roles + [-1] * (width - len(roles)) for _, roles in rows])
+    batches = step_batches(model, source, target, contrast, rendered)
     device = model.input_device
     scores: dict[str, list[list[float]]] = {name: [] for name in methods}
     items: list[list[dict[str, Any]]] = []
@@ -329,8 +345,7 @@ def explain_generated(
     model = language_model(run.model, "a generated sequence")
     methods, skipped = chosen
     chat = model.config.extra.get("chat")
-    rendered = chat_rendered(model, text)
-    source = rendered.ids if rendered is not None else encode_exactly(model.tokenizer, text)
+    source, rendered = prompt_of(model, text)
     if target is not None:
         ids = target_ids(model, target, "--target")
         check_length(model, source, len(ids))
