@@ -34,6 +34,15 @@ HEADLINE = "importance,norms,rollout"
 """The tests whose statistics the README's SmolLM2 figures quote (accuracy, τ, sink share, rollout's ρ)."""
 
 
+def predicted(result: Any) -> dict[str, dict[str, int]]:
+    """How often each label is predicted, for the sentences of each true label (from the importance test's instances)."""
+    counts: dict[str, dict[str, int]] = {}
+    for row in result.instances:
+        cell = counts.setdefault(str(row["label"]), {})
+        cell[str(row["pred"])] = cell.get(str(row["pred"]), 0) + 1
+    return {label: dict(sorted(cell.items())) for label, cell in sorted(counts.items())}
+
+
 def one_audit(args: argparse.Namespace, chat: bool) -> dict[str, Any]:
     """One audit (with or without the chat template) and its digest."""
     out = (args.out or RUNS) / f"smollm2-sst2-{args.limit}{'-chat' if chat else ''}"
@@ -56,6 +65,7 @@ def one_audit(args: argparse.Namespace, chat: bool) -> dict[str, Any]:
         "audit_seconds": seconds,
         "test_seconds": {t["test"]: t.get("seconds") for t in record["tests"] if t.get("status") in ("done", "cached")},
         "failed": outcome.failed,
+        "predicted": predicted(results["importance"]) if "importance" in results else None,
         "importance": importance_digest(results["importance"]) if "importance" in results else None,
         "norms": norms_digest(results["norms"]) if "norms" in results else None,
         "rollout": rollout_digest(results["rollout"]) if "rollout" in results else None,
