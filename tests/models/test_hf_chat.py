@@ -166,12 +166,13 @@ def test_smollm2_chat_ids_equal_its_own_template(shared_data: Path) -> None:
     assert roles[-3:] == ["template"] * 3 and "system" in roles and roles.count("user") > len(text.split())
 
 
-def test_generation_test_reads_the_chat_prompt(chat_lm: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("items", [[], ["--items", "all"]], ids=["user", "all"])
+def test_generation_test_reads_the_chat_prompt(chat_lm: Path, tmp_path: Path, items: list[str]) -> None:
     """`run generation --chat`: each prompt is the user's message in the chat template (the generating row starts with it)."""
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("the movie was\n", encoding="utf-8")
     out = tmp_path / "out"
-    done = cli("run", "generation", "--hf", chat_lm, "--chat", "--prompts", prompts, "--generate", "1", "--permutations", "1",
+    done = cli("run", "generation", "--hf", chat_lm, "--chat", *items, "--prompts", prompts, "--generate", "1", "--permutations", "1",
                "--adversaries", "0", "--normalisers", "", "--methods", "attention", "--resamples", "10", "--out", out, "--quiet")
     assert done.returncode == 0, done.stderr
     assert json.loads((out / "generation.json").read_text())["summary"]["tokens"] == 1
