@@ -270,11 +270,14 @@ def tests(
     task: Annotated[str | None, typer.Option(help="With --hf: the task (labels, zero-shot defaults).")] = None,
     prompt: Prompt = None,
     verbalizer: Verbalizer = None,
+    chat: Chat = False,
+    system: System = None,
+    items: Items = None,
     data_dir: DataDir = None,
     device: Device = "auto",
 ) -> None:
     """List the faithfulness tests (`attnaudit run <test> --help` for each one's options); with --hf or --run,
-    whether each runs on that model and, if not, why.
+    whether each runs on that model and, if not, why (with --chat: the model as its chat template renders it).
 
     Examples:
 
@@ -287,8 +290,8 @@ def tests(
     from attnaudit.experiments import discover
 
     if hf is None and run is None:
-        if task or prompt or verbalizer:
-            raise AttnAuditError("--task/--prompt/--verbalizer apply with --hf only")
+        if task or prompt or verbalizer or chat or system is not None or items is not None:
+            raise AttnAuditError("--task/--prompt/--verbalizer/--chat/--system/--items apply with --hf only")
         rows = [
             {"name": n, "paper": c.paper, "description": c.description, "explanations": ", ".join(c.explanation_choices())}
             for n, c in discover().items()
@@ -297,7 +300,11 @@ def tests(
         return
     from attnaudit.experiments.experiment import applicability
 
-    target = _load_model(hf, run, task, prompt, verbalizer, data_dir, device)
+    target = _load_model(hf, run, task, prompt, verbalizer, data_dir, device, chat=chat or None, system=system, items=items)
+    rendering = target.model.config.extra.get("chat")
+    if isinstance(rendering, dict):  # the listing is of the model as its chat template renders each prompt
+        system_text = "none given" if rendering.get("system") is None else repr(rendering["system"])
+        print(f"chat: each prompt is the user's message in the tokenizer's chat template (system: {system_text}; items: {rendering.get('items')})")
     for line in applicability_lines(applicability(target)):
         print(line)
 
@@ -316,12 +323,14 @@ def applicability_lines(reasons: dict[str, str | None]) -> list[str]:
 
 def _load_model(
     hf: str | None, run: Path | None, task: str | None, prompt: str | None, verbalizer: str | None,
-    data_dir: Path | None, device: str,
+    data_dir: Path | None, device: str, **chat: Any,
 ) -> Any:
-    """The Run named by exactly one of ``--hf`` and ``--run`` (a one-line error otherwise)."""
+    """The Run named by exactly one of ``--hf`` and ``--run`` (a one-line error otherwise); ``chat``: ``--chat``,
+    ``--system``, ``--items`` as :func:`attnaudit.hf.load_hf` takes them."""
     from attnaudit.resolve import load_model
 
-    return load_model(hf, run, device=device, data_dir=data_dir, task=task or None, prompt=prompt or None, verbalizer=verbalizer or None)
+    return load_model(hf, run, device=device, data_dir=data_dir, task=task or None, prompt=prompt or None, verbalizer=verbalizer or None,
+                      **chat)
 
 
 @app.command()

@@ -166,12 +166,13 @@ def test_smollm2_chat_ids_equal_its_own_template(shared_data: Path) -> None:
     assert roles[-3:] == ["template"] * 3 and "system" in roles and roles.count("user") > len(text.split())
 
 
-def test_generation_test_reads_the_chat_prompt(chat_lm: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("items", [[], ["--items", "all"]], ids=["user", "all"])
+def test_generation_test_reads_the_chat_prompt(chat_lm: Path, tmp_path: Path, items: list[str]) -> None:
     """`run generation --chat`: each prompt is the user's message in the chat template (the generating row starts with it)."""
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("the movie was\n", encoding="utf-8")
     out = tmp_path / "out"
-    done = cli("run", "generation", "--hf", chat_lm, "--chat", "--prompts", prompts, "--generate", "1", "--permutations", "1",
+    done = cli("run", "generation", "--hf", chat_lm, "--chat", *items, "--prompts", prompts, "--generate", "1", "--permutations", "1",
                "--adversaries", "0", "--normalisers", "", "--methods", "attention", "--resamples", "10", "--out", out, "--quiet")
     assert done.returncode == 0, done.stderr
     assert json.loads((out / "generation.json").read_text())["summary"]["tokens"] == 1
@@ -179,3 +180,76 @@ def test_generation_test_reads_the_chat_prompt(chat_lm: Path, tmp_path: Path) ->
 
     run = load_hf(chat_lm, device="cpu", chat=True)
     assert prompt_ids(run.model, "the movie was") == template_ids(run.model.tokenizer, [{"role": "user", "content": "the movie was"}])
+
+
+def test_tests_command_lists_the_chat_rendered_model(chat_lm: Path) -> None:
+    """`tests --hf M --chat --system --items`: the same options as explain/audit (one definition in cli.py) load the
+    chat-rendered model, whose listing says so; the listing is the one the Python API gives for that model."""
+    from attnaudit.cli import applicability_lines
+    from attnaudit.experiments.experiment import applicability
+
+    done = cli("tests", "--hf", chat_lm, "--chat", "--system", "be good", "--items", "all")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.strip().splitlines()
+    assert lines[0] == "chat: each prompt is the user's message in the tokenizer's chat template (system: 'be good'; items: all)"
+    run = load_hf(chat_lm, device="cpu", chat=True, system="be good", items="all")
+    assert run.model.config.extra["chat"] == {"system": "be good", "items": "all"}
+    assert lines[1:] == applicability_lines(applicability(run))
+    plain = cli("tests", "--hf", chat_lm)
+    assert plain.returncode == 0 and not any(line.startswith("chat:") for line in plain.stdout.splitlines())
+    default = cli("tests", "--hf", chat_lm, "--chat").stdout.splitlines()[0]
+    assert default.endswith("(system: none given; items: user)")
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (["--chat"], "no chat template"),
+    (["--system", "be good"], "--system applies with --chat only"),
+    (["--items", "all"], "--items applies with --chat only"),
+    (["--chat", "--items", "some"], "--items must be one of user, all"),
+])
+def test_tests_command_refuses_chat_options_in_one_line(plain_lm: Path, arguments: list[str], message: str) -> None:
+    done = cli("tests", "--hf", plain_lm, *arguments)
+    assert done.returncode == 2 and message in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    alone = cli("tests", *arguments)  # no model named: the chat options apply with --hf only
+    assert alone.returncode == 2 and "apply with --hf only" in alone.stderr and len(alone.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("items", ["user", "all"])
+def test_generation_test_items_follow_items(chat_lm: Path, items: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`run generation --chat`: a step's items are the prompt's (--items user: the user's text; all: every position)
+    and the earlier generated tokens, as `explain --generate` marks them; erasures and ERASER choose among them."""
+    from attnaudit.experiments import generation_steps as steps_module
+    from attnaudit.explain.generation import prompt_of
+
+    run = load_hf(chat_lm, device="cpu", chat=True, system="be good", items=items)
+    tok = run.model.tokenizer
+    source, rendered = prompt_of(run.model, "the movie was")
+    assert rendered is not None and source == rendered.ids
+    target = tok.convert_tokens_to_ids(["good", "movie"])
+    steps = steps_module.Steps(run, source, target, rendered=rendered)
+    batch = steps.batches[0]
+    tokens = tok.convert_ids_to_tokens(source)
+    user = [i for i, item in enumerate(rendered.items) if item]
+    if items == "user":
+        assert [tokens[i] for i in user] == ["the", "movie", "was"]
+    else:
+        assert user == list(range(len(source)))
+    allowed = [set(user) | set(range(len(source), len(source) + t)) for t in range(len(target))]
+    assert batch.items is not None and batch.roles is not None
+    for t in range(len(target)):
+        assert set(batch.items[t].nonzero().flatten().tolist()) == allowed[t]
+        assert [ROLES[r] for r in batch.roles[t][: len(source) + t].tolist()] == [ROLES[r] for r in rendered.roles] + ["assistant"] * t
+    tops, randoms = steps_module.erasure_keys(steps, torch.Generator().manual_seed(0))
+    assert all(int(tops[0][t]) in allowed[t] and int(randoms[0][t]) in allowed[t] for t in range(len(target)))
+    kept: list[list[list[int]]] = []
+    monkeypatch.setattr(steps_module, "kept_rows", lambda s, keep: kept.append(keep) or s.probs)
+    outside = [ROLES.index("template"), ROLES.index("system")]  # the template's and the system prompt's positions score highest
+    noise = torch.rand(batch.roles.shape, generator=torch.Generator().manual_seed(0))
+    template_first = torch.isin(batch.roles, torch.tensor(outside)).float() * 2 + noise
+    steps_module.eraser(steps, [template_first], 50.0)
+    removed = [set(range(len(source) + t)) - set(keep) for t, keep in enumerate(kept[0])]
+    assert all(removed[t] and removed[t] <= allowed[t] for t in range(len(target)))  # never a template token with --items user
+    special = set(tok.all_special_ids)
+    if items == "all":  # the highest-scored template words (not the special tokens) are removed
+        assert any(tokens[p] in ("system", "user", "assistant") for p in removed[0])
+        assert not any(source[p] in special for p in removed[0])

@@ -13,10 +13,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from attnaudit.cluster import PROBE_SECONDS, check_address, check_engine
 from attnaudit.errors import AttnAuditError
 from attnaudit.hf import load_hf
 from attnaudit.run import Run
-from attnaudit.cluster import PROBE_SECONDS, check_address, check_engine
 
 from .helpers import assert_clean_failure, cli
 

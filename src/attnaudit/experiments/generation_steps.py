@@ -9,13 +9,13 @@ through the one model interface as in :mod:`attnaudit.explain.generation` (a dec
   real keys in every layer (decoders; the cross-attention layers of an encoder-decoder), ``permutations``
   times with a seeded generator: the median total-variation change of the next-token distribution and
   the share of permutations that change the predicted token;
-* **erasure** (Serrano & Smith 2019): at the explained layer the key the generating position attends to
-  most (heads averaged) is zeroed and the row renormalised, against a random other real key: the
+* **erasure** (Serrano & Smith 2019): at the explained layer the item the generating position attends to
+  most (heads averaged) is zeroed and the row renormalised, against a random other item: the
   distribution's change and whether the token changes, top against random;
-  **Erase until the token changes** (Serrano & Smith's decision flip): the generating row's keys erased
+  **Erase until the token changes** (Serrano & Smith's decision flip): the generating row's items erased
   one more at a time, most attended first or in a seeded random order, until the predicted token
-  changes: the share of the real keys erased then (over the steps where it changes) and the share of
-  steps where it never changes with one key left;
+  changes: the share of the items erased then (over the steps where it changes) and the share of
+  steps where it never changes with one item left;
 * **adversarial attention** (Jain & Wallace 2019, §4.2.2): ``adversaries`` distributions for the
   generating row at the explained layer, searched as far (JSD) from it as possible while the next-token
   distribution moves at most ``epsilon`` (TVD; 0.05, J&W's bound for their pair tasks, as a vocabulary
@@ -26,6 +26,12 @@ through the one model interface as in :mod:`attnaudit.explain.generation` (a dec
 * **ERASER** (DeYoung et al. 2020): each method's top ``top_percent`` % of the step's items (prompt and
   earlier generated tokens; an encoder-decoder's source tokens; special tokens never) removed
   (comprehensiveness ``p(y_t) − p(y_t | without them)``) or kept alone (sufficiency).
+
+A decoder's items are every token of the prompt and the earlier generated tokens; with ``--chat`` they are, as
+for ``attnaudit explain --generate``, the prompt's items (``--items user``, the default: the user's text only;
+``--items all``: the system prompt and the template's tokens too) and the earlier generated tokens
+(:func:`attnaudit.explain.generation.chat_steps`). Erasures and ERASER choose among the items (the other positions
+stay); permutation, adversaries and the normaliser swap act on the whole attention row, as the audit's tests do.
 
 A step's predicted token is compared with the unperturbed model's most probable one, which is ``y_t``
 itself under greedy generation. Summaries are means over every step of every prompt with seeded
@@ -51,8 +57,9 @@ from attnaudit.experiments.attention_search import Search, max_valid_jsd, search
 from attnaudit.experiments.common.passes import Explained, prepare, take_rows
 from attnaudit.experiments.eraser_metrics import describe, removable_items, top_count
 from attnaudit.experiments.experiment import AuditSettings, Experiment, Result, register
-from attnaudit.explain import applying
-from attnaudit.explain.generation import forced_row, generate_tokens, id_rows, prompt_ids, step_batches, target_ids
+from attnaudit.explain import applying, item_mask
+from attnaudit.explain.generation import forced_row, generate_tokens, id_rows, prompt_of, step_batches, target_ids
+from attnaudit.models.hf import Rendered
 from attnaudit.models.interface import Intervention, LanguageModel, evaluation, language_model
 from attnaudit.models.normalisers import check_normaliser
 from attnaudit.progress import track
@@ -75,11 +82,11 @@ class Steps:
     """One prompt's steps on the model: the step batches, the unperturbed distributions, and passes under
     interventions at the generating position (``layers``: where they apply; ``query``: that position)."""
 
-    def __init__(self, run: Run, source: list[int], target: list[int], every_layer: bool = False) -> None:
+    def __init__(self, run: Run, source: list[int], target: list[int], every_layer: bool = False, rendered: Rendered | None = None) -> None:
         self.run, self.model = run, language_model(run.model, "generation")
         self.device = self.model.input_device
         self.source, self.target = source, target
-        self.batches = [b.to(self.device) for b in step_batches(self.model, source, target)]
+        self.batches = [b.to(self.device) for b in step_batches(self.model, source, target, rendered=rendered)]
         self.seq2seq = self.model.kind == "encoder-decoder"
         with evaluation(self.model), torch.no_grad():
             outputs = [self.model(b) for b in self.batches]
@@ -146,11 +153,13 @@ def erased(steps: Steps, keys: list[Tensor]) -> Any:
 
 
 def erasure_keys(steps: Steps, generator: torch.Generator) -> tuple[list[Tensor], list[Tensor]]:
-    """Per batch, the most attended real key of each row's generating query (heads averaged) and a random other one."""
+    """Per batch, the most attended item of each row's generating query (heads averaged) and a random other one (a
+    decoder's items: :func:`~attnaudit.explain.item_mask`, with ``--chat`` as ``--items`` says; an encoder-decoder's:
+    its real source keys)."""
     tops, randoms = [], []
     for batch, weights in zip(steps.batches, steps.explained):
         rows = generating_rows(weights, steps.query(batch, weights)).mean(1)
-        key_mask = batch.mask.bool() if not steps.seq2seq else torch.ones_like(rows, dtype=torch.bool)
+        key_mask = item_mask(steps.model, batch).to(rows.device) if not steps.seq2seq else torch.ones_like(rows, dtype=torch.bool)
         top = rows.masked_fill(~key_mask, -1.0).argmax(-1)
         other = []
         for b in range(rows.shape[0]):
@@ -197,6 +206,8 @@ def erase_until_change(model: LanguageModel, batch: Batch, layer: int, order: st
     Every count of erased keys of every row goes in reruns from ``layer``'s block (:func:`prepared`)."""
     explained = prepared(model, batch, layer)
     weights, keys = explained.reported, explained.key_mask
+    if model.kind != "encoder-decoder":  # a decoder's items (with --chat, as --items says); its other keys are never erased
+        keys = keys & item_mask(model, batch).to(keys.device)
     size, heads, q, k = weights.shape
     query = generating_query(explained)
     rows = generating_rows(weights, query)
@@ -331,10 +342,10 @@ class GenerationTests(Experiment):
         """Every test at every step of one prompt: one row per generated token."""
         model = language_model(run.model, "generation")
         text = text_of(example)
-        source = prompt_ids(model, text)  # with --chat, the user's message in the chat template
+        source, rendered = prompt_of(model, text)  # with --chat, the user's message in the chat template
         forced = example.meta.get("target")
         target = target_ids(model, forced, "target") if forced else generate_tokens(model, source, options.generate, False, seed)[0]
-        steps = Steps(run, source, target, every_layer=options.layers == "all")
+        steps = Steps(run, source, target, every_layer=options.layers == "all", rendered=rendered)
         decode = model.tokenizer.decode
         columns: dict[str, Any] = {}
         perms = [steps.effect(steps.run_with(permuted(steps, generator))) for _ in range(options.permutations)]

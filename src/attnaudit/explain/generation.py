@@ -173,10 +173,16 @@ def chat_rendered(model: LanguageModel, text: str) -> Rendered | None:
     return render_chat(model.tokenizer, text, Chat.from_dict(chat)) if isinstance(chat, dict) else None
 
 
+def prompt_of(model: LanguageModel, text: str) -> tuple[list[int], Rendered | None]:
+    """A prompt's token ids and, with ``--chat``, its rendering by the chat template (else the text as written,
+    :func:`encode_exactly`, and None)."""
+    rendered = chat_rendered(model, text)
+    return (rendered.ids, rendered) if rendered is not None else (encode_exactly(model.tokenizer, text), None)
+
+
 def prompt_ids(model: LanguageModel, text: str) -> list[int]:
     """A prompt's token ids: rendered by the chat template (``--chat``), else the text as written (:func:`encode_exactly`)."""
-    rendered = chat_rendered(model, text)
-    return rendered.ids if rendered is not None else encode_exactly(model.tokenizer, text)
+    return prompt_of(model, text)[0]
 
 
 def target_ids(model: LanguageModel, text: str, option: str) -> list[int]:
@@ -256,15 +262,20 @@ def check_length(model: LanguageModel, source: Sequence[int], steps: int) -> Non
         raise AttnAuditError(f"the prompt and the continuation have {len(source) + steps} tokens; this model reads at most {limit}")
 
 
-def step_batches(model: LanguageModel, source: list[int], target: list[int], contrast: list[int] | None = None) -> list[Batch]:
+def step_batches(
+    model: LanguageModel, source: list[int], target: list[int], contrast: list[int] | None = None, rendered: Rendered | None = None,
+) -> list[Batch]:
     """The steps of a sequence as batches whose rows explain ``target[t]`` (and its ``contrast[t]``): one batch
-    of every step for a decoder, one batch per step for an encoder-decoder; one-line errors past the model's length."""
+    of every step for a decoder, one batch per step for an encoder-decoder; one-line errors past the model's length.
+    ``rendered``: the chat rendering whose ids are ``source`` (:func:`chat_steps` marks the items and roles)."""
     check_length(model, source, len(target))
     explained = torch.tensor(target)
     foils = torch.tensor(contrast) if contrast is not None else None
     if model.kind != "encoder-decoder":
         batch = decoder_rows(model, source, target, len(target))
         batch.explained, batch.contrast = explained, foils
+        if rendered is not None:
+            chat_steps(batch, rendered)
         return [batch]
     batches = [forced_row(model, source, target[:t]) for t in range(len(target))]
     for t, batch in enumerate(batches):
@@ -318,6 +329,16 @@ def _segment_steps(batches: list[Batch], segments: PromptSegments, text: str, en
         batch.examples = [Example(tokens=text.split(), meta={"text": text, SPANS: [list(s) for s in segments.spans]}) for _ in steps]
 
 
+def chat_steps(batch: Batch, rendered: Rendered) -> None:
+    """Mark a chat prompt's decoder steps (row ``t``: the rendered prompt and ``t`` generated tokens): each row's items
+    are the prompt's (``--items user``: the user's text; ``all``: every position) and the generated tokens before
+    it, as ``explain --generate`` and ``run generation`` read them; its roles, the prompt's, then ``assistant``."""
+    width = batch.tokens.shape[1]
+    rows = [(rendered.items + [True] * t, rendered.roles + [ASSISTANT] * t) for t in range(len(batch))]
+    batch.items = torch.tensor([items + [False] * (width - len(items)) for items, _ in rows], dtype=torch.bool)
+    batch.roles = torch.tensor([roles + [-1] * (width - len(roles)) for _, roles in rows], dtype=torch.long)
+
+
 def explain_steps(
     run: Run, methods: dict[str, Explanation], source: list[int], target: list[int], contrast: list[int] | None, offered: dict[str, Any],
     rendered: Rendered | None = None, segments: PromptSegments | None = None, text: str = "",
@@ -331,13 +352,8 @@ def explain_steps(
     With ``segments`` (of the prompt ``text``) a step's items are its features instead: each segment (named by its text,
     read at its first token), then each earlier generated token."""
     model = language_model(run.model, "a generated sequence")
-    batches = step_batches(model, source, target, contrast)
+    batches = step_batches(model, source, target, contrast, rendered)
     both = model.kind == "encoder-decoder"
-    if rendered is not None and not both:  # a chat prompt: its items and roles, then the assistant's
-        rows = [(rendered.items + [True] * t, rendered.roles + [ASSISTANT] * t) for t in range(len(target))]
-        width = batches[0].tokens.shape[1]
-        batches[0].items = torch.tensor([items + [False] * (width - len(items)) for items, _ in rows])
-        batches[0].roles = torch.tensor([roles + [-1] * (width - len(roles)) for _, roles in rows])
     if segments is not None:
         _segment_steps(batches, segments, text, both)
     device = model.input_device
@@ -404,8 +420,7 @@ def explain_generated(
     model = language_model(run.model, "a generated sequence")
     methods, skipped = chosen
     chat = model.config.extra.get("chat")
-    rendered = chat_rendered(model, text)
-    source = rendered.ids if rendered is not None else encode_exactly(model.tokenizer, text)
+    source, rendered = prompt_of(model, text)
     unit, spans = segments
     grouped = prompt_segments(model, text, source, unit, spans) if spans is not None else None
     if grouped is not None and (offered or {}).get("replace"):
