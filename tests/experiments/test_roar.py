@@ -197,6 +197,9 @@ def test_a_model_that_cannot_be_retrained_is_refused(base: Run) -> None:
         (["--methods", "rollout"], "rollout does not apply"),
         (["--metric", "bleu"], "--metric"),
         (["--seeds", "0"], "--seeds"),
+        (["--engine", "dask"], "unknown engine 'dask'; choose local or ray"),
+        (["--workers", "2"], "--workers and --address are for --engine ray"),
+        (["--engine", "ray", "--workers", "0"], "--workers must be at least 1"),
     ],
 )
 def test_bad_values_one_line_exit_2_nothing_written(base: Run, tmp_path: Path, options: list[str], names: str) -> None:
@@ -274,3 +277,70 @@ def test_a_pretrained_or_zero_shot_hf_model_is_refused(tiny_hf) -> None:
 
     run = load_hf(str(tiny_hf.dir), task=tiny_hf.task("classification"), device="cpu")
     assert "attnaudit finetune" in (get_experiment("roar").why_not(run) or "")
+
+
+# --------------------------------------------------------------------------- --engine ray
+
+
+class InlineRay:
+    """Ray's task calls the engine uses (remote, wait, get, cancel), each task run at once in this process, in order."""
+
+    def __init__(self) -> None:
+        self.items: list[tuple[int, str]] = []
+
+    def remote(self, **_: object) -> object:
+        ray = self
+
+        class Remote:
+            def __init__(self, fn: object) -> None:
+                self.fn = fn
+
+            def remote(self, item: tuple[object, int, str]) -> object:
+                ray.items.append((item[1], item[2]))
+                return self.fn(item)  # type: ignore[operator]
+
+        return Remote
+
+    def wait(self, refs: list[object], num_returns: int = 1, timeout: float | None = None) -> tuple[list[object], list[object]]:
+        return refs[:num_returns], refs[num_returns:]
+
+    def get(self, ref: object) -> object:
+        return ref
+
+    def cancel(self, ref: object, force: bool = False) -> None:  # pragma: no cover - nothing pends in this fake
+        raise AssertionError("nothing to cancel")
+
+
+def test_ray_engine_trains_every_sub_run_on_workers_and_the_driver_only_loads_them(base: Run, recursive, tmp_path: Path, monkeypatch) -> None:
+    """``--engine ray``: the 0 % and 100 % models of every seed, then each (seed, method) curve, as tasks of their own
+    (each a fresh load of the run from its folder); the test's loop then trains nothing and gives the one-process result."""
+    from contextlib import contextmanager
+
+    from attnaudit.experiments import roar
+
+    fake = InlineRay()
+
+    @contextmanager
+    def session(address: object, workers: object):  # type: ignore[no-untyped-def]
+        assert (address, workers) == (None, 2)
+        yield fake
+
+    monkeypatch.setattr(roar, "ray_session", session)
+    monkeypatch.setattr(roar, "check_engine", lambda *args: None)  # the ray package need not be installed
+    result, _ = recursive
+    again = run_test("roar", base, out=tmp_path, methods=["attention"], ratios=[30, 60], recursive=True, epochs=1, plot=False,
+                     engine="ray", workers=2)
+    assert fake.items == [(0, "zero"), (0, "all"), (0, "attention"), (0, "random")]
+    assert not any(r["trained_now"] for r in again.tables["curves"])  # every retrain was a task's
+    strip = [{k: v for k, v in r.items() if k != "trained_now"} for r in result.tables["curves"]]
+    assert [{k: v for k, v in r.items() if k != "trained_now"} for r in again.tables["curves"]] == strip
+
+
+@pytest.mark.slow  # starts a local Ray (~15 s)
+def test_ray_engine_on_a_local_ray_equals_one_process(base: Run, recursive, tmp_path: Path) -> None:
+    pytest.importorskip("ray")
+    result, _ = recursive
+    again = run_test("roar", base, out=tmp_path, methods=["attention"], ratios=[30, 60], recursive=True, epochs=1, plot=False,
+                     engine="ray", workers=2)
+    assert not any(r["trained_now"] for r in again.tables["curves"])
+    assert [r["score"] for r in again.tables["curves"]] == [r["score"] for r in result.tables["curves"]]

@@ -45,10 +45,11 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 from attnaudit.algorithms.racu import mean_interval, racu
+from attnaudit.cluster import check_engine, map_tasks, ray_session
 from attnaudit.data.batching import split_sentences
 from attnaudit.data.types import Example, TaskData, word_spans
 from attnaudit.data.vocab import UNK
-from attnaudit.errors import AttnAuditError, warn
+from attnaudit.errors import AttnAuditError, error_line, warn
 from attnaudit.experiments.common.units import hf_word_ids
 from attnaudit.experiments.experiment import AuditSettings, Experiment, Result, register
 from attnaudit.explain.registry import EXPLANATIONS, Explanation, applying, hierarchical, item_mask
@@ -64,6 +65,7 @@ from attnaudit.training.adversary import (
     base_seed,
     stored_subruns,
     subrun_dir,
+    subrun_root,
     train_standard,
     train_variant,
     trainable_reason,
@@ -404,6 +406,12 @@ class Roar(Experiment):
         metric: str = field(
             default="", metadata={"help": "Test score of the curves: accuracy, macro_f1, roc_auc... (default: the task's headline one)."}
         )
+        engine: str = field(
+            default="local", metadata={"help": "local (this process) or ray: every seed's 0 % and 100 % models, then every method's "
+                                       "curve per seed, as Ray tasks (the workers write into the run's folder: a local Ray or a shared disk)."}
+        )
+        workers: int | None = field(default=None, metadata={"help": "Ray workers for --engine ray (default: one per Ray CPU)."})
+        address: str = field(default="", metadata={"help": "Ray cluster address for --engine ray (default: start a local Ray)."})
 
     @classmethod
     def explanation_choices(cls) -> list[str]:
@@ -421,6 +429,7 @@ class Roar(Experiment):
             raise AttnAuditError(f"--seeds must be at least 1, got {options.seeds}")
         if options.epochs is not None and options.epochs < 1:
             raise AttnAuditError(f"--epochs must be at least 1, got {options.epochs}")
+        check_engine(options.engine, options.workers, options.address or None)
         names = [m for m in options.methods if m != BASELINE]
         defaults = [m for m in DEFAULT_METHODS]
         chosen, dropped = applying(names, run, "--methods", defaults) if names else ({}, {})
@@ -436,6 +445,8 @@ class Roar(Experiment):
         options = replace(options, ratios=ratios)
         roarer = Roarer(run, options, metric)
         seeds = [base_seed_of(run) + i for i in range(options.seeds)]
+        if options.engine == "ray":
+            on_ray(run, options, list(methods), seeds, metric)  # the retrains; the loop below loads them finished
         curves: list[dict[str, Any]] = []
         for s in seeds:
             zero = roarer.zero(s)
@@ -477,6 +488,58 @@ class Roar(Experiment):
                 meaning = "no RACU: masking at random did not change the retrained model's score, so there is no area to compare"
             rows.append({"statistic": f"racu_{row['method']}", "value": value, "published": "", "interpretation": meaning})
         return rows
+
+
+# --------------------------------------------------------------------------- on Ray
+
+
+@dataclass(frozen=True)
+class RoarTask:
+    """What a Ray worker needs to retrain part of a ROAR test: the run's folder, where its sub-runs go, the data
+    folder and device, the test's options (engine local) and metric, and the run's data itself (a run trained on
+    data given in memory, e.g. a cut-down split, would read the whole task from its spec)."""
+
+    run: str
+    subruns: str
+    data_dir: str | None
+    device: str
+    options: Any
+    metric: str
+    data: TaskData
+
+
+def roar_task(item: tuple[RoarTask, int, str]) -> str:
+    """One Ray task: seed ``seed``'s 0 % model (``part`` ``zero``), its 100 % model (``all``), or a method's whole
+    curve (``part`` = the method: Recursive ROAR's ratios depend on each other, so one task trains them in order).
+    Sub-runs are checkpointed as in one process, so a killed task's work resumes."""
+    from attnaudit.resolve import load_model  # here: the worker loads the run itself (resolve sits above the tests)
+
+    task, seed, part = item
+    run = replace(load_model(None, task.run, device=task.device, data_dir=task.data_dir), subruns=Path(task.subruns), _data=task.data)
+    roarer = Roarer(run, task.options, task.metric)
+    if part == "zero":
+        roarer.zero(seed)
+    elif part == "all":
+        roarer.all_masked(seed)
+    else:
+        roarer.curve(seed, EXPLANATIONS[part], roarer.zero(seed), task.options.recursive and part != BASELINE)
+    return part
+
+
+def on_ray(run: Run, options: Any, methods: list[str], seeds: list[int], metric: str) -> None:
+    """Train the test's sub-runs as Ray tasks (one CPU each): first every seed's 0 % and 100 % models, then every
+    (seed, method) curve. A failed task is reported in one line and left to the driver, which then trains (or
+    loads) every sub-run in order as without Ray."""
+    data_dir = run.task.data_dir
+    task = RoarTask(str(run.path), str(subrun_root(run)), None if data_dir is None else str(data_dir), str(run.device),
+                    replace(options, engine="local", workers=None, address=""), metric, run.data())
+    stages = {"0 % and 100 % models": [(task, s, part) for s in seeds for part in ("zero", "all")],
+              "curves": [(task, s, m) for s in seeds for m in methods]}
+    with ray_session(options.address or None, options.workers) as ray:
+        for stage, items in stages.items():
+            for done, (item, _, error) in enumerate(map_tasks(ray, roar_task, items), 1):
+                failed = "" if error is None else f": failed ({error_line(error)}); trained here afterwards"
+                status(f"roar on Ray: {stage} {done}/{len(items)} (seed {item[1]}, {item[2]}){failed}")
 
 
 def _name(sub: SubRun) -> str:
