@@ -1,12 +1,14 @@
-"""Freed memory handed back to the operating system before a long pass.
+"""Freed memory handed back to the operating system before a long pass and before each of its blocks.
 
-glibc's ``malloc`` keeps what a pass freed: tensors under its mmap threshold (which rises, up to 32 MB, each time
-a larger block is freed) come from the heap, and a freed heap block is reused only by allocations that fit in it.
-Between the passes of one explanation at thousands of tokens (the decision and attention rows, then the gradient
-pass) SmolLM2 left 170 MB of freed blocks resident at T = 1,024 that the next pass did not reuse, so the process's
-peak held both (measured: benchmarks/results/long_context.json). ``malloc_trim(0)`` returns every free page to the
-system; it costs a walk of the heap (milliseconds), so it runs only before passes over long sequences
-(:data:`~attnaudit.models.hf.passes.CHECKPOINT_TOKENS` positions or more). Elsewhere than glibc it does nothing.
+glibc's ``malloc`` keeps what a pass frees: tensors under its mmap threshold (which rises, up to 32 MB, each time a
+larger block is freed) come from the heap, and a heap's free pages stay resident while live tensors (a checkpointed
+block's saved input, the next block's states) sit above them. Over thousands of tokens each block's transient
+activations (SmolLM2's feed-forward states: 12 MB per 2,048 positions each) are freed after it, and the next block,
+allocating in a different order, does not reuse all of them: the process's resident memory grew by several times
+what autograd actually held (``benchmarks/bench_long_context.py`` measures the peaks end to end). ``malloc_trim(0)``
+returns every free page to the system; it costs a walk of the heap (about a millisecond), so it runs only for
+sequences of :data:`~attnaudit.models.hf.passes.CHECKPOINT_TOKENS` positions or more, whose blocks take seconds.
+Elsewhere than glibc it does nothing.
 """
 
 from __future__ import annotations
