@@ -530,11 +530,12 @@ class AttentionModel(nn.Module):
         :attr:`AttentionLayer.rows`); the others every row."""
         return self(batch)
 
-    def prefix_gradient_forward(self, batch: Any) -> tuple[Tensor, Tensor, ModelOutput] | None:
+    def prefix_gradient_forward(self, batch: Any, embeddings: Tensor | None = None) -> tuple[Tensor, Tensor, ModelOutput] | None:
         """For a batch whose rows are prefixes of one sequence (a causal decoder's generated steps): that sequence's
-        embeddings ``(1,T,d)`` (requiring grad), the rows' read positions ``(B,)`` and the logits ``(B, C)`` of every row
-        from one lean pass over the sequence, so that each row's gradient is a batched backward of that pass; None where
-        the family or the batch does not allow it (the default)."""
+        embeddings ``(1,T,d)`` (requiring grad; ``embeddings``: these instead of its own, e.g. a point of Integrated
+        Gradients' path), the rows' read positions ``(B,)`` and the logits ``(B, C)`` of every row from one lean pass over
+        the sequence, so that each row's gradient is a batched backward of that pass; None where the family or the batch
+        does not allow it (the default)."""
         return None
 
 

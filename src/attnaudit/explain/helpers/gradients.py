@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
@@ -28,3 +31,46 @@ def decision_gradient(model: AttentionModel, batch: Batch, score: str = "logit")
         values = decision_values(model.logits_forward(batch, embeddings=embeddings), score)
         (grad,) = torch.autograd.grad(decision_score(batch, values).sum(), embeddings)
     return embeddings.detach(), grad
+
+
+def prefix_integrated_gradients(
+    model: AttentionModel, batch: Batch, steps: int, score: str, reference: Callable[[Batch], Tensor | None],
+) -> Tensor | None:
+    """Integrated Gradients ``(B,T,d)`` (Captum's Gauss–Legendre ``steps``, multiplied by ``e − e'``) of a batch whose rows
+    are prefixes of one sequence (a causal decoder's generated steps), or None where the model cannot share the pass
+    (:meth:`~attnaudit.models.interface.AttentionModel.prefix_gradient_forward`).
+
+    A row's path point at ``α`` is ``e' + α(e − e')`` over its own positions, the prefix of the longest row's point at
+    the same ``α`` (the baseline is per position), and a causal position reads only the positions before it: so one
+    pass over the longest row's point gives every row's score, and one batched backward each row's gradient. ``steps``
+    passes of one sequence instead of ``steps × B`` rows; the attributions are Captum's for every row (up to float
+    rounding). ``reference(one)``: the baseline embeddings of the one-row batch ``one`` (None: zero)."""
+    from captum.attr._utils.approximation_methods import approximation_parameters
+
+    if batch.tokens.dim() != 2 or len(batch) < 2:
+        return None
+    one = batch.select(batch.mask.sum(1).argmax().reshape(1).cpu())
+    with evaluation(model), torch.no_grad():
+        inputs = model.embed(one)
+        base = reference(one)
+        base = torch.zeros_like(inputs) if base is None else base[:, : inputs.shape[1]]
+    step_sizes, alphas = (make(steps) for make in approximation_parameters("gausslegendre"))
+    total: Tensor | None = None
+    given = batch
+    with evaluation(model):
+        for alpha, size in zip(alphas, step_sizes, strict=True):
+            with torch.enable_grad():
+                shared = model.prefix_gradient_forward(batch, embeddings=base + alpha * (inputs - base))
+            if shared is None:
+                return None
+            if given.explained is None:  # the prediction's class, from the input itself (once, the pass being shareable)
+                with torch.no_grad():
+                    given = dataclasses.replace(batch, explained=model.logits_forward(batch).probs.argmax(-1))
+            point, _rows, out = shared
+            with torch.enable_grad():
+                scores = decision_score(given, decision_values(out, score))
+                (grads,) = torch.autograd.grad(scores, point, grad_outputs=torch.eye(len(scores), dtype=scores.dtype, device=scores.device),
+                                               is_grads_batched=True)
+            total = grads[:, 0] * size if total is None else total + grads[:, 0] * size
+    assert total is not None
+    return total * (inputs - base)  # a row's gradient is 0 beyond its own tokens (causal)

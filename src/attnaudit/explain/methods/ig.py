@@ -11,6 +11,7 @@ from attnaudit.data.batching import length_groups
 from attnaudit.data.types import Batch
 from attnaudit.errors import AttnAuditError
 from attnaudit.explain.helpers.baselines import baseline_token
+from attnaudit.explain.helpers.gradients import prefix_integrated_gradients
 from attnaudit.explain.registry import (
     check_task,
     choice,
@@ -77,6 +78,10 @@ def integrated_gradients(
         if reduction not in ("abs_sum", "sum"):
             raise AttnAuditError(f"ig: absolute=False is reduction='sum'; it does not combine with reduction={reduction!r}")
         reduction = "sum"
+    shared = prefix_integrated_gradients(model, batch, steps, score,
+                                         lambda one: None if baseline == "zero" else baseline_embeddings(model, one, baseline))
+    if shared is not None:  # a generated sequence's steps: one pass of the longest row per step of the path
+        return reduce_dimensions(shared.detach(), model, batch, reduction)
     groups = _groups(model, batch)
     if len(groups) > 1:  # each group without the longer ones' padding: IG runs the model once per step
         options = {"steps": steps, "reduction": reduction, "score": score, "baseline": baseline}

@@ -53,6 +53,7 @@ from attnaudit.models.hf.config import heads as attention_heads
 from attnaudit.models.hf.generation import continue_ids, forced_distributions, input_device
 from attnaudit.models.hf.inputs import HFInputs, pass_inputs, pass_masks, real_positions, states_entering
 from attnaudit.models.hf.layouts import read_layouts
+from attnaudit.models.hf.memory import release_freed_memory
 from attnaudit.models.hf.passes import CHECKPOINT_TOKENS, HFLayer, Pass, decided, given_output, wrapped
 from attnaudit.models.hf.projections import read_projections
 from attnaudit.models.hf.readout import Cut, find_cut, read_rows_only
@@ -287,6 +288,8 @@ class HFModel(HFCapabilities, HFRestarts, EncoderDecoderLayout, LanguageModel):
                 raise AttnAuditError(f"{what} sequence of length {ids.shape[1]} exceeds max_len={self.config.max_len}")
         if self.kind == "encoder-decoder" and batch.target is None:
             raise AttnAuditError("an encoder-decoder's forward is teacher-forced: the batch needs a target")
+        if batch.tokens.shape[-1] >= CHECKPOINT_TOKENS:  # a long pass: what earlier passes freed goes back first
+            release_freed_memory()
         inputs = self._inputs(batch)
         given = embeddings if embeddings is not None else self.embed(batch)
         extra: dict[str, Any] = {"inputs": inputs}
@@ -406,7 +409,7 @@ class HFModel(HFCapabilities, HFRestarts, EncoderDecoderLayout, LanguageModel):
         # A layer that cannot read given rows (its weights of the one sequence, not one per row): every row is run.
         return self.decode(self.encode(batch), rows_only=True)
 
-    def prefix_gradient_forward(self, batch: Batch) -> tuple[Tensor, Tensor, ModelOutput] | None:
+    def prefix_gradient_forward(self, batch: Batch, embeddings: Tensor | None = None) -> tuple[Tensor, Tensor, ModelOutput] | None:
         """:meth:`AttentionModel.prefix_gradient_forward`: a causal decoder's prefixes, run as their longest row in one
         lean pass (SDPA, no trace) read at each row's last real token; call it with gradients enabled."""
         # not under LRP's rules (their backward functions are not batched) nor where blocks are recomputed
@@ -418,8 +421,8 @@ class HFModel(HFCapabilities, HFRestarts, EncoderDecoderLayout, LanguageModel):
         one = batch.select(longest)
         rows = self.explanation_rows(batch.mask.bool())
         assert isinstance(rows, Tensor)
-        embeddings = self.embed(one).detach().requires_grad_(True)
-        return embeddings, rows, self.decode(self.encode(one, embeddings), keep_layers=(), lean=True, rows=rows)
+        leaf = (self.embed(one) if embeddings is None else embeddings).detach().requires_grad_(True)
+        return leaf, rows, self.decode(self.encode(one, leaf), keep_layers=(), lean=True, rows=rows)
 
     def _longest_of_prefixes(self, batch: Batch) -> Tensor | None:
         """``(1,)`` the index of ``batch``'s longest row when every row is a right-padded prefix of it (a causal decoder's

@@ -24,6 +24,7 @@ from torch.utils.checkpoint import checkpoint
 from attnaudit.errors import AttnAuditError
 from attnaudit.models.hf import attention as hf_attention
 from attnaudit.models.hf.attention import LayerCall
+from attnaudit.models.hf.memory import release_freed_memory
 from attnaudit.models.hf.structure import (
     CROSS_INPUTS,
     HIDDEN_ARGS,
@@ -155,6 +156,8 @@ def _block_forward(state: Pass, plain: Callable[..., Any], finished: Finished) -
             args, kwargs = _with_hidden(args, kwargs, state.cache.states)
             hidden = state.cache.states
         state.block, state.within = number, 0
+        if number >= state.first_block and _long(hidden):  # what the previous block freed goes back before this one runs
+            release_freed_memory()
         if number >= state.first_block and _recomputed(state, number, hidden):
             rerun = functools.partial(_rerun, state, number)
             out = checkpoint(plain, *args, use_reentrant=False, context_fn=lambda: (contextlib.nullcontext(), rerun()), **kwargs)
@@ -176,6 +179,11 @@ second forward through each block. Shorter sequences keep their activations, how
 interpolation batches, a generated sequence's steps): the time matters more there, and their passes are sized to memory."""
 
 
+def _long(hidden: Tensor | None) -> bool:
+    """Whether a block's states span :data:`CHECKPOINT_TOKENS` positions or more."""
+    return hidden is not None and hidden.dim() >= 2 and hidden.shape[1] >= CHECKPOINT_TOKENS
+
+
 def _recomputed(state: Pass, number: int, hidden: Tensor | None) -> bool:
     """Whether block call ``number`` of a lean pass runs under activation checkpointing (:data:`CHECKPOINT_TOKENS`): not
     the last block (a read-rows cut may hook into it) nor a block whose states need no gradient."""
@@ -194,6 +202,7 @@ def _rerun(state: Pass, number: int) -> Iterator[None]:
                                                   m.register_forward_hook(_post(state), with_kwargs=True))]
     saved = state.block, state.within
     state.block, state.within = number, 0
+    release_freed_memory()  # a recomputed block is a long one: the previous block's backward freed its activations
     try:
         with hf_attention.capturing(state):
             yield
