@@ -105,9 +105,16 @@ def is_attnaudit_dir(path: Path) -> bool:
         return True  # a training's epoch checkpoint
     if ".partial" in names and (path / ".partial").is_dir():
         return True  # an unfinished training's stage (attnaudit.run.STAGE)
-    if "subruns" in names and any(_is_run(p) for p in (path / "subruns").glob("*/*")):
+    if "subruns" in names and (path / "subruns").is_dir() and _holds_subruns(path / "subruns"):
         return True
     return "runs" in names and (path / "runs").is_dir() and any(_is_run(p) for p in (path / "runs").iterdir())
+
+
+def _holds_subruns(path: Path) -> bool:
+    """Whether a ``subruns/`` folder holds a sub-run of ours at any depth (``roar`` nests them as
+    ``roar/seed-0/gradient/ratio-10``), finished (a run config) or killed during its first one (an epoch
+    checkpoint, ``checkpoint/state.json``): a test killed before its first result must resume."""
+    return any(_is_run(p.parent) for p in path.rglob("config.json")) or any(path.rglob("checkpoint/state.json"))
 
 
 def _holds_ours(path: Path) -> bool:

@@ -199,8 +199,14 @@ def test_output_folder_attnaudit_did_not_write(trained: Run, run_copy: Path, tmp
     results.mkdir()
     (results / "importance.json").write_text("{}")
     (tmp_path / "empty").mkdir()
-    for folder in (Path(trained.path), results, tmp_path / "empty", tmp_path / "new" / "deeper"):
+    killed = tmp_path / "roar-out"  # `run roar --out` killed during its first retrain: a nested sub-run's epoch checkpoint
+    (killed / "subruns" / "roar" / "seed-0" / "all" / "ratio-100" / "checkpoint").mkdir(parents=True)
+    (killed / "subruns" / "roar" / "seed-0" / "all" / "ratio-100" / "checkpoint" / "state.json").write_text("{}")
+    for folder in (Path(trained.path), results, tmp_path / "empty", tmp_path / "new" / "deeper", killed):
         assert check_output_dir(folder) == folder
+    (killed / "subruns" / "roar" / "seed-0" / "all" / "ratio-100" / "checkpoint" / "state.json").unlink()
+    with pytest.raises(AttnAuditError, match="not an attnaudit run or audit folder"):
+        check_output_dir(killed)  # empty folders named like ours are not enough
 
 
 # --------------------------------------------------------------------------- two processes on one folder
