@@ -183,7 +183,7 @@ def main() -> None:
     print(f"K={args.models}: separate {timing['seconds']['separate']['median'] * 1e3:.1f} ms, stacked "
           f"{timing['seconds']['stacked']['median'] * 1e3:.1f} ms, speedup {timing['speedup']['median']:.2f}x; {equal}; "
           f"separate at {payload['roofline']['fraction_of_peak']:.0%} of the matmul peak: any batching <= "
-          f"{payload['roofline']['speedup_bound']:.2f}x")
+          f"{payload['roofline']['speedup_bound']['median']:.2f}x")
 
 
 if __name__ == "__main__":
