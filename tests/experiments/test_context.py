@@ -157,6 +157,32 @@ def test_every_score_recomputed_by_hand(llama: Path) -> None:
     assert result.summary["prompts"] == 2 and 0 <= result.summary["accuracy"] <= 1
 
 
+@pytest.mark.parametrize("pass_tokens", [512, 20])  # all prompts in one padded pass; one or two per pass
+def test_the_lean_ablation_passes_match_one_forced_pass_per_prompt(llama: Path, pass_tokens: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each ablated prompt continued from the full pass's keys and values, read at the answer's rows, gives the
+    log-probability of one teacher-forced pass over the whole ablated prompt (and so does the lean pass without a prefix)."""
+    monkeypatch.setattr(context, "PASS_TOKENS", pass_tokens)
+    model = load_hf(str(llama), device="cpu").model
+    story = STORY + ["the end was good .", "it was long ."]
+    with model.next_token_decision():
+        prompt, _ = context.render(model, story, "was the film good ?")
+        answer = context.answer_of(model, model.continuation(prompt, 3)[0])
+        answer = answer + [answer[0]] * (3 - len(answer))  # several answer tokens: several rows read per pass
+        masks = [[True] * 5, [True, True, False, True, True], [False, True, True, True, True], [True, True, True, True, False],
+                 *context.ablation_masks(5, 6, np.random.default_rng(0)).tolist()]
+        prompts = [context.render(model, [s for s, k in zip(story, keep) if k], "was the film good ?")[0] for keep in masks]
+        assert context.shared_length(prompts[0], prompt) == len(prompt)
+        assert 0 < context.shared_length(prompts[2], prompt) < context.shared_length(prompts[1], prompt) < len(prompts[1])
+        with evaluation(model), torch.no_grad():
+            trace = model(context.padded(model, [prompt + answer[:-1]])).trace
+        reference = context.answer_logprobs(model, prompts, answer)
+        assert context.ablated_logprobs(model, trace, prompt, prompts, answer) == pytest.approx(reference, abs=1e-5)
+        assert context.ablated_logprobs(model, None, prompt, prompts, answer) == pytest.approx(reference, abs=1e-5)
+        groups = torch.tensor([0] * len(prompt))
+        _, whole = context.gradient_scores(model, prompt, answer, groups, 1)
+        assert whole == pytest.approx(reference[0], abs=1e-5)
+
+
 def test_bad_input_is_refused_in_one_line(llama: Path, tmp_path: Path) -> None:
     run = load_hf(str(llama), device="cpu")
     experiment = get_experiment("context")
