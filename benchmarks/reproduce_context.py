@@ -134,15 +134,35 @@ def cell(summary: dict[str, Any], key: str) -> str:
     value, ci = summary.get(key), summary.get(f"{key}_ci")
     if not isinstance(value, (int, float)) or value != value:
         return "–"
-    return f"{value:.2f} [{ci[0]:.2f}, {ci[1]:.2f}]" if isinstance(ci, list) and ci[0] == ci[0] else f"{value:.2f}"
+    if isinstance(ci, list) and all(isinstance(c, (int, float)) and c == c for c in ci):
+        return f"{value:.2f} [{ci[0]:.2f}, {ci[1]:.2f}]"
+    return f"{value:.2f}"
 
 
-def table(data: dict[str, Any]) -> str:
-    """The docs table: per task and subset, each method's top-1 hit, recall at k and ρ with the LOO effect (95 % CIs)."""
+def speed_line(speed: dict[str, Any]) -> str:
+    """The per-question seconds before and after the lean ablation passes, from ``context_speed_smollm2.json``."""
+    before, after = speed["per_prompt_seconds"]["before"], speed["per_prompt_seconds"]["after"]
+    ratio = speed["timing"]["ratio"]
+    questions = speed["questions"]
+    return (f"Per question (`python -m benchmarks.time_context`, {speed['timing']['repeats']} interleaved rounds on "
+            f"{len(questions['indices'])} bAbI-1 questions of {', '.join(map(str, questions['sentences']))} sentences, one thread; "
+            f"median [min, max]): {before['median']:.1f} s [{before['min']:.1f}, {before['max']:.1f}] at commit "
+            f"{speed['before_commit'][:7]}, {after['median']:.1f} s [{after['min']:.1f}, {after['max']:.1f}] now, "
+            f"{ratio['median']:.2f}× [{ratio['min']:.2f}, {ratio['max']:.2f}] faster (load average "
+            f"{speed['timing']['load_average_before'][0]} before, {speed['timing']['load_average_after'][0]} after); the sentence "
+            f"scores agree to {max(speed['agreement']['max_abs_difference'].values()):.0e} "
+            f"(same answers, top sentences and hits: {speed['agreement']['same_answers_tops_hits_and_recalls']}).")
+
+
+def table(data: dict[str, Any], speed: dict[str, Any] | None = None) -> str:
+    """The docs table: per task and subset, each method's top-1 hit, recall at k and ρ with the LOO effect (95 % CIs);
+    and the per-question seconds before and after (``speed``) when measured."""
     lines = []
     for task, entry in data["tasks"].items():
-        summary = entry["summary"]
-        lines += [f"**{task}**: {summary['prompts']} questions, answer accuracy {cell(summary, 'accuracy')} "
+        summary, subset = entry["summary"], entry.get("subset") or {}
+        sample = (f"{subset['n']} of the {subset['of']} test questions (the first of the seeded order stratified by answer)"
+                  if "of" in subset and "chosen" in subset and "first" in subset["chosen"] else f"{summary['prompts']} questions")
+        lines += [f"**{task}**: {sample}, answer accuracy {cell(summary, 'accuracy')} "
                   f"({summary['correct_prompts']} correct); {entry['seconds']['per_prompt']} s per question.", "",
                   "| method | top-1 hit, all | recall@k, all | ρ with LOO, all | top = 1st sentence, all | top-1 hit, correct | recall@k, correct "
                   "| ρ with LOO, correct |", "|---|---|---|---|---|---|---|---|"]
@@ -151,15 +171,22 @@ def table(data: dict[str, Any]) -> str:
                      for measure in ("top1", "recall", "spearman", "first") if subset == "all" or measure != "first"]
             lines.append(f"| {method} | " + " | ".join(cells) + " |")
         lines.append("")
+    if speed is not None:
+        lines += [speed_line(speed), ""]
     return "\n".join(lines).rstrip() + "\n"
 
 
+def results() -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The result JSON and, where measured, the before/after timing's."""
+    speed = RESULTS / f"{SPEED}.json"
+    return json.loads((RESULTS / f"{NAME}.json").read_text()), json.loads(speed.read_text()) if speed.exists() else None
+
+
 def docs() -> None:
-    data = json.loads((RESULTS / f"{NAME}.json").read_text())
     text = DOCS.read_text()
     start, end = "<!-- context_smollm2:start -->\n", "<!-- context_smollm2:end -->"
     pattern = re.compile(re.escape(start) + ".*?" + re.escape(end), re.S)
-    DOCS.write_text(pattern.sub(lambda _m: start + table(data) + end, text))
+    DOCS.write_text(pattern.sub(lambda _m: start + table(*results()) + end, text))
 
 
 def main() -> None:

@@ -224,13 +224,16 @@ def test_smollm2_on_babi_stories(shared_data: Path, tmp_path: Path) -> None:
 
 
 def test_the_docs_table_is_generated_from_the_result() -> None:
-    import json
     import sys
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # `benchmarks` is a folder of the checkout, not a package
 
-    from benchmarks.common import RESULTS
-    from benchmarks.reproduce_context import DOCS, NAME, table
+    from benchmarks.reproduce_context import DOCS, results, stratified_order, table
 
-    data = json.loads((RESULTS / f"{NAME}.json").read_text())
-    assert table(data) in DOCS.read_text()
+    assert table(*results()) in DOCS.read_text()
+    labels = ["a"] * 6 + ["b"] * 3 + ["c"] * 3
+    order = stratified_order(labels, 0)
+    assert sorted(order) == list(range(12)) and order == stratified_order(labels, 0) != stratified_order(labels, 1)
+    for n in range(1, 13):  # every prefix is proportional to the labels' shares, up to one question each
+        counts = {label: sum(labels[i] == label for i in order[:n]) for label in "abc"}
+        assert all(abs(counts[label] - n * labels.count(label) / 12) <= 1 for label in "abc")

@@ -24,6 +24,11 @@ teacher-forced, ``log p(a | prompt)`` summed over them) by
 * ``contextcite`` (Cohen-Wang et al. 2024): a Lasso (``alpha``) fit of ``log p(a)`` on ``ablations`` random
   ablations (each sentence kept with probability 1/2, seeded by the seed and the instance's position); its weights.
 
+The ablated prompts (each rendered anew without its sentences) share their first tokens with the full prompt: each
+continues the full pass's keys and values from where it differs and is run in batched logits-only passes read at
+the rows that predict the answer's tokens (:func:`ablated_logprobs`, equal to one teacher-forced pass per prompt to
+float precision); the gradient's one pass gives ``log p(a | prompt)`` itself.
+
 The sentences are the features: ``Batch.segments`` marks each token's sentence and
 :func:`~attnaudit.explain.helpers.features.feature_groups` groups the tokens, as for every grouped explanation.
 Against the ground truth each method gets the top-1 hit (its top sentence is a supporting fact), the recall at k
