@@ -37,17 +37,22 @@ TEMPLATE = (
 STORY = ["the film was good .", "a bad film .", "the acting was very good ."]
 
 
-@pytest.fixture(scope="module")
-def llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def chat_decoder(family: str, folder: Path) -> Path:
+    """A tiny random decoder of ``family`` whose tokenizer carries :data:`TEMPLATE`."""
     from transformers import PreTrainedTokenizerFast
 
     from attnaudit.architectures import save_tiny
 
-    folder = save_tiny("llama", tmp_path_factory.mktemp("ctx") / "llama")
+    folder = save_tiny(family, folder)
     tokenizer = PreTrainedTokenizerFast.from_pretrained(folder)
     tokenizer.chat_template = TEMPLATE
     tokenizer.save_pretrained(folder)
     return folder
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return chat_decoder("llama", tmp_path_factory.mktemp("ctx") / "llama")
 
 
 def example(sentences: list[str] = STORY, supporting: list[int] | None = None, label: str = "good") -> Example:
@@ -157,12 +162,16 @@ def test_every_score_recomputed_by_hand(llama: Path) -> None:
     assert result.summary["prompts"] == 2 and 0 <= result.summary["accuracy"] <= 1
 
 
-@pytest.mark.parametrize("pass_tokens", [512, 20])  # all prompts in one padded pass; one or two per pass
-def test_the_lean_ablation_passes_match_one_forced_pass_per_prompt(llama: Path, pass_tokens: int, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(("family", "pass_tokens"), [("llama", 512), ("llama", 20), ("qwen3", 512), ("gpt2", 512), ("bloom", 512), ("qwen2", 512)])
+def test_the_lean_ablation_passes_match_one_forced_pass_per_prompt(family: str, pass_tokens: int, llama: Path, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """Each ablated prompt continued from the full pass's keys and values, read at the answer's rows, gives the
-    log-probability of one teacher-forced pass over the whole ablated prompt (and so does the lean pass without a prefix)."""
+    log-probability of one teacher-forced pass over the whole ablated prompt (and so does the lean pass without a
+    prefix): all prompts in one padded pass, or one or two per pass; on families that continue a prefix (llama, qwen3)
+    and some that cannot (gpt2's position table, bloom's ALiBi, qwen2's sliding window), which run each prompt whole."""
+    assert load_hf(str(llama), device="cpu").model.continues_prefix
     monkeypatch.setattr(context, "PASS_TOKENS", pass_tokens)
-    model = load_hf(str(llama), device="cpu").model
+    model = load_hf(str(llama if family == "llama" else chat_decoder(family, tmp_path / family)), device="cpu").model
     story = STORY + ["the end was good .", "it was long ."]
     with model.next_token_decision():
         prompt, _ = context.render(model, story, "was the film good ?")
