@@ -37,17 +37,22 @@ TEMPLATE = (
 STORY = ["the film was good .", "a bad film .", "the acting was very good ."]
 
 
-@pytest.fixture(scope="module")
-def llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def chat_decoder(family: str, folder: Path) -> Path:
+    """A tiny random decoder of ``family`` whose tokenizer carries :data:`TEMPLATE`."""
     from transformers import PreTrainedTokenizerFast
 
     from attnaudit.architectures import save_tiny
 
-    folder = save_tiny("llama", tmp_path_factory.mktemp("ctx") / "llama")
+    folder = save_tiny(family, folder)
     tokenizer = PreTrainedTokenizerFast.from_pretrained(folder)
     tokenizer.chat_template = TEMPLATE
     tokenizer.save_pretrained(folder)
     return folder
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return chat_decoder("llama", tmp_path_factory.mktemp("ctx") / "llama")
 
 
 def example(sentences: list[str] = STORY, supporting: list[int] | None = None, label: str = "good") -> Example:
@@ -157,6 +162,36 @@ def test_every_score_recomputed_by_hand(llama: Path) -> None:
     assert result.summary["prompts"] == 2 and 0 <= result.summary["accuracy"] <= 1
 
 
+@pytest.mark.parametrize(("family", "pass_tokens"), [("llama", 512), ("llama", 20), ("qwen3", 512), ("gpt2", 512), ("bloom", 512), ("qwen2", 512)])
+def test_the_lean_ablation_passes_match_one_forced_pass_per_prompt(family: str, pass_tokens: int, llama: Path, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each ablated prompt continued from the full pass's keys and values, read at the answer's rows, gives the
+    log-probability of one teacher-forced pass over the whole ablated prompt (and so does the lean pass without a
+    prefix): all prompts in one padded pass, or one or two per pass; on families that continue a prefix (llama, qwen3)
+    and some that cannot (gpt2's position table, bloom's ALiBi, qwen2's sliding window), which run each prompt whole."""
+    assert load_hf(str(llama), device="cpu").model.continues_prefix
+    monkeypatch.setattr(context, "PASS_TOKENS", pass_tokens)
+    model = load_hf(str(llama if family == "llama" else chat_decoder(family, tmp_path / family)), device="cpu").model
+    story = STORY + ["the end was good .", "it was long ."]
+    with model.next_token_decision():
+        prompt, _ = context.render(model, story, "was the film good ?")
+        answer = context.answer_of(model, model.continuation(prompt, 3)[0])
+        answer = answer + [answer[0]] * (3 - len(answer))  # several answer tokens: several rows read per pass
+        masks = [[True] * 5, [True, True, False, True, True], [False, True, True, True, True], [True, True, True, True, False],
+                 *context.ablation_masks(5, 6, np.random.default_rng(0)).tolist()]
+        prompts = [context.render(model, [s for s, k in zip(story, keep) if k], "was the film good ?")[0] for keep in masks]
+        assert context.shared_length(prompts[0], prompt) == len(prompt)
+        assert 0 < context.shared_length(prompts[2], prompt) < context.shared_length(prompts[1], prompt) < len(prompts[1])
+        with evaluation(model), torch.no_grad():
+            trace = model(context.padded(model, [prompt + answer[:-1]])).trace
+        reference = context.answer_logprobs(model, prompts, answer)
+        assert context.ablated_logprobs(model, trace, prompt, prompts, answer) == pytest.approx(reference, abs=1e-5)
+        assert context.ablated_logprobs(model, None, prompt, prompts, answer) == pytest.approx(reference, abs=1e-5)
+        groups = torch.tensor([0] * len(prompt))
+        _, whole = context.gradient_scores(model, prompt, answer, groups, 1)
+        assert whole == pytest.approx(reference[0], abs=1e-5)
+
+
 def test_bad_input_is_refused_in_one_line(llama: Path, tmp_path: Path) -> None:
     run = load_hf(str(llama), device="cpu")
     experiment = get_experiment("context")
@@ -198,13 +233,16 @@ def test_smollm2_on_babi_stories(shared_data: Path, tmp_path: Path) -> None:
 
 
 def test_the_docs_table_is_generated_from_the_result() -> None:
-    import json
     import sys
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # `benchmarks` is a folder of the checkout, not a package
 
-    from benchmarks.common import RESULTS
-    from benchmarks.reproduce_context import DOCS, NAME, table
+    from benchmarks.reproduce_context import DOCS, results, stratified_order, table
 
-    data = json.loads((RESULTS / f"{NAME}.json").read_text())
-    assert table(data) in DOCS.read_text()
+    assert table(*results()) in DOCS.read_text()
+    labels = ["a"] * 6 + ["b"] * 3 + ["c"] * 3
+    order = stratified_order(labels, 0)
+    assert sorted(order) == list(range(12)) and order == stratified_order(labels, 0) != stratified_order(labels, 1)
+    for n in range(1, 13):  # every prefix is proportional to the labels' shares, up to one question each
+        counts = {label: sum(labels[i] == label for i in order[:n]) for label in "abc"}
+        assert all(abs(counts[label] - n * labels.count(label) / 12) <= 1 for label in "abc")

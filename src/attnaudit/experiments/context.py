@@ -24,6 +24,11 @@ teacher-forced, ``log p(a | prompt)`` summed over them) by
 * ``contextcite`` (Cohen-Wang et al. 2024): a Lasso (``alpha``) fit of ``log p(a)`` on ``ablations`` random
   ablations (each sentence kept with probability 1/2, seeded by the seed and the instance's position); its weights.
 
+The ablated prompts (each rendered anew without its sentences) share their first tokens with the full prompt: each
+continues the full pass's keys and values from where it differs and is run in batched logits-only passes read at
+the rows that predict the answer's tokens (:func:`ablated_logprobs`, equal to one teacher-forced pass per prompt to
+float precision); the gradient's one pass gives ``log p(a | prompt)`` itself.
+
 The sentences are the features: ``Batch.segments`` marks each token's sentence and
 :func:`~attnaudit.explain.helpers.features.feature_groups` groups the tokens, as for every grouped explanation.
 Against the ground truth each method gets the top-1 hit (its top sentence is a supporting fact), the recall at k
@@ -62,7 +67,7 @@ from attnaudit.experiments.eraser_metrics import describe
 from attnaudit.experiments.experiment import AuditSettings, Experiment, Result, joined, register, where
 from attnaudit.explain.generation import generate_tokens, pad_id
 from attnaudit.explain.helpers.features import feature_groups
-from attnaudit.models.interface import LanguageModel, evaluation, language_model
+from attnaudit.models.interface import AttentionTrace, LanguageModel, evaluation, language_model
 from attnaudit.progress import track
 from attnaudit.run import Run
 
@@ -140,13 +145,54 @@ def padded(model: LanguageModel, rows: list[list[int]], segments: list[list[int]
 
 def answer_logprobs(model: LanguageModel, prompts: list[list[int]], answer: list[int]) -> np.ndarray:
     """``log p(answer | prompt)`` for each prompt: the answer teacher-forced, one pass per prompt
-    (:meth:`~attnaudit.models.interface.LanguageModel.forced_distributions`)."""
+    (:meth:`~attnaudit.models.interface.LanguageModel.forced_distributions`). The reference of :func:`ablated_logprobs`."""
     out = np.zeros(len(prompts))
     targets = torch.tensor(answer)
     for i, prompt in enumerate(prompts):
         with torch.no_grad():
             probs = model.forced_distributions(prompt, answer).double()
         out[i] = float(probs.gather(1, targets[:, None].to(probs.device)).clamp_min(1e-300).log().sum())
+    return out
+
+
+def shared_length(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens ``a`` and ``b`` have in common."""
+    n = min(len(a), len(b))
+    differs = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
+    return int(differs[0]) if differs.size else n
+
+
+PASS_TOKENS = 512
+"""About this many tokens (padding included) per batched pass of ablated prompts."""
+
+
+def ablated_logprobs(model: LanguageModel, full: AttentionTrace | None, prompt: list[int], prompts: list[list[int]],
+                     answer: list[int]) -> np.ndarray:
+    """``log p(answer | p)`` for each ablated prompt ``p``, as :func:`answer_logprobs` but lean: ``full`` is the trace of
+    ``prompt`` (and the answer) with its keys and values, and each ablated prompt reruns only its tokens after those it
+    shares with ``prompt`` (under a causal mask their keys and values are the full pass's:
+    :meth:`~attnaudit.models.interface.LanguageModel.prefix_from`), its answer teacher-forced and read at the rows that
+    predict the answer's tokens (:meth:`~attnaudit.models.interface.LanguageModel.rows_logits`), in logits-only passes
+    of about :data:`PASS_TOKENS` tokens, prompts of similar length together. Without ``full``, or for a model that
+    cannot continue a key/value prefix, each prompt runs whole the same way."""
+    device = model.input_device
+    continues = full is not None and model.continues_prefix
+    starts = [min(shared_length(p, prompt), len(p) - 1) if continues else 0 for p in prompts]
+    rests = [p[start:] + answer[:-1] for p, start in zip(prompts, starts)]
+    order = sorted(range(len(prompts)), key=lambda i: -len(rests[i]))
+    out = np.zeros(len(prompts))
+    with evaluation(model), torch.no_grad():
+        while order:
+            size = max(1, PASS_TOKENS // len(rests[order[0]]))
+            part, order = order[:size], order[size:]
+            cache = model.encode(padded(model, [rests[i] for i in part]))
+            if full is not None and max(starts[i] for i in part):
+                cache.extra["prefix"] = model.prefix_from(full, torch.zeros(len(part), dtype=torch.long, device=device),
+                                                          torch.tensor([starts[i] for i in part], device=device))
+            rows = torch.tensor([list(range(len(rests[i]) - len(answer), len(rests[i]))) for i in part], device=device)
+            logits = model.rows_logits(cache, rows).double().log_softmax(-1)  # (part × answer tokens, vocabulary)
+            targets = torch.tensor(answer * len(part), device=logits.device)
+            out[part] = logits.gather(1, targets[:, None]).view(len(part), len(answer)).sum(1).cpu().numpy()
     return out
 
 
@@ -158,29 +204,39 @@ def per_sentence(values: Tensor, groups: Tensor, count: int) -> np.ndarray:
     return out.detach().cpu().double().numpy()
 
 
-def attention_scores(model: LanguageModel, prompt: list[int], answer: list[int], groups: Tensor, count: int, heads: int) -> dict[str, np.ndarray]:
+def attention_scores(model: LanguageModel, prompt: list[int], answer: list[int], groups: Tensor, count: int,
+                     heads: int) -> tuple[dict[str, np.ndarray], AttentionTrace]:
     """``attention`` and ``attention_top_heads`` per sentence: one pass over the prompt and the answer (its last token
-    not read), the rows that predict the answer tokens."""
+    not read), the rows that predict the answer tokens; and that pass's trace (its keys and values: the prefix every
+    ablated prompt continues, :func:`ablated_logprobs`)."""
     size = len(prompt)
     with evaluation(model), torch.no_grad():
         trace = model(padded(model, [prompt + answer[:-1]])).trace
     rows = torch.stack([layer.weights[0, :, size - 1 : size - 1 + len(answer), :size].float() for layer in trace])
     mass = per_sentence(rows.mean(2), groups.to(rows.device), count)  # (L, H, sentences)
     chosen = top_heads(mass.sum(-1), heads)
-    return {"attention": mass.mean((0, 1)), "attention_top_heads": mass[chosen[:, 0], chosen[:, 1]].mean(0)}
+    return {"attention": mass.mean((0, 1)), "attention_top_heads": mass[chosen[:, 0], chosen[:, 1]].mean(0)}, trace
 
 
-def gradient_scores(model: LanguageModel, prompt: list[int], answer: list[int], groups: Tensor, count: int) -> np.ndarray:
-    """``input_x_gradient`` per sentence: ``Σ_d e · ∂ log p(answer)/∂e`` of the prompt's tokens, summed per sentence."""
+def gradient_scores(model: LanguageModel, prompt: list[int], answer: list[int], groups: Tensor, count: int) -> tuple[np.ndarray, float]:
+    """``input_x_gradient`` per sentence: ``Σ_d e · ∂ log p(answer)/∂e`` of the prompt's tokens, summed per sentence; and
+    ``log p(answer | prompt)`` itself. The answer's steps (the prompt and ``answer[:t]``) are prefixes of one sequence:
+    one pass over it read at each step's row where the model allows
+    (:meth:`~attnaudit.models.interface.AttentionModel.prefix_gradient_forward`), else a batch of the steps."""
     batch = padded(model, [prompt + answer[:t] for t in range(len(answer))])
     with evaluation(model), torch.enable_grad():
-        embeddings = model.embed(batch).detach().requires_grad_(True)
-        logits = model.logits_forward(batch, embeddings=embeddings).logits.float()
+        shared = model.prefix_gradient_forward(batch)
+        if shared is not None:
+            embeddings, _, output = shared
+        else:
+            embeddings = model.embed(batch).detach().requires_grad_(True)
+            output = model.logits_forward(batch, embeddings=embeddings)
+        logits = output.logits.float()
         targets = torch.tensor(answer, device=logits.device)
         total = logits.log_softmax(-1).gather(1, targets[:, None]).sum()
         (grad,) = torch.autograd.grad(total, embeddings)
     tokens = (embeddings * grad).sum(-1)[:, : len(prompt)].sum(0)
-    return per_sentence(tokens.detach(), groups.to(tokens.device), count)
+    return per_sentence(tokens.detach(), groups.to(tokens.device), count), float(total.detach())
 
 
 def answer_of(model: LanguageModel, generated: list[int]) -> list[int]:
@@ -207,13 +263,16 @@ def sentence_groups(model: LanguageModel, prompt: list[int], segments: list[int]
     return groups.cpu()
 
 
-def ablation_scores(model: LanguageModel, story: Story, answer: list[int], options: Any, seed: int, index: int) -> dict[str, Any]:
-    """``log p(answer)`` on the full prompt, leave-one-out effects and ContextCite weights (masks seeded by (seed, index))."""
+def ablation_scores(model: LanguageModel, story: Story, prompt: list[int], answer: list[int], full: tuple[AttentionTrace, float],
+                    options: Any, seed: int, index: int) -> dict[str, Any]:
+    """Leave-one-out effects and ContextCite weights (masks seeded by (seed, index)) from ``full``: the full prompt's
+    trace and ``log p(answer | prompt)`` (:func:`ablated_logprobs`)."""
     n = len(story.sentences)
     masks = ablation_masks(n, options.ablations, np.random.default_rng([seed, index]))
-    kept = [np.ones(n, bool), *(~np.eye(n, dtype=bool)), *masks]
+    kept = [*(~np.eye(n, dtype=bool)), *masks]
     prompts = [render(model, [s for s, k in zip(story.sentences, keep) if k], story.question)[0] for keep in kept]
-    logp = answer_logprobs(model, prompts, answer)
+    trace, whole = full
+    logp = np.concatenate([[whole], ablated_logprobs(model, trace, prompt, prompts, answer)])
     weights = surrogate_weights(masks, logp[1 + n :], options.alpha, seed) if options.ablations else np.full(n, math.nan)
     return {"logp": float(logp[0]), "loo": logp[0] - logp[1 : 1 + n], "contextcite": weights}
 
@@ -227,9 +286,9 @@ def prompt_rows(model: LanguageModel, example: Example, index: int, options: Any
     answer = answer_of(model, generated)
     text = model.tokenizer.decode(answer)
     groups = sentence_groups(model, prompt, segments, n)
-    scores = attention_scores(model, prompt, answer, groups, n, options.heads)
-    scores["input_x_gradient"] = gradient_scores(model, prompt, answer, groups, n)
-    ablated = ablation_scores(model, story, answer, options, seed, index)
+    scores, trace = attention_scores(model, prompt, answer, groups, n, options.heads)
+    scores["input_x_gradient"], whole = gradient_scores(model, prompt, answer, groups, n)
+    ablated = ablation_scores(model, story, prompt, answer, (trace, whole), options, seed, index)
     scores.update(loo=ablated["loo"], contextcite=ablated["contextcite"])
     k = len(story.supporting)
     row: dict[str, Any] = {

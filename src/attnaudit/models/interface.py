@@ -591,6 +591,13 @@ class LanguageModel(AttentionModel):
         """The next-token distribution before each token of a forced ``target``."""
         raise NotImplementedError
 
+    def rows_logits(self, cache: Cache, rows: Tensor) -> Tensor:
+        """The output ``(R, C)`` at positions ``rows`` ``(R,)`` of the one sequence of ``cache`` (a causal decoder's
+        :meth:`encode`, a :meth:`prefix_from` prefix in ``cache.extra["prefix"]`` allowed), or ``(B·R, C)`` at ``rows``
+        ``(B, R)`` of a batch's right-padded sequences: a logits-only pass, each row read as if its sequence ended there
+        (teacher forcing several tokens at once)."""
+        raise NotImplementedError
+
     def prefix_from(self, trace: AttentionTrace, rows: Tensor, lengths: Tensor) -> Any:
         """The first ``lengths[r]`` tokens of example ``rows[r]`` of a full ``trace``, for :meth:`decode` to continue from."""
         raise NotImplementedError

@@ -321,7 +321,8 @@ class HFModel(HFCapabilities, HFRestarts, EncoderDecoderLayout, LanguageModel):
         ``lean``: only the logits (or their gradient) are read: no trace, SDPA where a layer can, long passes recomputed
         block by block in the backward pass (:attr:`~attnaudit.models.hf.attention.Capture.lean`). ``rows`` (with
         ``rows_only`` or ``lean``, a causal decoder): the read rows ``(R,)`` of the one sequence ``cache`` holds, each an instance of the
-        output (:meth:`rows_forward` of prefixes)."""
+        output (:meth:`rows_forward` of prefixes); for a ``lean`` pass also ``(B, R)``, R rows of each example, the output
+        ``(B·R, C)`` (:meth:`rows_logits`)."""
         n = self.num_attention_layers
         start = cache.layer if start_layer is None else start_layer
         if not -n <= start < n:
@@ -351,8 +352,10 @@ class HFModel(HFCapabilities, HFRestarts, EncoderDecoderLayout, LanguageModel):
             if kept is None or layer in kept:
                 trace.layers.append(record)
 
-        if rows is not None and not ((rows_only or lean) and self.kind == "decoder" and self.causal and len(cache.mask) == 1 and cut is None):
-            raise AttnAuditError("read rows are given for one sequence of a causal decoder, with rows_only or lean and no cut")
+        one = rows is not None and (len(cache.mask) == 1 or (lean and not rows_only and rows.dim() == 2))
+        if rows is not None and not ((rows_only or lean) and self.kind == "decoder" and self.causal and one and cut is None):
+            raise AttnAuditError("read rows are given for one sequence of a causal decoder (or (B, R) rows of a lean pass), "
+                                 "with rows_only or lean and no cut")
         explained: int | Tensor | None = self.explanation_rows(inputs["attention_mask"].bool()) if rows is None else rows
         read = explained if explained is None or isinstance(explained, Tensor) else torch.full_like(cache.mask[:, 0], explained, dtype=torch.long)
         if rows_only and self.kind != "encoder-decoder" and read is not None and not interventions:
@@ -454,6 +457,11 @@ class HFModel(HFCapabilities, HFRestarts, EncoderDecoderLayout, LanguageModel):
         encoder_decoder = self.kind == "encoder-decoder"
         with evaluation(self):
             return forced_distributions(self.hf, encoder_decoder, source, self.decoder_start if encoder_decoder else -1, target)
+
+    def rows_logits(self, cache: Cache, rows: Tensor) -> Tensor:
+        """:meth:`LanguageModel.rows_logits`: ``decode(lean=True, rows=rows)``, no trace (SDPA where a layer can); ``rows``
+        ``(B, R)`` read R rows of each of a batch's examples."""
+        return self.decode(cache, keep_layers=(), lean=True, rows=rows).logits
 
     @contextlib.contextmanager
     def next_token_decision(self) -> Iterator[HFModel]:

@@ -303,7 +303,9 @@ def decided(
     if head is not None and isinstance(rows, Tensor):
         def gather(_module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
             hidden = args[0]
-            return (hidden[torch.arange(hidden.shape[0], device=hidden.device), rows.to(hidden.device)][:, None], *args[1:])
+            examples = torch.arange(hidden.shape[0], device=hidden.device)  # rows (B, R): R rows of each example, flattened
+            picked = hidden[examples[:, None] if rows.dim() == 2 else examples, rows.to(hidden.device)]
+            return (picked.reshape(-1, hidden.shape[-1])[:, None], *args[1:])
 
         handles.append(head.register_forward_pre_hook(gather))
         if narrowed:  # only the verbalizer's rows of the LM head: the same logits without a (B, vocab) product
