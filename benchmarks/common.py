@@ -9,6 +9,7 @@ into the README table. A claim is the median with its range (min–max over the 
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import platform
 import statistics
@@ -198,3 +199,34 @@ def relative_paths(value: Any) -> Any:
 def write_result(name: str, payload: dict[str, Any]) -> Path:
     """Write ``benchmarks/results/<name>.json`` atomically with provenance; paths inside the checkout relative to it."""
     return atomic_write_json(RESULTS / f"{name}.json", relative_paths({"name": name, **payload, **provenance()}))
+
+
+class PeerWorker:
+    """A peer's persistent worker process, run by its own venv's ``python`` (``script --serve``, ``OMP_NUM_THREADS``
+    = ``threads``): one JSON request per line on its stdin, one answer per line on its stdout; a failed or ended
+    worker raises ``error`` naming ``name``."""
+
+    def __init__(self, python: Path, script: Path, threads: int = 1, name: str = "peer", error: type[BaseException] = RuntimeError) -> None:
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+        self.proc = subprocess.Popen([str(python), str(script), "--serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL, text=True, env=env, cwd=ROOT)
+        self.threads, self.name, self.error = threads, name, error
+
+    def ask(self, **request: Any) -> dict[str, Any]:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps(request) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise self.error(f"the {self.name} worker ended (exit {self.proc.poll()}) on {request.get('op')}")
+        answer = json.loads(line)
+        if not answer.get("ok"):
+            raise self.error(f"{self.name} worker: {answer.get('error')}")
+        return dict(answer)
+
+    def close(self) -> None:
+        try:
+            self.ask(op="quit")
+        except (self.error, BrokenPipeError, ValueError):
+            pass
+        self.proc.wait(timeout=30)

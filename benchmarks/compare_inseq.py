@@ -45,11 +45,9 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch is imported 
 import argparse  # noqa: E402
 import csv  # noqa: E402
 import importlib.metadata  # noqa: E402
-import json  # noqa: E402
 import math  # noqa: E402
 import shutil  # noqa: E402
 import statistics  # noqa: E402
-import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
@@ -59,7 +57,7 @@ from typing import Any  # noqa: E402
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import REPEATS, ROOT, _load, stats, write_result  # noqa: E402
+from benchmarks.common import REPEATS, ROOT, PeerWorker, _load, stats, write_result  # noqa: E402
 
 TEMPLATE = "Review: {text}\nSentiment:"
 INSEQ_INSTALL = "benchmarks/inseq_venv.sh ../inseq-venv"
@@ -77,33 +75,11 @@ PAIRS = {
 }
 
 
-class Worker:
+class Worker(PeerWorker):
     """The persistent inseq worker: one JSON request per line, one answer per line."""
 
     def __init__(self, python: Path, threads: int) -> None:
-        env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-        self.proc = subprocess.Popen([str(python), str(WORKER), "--serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.DEVNULL, text=True, env=env, cwd=ROOT)
-        self.threads = threads
-
-    def ask(self, **request: Any) -> dict[str, Any]:
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.write(json.dumps(request) + "\n")
-        self.proc.stdin.flush()
-        line = self.proc.stdout.readline()
-        if not line:
-            raise SystemExit(f"the inseq worker ended (exit {self.proc.poll()}) on {request.get('op')}")
-        answer = json.loads(line)
-        if not answer.get("ok"):
-            raise SystemExit(f"inseq worker: {answer.get('error')}")
-        return answer
-
-    def close(self) -> None:
-        try:
-            self.ask(op="quit")
-        except (SystemExit, BrokenPipeError, ValueError):
-            pass
-        self.proc.wait(timeout=30)
+        super().__init__(python, WORKER, threads, "inseq", SystemExit)
 
 
 def sentences(data_dir: Path, n: int) -> list[str] | None:

@@ -34,9 +34,7 @@ import os
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch is imported (OpenMP reads it once)
 
 import argparse  # noqa: E402
-import json  # noqa: E402
 import re  # noqa: E402
-import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -45,7 +43,7 @@ from typing import Any  # noqa: E402
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import REPEATS, ROOT, time_interleaved, write_result  # noqa: E402
+from benchmarks.common import REPEATS, ROOT, PeerWorker, time_interleaved, write_result  # noqa: E402
 
 TEMPLATE = "Review: {text}\nSentiment:"
 SHAP_VENV = Path(os.environ.get("ATTNAUDIT_SHAP_VENV", "/tmp/shap-venv"))
@@ -62,32 +60,11 @@ def shap_python(venv: Path = SHAP_VENV) -> Path | None:
     return python if found else None
 
 
-class Worker:
+class Worker(PeerWorker):
     """The persistent shap worker: one JSON request per line, one answer per line."""
 
     def __init__(self, python: Path, threads: int = 1) -> None:
-        env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-        self.proc = subprocess.Popen([str(python), str(WORKER), "--serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.DEVNULL, text=True, env=env, cwd=ROOT)
-
-    def ask(self, **request: Any) -> dict[str, Any]:
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.write(json.dumps(request) + "\n")
-        self.proc.stdin.flush()
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"the shap worker ended (exit {self.proc.poll()}) on {request.get('op')}")
-        answer = json.loads(line)
-        if not answer.get("ok"):
-            raise RuntimeError(f"shap worker: {answer.get('error')}")
-        return answer
-
-    def close(self) -> None:
-        try:
-            self.ask(op="quit")
-        except (RuntimeError, BrokenPipeError, ValueError):
-            pass
-        self.proc.wait(timeout=30)
+        super().__init__(python, WORKER, threads, "shap", RuntimeError)
 
 
 def word_spans(text: str, start: int = 0) -> list[list[int]]:

@@ -86,15 +86,18 @@ def ray_session(address: str | None, workers: int | None) -> Iterator[Any]:
             ray.shutdown()
 
 
-def check_engine(engine: str, workers: int | None, address: str | None) -> None:
-    """One line for an unknown engine, a worker count below 1, Ray options without Ray, or no ray package."""
+def check_engine(engine: str, workers: int | None, address: str | None, pool: bool = False) -> None:
+    """One line for an unknown engine, a worker count below 1, Ray options without Ray (``pool``: the local engine
+    is a process pool, so ``--workers`` applies to it too), or no ray package."""
     if engine not in ENGINES:
         raise AttnAuditError(f"unknown engine {engine!r}; choose {' or '.join(ENGINES)}")
     if workers is not None and workers < 1:
         raise AttnAuditError(f"--workers must be at least 1, got {workers}")
     if workers is not None and not address:  # a local pool or Ray: no more workers than cores (a cluster's are its own)
         bounds.workers(workers)
-    if engine != "ray" and (workers is not None or address):
+    if engine != "ray" and address and pool:
+        raise AttnAuditError("--address is for --engine ray")
+    if engine != "ray" and (workers is not None or address) and not pool:
         raise AttnAuditError("--workers and --address are for --engine ray")
     if engine == "ray":
         if address:

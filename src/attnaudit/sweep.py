@@ -31,7 +31,7 @@ from typing import Any
 import yaml
 
 from attnaudit import bounds
-from attnaudit.cluster import ENGINES, check_address, map_tasks, ray_session
+from attnaudit.cluster import check_engine, map_tasks, ray_session
 from attnaudit.errors import AttnAuditError, AttnAuditWarning, InputError, error_line
 from attnaudit.io import (
     atomic_write,
@@ -678,16 +678,7 @@ def sweep(
     override the file's ``out``/``data_dir``; the data directory falls back to
     ``$ATTNAUDIT_DATA``. Failed jobs are in ``result.failed``; they never stop the others.
     """
-    if engine not in ENGINES:
-        raise AttnAuditError(f"unknown engine {engine!r}; choose {' or '.join(ENGINES)}")
-    if workers is not None and workers < 1:
-        raise AttnAuditError(f"--workers must be at least 1, got {workers}")
-    if workers is not None and not address:  # a local pool or Ray: no more workers than cores (a cluster's are its own)
-        bounds.workers(workers)
-    if address and engine != "ray":
-        raise AttnAuditError("--address is for --engine ray")
-    if address:
-        check_address(address)
+    check_engine(engine, workers, address, pool=True)
     settings = config if isinstance(config, SweepConfig) else load_config(config)
     folder = out or settings.out
     if not folder:
