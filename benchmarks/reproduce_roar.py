@@ -18,6 +18,9 @@ explanations explain the predicted class (theirs the gold one), and our ``gradie
 Full run: hours on 2 cores (4 methods × 9 ratios + random + 100 % = 46 retrains per seed and task).
 ``--limit N --seeds 1 --ratios 50 --epochs 1 --name roar_smoke`` proves the pipeline end to end in a minute.
 Run: ``.venv/bin/python benchmarks/reproduce_roar.py [--data-dir ../shared/data] [--tasks sst,babi1] [--seeds 5]``.
+``--so-far`` trains nothing: it reads the sub-runs finished so far (a run still under way, or cut short) and writes
+``benchmarks/results/<name>_so_far.json`` with the RACU of every (seed, method) whose curve and random baseline are
+complete, marked partial, and which retrains are still missing.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from attnaudit.algorithms.racu import mean_interval, racu  # noqa: E402
 from attnaudit.data.subsets import limited  # noqa: E402
 from attnaudit.data.tasks import load_task  # noqa: E402
 from attnaudit.experiments.runner import run_test  # noqa: E402
@@ -92,6 +96,46 @@ def one_task(task: str, args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def finished_score(folder: Path, metric: str) -> float | None:
+    """The test ``metric`` of a finished sub-run (its ``metrics.json`` is written last), else None."""
+    path = folder / "metrics.json"
+    return float(read_json(path)["test"][metric]) if path.exists() else None
+
+
+def so_far(task: str, args: argparse.Namespace) -> dict[str, Any]:
+    """The RACU of the curves finished so far in ``task``'s ROAR folder, training nothing (``--so-far``)."""
+    _, metric = PROTOCOL[task]
+    suffix = f"-limit{args.limit}" if args.limit else ""
+    base = args.runs / f"roar-{task}{suffix}"
+    root = base.with_name(base.name + "-roar") / "subruns" / "roar"
+    rows, per_seed, missing = [], [], []
+    for seed in range(args.seeds):
+        zero = finished_score(base if seed == 0 else root / f"seed-{seed}" / "unmasked", metric)
+        full = finished_score(root / f"seed-{seed}" / "all" / "ratio-100", metric)
+        curves = {}
+        for method in ["random", *args.methods]:
+            name = method if method == "random" else f"{method}-recursive"
+            points = [finished_score(root / f"seed-{seed}" / name / f"ratio-{r}", metric) for r in args.ratios]
+            missing += [f"seed-{seed}/{name}/ratio-{r}" for r, p in zip(args.ratios, points) if p is None]
+            if zero is not None and full is not None and None not in points:
+                curves[method] = [zero, *points, full]
+        missing += [f"seed-{seed}/{what}" for what, v in (("unmasked", zero), ("all/ratio-100", full)) if v is None]
+        ratios = [0, *args.ratios, 100]
+        for method, curve in curves.items():
+            rows += [{"method": method, "seed": seed, "ratio": r, "score": v} for r, v in zip(ratios, curve)]
+            if method != "random" and "random" in curves:
+                per_seed.append({"method": method, "seed": seed, "racu": 100 * racu(ratios, curve, curves["random"])})
+    summary = []
+    for method in args.methods:
+        values = [r["racu"] / 100 for r in per_seed if r["method"] == method]
+        ci = mean_interval(values, seed=0)
+        paper = PUBLISHED[task].get(method)
+        summary.append({"method": method, "seeds": ci["n"], "racu": 100 * ci["mean"], "low": 100 * ci["low"], "high": 100 * ci["high"],
+                        "published": paper and {"racu": paper[0], "low": paper[1], "high": paper[2]}})
+    return {"task": task, "metric": metric, "partial": True, "seeds_asked": args.seeds, "racu": summary, "racu_per_seed": per_seed,
+            "curves": rows, "missing_retrains": missing}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data-dir", type=Path, default=ROOT.parent / "shared" / "data")
@@ -103,6 +147,7 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=None, help="train, dev and test cut to N examples each (smoke runs)")
     parser.add_argument("--runs", type=Path, default=RUNS)
     parser.add_argument("--name", default="roar", help="result file benchmarks/results/NAME.json")
+    parser.add_argument("--so-far", action="store_true", help="train nothing: the RACU of the curves finished so far (NAME_so_far.json)")
     args = parser.parse_args()
     args.methods = [m for m in args.methods.split(",") if m]
     args.ratios = [int(r) for r in args.ratios.split(",") if r]
@@ -110,6 +155,13 @@ def main() -> None:
     unknown = [t for t in tasks if t not in PROTOCOL]
     if unknown:
         parser.error(f"unknown task(s) {', '.join(unknown)}; choose {', '.join(PROTOCOL)}")
+    if args.so_far:
+        parts = [so_far(task, args) for task in tasks]
+        for part in parts:
+            print(f"{part['task']}: " + ", ".join(f"{r['method']} {r['racu']:.1f} ({r['seeds']} seeds)" for r in part["racu"])
+                  + f"; {len(part['missing_retrains'])} retrains missing", flush=True)
+        write_result(f"{args.name}_so_far", {"tasks": parts, "partial": True})
+        return
     done: list[dict[str, Any]] = []
     start = time.perf_counter()
     for task in tasks:

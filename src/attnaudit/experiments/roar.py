@@ -433,7 +433,8 @@ class Roar(Experiment):
         names = [m for m in options.methods if m != BASELINE]
         defaults = [m for m in DEFAULT_METHODS]
         chosen, dropped = applying(names, run, "--methods", defaults) if names else ({}, {})
-        chosen[BASELINE] = EXPLANATIONS[BASELINE]
+        # the baseline first: each method's RACU can be read as soon as its own curve is trained beside it
+        chosen = {BASELINE: EXPLANATIONS[BASELINE], **chosen}
         scores = base_scores(run)["test"]
         metric = options.metric or score_key(run.task.task_type)
         if metric not in scores or metric == "n":
