@@ -200,3 +200,53 @@ def test_cli_writes_the_files_and_refuses_bad_sequences_in_one_line(llama: Path,
         assert result.returncode == 2, (args, result.stderr)
         assert message in result.stderr and "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
         assert not target.exists()
+
+
+@pytest.mark.parametrize(("family", "segments"), [("marian", None), ("t5", "word")])
+def test_an_encoder_decoders_steps_in_one_batch_equal_each_step_alone(family: str, segments: str | None, tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every method that applies scores an encoder-decoder's steps in one batch (right-padded decoder prefixes, each row
+    read at its last real target position) as it scores each step alone, items too; random draws per batch, so it is left out."""
+    from attnaudit.architectures import save_tiny
+    from attnaudit.explain import generation
+    from attnaudit.explain.registry import EXPLANATIONS
+
+    run = load_hf(str(save_tiny(family, tmp_path / family)), device="cpu")
+    with run.model.forced_decision():  # what applies to the next-token decision after a forced target prefix
+        names = [n for n, m in EXPLANATIONS.items() if n != "random" and m.applies(run.model) is None]
+    assert {"attention", "gradient", "ig", "loo", "norms", "shapley"} <= set(names)
+    together = explain_text(run, PROMPT, methods=names, generate=3, steps=8, segments=segments)
+    one_by_one = generation.step_batches
+    monkeypatch.setattr(generation, "step_batches", lambda *a, **k: one_by_one(*a, **{**k, "together": False}))
+    alone = explain_text(run, PROMPT, methods=names, generate=3, steps=8, segments=segments)
+    assert isinstance(together, Generated) and isinstance(alone, Generated)
+    assert together.items == alone.items and together.steps == alone.steps
+    for name in names:
+        for mine, theirs in zip(together.scores[name], alone.scores[name], strict=True):
+            assert torch.tensor(mine) == pytest.approx(torch.tensor(theirs), abs=1e-5, nan_ok=True), name
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2", "phi3"])
+def test_a_decoders_attention_reads_the_rows_its_generation_made(family: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``attention`` on generated tokens runs no pass of its own: the generation kept each step's row of every layer
+    (the prompt's last token, then each generated one, run alone with transformers' ``output_attentions``), and they
+    equal the rows of a fresh pass over the whole sequence (``rows_forward``) with the same tokens."""
+    from attnaudit.architectures import save_tiny
+    from attnaudit.models.hf.model import HFModel
+
+    run = load_hf(str(save_tiny(family, tmp_path / family)), device="cpu")
+    passes: list[int] = []
+    decode = HFModel.decode
+    monkeypatch.setattr(HFModel, "decode", lambda self, *a, **k: passes.append(1) or decode(self, *a, **k))
+    kept = explain_text(run, PROMPT, methods=["attention"], generate=4)
+    assert passes == [] and run.model._generated is not None
+    monkeypatch.setattr(HFModel, "_generated_rows", lambda self, batch: None)
+    fresh = explain_text(run, PROMPT, methods=["attention"], generate=4)
+    assert passes == [1]  # the one pass over the longest step
+    assert isinstance(kept, Generated) and isinstance(fresh, Generated) and kept.target == fresh.target and kept.items == fresh.items
+    for mine, theirs in zip(kept.scores["attention"], fresh.scores["attention"], strict=True):
+        assert mine == pytest.approx(theirs, abs=1e-6)
+    run.model._generated = None
+    monkeypatch.undo()
+    gradient = explain_text(run, PROMPT, methods=["gradient"], generate=2)  # no method reads rows: none are kept
+    assert isinstance(gradient, Generated) and run.model._generated is None

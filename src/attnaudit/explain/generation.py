@@ -264,13 +264,21 @@ def check_length(model: LanguageModel, source: Sequence[int], steps: int) -> Non
 
 def step_batches(
     model: LanguageModel, source: list[int], target: list[int], contrast: list[int] | None = None, rendered: Rendered | None = None,
+    together: bool = False,
 ) -> list[Batch]:
     """The steps of a sequence as batches whose rows explain ``target[t]`` (and its ``contrast[t]``): one batch
-    of every step for a decoder, one batch per step for an encoder-decoder; one-line errors past the model's length.
+    of every step for a decoder, one batch per step for an encoder-decoder (``together``: one batch of every step too,
+    the source repeated and the decoder's prefixes right-padded, each row read at its last real target position:
+    :meth:`~attnaudit.models.hf.model.HFModel.explanation_rows`); one-line errors past the model's length.
     ``rendered``: the chat rendering whose ids are ``source`` (:func:`chat_steps` marks the items and roles)."""
     check_length(model, source, len(target))
     explained = torch.tensor(target)
     foils = torch.tensor(contrast) if contrast is not None else None
+    if model.kind == "encoder-decoder" and together:
+        examples = [Example(tokens=[model.tokenizer.decode([i]) for i in source]) for _ in target]
+        batch = forced_batch([source] * len(target), [target[:t] for t in range(len(target))], model.decoder_start, pad_id(model), examples)
+        batch.explained, batch.contrast = explained, foils
+        return [batch]
     if model.kind != "encoder-decoder":
         batch = decoder_rows(model, source, target, len(target))
         batch.explained, batch.contrast = explained, foils
@@ -324,7 +332,7 @@ def _segment_steps(batches: list[Batch], segments: PromptSegments, text: str, en
     from attnaudit.explain.helpers.segments import SPANS
 
     for t, batch in enumerate(batches):
-        steps = [t] if encoder_decoder else list(range(len(batch)))
+        steps = [t] if encoder_decoder and len(batches) > 1 else list(range(len(batch)))
         batch.segments = _padded([segments.row(0 if encoder_decoder else s) for s in steps])
         batch.examples = [Example(tokens=text.split(), meta={"text": text, SPANS: [list(s) for s in segments.spans]}) for _ in steps]
 
@@ -352,7 +360,7 @@ def explain_steps(
     With ``segments`` (of the prompt ``text``) a step's items are its features instead: each segment (named by its text,
     read at its first token), then each earlier generated token."""
     model = language_model(run.model, "a generated sequence")
-    batches = step_batches(model, source, target, contrast, rendered)
+    batches = step_batches(model, source, target, contrast, rendered, together=True)
     both = model.kind == "encoder-decoder"
     if segments is not None:
         _segment_steps(batches, segments, text, both)
@@ -368,7 +376,8 @@ def explain_steps(
         values = {name: m(run, batch, **offered).float().cpu() for name, m in source_only.items()}
         with model.target_side() if both else contextlib.nullcontext():
             if both and segments is not None:  # the target side's items: the source's segments, then each earlier target token
-                batch.segments = _padded([segments.row(t, target_side=True)]).to(device)
+                steps = range(len(batch)) if len(batches) == 1 else [t]  # every step in one batch, or step t alone
+                batch.segments = _padded([segments.row(s, target_side=True) for s in steps]).to(device)
             mask = item_mask(model, batch).cpu()
             if segments is not None:
                 mask &= first_items(feature_groups(model, batch).cpu())
@@ -433,7 +442,7 @@ def explain_generated(
         probs = model.forced_distributions(source, ids)
     else:
         assert generate is not None
-        ids, probs = generate_tokens(model, source, generate, sample, seed)
+        ids, probs = generate_tokens(model, source, generate, sample, seed, keep_rows=any(m.reads_rows for m in methods.values()))
     foils = None
     if contrast is not None:
         foils = target_ids(model, contrast, "--contrast")
@@ -464,14 +473,17 @@ def explain_generated(
     )
 
 
-def generate_tokens(model: LanguageModel, source: Sequence[int], count: int, sample: bool, seed: int) -> tuple[list[int], Tensor]:
-    """:meth:`HFModel.continuation` (the tokens and the distribution of each) after checking ``count`` against the model's length."""
+def generate_tokens(
+    model: LanguageModel, source: Sequence[int], count: int, sample: bool, seed: int, keep_rows: bool = False
+) -> tuple[list[int], Tensor]:
+    """:meth:`HFModel.continuation` (the tokens and the distribution of each) after checking ``count`` against the model's length
+    (``keep_rows``: for methods that read the explained rows' attention alone, which the generation then keeps)."""
     if count < 1:
         raise AttnAuditError(f"--generate must be at least 1, got {count}")
     if model.kind != "encoder-decoder" and len(source) + count > model.config.max_len:
         raise AttnAuditError(f"the prompt has {len(source)} tokens; this model reads at most {model.config.max_len}, so --generate at most "
                              f"{model.config.max_len - len(source)}")
-    return model.continuation(source, count, sample, seed)
+    return model.continuation(source, count, sample, seed, keep_rows=keep_rows)
 
 
 def plot_generation(generated: Generated, method: str, stem: Path) -> list[Path]:

@@ -84,6 +84,9 @@ class Explanation:
     grouped: bool = False
     """It perturbs each group of :func:`~attnaudit.explain.helpers.features.feature_groups` as one unit itself (leave-one-out,
     Shapley, ...), so its scores are per group already; the others' item scores are summed per segment (:func:`per_segment`)."""
+    reads_rows: bool = False
+    """It reads the explained rows' attention alone (:meth:`~attnaudit.models.interface.AttentionModel.rows_forward`), which a
+    causal decoder's generation can keep as it makes the tokens (:meth:`~attnaudit.models.interface.LanguageModel.continuation`)."""
 
     def applies(self, target: AttentionModel | Run, offered: dict[str, Any] | None = None) -> str | None:
         """Why this method cannot explain a model (or a run's model) with the ``offered`` options (the defaults
@@ -218,6 +221,7 @@ EXPLANATIONS: dict[str, Explanation] = {}
 def explanation(
     name: str, about: str, needs: Iterable[str] = (), check: Check | None = None, default: bool = True, order: int = 100,
     per_example: bool = True, target_side: bool = False, settings_check: SettingsCheck | None = None, grouped: bool = False,
+    reads_rows: bool = False,
 ) -> Callable[[ExplainFn], ExplainFn]:
     """Decorator registering ``fn(model, batch, **options) -> (B, K)`` as explanation ``name``;
     the function itself is returned unchanged."""
@@ -228,7 +232,7 @@ def explanation(
 
     def add(fn: ExplainFn) -> ExplainFn:
         method = takes_run(fn)
-        register(Explanation(name, method, about, wanted, check, default, order, per_example, target_side, settings_check, grouped))
+        register(Explanation(name, method, about, wanted, check, default, order, per_example, target_side, settings_check, grouped, reads_rows))
         return method
 
     return add

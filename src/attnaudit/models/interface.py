@@ -583,8 +583,11 @@ class LanguageModel(AttentionModel):
         """Within: an encoder-decoder's explained items are its source and earlier target tokens."""
         raise NotImplementedError
 
-    def continuation(self, source: Sequence[int], count: int, sample: bool = False, seed: int = 0) -> tuple[list[int], Tensor]:
-        """Up to ``count`` tokens after ``source`` and the distribution each came from."""
+    def continuation(
+        self, source: Sequence[int], count: int, sample: bool = False, seed: int = 0, keep_rows: bool = False
+    ) -> tuple[list[int], Tensor]:
+        """Up to ``count`` tokens after ``source`` and the distribution each came from (``keep_rows``: the attention rows
+        the generation made are kept for :meth:`AttentionModel.rows_forward` of its steps, where the family can)."""
         raise NotImplementedError
 
     def forced_distributions(self, source: Sequence[int], target: Sequence[int]) -> Tensor:
@@ -650,7 +653,11 @@ def own_forward(module: nn.Module) -> Callable[..., Any]:
 
 @contextmanager
 def evaluation(model: nn.Module) -> Iterator[None]:
-    """Eval mode (no dropout) for the duration, then the model's previous mode again."""
+    """Eval mode (no dropout) for the duration, then the model's previous mode again. A model already in eval mode
+    throughout is left alone (``train()`` walks every module: a few milliseconds per call on a 30-layer model)."""
+    if not any(module.training for module in model.modules()):
+        yield
+        return
     was_training = model.training
     model.eval()
     try:

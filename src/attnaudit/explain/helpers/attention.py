@@ -63,5 +63,8 @@ def attention_per_head(model: AttentionModel, batch: Batch, trace: AttentionTrac
 
 def explanation_row(model: AttentionModel, batch: Batch, record: AttentionLayer) -> int | Tensor | None:
     """Which query row of ``record`` explains each instance: the only one where the pass kept one row
-    per instance (:attr:`AttentionLayer.rows`), else :meth:`AttentionModel.explanation_rows`."""
-    return 0 if record.rows is not None else model.explanation_rows(batch.mask)
+    per instance (:attr:`AttentionLayer.rows`), else :meth:`AttentionModel.explanation_rows` of its queries (an
+    encoder-decoder's cross-attention: the decoder's)."""
+    if record.rows is not None:
+        return 0
+    return model.explanation_rows(record.query_mask if record.query_mask is not None else batch.mask)

@@ -15,7 +15,7 @@ from attnaudit.models.interface import AttentionModel, evaluation
 
 
 @explanation("attention", "the explained attention layer's weights (mean over heads; the explanation query's row)", order=10,
-             target_side=True)
+             target_side=True, reads_rows=True)
 def attention_importance(model: AttentionModel, batch: Batch, layer: int | None = None, head: int | None = None) -> Tensor:
     """The explained attention ``(B, K)``: mean over heads (or ``head``) and real queries.
 

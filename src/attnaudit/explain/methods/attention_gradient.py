@@ -42,7 +42,7 @@ def attention_gradient(model: AttentionModel, batch: Batch) -> Tensor:
     Signed (positive: more weight on the item raises ``ŷ``); mean over heads and real queries.
     """
     _, grad, query_mask, index = _attention_grad(model, batch)
-    return to_items(reduce_heads(grad, query_mask, None, model.explanation_rows(batch.mask)), model, batch, index)
+    return to_items(reduce_heads(grad, query_mask, None, model.explanation_rows(_queries(batch, query_mask))), model, batch, index)
 
 
 @explanation(
@@ -52,4 +52,9 @@ def attention_gradient(model: AttentionModel, batch: Batch) -> Tensor:
 def gradient_times_attention(model: AttentionModel, batch: Batch) -> Tensor:
     """``α · ∂ŷ/∂α`` on the explained layer (signed), mean over heads and real queries, ``(B, K)``."""
     weights, grad, query_mask, index = _attention_grad(model, batch)
-    return to_items(reduce_heads(weights * grad, query_mask, None, model.explanation_rows(batch.mask)), model, batch, index)
+    return to_items(reduce_heads(weights * grad, query_mask, None, model.explanation_rows(_queries(batch, query_mask))), model, batch, index)
+
+
+def _queries(batch: Batch, query_mask: Tensor | None) -> Tensor:
+    """The explained layer's query mask (an encoder-decoder's cross-attention: the decoder's), else the batch's."""
+    return query_mask if query_mask is not None else batch.mask

@@ -13,10 +13,14 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
+
+from attnaudit.models.hf.passes import HFLayer
+from attnaudit.models.interface import AttentionTrace
 
 
 def input_device(hf: Any) -> torch.device:
@@ -39,10 +43,14 @@ def choose_token(probs: Tensor, sample: bool, generator: torch.Generator | None)
 @torch.no_grad()
 def continue_ids(
     hf: Any, encoder_decoder: bool, source: Sequence[int], start: int, count: int,
-    eos: int | None, sample: bool = False, generator: torch.Generator | None = None,
+    eos: int | None, sample: bool = False, generator: torch.Generator | None = None, rows: list[Step] | None = None,
 ) -> tuple[list[int], Tensor]:
     """Up to ``count`` tokens after ``source`` (a decoder's prompt, an encoder-decoder's source whose decoder
-    begins with ``start``; unused for a decoder) and the distribution ``(steps, V)`` each was chosen from; stops after ``eos``."""
+    begins with ``start``; unused for a decoder) and the distribution ``(steps, V)`` each was chosen from; stops after ``eos``.
+
+    ``rows`` (a decoder's): a list that receives each step's :class:`Step`, the logits and every layer's attention row
+    of the position that made it (transformers' ``output_attentions`` of a one-token pass: the prompt's last token runs
+    alone after the others). Left empty where the model gives no key/value cache or no such weights."""
     device = input_device(hf)
     src = _row(source, device)
     out: list[int] = []
@@ -55,11 +63,17 @@ def continue_ids(
     prefix = [start] if encoder_decoder else list(source)
     if "logits_to_keep" in inspect.signature(hf.forward).parameters:
         fixed["logits_to_keep"] = 1  # the next token's logits alone, as ``generate`` asks (not the prompt's every position)
+    capture = rows is not None and not encoder_decoder and len(prefix) > 1
+    if capture:  # the prompt but its last token, whose pass then gives the first step's row: (H, K), not (H, P, K) per layer
+        past = getattr(hf(**fixed, input_ids=_row(prefix[:-1], device), use_cache=True), "past_key_values", None)
+        capture = past is not None
     for _ in range(count):
         fresh = prefix if past is None else prefix[-1:]
         key = "decoder_input_ids" if encoder_decoder else "input_ids"
-        result = hf(**fixed, **{key: _row(fresh, device)}, past_key_values=past, use_cache=True)
+        result = hf(**fixed, **{key: _row(fresh, device)}, past_key_values=past, use_cache=True, **({"output_attentions": True} if capture else {}))
         past = getattr(result, "past_key_values", None)  # None: the next pass reads the whole prefix again
+        if capture:
+            capture = _keep_step(rows, result, len(prefix))  # type: ignore[arg-type]
         distribution = result.logits[0, -1].float().softmax(-1)
         token = choose_token(distribution, sample, generator)
         probs.append(distribution.cpu())
@@ -68,6 +82,47 @@ def continue_ids(
         if token == eos:
             break
     return out, torch.stack(probs)
+
+
+@dataclass
+class Step:
+    """One generated step of a decoder: its logits ``(V,)`` and each layer's attention row ``(H, K)`` of the position
+    that made it (K: the tokens up to and including it)."""
+
+    logits: Tensor
+    weights: list[Tensor]
+
+
+def _keep_step(rows: list[Step], result: Any, width: int) -> bool:
+    """Append a one-token pass's :class:`Step` to ``rows``; False (``rows`` emptied) where its weights are not one
+    row over the ``width`` tokens per layer (no weights, a sliding window's cache): the rows are then computed afresh."""
+    weights = getattr(result, "attentions", None)
+    if not weights or any(w is None or w.dim() != 4 or w.shape[2] != 1 or w.shape[3] != width for w in weights):
+        rows.clear()
+        return False
+    rows.append(Step(result.logits[0, -1], [w[0, :, -1] for w in weights]))
+    return True
+
+
+def generation_trace(steps: list[Step], labels: list[str]) -> tuple[Tensor, AttentionTrace]:
+    """The logits ``(T, V)`` and the trace of the steps' batch (a causal decoder's rows over the longest step, as
+    :meth:`~attnaudit.models.hf.model.HFModel.rows_forward` records it) from the generation's own rows: per layer the
+    weights ``(T, H, 1, K)`` (step t's row over its ``K - T + t + 1`` tokens, zero after), one instance per row."""
+    count = len(steps)
+    width = steps[-1].weights[0].shape[-1]
+    first = width - count  # the position that made the first step: the prompt's last token
+    device = steps[0].logits.device
+    rows = torch.arange(first, width, device=device)
+    allowed = torch.arange(width, device=device)[None, :] <= rows[:, None]
+    trace = AttentionTrace()
+    for layer, label in enumerate(labels):
+        weights = steps[0].weights[layer].new_zeros(count, steps[0].weights[layer].shape[0], 1, width)
+        for t, step in enumerate(steps):
+            row = step.weights[layer]
+            weights[t, :, 0, : row.shape[-1]] = row
+        trace.layers.append(HFLayer(weights=weights, mask=torch.ones(1, width, dtype=torch.bool, device=device), inputs=weights.new_empty(0),
+                                    name=label, rows=rows, allowed=allowed[:, None, None, :]))
+    return torch.stack([step.logits for step in steps]), trace
 
 
 @torch.no_grad()

@@ -50,7 +50,8 @@ from attnaudit.models.hf.config import (
     output_kind,
 )
 from attnaudit.models.hf.config import heads as attention_heads
-from attnaudit.models.hf.generation import continue_ids, forced_distributions, input_device
+from attnaudit.models.hf.generation import Step as GenerationStep
+from attnaudit.models.hf.generation import continue_ids, forced_distributions, generation_trace, input_device
 from attnaudit.models.hf.inputs import HFInputs, pass_inputs, pass_masks, real_positions, states_entering
 from attnaudit.models.hf.layouts import read_layouts
 from attnaudit.models.hf.memory import release_freed_memory
@@ -114,6 +115,7 @@ class HFModel(HFCapabilities, HFRestarts, EncoderDecoderLayout, LanguageModel):
         self.verbalizer_ids: Tensor | None = None
         self._shift_invariant: bool | None = None
         self._cuts: list[Cut | None] = []  # the read-rows cut once found (:meth:`logits_forward`); empty: not looked for
+        self._generated: tuple[list[int], list[GenerationStep]] | None = None  # the last continuation's rows (keep_rows)
         self.uses_token_types = "token_type_ids" in getattr(tokenizer, "model_input_names", ()) and int(getattr(cfg, "type_vocab_size", 0) or 0) > 1
         self.structure = self._discover()
         self._configure()
@@ -236,8 +238,11 @@ class HFModel(HFCapabilities, HFRestarts, EncoderDecoderLayout, LanguageModel):
         return self.layer_name(layer) if self.kind == "encoder-decoder" else f"layer{layer}"
 
     def explanation_rows(self, query_mask: Tensor) -> int | Tensor | None:
-        """Decoders: each example's last real token ``(B,)``; encoders: ``[CLS]`` (0); encoder-decoders: the mean."""
-        if self.kind != "decoder":
+        """Decoders: each example's last real token ``(B,)``; encoders: ``[CLS]`` (0); encoder-decoders: the mean, or
+        in :meth:`forced_decision` the last target position (-1), each row's last real one ``(B,)`` where ``query_mask``
+        (then the decoder's: the explained layer's queries) pads rows of different lengths (the steps of a sequence in one batch)."""
+        forced_padded = self.kind == "encoder-decoder" and self.explanation_query == -1 and not bool(query_mask.all())
+        if self.kind != "decoder" and not forced_padded:
             return self.explanation_query  # [CLS]; an encoder-decoder's forced target: its last position (-1)
         index = torch.arange(query_mask.shape[1], device=query_mask.device)
         return (index * query_mask.bool()).argmax(1)
@@ -356,7 +361,8 @@ class HFModel(HFCapabilities, HFRestarts, EncoderDecoderLayout, LanguageModel):
         if rows is not None and not ((rows_only or lean) and self.kind == "decoder" and self.causal and one and cut is None):
             raise AttnAuditError("read rows are given for one sequence of a causal decoder (or (B, R) rows of a lean pass), "
                                  "with rows_only or lean and no cut")
-        explained: int | Tensor | None = self.explanation_rows(inputs["attention_mask"].bool()) if rows is None else rows
+        queries = inputs.get("decoder_attention_mask", inputs["attention_mask"])  # the explained layer's queries
+        explained: int | Tensor | None = self.explanation_rows(queries.bool()) if rows is None else rows
         read = explained if explained is None or isinstance(explained, Tensor) else torch.full_like(cache.mask[:, 0], explained, dtype=torch.long)
         if rows_only and self.kind != "encoder-decoder" and read is not None and not interventions:
             state.rows = read
@@ -404,6 +410,9 @@ class HFModel(HFCapabilities, HFRestarts, EncoderDecoderLayout, LanguageModel):
         longest = self._longest_of_prefixes(batch)
         if longest is None:
             return self.decode(self.encode(batch), rows_only=True)
+        generated = self._generated_rows(batch)
+        if generated is not None:
+            return generated
         rows = self.explanation_rows(batch.mask.bool())
         assert isinstance(rows, Tensor)
         out = self.decode(self.encode(batch.select(longest)), rows_only=True, rows=rows)
@@ -443,14 +452,42 @@ class HFModel(HFCapabilities, HFRestarts, EncoderDecoderLayout, LanguageModel):
             return None
         return torch.tensor([longest])
 
-    def continuation(self, source: Sequence[int], count: int, sample: bool = False, seed: int = 0) -> tuple[list[int], Tensor]:
+    def continuation(
+        self, source: Sequence[int], count: int, sample: bool = False, seed: int = 0, keep_rows: bool = False
+    ) -> tuple[list[int], Tensor]:
         """Up to ``count`` tokens after ``source`` by the model's own cached forward (greedy, or sampled with a
-        generator seeded by ``seed``) and the distribution ``(steps, V)`` each came from; stops after end-of-sequence."""
+        generator seeded by ``seed``) and the distribution ``(steps, V)`` each came from; stops after end-of-sequence.
+
+        ``keep_rows``: the generation's own attention rows are kept (a causal decoder whose every layer attends to every
+        earlier token), until the next continuation, so that :meth:`rows_forward` of the steps' batch reads them instead
+        of running the sequence again."""
         generator = torch.Generator().manual_seed(seed) if sample else None
         encoder_decoder = self.kind == "encoder-decoder"
         start = self.decoder_start if encoder_decoder else -1  # a decoder's prompt is its own start
+        steps: list[GenerationStep] | None = [] if keep_rows and self._full_attention and self.structure.route == "interface" else None
+        self._generated = None
         with evaluation(self):
-            return continue_ids(self.hf, encoder_decoder, source, start, count, self.tokenizer.eos_token_id, sample, generator)
+            ids, probs = continue_ids(self.hf, encoder_decoder, source, start, count, self.tokenizer.eos_token_id, sample, generator, steps)
+        if steps and len(steps) == len(ids):
+            self._generated = ([*source, *ids[:-1]], steps)
+        return ids, probs
+
+    def _generated_rows(self, batch: Batch) -> ModelOutput | None:
+        """:meth:`rows_forward` of the last :meth:`continuation`'s steps from the rows it kept: the batch is its steps
+        (each a prefix of the longest, the whole generated sequence but its last token), read for the next token without gradients."""
+        if self._generated is None or torch.is_grad_enabled() or self.config.extra.get("output") != "next_token" or self.verbalizer_ids is not None:
+            return None
+        ids, steps = self._generated
+        longest = self._longest_of_prefixes(batch)
+        if longest is None or len(batch) != len(steps) or batch.tokens[int(longest)].tolist() != ids:
+            return None
+        rows = self.explanation_rows(batch.mask.bool())  # each step read at its last token
+        if not isinstance(rows, Tensor) or rows.tolist() != list(range(len(ids) - len(steps), len(ids))):
+            return None
+        if any(len(step.weights) != self.num_attention_layers for step in steps):
+            return None
+        logits, trace = generation_trace(steps, [self.layer_label(layer) for layer in range(self.num_attention_layers)])
+        return ModelOutput(logits=logits.to(self.input_device), trace=trace)
 
     def forced_distributions(self, source: Sequence[int], target: Sequence[int]) -> Tensor:
         """The next-token distribution ``(len(target), V)`` before each token of a forced ``target``: one teacher-forced pass."""

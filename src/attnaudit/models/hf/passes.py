@@ -321,8 +321,10 @@ def decided(
         handles.append(cast(nn.Module, hf.score).register_forward_hook(spread))  # a decoder classifier's head
 
     def decision(out: Any) -> Tensor:
-        if kind == "encoder-decoder" and output == "next_token" and isinstance(rows, int):
-            return out.logits[:, rows]  # a forced target's next token (:meth:`attnaudit.models.interface.LanguageModel.forced_decision`)
+        if kind == "encoder-decoder" and output == "next_token" and rows is not None:
+            # a forced target's next token (:meth:`attnaudit.models.interface.LanguageModel.forced_decision`): its last
+            # position, or each row's last real one, which the head alone was given (``gather``)
+            return out.logits[:, rows] if isinstance(rows, int) else out.logits[:, 0]
         if kind == "encoder-decoder" or has_head:
             return out.logits
         if head is not None:

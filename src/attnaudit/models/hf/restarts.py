@@ -125,16 +125,17 @@ class HFRestarts:
         """Whether :meth:`decode` can continue after a :class:`KeyValuePrefix`: a causal decoder on the
         interface route whose windows (if any) are longer than its inputs and whose first block's input
         does not depend on positions (rotary positions are applied in attention, so new tokens can follow)."""
-        if not self.rerun_ready:
-            return False
+        return self.rerun_ready and self._full_attention and self._position_free
+
+    @property
+    def _full_attention(self) -> bool:
+        """Whether every layer attends to every earlier token: no sliding window shorter than the model's length, no chunks."""
         cfg = self.hf.config
         kinds = set(getattr(cfg, "layer_types", None) or ["full_attention"])
         window = getattr(cfg, "sliding_window", None) if getattr(cfg, "use_sliding_window", True) else None
         if (kinds != {"full_attention"} or window is not None) and (window is None or window < self.config.max_len):
             return False
-        if getattr(cfg, "attention_chunk_size", None):
-            return False
-        return self._position_free
+        return not getattr(cfg, "attention_chunk_size", None)
 
     @property
     def _position_free(self) -> bool:
