@@ -44,3 +44,23 @@ def test_so_far_reads_only_finished_curves_beside_their_random_baseline(tmp_path
         ("random", 0): 1.0, ("random", 50): 0.75, ("random", 100): 0.0,
         ("attention", 0): 1.0, ("attention", 50): 0.25, ("attention", 100): 0.0,
     }
+
+
+def test_the_pages_show_what_the_so_far_result_holds() -> None:
+    """README's row and the results page's table and curves are the figures of ``roar_madsen2022_sst_so_far.json``."""
+    root = Path(__file__).resolve().parents[1]
+    result = json.loads((root / "benchmarks" / "results" / "roar_madsen2022_sst_so_far.json").read_text())
+    (task,) = result["tasks"]
+    page = (root / "docs" / "sections" / "results.md").read_text()
+    readme = (root / "README.md").read_text()
+    names = {"attention": "attention", "gradient": "gradient", "input_gradient": "input × gradient", "ig": "IG"}
+    for row in task["racu"]:
+        paper = row["published"]
+        theirs = f"{paper['racu']:.1f} ({paper['low']:.1f}–{paper['high']:.1f})"
+        ours = "not yet" if row["seeds"] == 0 else f"{row['racu']:.1f} ({row['seeds']} seed"
+        assert f"| {names[row['method']]} | {ours}" in page and theirs in page
+    attention = next(row for row in task["racu"] if row["method"] == "attention")
+    assert f"attention a RACU of {attention['racu']:.1f}%" in readme and f"seed 0 of {task['seeds_asked']}" in readme
+    for method in ("random", "attention"):
+        scores = [f"{r['score']:.3f}" for r in sorted(task["curves"], key=lambda r: r["ratio"]) if r["method"] == method and r["seed"] == 0]
+        assert f"{method} {', '.join(scores)}" in " ".join(page.split())

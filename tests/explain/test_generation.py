@@ -226,11 +226,12 @@ def test_an_encoder_decoders_steps_in_one_batch_equal_each_step_alone(family: st
             assert torch.tensor(mine) == pytest.approx(torch.tensor(theirs), abs=1e-5, nan_ok=True), name
 
 
-@pytest.mark.parametrize("family", ["llama", "gpt2", "phi3"])
-def test_a_decoders_attention_reads_the_rows_its_generation_made(family: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("family", ["llama", "gpt2", "phi3", "marian", "t5"])
+def test_attention_on_generated_tokens_reads_the_rows_the_generation_made(family: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``attention`` on generated tokens runs no pass of its own: the generation kept each step's row of every layer
-    (the prompt's last token, then each generated one, run alone with transformers' ``output_attentions``), and they
-    equal the rows of a fresh pass over the whole sequence (``rows_forward``) with the same tokens."""
+    (a decoder's prompt's last token, then each generated one, run alone with transformers' ``output_attentions``; an
+    encoder-decoder's decoder steps and its encoder's matrices), and they equal the rows of a fresh pass over the steps
+    (``rows_forward``) with the same tokens."""
     from attnaudit.architectures import save_tiny
     from attnaudit.models.hf.model import HFModel
 
@@ -242,7 +243,7 @@ def test_a_decoders_attention_reads_the_rows_its_generation_made(family: str, tm
     assert passes == [] and run.model._generated is not None
     monkeypatch.setattr(HFModel, "_generated_rows", lambda self, batch: None)
     fresh = explain_text(run, PROMPT, methods=["attention"], generate=4)
-    assert passes == [1]  # the one pass over the longest step
+    assert passes == [1]  # the one pass over the steps (a decoder's longest, an encoder-decoder's batch of every step)
     assert isinstance(kept, Generated) and isinstance(fresh, Generated) and kept.target == fresh.target and kept.items == fresh.items
     for mine, theirs in zip(kept.scores["attention"], fresh.scores["attention"], strict=True):
         assert mine == pytest.approx(theirs, abs=1e-6)

@@ -115,7 +115,7 @@ class HFModel(HFCapabilities, HFRestarts, EncoderDecoderLayout, LanguageModel):
         self.verbalizer_ids: Tensor | None = None
         self._shift_invariant: bool | None = None
         self._cuts: list[Cut | None] = []  # the read-rows cut once found (:meth:`logits_forward`); empty: not looked for
-        self._generated: tuple[list[int], list[GenerationStep]] | None = None  # the last continuation's rows (keep_rows)
+        self._generated: tuple[list[int], list[int], list[GenerationStep]] | None = None  # the last continuation's rows (keep_rows)
         self.uses_token_types = "token_type_ids" in getattr(tokenizer, "model_input_names", ()) and int(getattr(cfg, "type_vocab_size", 0) or 0) > 1
         self.structure = self._discover()
         self._configure()
@@ -407,12 +407,12 @@ class HFModel(HFCapabilities, HFRestarts, EncoderDecoderLayout, LanguageModel):
         alone and reads each row's explanation row in it: a causal position sees only the tokens before it, so its
         weights and logits are the prefix's own; the trace's weights and the logits have one instance per row (its other
         records, of the one sequence, are not per row)."""
-        longest = self._longest_of_prefixes(batch)
-        if longest is None:
-            return self.decode(self.encode(batch), rows_only=True)
         generated = self._generated_rows(batch)
         if generated is not None:
             return generated
+        longest = self._longest_of_prefixes(batch)
+        if longest is None:
+            return self.decode(self.encode(batch), rows_only=True)
         rows = self.explanation_rows(batch.mask.bool())
         assert isinstance(rows, Tensor)
         out = self.decode(self.encode(batch.select(longest)), rows_only=True, rows=rows)
@@ -464,30 +464,46 @@ class HFModel(HFCapabilities, HFRestarts, EncoderDecoderLayout, LanguageModel):
         generator = torch.Generator().manual_seed(seed) if sample else None
         encoder_decoder = self.kind == "encoder-decoder"
         start = self.decoder_start if encoder_decoder else -1  # a decoder's prompt is its own start
-        steps: list[GenerationStep] | None = [] if keep_rows and self._full_attention and self.structure.route == "interface" else None
+        eligible = keep_rows and self.structure.route == "interface" and (encoder_decoder or self._full_attention)
+        steps: list[GenerationStep] | None = [] if eligible else None
         self._generated = None
         with evaluation(self):
             ids, probs = continue_ids(self.hf, encoder_decoder, source, start, count, self.tokenizer.eos_token_id, sample, generator, steps)
-        if steps and len(steps) == len(ids):
-            self._generated = ([*source, *ids[:-1]], steps)
+        if steps and len(steps) == len(ids) and all(len(step.weights) == self.num_attention_layers for step in steps):
+            self._generated = (list(source), ids, steps)
         return ids, probs
 
     def _generated_rows(self, batch: Batch) -> ModelOutput | None:
-        """:meth:`rows_forward` of the last :meth:`continuation`'s steps from the rows it kept: the batch is its steps
-        (each a prefix of the longest, the whole generated sequence but its last token), read for the next token without gradients."""
+        """:meth:`rows_forward` of the last :meth:`continuation`'s steps from the rows it kept, read for the next token
+        without gradients: a decoder's batch of prefixes of the longest (the whole generated sequence but its last token);
+        an encoder-decoder's batch of every step (:func:`~attnaudit.explain.generation.step_batches` ``together``)."""
         if self._generated is None or torch.is_grad_enabled() or self.config.extra.get("output") != "next_token" or self.verbalizer_ids is not None:
             return None
-        ids, steps = self._generated
-        longest = self._longest_of_prefixes(batch)
-        if longest is None or len(batch) != len(steps) or batch.tokens[int(longest)].tolist() != ids:
+        source, ids, steps = self._generated
+        ours = self._steps_of if self.kind == "encoder-decoder" else self._prefixes_of
+        if len(batch) != len(steps) or not ours(batch, source, ids):
             return None
-        rows = self.explanation_rows(batch.mask.bool())  # each step read at its last token
-        if not isinstance(rows, Tensor) or rows.tolist() != list(range(len(ids) - len(steps), len(ids))):
-            return None
-        if any(len(step.weights) != self.num_attention_layers for step in steps):
-            return None
-        logits, trace = generation_trace(steps, [self.layer_label(layer) for layer in range(self.num_attention_layers)])
+        labels = [self.layer_label(layer) for layer in range(self.num_attention_layers)]
+        logits, trace = generation_trace(steps, labels, self.first_decoder_layer if self.kind == "encoder-decoder" else 0)
         return ModelOutput(logits=logits.to(self.input_device), trace=trace)
+
+    def _prefixes_of(self, batch: Batch, source: list[int], ids: list[int]) -> bool:
+        """Whether a decoder's ``batch`` is the steps of ``ids`` after ``source``, each read at its last token."""
+        longest = self._longest_of_prefixes(batch)
+        if longest is None or batch.tokens[int(longest)].tolist() != [*source, *ids[:-1]]:
+            return False
+        rows = self.explanation_rows(batch.mask.bool())
+        return isinstance(rows, Tensor) and rows.tolist() == list(range(len(source) - 1, len(source) + len(ids) - 1))
+
+    def _steps_of(self, batch: Batch, source: list[int], ids: list[int]) -> bool:
+        """Whether an encoder-decoder's ``batch`` is the steps of ``ids`` from ``source`` in a forced decision: every row
+        the source, row t's decoder the start token and ``ids[:t]``, right-padded."""
+        if batch.target is None or batch.target_mask is None or self.explanation_query != -1 or not bool(batch.mask.all()):
+            return False
+        if any(row != source for row in batch.tokens.tolist()):
+            return False
+        target, real = batch.target.tolist(), batch.target_mask.tolist()
+        return all(target[t][: t + 1] == [self.decoder_start, *ids[:t]] and sum(real[t]) == t + 1 for t in range(len(ids)))
 
     def forced_distributions(self, source: Sequence[int], target: Sequence[int]) -> Tensor:
         """The next-token distribution ``(len(target), V)`` before each token of a forced ``target``: one teacher-forced pass."""
