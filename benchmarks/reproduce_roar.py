@@ -21,6 +21,13 @@ Run: ``.venv/bin/python benchmarks/reproduce_roar.py [--data-dir ../shared/data]
 ``--so-far`` trains nothing: it reads the sub-runs finished so far (a run still under way, or cut short) and writes
 ``benchmarks/results/<name>_so_far.json`` with the RACU of every (seed, method) whose curve and random baseline are
 complete, marked partial, and which retrains are still missing.
+
+A ledger carries the finished work from one machine to the next: ``--so-far`` (and every finished task) writes
+``benchmarks/results/<name>_ledger.json`` with the config and scores of every complete curve and 100 % model (no
+weights, no masks; the data folder written as ``DATA``), and a run first restores the entries its folder lacks as
+sub-runs known by their scores alone, which ROAR reads instead of retraining (each entry's own config hash is checked
+with the data folder put back: one written with the data elsewhere is skipped). A curve cut short is not in it: its
+next ratio needs the weights of the last, so it starts again.
 """
 
 from __future__ import annotations
@@ -38,10 +45,11 @@ from attnaudit.algorithms.racu import mean_interval, racu  # noqa: E402
 from attnaudit.data.subsets import limited  # noqa: E402
 from attnaudit.data.tasks import load_task  # noqa: E402
 from attnaudit.experiments.runner import run_test  # noqa: E402
-from attnaudit.io import read_json  # noqa: E402
+from attnaudit.io import atomic_write_json, read_json  # noqa: E402
 from attnaudit.run import Run  # noqa: E402
+from attnaudit.training.adversary import config_hash  # noqa: E402
 from attnaudit.training.trainer import train  # noqa: E402
-from benchmarks.common import ROOT, RUNS, write_result  # noqa: E402
+from benchmarks.common import RESULTS, ROOT, RUNS, write_result  # noqa: E402
 
 METHODS = ["attention", "gradient", "input_gradient", "ig"]
 PROTOCOL = {"sst": ("madsen2022-sst", "macro_f1"), "babi1": ("madsen2022-babi", "accuracy"),
@@ -68,9 +76,66 @@ def base_run(task: str, args: argparse.Namespace) -> Run:
     return replace(run, _data=data)  # a reloaded run would read the whole task from its spec
 
 
+def roar_root(task: str, args: argparse.Namespace) -> Path:
+    """The folder of ``task``'s ROAR sub-runs (``seed-<s>/<name>/ratio-<k>``)."""
+    suffix = f"-limit{args.limit}" if args.limit else ""
+    return args.runs / f"roar-{task}{suffix}-roar" / "subruns" / "roar"
+
+
+def _finished(folder: Path) -> bool:
+    return (folder / "metrics.json").is_file() and (folder / "config.json").is_file()
+
+
+def ledger_entries(task: str, args: argparse.Namespace) -> dict[str, Any]:
+    """The config and scores of every complete curve (each ratio finished) and 100 % model of ``task``, by folder
+    relative to :func:`roar_root`; the data folder written as ``DATA``."""
+    root, data = roar_root(task, args), str(Path(args.data_dir).resolve())
+    entries: dict[str, Any] = {}
+    for seed in range(args.seeds):
+        folders = [root / f"seed-{seed}" / "all" / "ratio-100"]
+        for method in ["random", *args.methods]:
+            name = method if method == "random" else f"{method}-recursive"
+            curve = [root / f"seed-{seed}" / name / f"ratio-{r}" for r in args.ratios]
+            folders += curve if all(_finished(f) for f in curve) else []
+        for folder in filter(_finished, folders):
+            config = read_json(folder / "config.json")
+            if config.get("task", {}).get("data_dir") == data:
+                config["task"]["data_dir"] = "DATA"
+            entries[folder.relative_to(root).as_posix()] = {"config": config, "metrics": read_json(folder / "metrics.json")}
+    return entries
+
+
+def write_ledger(tasks: list[str], args: argparse.Namespace) -> Path:
+    """``benchmarks/results/<name>_ledger.json``: the ledger entries of ``tasks``, beside those of other tasks already in it."""
+    path = RESULTS / f"{args.name}_ledger.json"
+    kept = read_json(path).get("tasks", {}) if path.exists() else {}
+    return write_result(f"{args.name}_ledger", {"tasks": {**kept, **{t: ledger_entries(t, args) for t in tasks}}})
+
+
+def restore_ledger(task: str, args: argparse.Namespace) -> int:
+    """Write the ledger's entries of ``task`` that its folder lacks (config, then ``metrics.json``, no weights); the number written."""
+    path = RESULTS / f"{args.name}_ledger.json"
+    entries = read_json(path).get("tasks", {}).get(task, {}) if path.exists() else {}
+    root, data, restored = roar_root(task, args), str(Path(args.data_dir).resolve()), 0
+    for where, entry in entries.items():
+        folder, config = root / where, entry["config"]
+        if config.get("task", {}).get("data_dir") == "DATA":
+            config["task"]["data_dir"] = data
+        if _finished(folder) or config_hash(config) != config.get("hash"):
+            continue  # there already, or written with the data in another folder (the hash would not match)
+        folder.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(folder / "config.json", config)
+        atomic_write_json(folder / "metrics.json", entry["metrics"])
+        restored += 1
+    return restored
+
+
 def one_task(task: str, args: argparse.Namespace) -> dict[str, Any]:
     """Base run, Recursive ROAR and the comparison with the published RACU for ``task``."""
     start = time.perf_counter()
+    restored = restore_ledger(task, args)
+    if restored:
+        print(f"{task}: {restored} finished retrains restored from {args.name}_ledger.json (scores only)", flush=True)
     run = base_run(task, args)
     base_seconds = time.perf_counter() - start
     _, metric = PROTOCOL[task]
@@ -107,7 +172,7 @@ def so_far(task: str, args: argparse.Namespace) -> dict[str, Any]:
     _, metric = PROTOCOL[task]
     suffix = f"-limit{args.limit}" if args.limit else ""
     base = args.runs / f"roar-{task}{suffix}"
-    root = base.with_name(base.name + "-roar") / "subruns" / "roar"
+    root = roar_root(task, args)
     rows, per_seed, missing = [], [], []
     for seed in range(args.seeds):
         zero = finished_score(base if seed == 0 else root / f"seed-{seed}" / "unmasked", metric)
@@ -161,6 +226,7 @@ def main() -> None:
             print(f"{part['task']}: " + ", ".join(f"{r['method']} {r['racu']:.1f} ({r['seeds']} seeds)" for r in part["racu"])
                   + f"; {len(part['missing_retrains'])} retrains missing", flush=True)
         write_result(f"{args.name}_so_far", {"tasks": parts, "partial": True})
+        write_ledger(tasks, args)
         return
     done: list[dict[str, Any]] = []
     start = time.perf_counter()
@@ -170,6 +236,7 @@ def main() -> None:
                    "smoke": bool(args.limit or args.epochs)}
         print(f"{task}: " + ", ".join(f"{r['method']} {r['racu']:.1f}" for r in done[-1]["racu"]), flush=True)
         write_result(args.name, payload)
+        write_ledger([task], args)
 
 
 if __name__ == "__main__":

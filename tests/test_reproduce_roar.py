@@ -64,3 +64,47 @@ def test_the_pages_show_what_the_so_far_result_holds() -> None:
     for method in ("random", "attention"):
         scores = [f"{r['score']:.3f}" for r in sorted(task["curves"], key=lambda r: r["ratio"]) if r["method"] == method and r["seed"] == 0]
         assert f"{method} {', '.join(scores)}" in " ".join(page.split())
+
+
+def _sub_run(folder: Path, data: Path, name: str, macro_f1: float | None) -> None:
+    """A sub-run folder as ROAR leaves it: its config (hashed as the trainer hashes it), and its scores once finished."""
+    from attnaudit.training.adversary import config_hash
+
+    folder.mkdir(parents=True)
+    config = {"kind": "attnaudit", "version": "0", "task": {"spec": "sst", "data_dir": str(data)}, "variant": {"method": name}}
+    (folder / "config.json").write_text(json.dumps({**config, "hash": config_hash(config)}))
+    (folder / "model.safetensors").write_bytes(b"weights are never carried")
+    if macro_f1 is not None:
+        (folder / "metrics.json").write_text(json.dumps({"dev": {}, "test": {"macro_f1": macro_f1}}))
+
+
+def test_the_ledger_carries_complete_curves_without_a_path_and_restores_them_where_the_data_is(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(rr, "RESULTS", tmp_path / "results")
+    monkeypatch.setattr(rr, "write_result", lambda name, payload: rr.atomic_write_json(tmp_path / "results" / f"{name}.json", payload))
+    data = tmp_path / "data"
+    args = argparse.Namespace(runs=tmp_path / "a", limit=None, seeds=1, methods=["attention", "gradient"], ratios=[30, 60],
+                              data_dir=data, name="roar_test")
+    root = rr.roar_root("sst", args) / "seed-0"
+    _sub_run(root / "all" / "ratio-100", data, "all", 0.5)
+    for ratio in (30, 60):
+        _sub_run(root / "random" / f"ratio-{ratio}", data, "random", 0.75)
+        _sub_run(root / "attention-recursive" / f"ratio-{ratio}", data, "attention", 0.6)
+    _sub_run(root / "gradient-recursive" / "ratio-30", data, "gradient", 0.7)
+    _sub_run(root / "gradient-recursive" / "ratio-60", data, "gradient", None)  # under way: its curve is not carried
+    ledger = rr.write_ledger(["sst"], args)
+    text = ledger.read_text()
+    assert str(tmp_path) not in text and '"data_dir": "DATA"' in text
+    assert sorted(json.loads(text)["tasks"]["sst"]) == sorted(
+        ["seed-0/all/ratio-100", *(f"seed-0/{n}/ratio-{r}" for n in ("random", "attention-recursive") for r in (30, 60))]
+    )
+
+    elsewhere = argparse.Namespace(**{**vars(args), "runs": tmp_path / "b"})
+    assert rr.restore_ledger("sst", elsewhere) == 5
+    for where in json.loads(text)["tasks"]["sst"]:
+        restored, original = rr.roar_root("sst", elsewhere) / where, rr.roar_root("sst", args) / where
+        assert sorted(p.name for p in restored.iterdir()) == ["config.json", "metrics.json"]  # scores only: no weights
+        assert json.loads((restored / "config.json").read_text()) == json.loads((original / "config.json").read_text())
+        assert json.loads((restored / "metrics.json").read_text()) == json.loads((original / "metrics.json").read_text())
+    assert rr.restore_ledger("sst", elsewhere) == 0  # already there
+    moved = argparse.Namespace(**{**vars(args), "runs": tmp_path / "c", "data_dir": tmp_path / "other-data"})
+    assert rr.restore_ledger("sst", moved) == 0  # the hashes were made with the data in another folder

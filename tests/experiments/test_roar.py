@@ -171,6 +171,37 @@ def test_resume_after_a_kill_retrains_only_the_unfinished_sub_run(base: Run, rec
     assert changed != key
 
 
+def test_sub_runs_known_by_their_scores_alone_are_read_and_never_used_as_models(base: Run, recursive, tmp_path: Path) -> None:
+    """A folder restored from a ledger (config and metrics, no weights, no masks) is read, not retrained; a curve
+    cut short there needs its last step's model, and says so in one line; other tests train such a sub-run again."""
+    import shutil
+
+    from attnaudit.errors import AttnAuditError
+    from attnaudit.experiments.uniform import UNIFORM
+    from attnaudit.training.adversary import train_variant
+
+    result, out = recursive
+    copy = tmp_path / "out"
+    shutil.copytree(out, copy)
+    root = copy / "subruns" / "roar" / "seed-0"
+    for stored in [*root.rglob("model.safetensors"), *root.rglob("*.masks.json"), *root.rglob("vocab.json")]:
+        stored.unlink()
+    again = run_test("roar", base, out=copy, methods=["attention"], ratios=[30, 60], recursive=True, epochs=1, plot=False)
+    assert not any(r["trained_now"] for r in again.tables["curves"])
+    strip = [{k: v for k, v in r.items() if k != "trained_now"} for r in result.tables["curves"]]
+    assert [{k: v for k, v in r.items() if k != "trained_now"} for r in again.tables["curves"]] == strip
+    assert not list(root.rglob("model.safetensors"))  # nothing was trained
+
+    (root / "attention-recursive" / "ratio-60" / "metrics.json").unlink()  # the curve cut short after ratio 30
+    with pytest.raises(AttnAuditError, match="not its weights.*delete that folder"):
+        run_test("roar", base, out=copy, methods=["attention"], ratios=[30, 60], recursive=True, epochs=1, plot=False)
+
+    uniform = tmp_path / "uniform"
+    train_variant(base, uniform, UNIFORM, epochs=1)
+    (uniform / "model.safetensors").unlink()
+    assert train_variant(base, uniform, UNIFORM, epochs=1).trained and (uniform / "model.safetensors").is_file()
+
+
 def test_plot_and_saved_tables(base: Run, recursive, tmp_path: Path) -> None:
     result, _ = recursive
     paths = get_experiment("roar").plot(result, tmp_path)

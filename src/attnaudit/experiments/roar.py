@@ -63,6 +63,7 @@ from attnaudit.training.adversary import (
     Variant,
     base_scores,
     base_seed,
+    finished_variant,
     stored_subruns,
     subrun_dir,
     subrun_root,
@@ -249,7 +250,8 @@ class Step:
 
     ratio: int
     sub: SubRun
-    masks: Masks
+    masks: Masks | None
+    """None: a step known by its scores alone (restored), which no later step may need."""
     explained_by: str
 
 
@@ -279,14 +281,19 @@ class Roarer:
             sub = train_standard(self.run, out, seed=seed, epochs=self.options.epochs)
         return Zero(sub.model, float(sub.metrics["test"][self.metric]), self.folder(seed, "unmasked"), sub.hash, sub.trained)
 
-    def retrain(self, seed: int, name: str, ratio: int, key: dict[str, Any], masks: Masks | None, build: Any) -> tuple[SubRun, Masks]:
+    def retrain(self, seed: int, name: str, ratio: int, key: dict[str, Any], masks: Masks | None, build: Any) -> tuple[SubRun, Masks | None]:
         """The sub-run of ``name`` at ``ratio`` (trained, or loaded when finished), its masks stored beside it;
-        ``build()`` computes the masks when none are stored."""
+        ``build()`` computes the masks when none are stored. A finished sub-run known by its scores alone (no weights:
+        a curve restored from a ledger, ``benchmarks/reproduce_roar.py``) is returned as it is, its masks None unless stored."""
         where = f"{self.folder(seed, name)}/ratio-{ratio}"
         out = subrun_dir(self.run, "roar", where)
         key = {"kind": "roar", "mask": self.token, **key}
         stamp = digest(key)
         masks = masks or self._stored_masks(out, stamp)
+        scored = None if self.finetuned is not None else finished_variant(self.run, out, Variant(key=key), epochs=self.options.epochs, seed=seed)
+        if scored is not None and not scored.weights:  # restored from a ledger of scores: read, not retrained
+            status(f"roar: seed {seed}, {name} at {ratio} % (scores only)")
+            return scored, masks
         if masks is None:
             masks = build()
             atomic_write_json(out.with_name(out.name + ".masks.json"), {"key": stamp, **masks})
@@ -334,14 +341,17 @@ class Roarer:
         cached: dict[str, list[np.ndarray]] = {}
         for ratio in self.options.ratios:
             previous = steps[-1] if recursive and steps else None
-            model = previous.sub.model if previous else zero.model
             source = f"{self.folder(seed, name)}/ratio-{previous.ratio}" if previous else zero.name
-            before = previous.masks if previous else None
             chain = [s.ratio for s in steps] if recursive else []
             key = {"method": method.name, "ratio": ratio, "seed": seed, "recursive": recursive, "chain": chain, "source": source,
                    "source_hash": previous.sub.hash if previous else zero.hash}
 
-            def build(model: AttentionModel = model, before: Masks | None = before, ratio: int = ratio) -> Masks:
+            def build(previous: Step | None = previous, ratio: int = ratio) -> Masks:
+                model = previous.sub.model if previous else zero.model  # a step without weights says so here
+                before = previous.masks if previous else None
+                if previous is not None and before is None:
+                    raise AttnAuditError(f"roar: the next ratio needs the masks of {previous.sub.run.path}, which are missing: "
+                                         "delete it to retrain it")
                 data = masked_data(self.data, before, self.token, self.sentences) if before else self.data
                 if before or not cached:  # the non-recursive scores are the 0 % model's, computed once
                     cached.update({s: item_scores(self.run, model, data.split(s), method, seed) for s in SPLITS})

@@ -108,9 +108,16 @@ class SubRun:
     metrics: dict[str, Any]
     interventions: InterventionsFn | None = None
     trained: bool = True
+    weights: bool = True
+    """False: a finished sub-run known by its config and scores alone (:func:`finished_variant`), no model."""
 
     @property
     def model(self) -> AttentionModel:
+        if not self.weights:
+            raise AttnAuditError(
+                f"{self.run.path} holds a finished sub-run's config and scores but not its weights (restored from a ledger "
+                "of scores), and its model is needed: delete that folder to retrain it"
+            )
         return self.run.model
 
     @property
@@ -289,6 +296,36 @@ def mean_loss(model: AttentionModel, run: Run, examples: list[Example], variant:
     return total / max(count, 1)
 
 
+def variant_config(base: Run, variant: Variant, epochs: int | None, seed: int | None) -> tuple[TrainConfig, ModelConfig, dict[str, Any]]:
+    """The training settings, model config and run config (with its hash) of ``variant``'s sub-run of ``base``."""
+    settings = train_settings(base, epochs, seed)
+    config = ModelConfig.from_dict(base.info["model"]).with_(**variant.model)
+    run_config: dict[str, Any] = {
+        "kind": "attnaudit", "version": __version__, "model": config.to_dict(), "train": settings,
+        "task": base.task.to_dict(), "variant": variant.key, "base": base.info.get("hash"),
+    }
+    run_config["hash"] = config_hash(run_config)
+    return TrainConfig(**settings), config, run_config
+
+
+def finished_variant(base: Run, out: str | Path, variant: Variant, *, epochs: int | None = None, seed: int | None = None) -> SubRun | None:
+    """The finished sub-run of ``variant`` with this config at ``out`` (or under ``RUN/subruns``), loaded; None when
+    there is none. One whose folder holds its config and ``metrics.json`` but no weights (a curve restored from a ledger
+    of scores) comes back with ``weights=False``: its scores can be read, its model cannot."""
+    cfg, config, run_config = variant_config(base, variant, epochs, seed)
+    places = [place for place in stored_subruns(base, Path(out)) if finished(place, run_config["hash"])]
+    if not places:
+        return None
+    place = next((p for p in places if (p / WEIGHTS).exists()), places[0])
+    net = seeded(cfg.seed, lambda: (variant.build or build_model)(config).to(base.device))
+    weights = (place / WEIGHTS).exists()
+    if weights:
+        load_state_into(net, place / WEIGHTS)
+    net.eval()
+    sub = Run(model=net, collate=base.collate, task=base.task, path=place, device=base.device, info=run_config)
+    return SubRun(sub, read_metrics(place / METRICS), variant.interventions, trained=False, weights=weights)
+
+
 def train_variant(
     base: Run, out: str | Path, variant: Variant, *, epochs: int | None = None, seed: int | None = None, label: str = "",
     data: TaskData | None = None,
@@ -299,26 +336,16 @@ def train_variant(
     learning-rate schedule, clipping, per-epoch shuffles, dev selection with the base's
     patience) with the variant's interventions and loss, but no word dropout. A killed sub-run
     resumes from its last epoch. The selected weights are scored on dev and test (with the
-    interventions); ``metrics.json`` is written last.
+    interventions); ``metrics.json`` is written last. A finished one without weights is trained again.
     """
     out = Path(out)
-    settings = train_settings(base, epochs, seed)
-    cfg = TrainConfig(**settings)
-    config = ModelConfig.from_dict(base.info["model"]).with_(**variant.model)
-    run_config: dict[str, Any] = {
-        "kind": "attnaudit", "version": __version__, "model": config.to_dict(), "train": settings,
-        "task": base.task.to_dict(), "variant": variant.key, "base": base.info.get("hash"),
-    }
-    run_config["hash"] = config_hash(run_config)
+    done = finished_variant(base, out, variant, epochs=epochs, seed=seed)
+    if done is not None and done.weights:
+        return done
+    cfg, config, run_config = variant_config(base, variant, epochs, seed)
     net = seeded(cfg.seed, lambda: (variant.build or build_model)(config).to(base.device))
     if variant.start is not None:
         net.load_state_dict(variant.start.state_dict())
-    for place in stored_subruns(base, out):
-        if finished(place, run_config["hash"]):
-            load_state_into(net, place / WEIGHTS)
-            net.eval()
-            sub = Run(model=net, collate=base.collate, task=base.task, path=place, device=base.device, info=run_config)
-            return SubRun(sub, read_metrics(place / METRICS), variant.interventions, trained=False)
     sub = Run(model=net, collate=base.collate, task=base.task, path=out, device=base.device, info=run_config)
     if out.exists() and not _resumable(out, run_config["hash"]):
         shutil.rmtree(out)
