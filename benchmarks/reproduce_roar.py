@@ -17,7 +17,8 @@ explanations explain the predicted class (theirs the gold one), and our ``gradie
 
 Full run: hours on 2 cores (4 methods × 9 ratios + random + 100 % = 46 retrains per seed and task).
 ``--limit N --seeds 1 --ratios 50 --epochs 1 --name roar_smoke`` proves the pipeline end to end in a minute.
-Run: ``.venv/bin/python benchmarks/reproduce_roar.py [--data-dir ../shared/data] [--tasks sst,babi1] [--seeds 5]``.
+Run: ``.venv/bin/python benchmarks/reproduce_roar.py [--data-dir ../shared/data] [--tasks sst,babi1] [--seeds 5]``
+(``--engine ray --workers N``: the curves of one seed trained side by side, as the ``roar`` test does on Ray).
 ``--so-far`` trains nothing: it reads the sub-runs finished so far (a run still under way, or cut short) and writes
 ``benchmarks/results/<name>_so_far.json`` with the RACU of every (seed, method) whose curve and random baseline are
 complete, marked partial, and which retrains are still missing.
@@ -143,7 +144,7 @@ def one_task(task: str, args: argparse.Namespace) -> dict[str, Any]:
     start = time.perf_counter()
     result = run_test(
         "roar", run, out=out, data_dir=args.data_dir, methods=args.methods, ratios=args.ratios, recursive=True,
-        seeds=args.seeds, epochs=args.epochs, metric=metric,
+        seeds=args.seeds, epochs=args.epochs, metric=metric, engine=args.engine, workers=args.workers,
     )
     roar_seconds = time.perf_counter() - start
     base_metrics = read_json(Path(run.path or ".") / "metrics.json")
@@ -211,6 +212,8 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=None, help="override the preset's epochs (smoke runs)")
     parser.add_argument("--limit", type=int, default=None, help="train, dev and test cut to N examples each (smoke runs)")
     parser.add_argument("--runs", type=Path, default=RUNS)
+    parser.add_argument("--engine", default="local", help="local, or ray: every (seed, method) curve a Ray task (--workers at once)")
+    parser.add_argument("--workers", type=int, default=None, help="Ray workers for --engine ray (default: one per CPU)")
     parser.add_argument("--name", default="roar", help="result file benchmarks/results/NAME.json")
     parser.add_argument("--so-far", action="store_true", help="train nothing: the RACU of the curves finished so far (NAME_so_far.json)")
     args = parser.parse_args()
