@@ -291,8 +291,8 @@ class Roarer:
         stamp = digest(key)
         masks = masks or self._stored_masks(out, stamp)
         scored = None if self.finetuned is not None else finished_variant(self.run, out, Variant(key=key), epochs=self.options.epochs, seed=seed)
-        if scored is not None and not scored.weights:  # restored from a ledger of scores: read, not retrained
-            status(f"roar: seed {seed}, {name} at {ratio} % (scores only)")
+        if scored is not None and (masks is not None or not scored.weights):  # finished: loaded once, not retrained
+            status(f"roar: seed {seed}, {name} at {ratio} %" + ("" if scored.weights else " (scores only)"))
             return scored, masks
         if masks is None:
             masks = build()
