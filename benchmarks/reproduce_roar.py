@@ -9,11 +9,18 @@ epochs of 32, best dev ROC-AUC; bAbI 100 epochs of 50, random 50-d embeddings, b
 the masked test split as they do. Every retrain is a checkpointed sub-run, so a cut-short call resumes where it
 stopped. Writes ``benchmarks/results/<name>.json`` (after every task) with ours beside their published RACU.
 
+Their four measures, as their code defines them (``nlproar/explain/importance_measures``), are ours with options
+(:data:`MEASURES`), all explaining the gold label's logit (``--explain gold``) with the attention live:
+``gradient`` ``‖∂z_y/∂x‖₂`` is ``input_gradient`` with ``reduction=l2, score=logit``; ``input_gradient`` (x ⊙ ∇)
+``|Σ_d ∂z_y/∂e·e|`` is ``gradient`` with ``attention=live, score=logit``; ``ig`` is ``ig`` with ``score=logit`` (zero
+baseline, 50 steps). Results keep their names.
+
 Differences we know of: their SST vectors (fastText simple.300d) are not available offline, so SST embeddings
 start random (300-d); masked tokens become the vocabulary's ``<unk>`` (theirs: a ``[MASK]`` token distinct from
-unknown words; no training word is unknown here, since the vocabulary is built on the training split); our
-explanations explain the predicted class (theirs the gold one), and our ``gradient`` is Jain & Wallace's
-``|Σ_d ∂ŷ/∂e·e|``, where theirs is the gradient's norm.
+unknown words; no training word is unknown here, since the vocabulary is built on the training split); their
+gradient's norm is over the one-hot input, ``‖∂z/∂e · Eᵀ‖₂`` (``E`` the embedding matrix), ours over the embedding,
+``‖∂z/∂e‖₂``: the same ranking when ``EᵀE`` is a multiple of the identity, which random embeddings nearly are; their
+IG is a right Riemann sum, ours Captum's Gauss–Legendre rule (the same integral).
 
 Full run: hours on 2 cores (4 methods × 9 ratios + random + 100 % = 46 retrains per seed and task).
 ``--limit N --seeds 1 --ratios 50 --epochs 1 --name roar_smoke`` proves the pipeline end to end in a minute.
@@ -45,7 +52,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from attnaudit.algorithms.racu import mean_interval, racu  # noqa: E402
 from attnaudit.data.subsets import limited  # noqa: E402
 from attnaudit.data.tasks import load_task  # noqa: E402
+from attnaudit.experiments.roar import curve_name  # noqa: E402
 from attnaudit.experiments.runner import run_test  # noqa: E402
+from attnaudit.explain.registry import EXPLANATIONS  # noqa: E402
 from attnaudit.io import atomic_write_json, read_json  # noqa: E402
 from attnaudit.run import Run  # noqa: E402
 from attnaudit.training.adversary import config_hash  # noqa: E402
@@ -53,6 +62,12 @@ from attnaudit.training.trainer import train  # noqa: E402
 from benchmarks.common import RESULTS, ROOT, RUNS, write_result  # noqa: E402
 
 METHODS = ["attention", "gradient", "input_gradient", "ig"]
+MEASURES: dict[str, tuple[str, dict[str, str]]] = {  # their measure: our method and its options (the module docstring)
+    "attention": ("attention", {}),
+    "gradient": ("input_gradient", {"reduction": "l2", "score": "logit"}),
+    "input_gradient": ("gradient", {"attention": "live", "score": "logit"}),
+    "ig": ("ig", {"score": "logit"}),
+}
 PROTOCOL = {"sst": ("madsen2022-sst", "macro_f1"), "babi1": ("madsen2022-babi", "accuracy"),
             "babi2": ("madsen2022-babi", "accuracy"), "babi3": ("madsen2022-babi", "accuracy")}
 PUBLISHED = {  # RACU %, mean (95 % CI over 5 seeds), LSTM, Recursive ROAR: Madsen et al. 2022 (the authors' poster)
@@ -87,6 +102,18 @@ def _finished(folder: Path) -> bool:
     return (folder / "metrics.json").is_file() and (folder / "config.json").is_file()
 
 
+def measure_folder(measure: str) -> str:
+    """The curve folder (per seed) of one of their measures: our method with its options, the gold label, recursive."""
+    method, settings = MEASURES[measure]
+    return curve_name(EXPLANATIONS[method], settings, gold=True, recursive=True)
+
+
+def roar_options(measures: list[str]) -> dict[str, Any]:
+    """The ``roar`` test's options for their ``measures``: our methods, their options, the gold label explained."""
+    return {"methods": [MEASURES[m][0] for m in measures], "explain": "gold",
+            "method_options": [f"{MEASURES[m][0]}.{k}={v}" for m in measures for k, v in MEASURES[m][1].items()]}
+
+
 def ledger_entries(task: str, args: argparse.Namespace) -> dict[str, Any]:
     """The config and scores of every complete curve (each ratio finished) and 100 % model of ``task``, by folder
     relative to :func:`roar_root`; the data folder written as ``DATA``."""
@@ -94,8 +121,8 @@ def ledger_entries(task: str, args: argparse.Namespace) -> dict[str, Any]:
     entries: dict[str, Any] = {}
     for seed in range(args.seeds):
         folders = [root / f"seed-{seed}" / "all" / "ratio-100"]
-        for method in ["random", *args.methods]:
-            name = method if method == "random" else f"{method}-recursive"
+        names = sorted(p.name for p in (root / f"seed-{seed}").glob("*") if p.is_dir() and p.name not in ("all", "unmasked"))
+        for name in names:  # every curve, also of measures defined otherwise before (kept, as finished work)
             curve = [root / f"seed-{seed}" / name / f"ratio-{r}" for r in args.ratios]
             folders += curve if all(_finished(f) for f in curve) else []
         for folder in filter(_finished, folders):
@@ -143,21 +170,25 @@ def one_task(task: str, args: argparse.Namespace) -> dict[str, Any]:
     out = Path(run.path or ".").with_name(Path(run.path or ".").name + "-roar")
     start = time.perf_counter()
     result = run_test(
-        "roar", run, out=out, data_dir=args.data_dir, methods=args.methods, ratios=args.ratios, recursive=True,
-        seeds=args.seeds, epochs=args.epochs, metric=metric, engine=args.engine, workers=args.workers,
+        "roar", run, out=out, data_dir=args.data_dir, ratios=args.ratios, recursive=True, seeds=args.seeds, epochs=args.epochs,
+        metric=metric, engine=args.engine, workers=args.workers, **roar_options(args.methods),
     )
     roar_seconds = time.perf_counter() - start
     base_metrics = read_json(Path(run.path or ".") / "metrics.json")
+    theirs = {MEASURES[m][0]: m for m in args.methods}  # our method -> their measure's name
     rows = []
     for row in result.tables["racu_summary"]:
-        paper = PUBLISHED[task].get(row["method"])
+        measure = theirs[row["method"]]
+        paper = PUBLISHED[task].get(measure)
         inside = paper is not None and paper[1] <= row["racu"] <= paper[2]
-        rows.append({**row, "published": paper and {"racu": paper[0], "low": paper[1], "high": paper[2]}, "within_published_ci": inside})
+        rows.append({**row, "method": measure, "ours": row["method"], "options": MEASURES[measure][1],
+                     "published": paper and {"racu": paper[0], "low": paper[1], "high": paper[2]}, "within_published_ci": inside})
+    curves = [{**r, "method": theirs.get(r["method"], r["method"])} for r in result.tables["curves"]]
     return {
         "task": task, "preset": PROTOCOL[task][0], "metric": metric, "limit": args.limit, "epochs": args.epochs or "preset",
         "seeds": args.seeds, "ratios": args.ratios, "methods": args.methods,
         "base": {"dev": base_metrics["dev"], "test": base_metrics["test"], "train_seconds": base_metrics.get("train_seconds")},
-        "racu": rows, "curves": result.tables["curves"], "notes": result.meta.get("notes", []),
+        "racu": rows, "curves": curves, "notes": result.meta.get("notes", []),
         "figures": result.figures, "wall_seconds": {"base": round(base_seconds, 1), "roar": round(roar_seconds, 1)},
     }
 
@@ -180,7 +211,7 @@ def so_far(task: str, args: argparse.Namespace) -> dict[str, Any]:
         full = finished_score(root / f"seed-{seed}" / "all" / "ratio-100", metric)
         curves = {}
         for method in ["random", *args.methods]:
-            name = method if method == "random" else f"{method}-recursive"
+            name = method if method == "random" else measure_folder(method)
             points = [finished_score(root / f"seed-{seed}" / name / f"ratio-{r}", metric) for r in args.ratios]
             missing += [f"seed-{seed}/{name}/ratio-{r}" for r, p in zip(args.ratios, points) if p is None]
             if zero is not None and full is not None and None not in points:
@@ -196,7 +227,8 @@ def so_far(task: str, args: argparse.Namespace) -> dict[str, Any]:
         values = [r["racu"] / 100 for r in per_seed if r["method"] == method]
         ci = mean_interval(values, seed=0)
         paper = PUBLISHED[task].get(method)
-        summary.append({"method": method, "seeds": ci["n"], "racu": 100 * ci["mean"], "low": 100 * ci["low"], "high": 100 * ci["high"],
+        summary.append({"method": method, "ours": MEASURES[method][0], "options": MEASURES[method][1],
+                        "seeds": ci["n"], "racu": 100 * ci["mean"], "low": 100 * ci["low"], "high": 100 * ci["high"],
                         "published": paper and {"racu": paper[0], "low": paper[1], "high": paper[2]}})
     return {"task": task, "metric": metric, "partial": True, "seeds_asked": args.seeds, "racu": summary, "racu_per_seed": per_seed,
             "curves": rows, "missing_retrains": missing}

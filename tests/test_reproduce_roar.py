@@ -8,6 +8,7 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `benchmarks` is a folder of the checkout
@@ -27,7 +28,9 @@ def test_so_far_reads_only_finished_curves_beside_their_random_baseline(tmp_path
     _finished(root / "all" / "ratio-100", 0.0)
     _finished(root / "random" / "ratio-50", 0.75)
     _finished(root / "attention-recursive" / "ratio-50", 0.25)
-    (root / "gradient-recursive" / "ratio-50" / "checkpoint").mkdir(parents=True)  # under way: not finished
+    gradient = rr.measure_folder("gradient")  # their gradient: ours with options, the gold label explained
+    assert gradient == "input_gradient-reduction-l2-score-logit-gold-recursive"
+    (root / gradient / "ratio-50" / "checkpoint").mkdir(parents=True)  # under way: not finished
     args = argparse.Namespace(runs=tmp_path, limit=None, seeds=2, methods=["attention", "gradient"], ratios=[50])
     part = rr.so_far("sst", args)
     # x = 0, .5, 1; random − attention = 0, .5, 0 -> area .25; random − random(100 %) = 1, .75, 0 -> area .625; .25/.625
@@ -37,12 +40,45 @@ def test_so_far_reads_only_finished_curves_beside_their_random_baseline(tmp_path
     assert by_method["gradient"]["seeds"] == 0  # its curve is not finished: no RACU yet
     assert part["partial"] and part["racu_per_seed"] == [{"method": "attention", "seed": 0, "racu": pytest.approx(40.0)}]
     assert sorted(part["missing_retrains"]) == sorted([
-        "seed-0/gradient-recursive/ratio-50", "seed-1/random/ratio-50", "seed-1/attention-recursive/ratio-50",
-        "seed-1/gradient-recursive/ratio-50", "seed-1/unmasked", "seed-1/all/ratio-100",
+        f"seed-0/{gradient}/ratio-50", "seed-1/random/ratio-50", "seed-1/attention-recursive/ratio-50",
+        f"seed-1/{gradient}/ratio-50", "seed-1/unmasked", "seed-1/all/ratio-100",
     ])
     assert {(r["method"], r["ratio"]): r["score"] for r in part["curves"]} == {
         ("random", 0): 1.0, ("random", 50): 0.75, ("random", 100): 0.0,
         ("attention", 0): 1.0, ("attention", 50): 0.25, ("attention", 100): 0.0,
+    }
+
+
+def test_their_measures_are_ours_with_options_explaining_the_gold_label(tmp_path: Path) -> None:
+    """Each of Madsen et al.'s measures, as their code computes it, from the gradient of the gold label's logit with the
+    attention live: gradient ‖∂z/∂e‖₂ (over the embedding: see the module docstring), x ⊙ ∇ |Σ_d ∂z/∂e·e|; IG is ig
+    with score=logit; and the roar test is asked for them with the gold label explained."""
+    import torch
+
+    from attnaudit.data.synthetic import synthetic_task
+    from attnaudit.experiments.roar import item_scores
+    from attnaudit.progress import set_quiet
+    from attnaudit.training.trainer import train
+
+    set_quiet(True)
+    data = synthetic_task("classification", seed=1, n_train=60, n_dev=12, n_test=12)
+    run = train(data, "bilstm", tmp_path / "run", epochs=1, batch_size=16, embed_dim=8, hidden_dim=4, quiet_eval=True)
+    (batch,) = list(run.batches(data.test, 32))
+    embeddings = run.model.embed(batch).detach().requires_grad_(True)
+    z = run.model.logits_forward(batch, embeddings=embeddings).logits
+    (grad,) = torch.autograd.grad(z.gather(1, batch.labels[:, None]).sum(), embeddings)
+    lengths = batch.mask.sum(1).tolist()
+    expected = {"gradient": grad.norm(dim=-1), "input_gradient": (grad * embeddings).sum(-1).abs()}
+    for measure, by_hand in expected.items():
+        method, settings = rr.MEASURES[measure]
+        ours = item_scores(run, run.model, data.test, rr.EXPLANATIONS[method], 0, settings, gold=True)
+        for row, n in zip(ours, lengths):
+            assert len(row) == n
+        assert np.allclose(np.concatenate(ours), np.concatenate([by_hand[i, :n].detach().numpy() for i, n in enumerate(lengths)]), atol=1e-6)
+    assert rr.roar_options(["attention", "gradient", "input_gradient", "ig"]) == {
+        "methods": ["attention", "input_gradient", "gradient", "ig"], "explain": "gold",
+        "method_options": ["input_gradient.reduction=l2", "input_gradient.score=logit", "gradient.attention=live", "gradient.score=logit",
+                           "ig.score=logit"],
     }
 
 

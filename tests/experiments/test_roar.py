@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -149,6 +150,34 @@ def test_not_recursive_takes_every_ratio_from_the_base_model(base: Run, tmp_path
     assert _masks(tmp_path, "seed-0/gradient", 60)["test"] == [top_items(s, masked_count(60, len(s))) for s in scores]
 
 
+def test_gold_class_and_method_options_define_the_masks_and_their_own_curve(base: Run, recursive, tmp_path: Path) -> None:
+    """Madsen et al.'s measures: the gold label explained, options per method; each such curve in a folder of its own, and
+    a method with its defaults keeps the sub-runs (and config hashes) it had."""
+    options = ["gradient.attention=live", "gradient.score=logit"]
+    result = run_test("roar", base, out=tmp_path, methods=["attention", "gradient"], ratios=[30], epochs=1, plot=False,
+                      explain="gold", method_options=options)
+    data, gradient = base.data(), get_explanation("gradient")
+    gold = item_scores(base, base.model, data.test, gradient, 0, {"attention": "live", "score": "logit"}, gold=True)
+    masks = _masks(tmp_path, "seed-0/gradient-attention-live-score-logit-gold", 30)
+    assert masks["test"] == [top_items(s, masked_count(30, len(s))) for s in gold]
+    predicted = item_scores(base, base.model, data.test, gradient, 0, {"attention": "live", "score": "logit"})
+    with torch.no_grad():
+        guesses = torch.cat([base.model.logits_forward(b).logits.argmax(-1) for b in base.batches(data.test, 32)]).tolist()
+    labels = [data.labels.index(str(ex.label)) for ex in data.test]
+    same = [np.allclose(g, p) for g, p in zip(gold, predicted)]
+    assert same == [g == y for g, y in zip(guesses, labels)]  # two classes: the gold class's gradient is another one where wrong
+    assert not all(same)
+    assert not np.allclose(np.concatenate(predicted), np.concatenate(item_scores(base, base.model, data.test, gradient, 0)))  # live
+    # attention explains no class: the same folder, masks and hash as without --explain gold
+    plain = run_test("roar", base, out=tmp_path / "plain", methods=["attention"], ratios=[30], epochs=1, plot=False)
+    assert _masks(tmp_path, "seed-0/attention", 30) == _masks(tmp_path / "plain", "seed-0/attention", 30)
+    config = [json.loads((o / "subruns/roar/seed-0/attention/ratio-30/config.json").read_text()) for o in (tmp_path, tmp_path / "plain")]
+    assert config[0]["hash"] == config[1]["hash"]
+    assert [r["score"] for r in plain.tables["curves"]] == [r["score"] for r in result.tables["curves"] if r["method"] in ("random", "attention")]
+    notes = " ".join(result.meta["notes"])
+    assert "gradient with attention=live, score=logit" in notes and "gold label" in notes
+
+
 def test_resume_after_a_kill_retrains_only_the_unfinished_sub_run(base: Run, recursive, tmp_path: Path) -> None:
     import shutil
 
@@ -231,6 +260,12 @@ def test_a_model_that_cannot_be_retrained_is_refused(base: Run) -> None:
         (["--engine", "dask"], "unknown engine 'dask'; choose local or ray"),
         (["--workers", "2"], "--workers and --address are for --engine ray"),
         (["--engine", "ray", "--workers", "0"], "--workers must be at least 1"),
+        (["--explain", "true"], "--explain must be predicted or gold, got 'true'"),
+        (["--method-options", "ig.score"], "--method-options: 'ig.score' is not METHOD.OPTION=VALUE"),
+        (["--methods", "gradient", "--method-options", "ig.score=logit"], "'ig' is not among the methods measured"),
+        (["--methods", "gradient", "--method-options", "gradient.steps=4"], "gradient takes reduction, score, attention, not 'steps'"),
+        (["--methods", "gradient", "--method-options", "gradient.attention=off"], "attention"),
+        (["--methods", "ig", "--method-options", "ig.steps=many"], "ig.steps takes a int, got 'many'"),
     ],
 )
 def test_bad_values_one_line_exit_2_nothing_written(base: Run, tmp_path: Path, options: list[str], names: str) -> None:

@@ -35,6 +35,7 @@ as written.
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -50,9 +51,10 @@ from attnaudit.data.batching import split_sentences
 from attnaudit.data.types import Example, TaskData, word_spans
 from attnaudit.data.vocab import UNK
 from attnaudit.errors import AttnAuditError, error_line, warn
+from attnaudit.experiments.common.rows import batch_labels
 from attnaudit.experiments.common.units import hf_word_ids
 from attnaudit.experiments.experiment import AuditSettings, Experiment, Result, register
-from attnaudit.explain.registry import EXPLANATIONS, Explanation, applying, hierarchical, item_mask
+from attnaudit.explain.registry import CHOICES, EXPLANATIONS, Explanation, applying, choice, hierarchical, item_mask
 from attnaudit.io import atomic_write_json, digest, read_json, read_json_object
 from attnaudit.models.interface import AttentionModel, evaluation, language_model
 from attnaudit.plotting import save_figure
@@ -84,6 +86,8 @@ MASK_TOKENS = ("[MASK]", "<mask>")
 """A vocabulary special taken as the mask token when the vocabulary has one; else ``<unk>``."""
 SPLITS = ("train", "dev", "test")
 EXPLAIN_BATCH = 32
+EXPLAINED = ("predicted", "gold")
+"""The class the explanations explain (option ``explain``): each instance's predicted one, or its gold label."""
 Masks = dict[str, list[list[int]]]
 """Per split, per instance: the items masked (positions, ascending)."""
 
@@ -191,16 +195,22 @@ def mask_token(run: Run) -> str:
     return next((t for t in MASK_TOKENS if t in vocab.specials), UNK)
 
 
-def item_scores(run: Run, model: AttentionModel, examples: list[Example], method: Explanation, seed: int) -> list[np.ndarray]:
-    """``method``'s scores of each instance's items by ``model`` (eval mode), batches in order; the random
-    baseline's draws are seeded per batch (``seed``, batch number). A Hugging Face model's items are the
-    example's words: the scores of a word's pieces summed (NaN, ranked last, for a word it never read)."""
+def item_scores(
+    run: Run, model: AttentionModel, examples: list[Example], method: Explanation, seed: int,
+    settings: dict[str, Any] | None = None, gold: bool = False,
+) -> list[np.ndarray]:
+    """``method``'s scores (with its ``settings``) of each instance's items by ``model`` (eval mode), batches in
+    order, explaining each instance's gold label with ``gold`` (else its prediction); the random baseline's draws are
+    seeded per batch (``seed``, batch number). A Hugging Face model's items are the example's words: the scores of a
+    word's pieces summed (NaN, ranked last, for a word it never read)."""
     source = replace(run, model=model)
     out: list[np.ndarray] = []
     unaligned = 0
     with evaluation(model):
         for number, batch in enumerate(source.batches(examples, EXPLAIN_BATCH)):
-            scores = method(source, batch, seed=seed * 1_000_003 + number).float().cpu().numpy()
+            if gold:
+                batch = replace(batch, explained=batch_labels(batch))
+            scores = method(source, batch, seed=seed * 1_000_003 + number, **(settings or {})).float().cpu().numpy()
             counts = item_mask(model, batch).sum(1).tolist()
             for row, n in enumerate(counts):
                 if run.info.get("kind") != "hf":
@@ -231,6 +241,55 @@ def chosen_items(scores: list[np.ndarray], ratio: int, before: list[list[int]] |
     """Each instance's masked items at ``ratio``: the top ``floor(ratio·n)`` of its scores, ``before`` kept."""
     keep = before or [[] for _ in scores]
     return [top_items(s, masked_count(ratio, len(s)), k) for s, k in zip(scores, keep)]
+
+
+def method_settings(entries: Sequence[str], methods: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """``--method-options`` (``METHOD.OPTION=VALUE`` each) as per-method settings, each value as its option takes it
+    (a name of :data:`~attnaudit.explain.registry.CHOICES` as registered; a number as a number); a one-line error for
+    a malformed entry, a method not measured, an option the method does not take (or ``seed``, the test's own) or a
+    value it cannot take."""
+    out: dict[str, dict[str, Any]] = {}
+    for entry in entries:
+        head, equals, value = entry.partition("=")
+        name, dot, option = head.partition(".")
+        if not (equals and dot and name and option and value):
+            raise AttnAuditError(f"--method-options: {entry!r} is not METHOD.OPTION=VALUE (e.g. ig.score=logit)")
+        if name not in methods:
+            raise AttnAuditError(f"--method-options: {name!r} is not among the methods measured ({', '.join(methods)})")
+        taken = [o for o in EXPLANATIONS[name].options if o != "seed"]
+        if option not in taken:
+            raise AttnAuditError(f"--method-options: {name} takes {', '.join(taken) or 'no option'}, not {option!r}")
+        default = inspect.signature(EXPLANATIONS[name].fn).parameters[option].default
+        out.setdefault(name, {})[option] = _option_value(f"{name}.{option}", option, value, default)
+    return out
+
+
+def _option_value(label: str, option: str, value: str, default: Any) -> Any:
+    """``value`` of ``option`` converted like its ``default`` (a name checked against its choices); one line otherwise."""
+    if option in CHOICES:
+        return choice(option, value)
+    kind = type(default)
+    try:
+        if kind is bool:
+            if value.lower() not in ("true", "false"):
+                raise ValueError(value)
+            return value.lower() == "true"
+        return kind(value) if kind in (int, float) else value
+    except ValueError:
+        raise AttnAuditError(f"--method-options: {label} takes a {kind.__name__}, got {value!r}") from None
+
+
+def explains_class(method: Explanation) -> bool:
+    """Whether ``method``'s scores depend on the class explained (``--explain gold`` changes them)."""
+    return "prediction" in method.needs
+
+
+def curve_name(method: Explanation, settings: dict[str, Any], gold: bool, recursive: bool) -> str:
+    """The folder of ``method``'s curve per seed: its name, each option set (``-OPTION-VALUE``, sorted), ``-gold`` when
+    it explains the gold label, ``-recursive``; a method run with its defaults keeps its plain name."""
+    parts = [method.name, *(f"{k}-{v}" for k, v in sorted(settings.items()))]
+    parts += ["gold"] if gold and explains_class(method) else []
+    return "-".join(parts) + ("-recursive" if recursive else "")
 
 
 @dataclass
@@ -264,6 +323,8 @@ class Roarer:
         self.token = mask_token(run)
         self.sentences = hierarchical(run.model)
         self.finetuned = finetuned(run)
+        self.gold = choice_of_class(options.explain) == "gold"
+        self.settings = method_settings(options.method_options, [*options.methods, BASELINE])
 
     def folder(self, seed: int, name: str) -> str:
         return f"seed-{seed}/{name}"
@@ -336,7 +397,10 @@ class Roarer:
     def curve(self, seed: int, method: Explanation, zero: Zero, recursive: bool) -> list[Step]:
         """The retrained steps of ``method`` at every ratio for ``seed``; each one's key names the model its
         scores come from (its folder and config hash: a retrained source re-masks and retrains what follows)."""
-        name = method.name + ("-recursive" if recursive else "")
+        settings = self.settings.get(method.name, {})
+        gold = self.gold and explains_class(method)
+        name = curve_name(method, settings, gold, recursive)
+        defined = {**({"options": settings} if settings else {}), **({"explain": "gold"} if gold else {})}  # defaults: keys as before
         steps: list[Step] = []
         cached: dict[str, list[np.ndarray]] = {}
         for ratio in self.options.ratios:
@@ -344,7 +408,7 @@ class Roarer:
             source = f"{self.folder(seed, name)}/ratio-{previous.ratio}" if previous else zero.name
             chain = [s.ratio for s in steps] if recursive else []
             key = {"method": method.name, "ratio": ratio, "seed": seed, "recursive": recursive, "chain": chain, "source": source,
-                   "source_hash": previous.sub.hash if previous else zero.hash}
+                   "source_hash": previous.sub.hash if previous else zero.hash, **defined}
 
             def build(previous: Step | None = previous, ratio: int = ratio) -> Masks:
                 model = previous.sub.model if previous else zero.model  # a step without weights says so here
@@ -354,7 +418,7 @@ class Roarer:
                                          "delete it to retrain it")
                 data = masked_data(self.data, before, self.token, self.sentences) if before else self.data
                 if before or not cached:  # the non-recursive scores are the 0 % model's, computed once
-                    cached.update({s: item_scores(self.run, model, data.split(s), method, seed) for s in SPLITS})
+                    cached.update({s: item_scores(self.run, model, data.split(s), method, seed, settings, gold) for s in SPLITS})
                 return {s: chosen_items(cached[s], ratio, before[s] if before else None) for s in SPLITS}
 
             sub, masks = self.retrain(seed, name, ratio, key, None, build)
@@ -363,6 +427,13 @@ class Roarer:
 
 
 # --------------------------------------------------------------------------- the test
+
+
+def choice_of_class(value: str) -> str:
+    """``--explain`` checked: predicted or gold; one line otherwise."""
+    if value not in EXPLAINED:
+        raise AttnAuditError(f"--explain must be {' or '.join(EXPLAINED)}, got {value!r}")
+    return value
 
 
 def check_ratios(ratios: Sequence[int]) -> list[int]:
@@ -411,6 +482,15 @@ class Roar(Experiment):
         recursive: bool = field(
             default=False, metadata={"help": "Recursive ROAR (Madsen et al. 2022): each ratio's scores from the model retrained at the previous one."}
         )
+        explain: str = field(
+            default="predicted", metadata={"help": "The class the explanations explain: predicted (default) or gold, the label "
+                                           "(Madsen et al. 2022's: masking what supports a wrong prediction would help the model)."}
+        )
+        method_options: list[str] = field(
+            default_factory=list,
+            metadata={"help": "Options of the methods, METHOD.OPTION=VALUE (e.g. ig.score=logit, gradient.attention=live, "
+                      "input_gradient.reduction=l2); each method's options: `attnaudit explanations RUN`."},
+        )
         seeds: int = field(default=1, metadata={"help": "Training seeds per point: the base run's seed, then the next ones."})
         epochs: int | None = field(default=None, metadata={"help": "Training epochs per retrain (default: the base run's)."})
         metric: str = field(
@@ -445,6 +525,8 @@ class Roar(Experiment):
         chosen, dropped = applying(names, run, "--methods", defaults) if names else ({}, {})
         # the baseline first: each method's RACU can be read as soon as its own curve is trained beside it
         chosen = {BASELINE: EXPLANATIONS[BASELINE], **chosen}
+        choice_of_class(options.explain)
+        method_settings(options.method_options, list(chosen))
         scores = base_scores(run)["test"]
         metric = options.metric or score_key(run.task.task_type)
         if metric not in scores or metric == "n":
@@ -479,6 +561,8 @@ class Roar(Experiment):
             "0 % = the seed's model on the unmasked data; 100 % = retrained with every item masked; random is the baseline",
             "the whole splits are masked and scored (--limit does not apply)",
             *[f"{name} left out: {why}" for name, why in dropped.items()],
+            *[f"{name} with {', '.join(f'{k}={v}' for k, v in given.items())}" for name, given in roarer.settings.items()],
+            *(["the explanations explain each instance's gold label (not its prediction)"] if roarer.gold else []),
         ]
         return summarise_curves(curves, [m for m in methods if m != BASELINE], metric, seed, options.recursive, notes)
 

@@ -124,7 +124,9 @@ class Explanation:
             raise AttnAuditError(f"explanation {self.name!r} does not apply to this model: {reason}")
         taken = {k: v for k, v in offered.items() if k in self.options}
         segmented = batch.segments is not None
-        name = (self.name, tuple(sorted(taken.items())), getattr(model_of(target), "target_items", False), segmented and self.grouped)
+        # the classes explained and contrasted are part of what is computed: scores of the gold class are not the prediction's
+        chosen = tuple(None if t is None else tuple(t.tolist()) for t in (batch.explained, batch.contrast))
+        name = (self.name, tuple(sorted(taken.items())), getattr(model_of(target), "target_items", False), segmented and self.grouped, chosen)
 
         def compute() -> Tensor:
             return self.fn(target, batch, **taken).detach()
@@ -541,7 +543,10 @@ embeddings or, at every item, the embedding of the tokenizer's unknown, padding,
 ``occlusion``) remove the item or segment (``delete``, their default) or put that token in place of each of its
 tokens; the perturbation methods also take ``zero`` (zero input embeddings). ``delete`` is no baseline IG can
 integrate from."""
-CHOICES: dict[str, tuple[str, ...]] = {"reduction": REDUCTIONS, "score": SCORES, "baseline": BASELINES}
+ATTENTION_PATHS = ("detached", "live")
+"""Whether ``gradient`` treats the attention weights as constants (``detached``, Jain & Wallace's definition) or
+differentiates through them too (``live``: the plain input × gradient, Madsen et al. 2022's; option ``attention``)."""
+CHOICES: dict[str, tuple[str, ...]] = {"reduction": REDUCTIONS, "score": SCORES, "baseline": BASELINES, "attention": ATTENTION_PATHS}
 """The options whose values are names, with the names each takes: checked once here for every method."""
 
 

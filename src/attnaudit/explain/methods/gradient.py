@@ -14,7 +14,9 @@ from attnaudit.models.interface import AttentionModel, detach_weights, evaluatio
     "gradient", "|Σ_d ∂ŷ/∂e·e| per token with attention detached (Jain & Wallace 2019)", ("prediction", "gradients"), order=20,
     target_side=True,
 )
-def gradient_importance(model: AttentionModel, batch: Batch, reduction: str = "abs_sum", score: str = "probability") -> Tensor:
+def gradient_importance(
+    model: AttentionModel, batch: Batch, reduction: str = "abs_sum", score: str = "probability", attention: str = "detached",
+) -> Tensor:
     """Jain & Wallace's gradient: ``|Σ_d ∂ŷ/∂e_{t,d} · e_{t,d}|`` per token, ``(B, K)``.
 
     Every attention layer is detached (treated as a constant), so the gradient flows only
@@ -23,11 +25,14 @@ def gradient_importance(model: AttentionModel, batch: Batch, reduction: str = "a
     ``score``: what is differentiated, ``probability`` (``ŷ``, the default) or ``logit`` (``z_ŷ``; with a
     contrast, the difference to the contrast class's); ``reduction``: how ``∂ŷ/∂e_{t,d} · e_{t,d}`` becomes
     the token's score, ``abs_sum`` ``|Σ_d|`` (the default), ``l2`` ``‖·‖₂`` or ``sum`` ``Σ_d`` (signed).
+    ``attention``: ``detached`` (the default, Jain & Wallace's) or ``live``, the gradient through the attention
+    weights too: the plain input × gradient (Madsen et al. 2022's ``x ⊙ ∇``, with ``score="logit"``).
     """
     check_task(model)
     reduction, score = choice("reduction", reduction), choice("score", score)  # a bad name fails before any work
+    hooks = [detach_weights()] if choice("attention", attention) == "detached" else []
     with evaluation(model), torch.enable_grad():
         embeddings = model.embed(batch).detach().requires_grad_(True)
-        values = decision_values(model.logits_forward(batch, [detach_weights()], embeddings=embeddings), score)
+        values = decision_values(model.logits_forward(batch, hooks, embeddings=embeddings), score)
         (grad,) = torch.autograd.grad(decision_score(batch, values).sum(), embeddings)
     return reduce_dimensions((grad * embeddings).detach(), model, batch, reduction)
