@@ -380,6 +380,10 @@ def explain(
     score: Annotated[
         str | None, typer.Option(help="Gradient methods: differentiate the probability or the logit (default: each method's own).")
     ] = None,
+    attention: Annotated[
+        str | None, typer.Option(help="gradient: detached (Jain & Wallace's, the default) or live, through the attention weights too "
+                                 "(the plain input × gradient).")
+    ] = None,
     baseline: Annotated[
         str | None, typer.Option(help="What stands in for an item: ig: zero (default) or the embedding of the unk, pad, mask or eos token; "
                                  "loo and the perturbation methods: delete (their default) or that token in place of each removed token "
@@ -437,7 +441,8 @@ def explain(
         max_length=max_length, seed=seed, steps=steps, device=device, data_dir=data_dir, dtype=dtype, target=target,
         device_map=device_map, max_memory=max_memory,
         generate=generate, contrast=contrast, sample=sample, aggregate=aggregate,
-        options={k: v for k, v in {"reduction": reduction, "score": score, "baseline": baseline, "replace": replace, "samples": samples,
+        options={k: v for k, v in {"reduction": reduction, "score": score, "attention": attention, "baseline": baseline, "replace": replace,
+                                   "samples": samples,
                                    "window": window, "stride": stride}.items() if v is not None},
         segments=segments,
     )

@@ -100,3 +100,25 @@ def test_bad_reduction_or_score_is_one_line(runs: dict) -> None:
         gradient_importance(run, batch, score="prob")
     assert "\n" not in str(caught.value)
     torch.testing.assert_close(gradient_importance(run, batch, reduction="abs-sum"), gradient_importance(run, batch))  # - and _ alike
+
+
+@pytest.mark.parametrize("score", ["probability", "logit"])
+def test_live_attention_is_the_plain_input_times_gradient(runs: dict, score: str) -> None:
+    """``attention="live"``: the gradient flows through the attention weights too (nothing detached), by hand; it differs
+    from J&W's detached gradient wherever the attention depends on the input."""
+    run, batch = runs["bilstm"]
+    model = run.model.eval()
+    live = gradient_importance(model, batch, score=score, attention="live")
+    detached = gradient_importance(model, batch, score=score)
+    for b in range(len(batch)):
+        n = int(batch.mask[b].sum())
+        emb = model.embedding(batch.tokens[b : b + 1, :n]).detach().requires_grad_(True)
+        states = model.encoder.rnn(emb)[0]
+        alpha = model.scorer(states[:, None])[:, 0, 0].softmax(-1)  # not detached
+        logits = model.output(alpha @ states[0])[0]
+        values = logits.softmax(-1) if score == "probability" else logits
+        values[int(logits.argmax())].backward()
+        torch.testing.assert_close(live[b, :n], (emb.grad * emb).sum(-1).abs()[0], atol=1e-6, rtol=1e-4)
+    assert not torch.allclose(live, detached)
+    with pytest.raises(AttnAuditError, match="unknown attention 'off'"):
+        gradient_importance(model, batch, attention="off")

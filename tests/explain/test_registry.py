@@ -123,7 +123,7 @@ def test_listing_order_defaults_and_options() -> None:
     assert default_names() == ["attention", "gradient", "loo", "ig", "rollout", "norms"]
     assert EXPLANATIONS["ig"].options == ("steps", "absolute", "reduction", "score", "baseline")
     assert EXPLANATIONS["random"].options == ("seed",)
-    assert EXPLANATIONS["gradient"].options == ("reduction", "score")
+    assert EXPLANATIONS["gradient"].options == ("reduction", "score", "attention")
     assert EXPLANATIONS["loo"].options == ("loo_tokens", "baseline", "replace")
     # the values a call uses: those offered, else the defaults (what explain_text records as meta["definitions"])
     assert EXPLANATIONS["input_gradient"].settings({"reduction": "l2", "steps": 3}) == {"reduction": "l2", "score": "logit"}
