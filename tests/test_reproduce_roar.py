@@ -145,3 +145,16 @@ def test_the_ledger_carries_complete_curves_without_a_path_and_restores_them_whe
     assert rr.restore_ledger("sst", elsewhere) == 0  # already there
     moved = argparse.Namespace(**{**vars(args), "runs": tmp_path / "c", "data_dir": tmp_path / "other-data"})
     assert rr.restore_ledger("sst", moved) == 0  # the hashes were made with the data in another folder
+
+
+def test_gradient_norm_agreement_counts_the_same_masked_words_and_the_rank_correlation() -> None:
+    """benchmarks/roar_gradient_norm.py's summary, on hand-made scores: equal rankings agree at every ratio; a reversed
+    ranking of ten words masks other words at every ratio below 100 % and correlates −1."""
+    from benchmarks.roar_gradient_norm import RATIOS, agreement
+
+    up = np.arange(10, dtype=float)
+    same = agreement([(up, 2 * up + 1)])
+    assert same["same_masked_words"] == {r: 1.0 for r in RATIOS} and same["spearman"]["mean"] == pytest.approx(1.0)
+    mixed = agreement([(up, 2 * up), (up, -up)])
+    assert mixed["same_masked_words"][50] == 0.5 and mixed["spearman"]["min"] == pytest.approx(-1.0)
+    assert mixed["spearman"]["mean"] == pytest.approx(0.0) and mixed["n"] == 2
