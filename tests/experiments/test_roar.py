@@ -266,6 +266,8 @@ def test_a_model_that_cannot_be_retrained_is_refused(base: Run) -> None:
         (["--methods", "gradient", "--method-options", "gradient.steps=4"], "gradient takes reduction, score, attention, not 'steps'"),
         (["--methods", "gradient", "--method-options", "gradient.attention=off"], "attention"),
         (["--methods", "ig", "--method-options", "ig.steps=many"], "ig.steps takes a int, got 'many'"),
+        (["--methods", "ig", "--method-options", "ig.steps=0"], "ig.steps must be at least 1, got 0"),
+        (["--methods", "ig", "--method-options", "ig.steps=100000000"], "--method-options ig.steps"),
     ],
 )
 def test_bad_values_one_line_exit_2_nothing_written(base: Run, tmp_path: Path, options: list[str], names: str) -> None:

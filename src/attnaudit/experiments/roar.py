@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 from attnaudit.algorithms.racu import mean_interval, racu
+from attnaudit.bounds import check_method_options, ig_steps
 from attnaudit.cluster import check_engine, map_tasks, ray_session
 from attnaudit.data.batching import split_sentences
 from attnaudit.data.types import Example, TaskData, word_spans
@@ -261,6 +262,12 @@ def method_settings(entries: Sequence[str], methods: Sequence[str]) -> dict[str,
             raise AttnAuditError(f"--method-options: {name} takes {', '.join(taken) or 'no option'}, not {option!r}")
         default = inspect.signature(EXPLANATIONS[name].fn).parameters[option].default
         out.setdefault(name, {})[option] = _option_value(f"{name}.{option}", option, value, default)
+    for name, given in out.items():  # resources bounded before any work, as the same options elsewhere
+        check_method_options(given)
+        if isinstance(given.get("steps"), int):
+            if given["steps"] < 1:
+                raise AttnAuditError(f"--method-options: {name}.steps must be at least 1, got {given['steps']}")
+            ig_steps(given["steps"], option=f"--method-options {name}.steps")
     return out
 
 
