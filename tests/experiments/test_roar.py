@@ -19,10 +19,12 @@ from attnaudit.data.synthetic import synthetic_task
 from attnaudit.data.types import Example
 from attnaudit.experiments.experiment import Result, get_experiment
 from attnaudit.experiments.roar import (
+    curve_name,
     item_scores,
     mask_example,
     masked_count,
     masked_data,
+    method_settings,
     top_items,
 )
 from attnaudit.experiments.runner import run_test
@@ -150,6 +152,13 @@ def test_not_recursive_takes_every_ratio_from_the_base_model(base: Run, tmp_path
     assert _masks(tmp_path, "seed-0/gradient", 60)["test"] == [top_items(s, masked_count(60, len(s))) for s in scores]
 
 
+def test_method_options_take_each_value_as_its_option_does_and_name_the_curve() -> None:
+    given = method_settings(["attention.layer=0", "ig.steps=8", "ig.score=logit", "ig.absolute=false"], ["attention", "ig"])
+    assert given == {"attention": {"layer": 0}, "ig": {"steps": 8, "score": "logit", "absolute": False}}
+    assert curve_name(get_explanation("ig"), given["ig"], gold=True, recursive=True) == "ig-absolute-False-score-logit-steps-8-gold-recursive"
+    assert curve_name(get_explanation("attention"), {}, gold=True, recursive=False) == "attention"  # attention explains no class
+
+
 def test_gold_class_and_method_options_define_the_masks_and_their_own_curve(base: Run, recursive, tmp_path: Path) -> None:
     """Madsen et al.'s measures: the gold label explained, options per method; each such curve in a folder of its own, and
     a method with its defaults keeps the sub-runs (and config hashes) it had."""
@@ -267,6 +276,7 @@ def test_a_model_that_cannot_be_retrained_is_refused(base: Run) -> None:
         (["--methods", "gradient", "--method-options", "gradient.attention=off"], "attention"),
         (["--methods", "ig", "--method-options", "ig.steps=many"], "ig.steps takes a int, got 'many'"),
         (["--methods", "ig", "--method-options", "ig.steps=0"], "ig.steps must be at least 1, got 0"),
+        (["--methods", "attention", "--method-options", "attention.layer=last"], "attention.layer takes a int, got 'last'"),
         (["--methods", "ig", "--method-options", "ig.steps=100000000"], "--method-options ig.steps"),
     ],
 )

@@ -281,6 +281,8 @@ def _option_value(label: str, option: str, value: str, default: Any) -> Any:
             if value.lower() not in ("true", "false"):
                 raise ValueError(value)
             return value.lower() == "true"
+        if default is None:  # an optional number (attention's layer, head): a whole number
+            kind = int
         return kind(value) if kind in (int, float) else value
     except ValueError:
         raise AttnAuditError(f"--method-options: {label} takes a {kind.__name__}, got {value!r}") from None
