@@ -266,6 +266,7 @@ def test_a_model_that_cannot_be_retrained_is_refused(base: Run) -> None:
         (["--methods", "rollout"], "rollout does not apply"),
         (["--metric", "bleu"], "--metric"),
         (["--seeds", "0"], "--seeds"),
+        (["--seeds", "2147483648"], "--seeds 2147483648: at least"),
         (["--engine", "dask"], "unknown engine 'dask'; choose local or ray"),
         (["--workers", "2"], "--workers and --address are for --engine ray"),
         (["--engine", "ray", "--workers", "0"], "--workers must be at least 1"),

@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 from attnaudit.algorithms.racu import mean_interval, racu
-from attnaudit.bounds import check_method_options, ig_steps
+from attnaudit.bounds import check_method_options, check_time, ig_steps
 from attnaudit.cluster import check_engine, map_tasks, ray_session
 from attnaudit.data.batching import split_sentences
 from attnaudit.data.types import Example, TaskData, word_spans
@@ -536,6 +536,9 @@ class Roar(Experiment):
         chosen = {BASELINE: EXPLANATIONS[BASELINE], **chosen}
         choice_of_class(options.explain)
         method_settings(options.method_options, list(chosen))
+        retrains = options.seeds * (2 + len(ratios) * len(chosen))  # per seed: its 0 % and 100 % models, then every curve
+        check_time("--seeds", options.seeds, retrains * max(1, len(run.data().train)),
+                   "a retrain per seed, method and ratio, each one pass over the training split at the least", "give fewer seeds or ratios")
         scores = base_scores(run)["test"]
         metric = options.metric or score_key(run.task.task_type)
         if metric not in scores or metric == "n":
