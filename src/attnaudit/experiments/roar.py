@@ -24,6 +24,11 @@ every method's curve. Per method and seed, RACU (:mod:`attnaudit.algorithms.racu
 area between the random curve and the method's; the summary is its mean over seeds with a seeded
 bootstrap 95 % interval, in percent as Madsen et al. report it.
 
+Each method explains the instance's predicted class, or its gold label with ``--explain gold`` (Madsen et al.'s
+choice); ``--method-options METHOD.OPTION=VALUE`` sets a method's options (``gradient.attention=live``: the plain
+input × gradient). A method so defined has a curve folder of its own (:func:`curve_name`), its options and class in
+its sub-runs' keys; a method with its defaults keeps its plain name and keys.
+
 The items a sub-run masked are kept beside it (``ratio-<k>.masks.json``), so a resumed run
 rebuilds the masked data without recomputing the explanations.
 
