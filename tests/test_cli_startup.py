@@ -7,6 +7,7 @@ a second (``benchmarks/bench_cli_help.py`` measures it), not the ~7 CPU-seconds 
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -26,8 +27,17 @@ print("HEAVY=" + ",".join(heavy), "CODE=" + str(code), file=sys.stderr)
 """
 
 
+def plain_environment() -> dict[str, str]:
+    """This process's environment without the documented-commands fixture's tiny site (tests/reliability), whose
+    sitecustomize imports torch: that session-wide setting would otherwise decide this test by the order tests run in."""
+    env = {k: v for k, v in os.environ.items() if k != "ATTNAUDIT_TEST_TINY_SYNTHETIC"}
+    kept = [p for p in env.pop("PYTHONPATH", "").split(os.pathsep) if p and os.path.basename(p.rstrip(os.sep)) != "tiny_site"]
+    return env | ({"PYTHONPATH": os.pathsep.join(kept)} if kept else {})
+
+
 def imported(*args: str) -> tuple[list[str], str]:
-    done = subprocess.run([sys.executable, "-c", PROBE.format(args=list(args))], capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-c", PROBE.format(args=list(args))], capture_output=True, text=True, timeout=120,
+                          env=plain_environment())
     line = done.stderr.strip().splitlines()[-1]
     heavy = line.split()[0].removeprefix("HEAVY=")
     return [name for name in heavy.split(",") if name], line.split()[1].removeprefix("CODE=")

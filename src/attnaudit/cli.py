@@ -752,8 +752,8 @@ def _cli_type(hint: Any) -> Any:
     return str | None if sequence_item(hint) is not None else hint
 
 
-def _make_run_command(name: str, experiment: Any) -> None:
-    """Register ``attnaudit run <name>`` with the common options plus the test's Options."""
+def _options_parameters(experiment: Any) -> tuple[list[inspect.Parameter], dict[str, Any]]:
+    """The CLI parameters of a test's Options, and the sequence-typed ones among them (read as text)."""
     hints = typing.get_type_hints(experiment.Options)
     own: list[inspect.Parameter] = []
     sequences: dict[str, Any] = {}
@@ -777,47 +777,12 @@ def _make_run_command(name: str, experiment: Any) -> None:
         option = typer.Option(flag, help=help_text)
         own.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=Annotated[_cli_type(hints[f.name]), option]))
 
-    def command(**kwargs: Any) -> None:
-        from attnaudit.experiments import run_test
-        from attnaudit.experiments.experiment import get_experiment
+    return own, sequences
 
-        set_quiet(kwargs.pop("quiet"))
-        run_dir, hf, task = kwargs.pop("run_dir"), kwargs.pop("hf"), kwargs.pop("task")
-        zero_shot = {k: kwargs.pop(k) for k in ("prompt", "verbalizer", "max_length", "dtype", "device_map", "max_memory", "chat", "system", "items")}
-        zero_shot = {k: v for k, v in zero_shot.items() if v is not None and v is not False}
-        if zero_shot and not hf:
-            raise AttnAuditError("--prompt/--verbalizer/--max-length/--dtype/--device-map/--max-memory/--chat/--system/--items apply with --hf only")
-        common = {k: kwargs.pop(k) for k in ("split", "limit", "limit_order", "seed", "out", "data_dir", "device", "segments")}
-        if common["segments"] is not None:
-            from attnaudit.data.segments import check_unit
 
-            check_unit(common["segments"])  # before any model loads
-        for key, annotation in sequences.items():
-            if kwargs[key] is None:
-                del kwargs[key]
-            else:
-                kwargs[key] = parse_text(kwargs[key], annotation, "--" + key.replace("_", "-"))
-        if hf:
-            from attnaudit.resolve import load_model
-
-            own = get_experiment(name).own_inputs
-            if not task and not (own and kwargs.get(own)):
-                raise AttnAuditError("--hf needs --task (the data to run the test on)" + (f" or --{own.replace('_', '-')}" if own else ""))
-            if not common["out"]:
-                raise AttnAuditError("--hf needs --out (where to write results)")
-            target: Any = load_model(hf, device=common["device"], data_dir=common["data_dir"], task=task, **zero_shot)
-        elif run_dir is None:
-            raise AttnAuditError("give a run directory, or --hf MODEL --task T --out DIR")
-        elif task:
-            raise AttnAuditError("--task applies with --hf; a run directory tests the task it was trained on")
-        else:
-            target = run_dir
-        result = run_test(name, target, **common, **kwargs)
-        _print_table(f"{name}: summary", [{"statistic": k, "value": v} for k, v in result.summary.items()])
-        where = Path(common["out"]) if common["out"] else Path(result.meta.get("run") or ".") / "results"
-        out_console.print(f"results: {where / (name + '.json')}" + (f"; figures: {len(result.figures)}" if result.figures else ""))
-
-    common_params = [
+def _common_run_parameters() -> list[inspect.Parameter]:
+    """The options every ``attnaudit run <test>`` takes, before the test's own."""
+    return [
         inspect.Parameter("run_dir", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None,
                           annotation=Annotated[Path | None, typer.Argument(help="Run directory (from `attnaudit train`).")]),
         inspect.Parameter("split", inspect.Parameter.KEYWORD_ONLY, default="test",
@@ -849,7 +814,58 @@ def _make_run_command(name: str, experiment: Any) -> None:
         inspect.Parameter("segments", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Segments),
         inspect.Parameter("quiet", inspect.Parameter.KEYWORD_ONLY, default=False, annotation=Quiet),
     ]
-    command.__signature__ = inspect.Signature(common_params + own)  # type: ignore[attr-defined]
+
+
+def _run_target(name: str, run_dir: Path | None, hf: str | None, task: str | None, common: dict[str, Any],
+                kwargs: dict[str, Any], zero_shot: dict[str, Any]) -> Any:
+    """What ``attnaudit run <name>`` tests: the run directory, or the --hf model loaded for --task."""
+    if hf:
+        from attnaudit.experiments.experiment import get_experiment
+        from attnaudit.resolve import load_model
+
+        own = get_experiment(name).own_inputs
+        if not task and not (own and kwargs.get(own)):
+            raise AttnAuditError("--hf needs --task (the data to run the test on)" + (f" or --{own.replace('_', '-')}" if own else ""))
+        if not common["out"]:
+            raise AttnAuditError("--hf needs --out (where to write results)")
+        return load_model(hf, device=common["device"], data_dir=common["data_dir"], task=task, **zero_shot)
+    if run_dir is None:
+        raise AttnAuditError("give a run directory, or --hf MODEL --task T --out DIR")
+    if task:
+        raise AttnAuditError("--task applies with --hf; a run directory tests the task it was trained on")
+    return run_dir
+
+
+def _make_run_command(name: str, experiment: Any) -> None:
+    """Register ``attnaudit run <name>`` with the common options plus the test's Options."""
+    own, sequences = _options_parameters(experiment)
+
+    def command(**kwargs: Any) -> None:
+        from attnaudit.experiments import run_test
+
+        set_quiet(kwargs.pop("quiet"))
+        run_dir, hf, task = kwargs.pop("run_dir"), kwargs.pop("hf"), kwargs.pop("task")
+        zero_shot = {k: kwargs.pop(k) for k in ("prompt", "verbalizer", "max_length", "dtype", "device_map", "max_memory", "chat", "system", "items")}
+        zero_shot = {k: v for k, v in zero_shot.items() if v is not None and v is not False}
+        if zero_shot and not hf:
+            raise AttnAuditError("--prompt/--verbalizer/--max-length/--dtype/--device-map/--max-memory/--chat/--system/--items apply with --hf only")
+        common = {k: kwargs.pop(k) for k in ("split", "limit", "limit_order", "seed", "out", "data_dir", "device", "segments")}
+        if common["segments"] is not None:
+            from attnaudit.data.segments import check_unit
+
+            check_unit(common["segments"])  # before any model loads
+        for key, annotation in sequences.items():
+            if kwargs[key] is None:
+                del kwargs[key]
+            else:
+                kwargs[key] = parse_text(kwargs[key], annotation, "--" + key.replace("_", "-"))
+        target = _run_target(name, run_dir, hf, task, common, kwargs, zero_shot)
+        result = run_test(name, target, **common, **kwargs)
+        _print_table(f"{name}: summary", [{"statistic": k, "value": v} for k, v in result.summary.items()])
+        where = Path(common["out"]) if common["out"] else Path(result.meta.get("run") or ".") / "results"
+        out_console.print(f"results: {where / (name + '.json')}" + (f"; figures: {len(result.figures)}" if result.figures else ""))
+
+    command.__signature__ = inspect.Signature(_common_run_parameters() + own)  # type: ignore[attr-defined]
     about = f"{experiment.description} ({experiment.paper})" if experiment.paper else experiment.description
     examples = "\n\n".join(f"attnaudit run {name} {arguments}" for arguments in experiment.examples)
     command.__doc__ = f"{about}\n\nExamples:\n\n{examples}"
