@@ -196,9 +196,10 @@ def relative_paths(value: Any) -> Any:
     return _relative(value) if isinstance(value, str) else value
 
 
-def write_result(name: str, payload: dict[str, Any]) -> Path:
-    """Write ``benchmarks/results/<name>.json`` atomically with provenance; paths inside the checkout relative to it."""
-    return atomic_write_json(RESULTS / f"{name}.json", relative_paths({"name": name, **payload, **provenance()}))
+def write_result(name: str, payload: dict[str, Any], indent: int | None = 2) -> Path:
+    """Write ``benchmarks/results/<name>.json`` atomically with provenance; paths inside the checkout relative to it;
+    ``indent`` None writes one line (a large file, such as a ledger)."""
+    return atomic_write_json(RESULTS / f"{name}.json", relative_paths({"name": name, **payload, **provenance()}), indent)
 
 
 class PeerWorker:

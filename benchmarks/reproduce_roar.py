@@ -32,7 +32,7 @@ complete, marked partial, and which retrains are still missing.
 
 A ledger carries the finished work from one machine to the next: ``--so-far`` (and every finished task) writes
 ``benchmarks/results/<name>_ledger.json`` with the config and scores of every complete curve and 100 % model (no
-weights, no masks; the data folder written as ``DATA``), and a run first restores the entries its folder lacks as
+weights, no masks, no per-epoch history; one line; the data folder written as ``DATA``), and a run first restores the entries its folder lacks as
 sub-runs known by their scores alone, which ROAR reads instead of retraining (each entry's own config hash is checked
 with the data folder put back: one written with the data elsewhere is skipped). A curve cut short is not in it: its
 next ratio needs the weights of the last, so it starts again.
@@ -114,6 +114,11 @@ def roar_options(measures: list[str]) -> dict[str, Any]:
             "method_options": [f"{MEASURES[m][0]}.{k}={v}" for m in measures for k, v in MEASURES[m][1].items()]}
 
 
+LEFT_OUT = ("history",)
+"""What the ledger leaves out of a retrain's ``metrics.json``: the per-epoch history (most of its size; the curves,
+RACU and restoring read only the scores)."""
+
+
 def ledger_entries(task: str, args: argparse.Namespace) -> dict[str, Any]:
     """The config and scores of every complete curve (each ratio finished) and 100 % model of ``task``, by folder
     relative to :func:`roar_root`; the data folder written as ``DATA``."""
@@ -129,7 +134,8 @@ def ledger_entries(task: str, args: argparse.Namespace) -> dict[str, Any]:
             config = read_json(folder / "config.json")
             if config.get("task", {}).get("data_dir") == data:
                 config["task"]["data_dir"] = "DATA"
-            entries[folder.relative_to(root).as_posix()] = {"config": config, "metrics": read_json(folder / "metrics.json")}
+            metrics = {k: v for k, v in read_json(folder / "metrics.json").items() if k not in LEFT_OUT}
+            entries[folder.relative_to(root).as_posix()] = {"config": config, "metrics": metrics}
     return entries
 
 
@@ -137,7 +143,7 @@ def write_ledger(tasks: list[str], args: argparse.Namespace) -> Path:
     """``benchmarks/results/<name>_ledger.json``: the ledger entries of ``tasks``, beside those of other tasks already in it."""
     path = RESULTS / f"{args.name}_ledger.json"
     kept = read_json(path).get("tasks", {}) if path.exists() else {}
-    return write_result(f"{args.name}_ledger", {"tasks": {**kept, **{t: ledger_entries(t, args) for t in tasks}}})
+    return write_result(f"{args.name}_ledger", {"tasks": {**kept, **{t: ledger_entries(t, args) for t in tasks}}}, indent=None)
 
 
 def restore_ledger(task: str, args: argparse.Namespace) -> int:

@@ -292,9 +292,9 @@ def _clean(obj: Any) -> Any:
     return obj
 
 
-def atomic_write_json(path: str | Path, obj: Any) -> Path:
-    """Write ``obj`` as indented strict JSON, atomically."""
-    return atomic_write_text(path, json.dumps(_clean(obj), indent=2, allow_nan=False) + "\n")
+def atomic_write_json(path: str | Path, obj: Any, indent: int | None = 2) -> Path:
+    """Write ``obj`` as strict JSON (indented by ``indent``; None: one line, for large files), atomically."""
+    return atomic_write_text(path, json.dumps(_clean(obj), indent=indent, allow_nan=False) + "\n")
 
 
 def open_input(path: str | Path) -> IO[bytes]:
