@@ -12,15 +12,19 @@ stopped. Writes ``benchmarks/results/<name>.json`` (after every task) with ours 
 Their four measures, as their code defines them (``nlproar/explain/importance_measures``), are ours with options
 (:data:`MEASURES`), all explaining the gold label's logit (``--explain gold``) with the attention live:
 ``gradient`` ``‖∂z_y/∂x‖₂`` is ``input_gradient`` with ``reduction=l2, score=logit``; ``input_gradient`` (x ⊙ ∇)
-``|Σ_d ∂z_y/∂e·e|`` is ``gradient`` with ``attention=live, score=logit``; ``ig`` is ``ig`` with ``score=logit`` (zero
-baseline, 50 steps). Results keep their names.
+``|Σ_d ∂z_y/∂e·e|`` is ``gradient`` with ``attention=live, score=logit``; ``ig`` ``|1/n Σ_i α_i ∂z_y/∂e(α_i e)·e|``
+(zero baseline, ``α_i = i/n``, ``n = 50``: their code takes the gradient with respect to the unscaled embedding, so
+each step's gradient is weighted by ``α_i``) is ``ig`` with ``score=logit, rule=riemann_right, weight=scale``.
+Results keep their names. ``--so-far`` also reports every other complete curve in the folder (``other_curves``: an
+earlier definition of a measure, such as Integrated Gradients proper, ``ig-score-logit-gold-recursive``).
 
 Differences we know of: their SST vectors (fastText simple.300d) are not available offline, so SST embeddings
 start random (300-d); masked tokens become the vocabulary's ``<unk>`` (theirs: a ``[MASK]`` token distinct from
 unknown words; no training word is unknown here, since the vocabulary is built on the training split); their
 gradient's norm is over the one-hot input, ``‖∂z/∂e · Eᵀ‖₂`` (``E`` the embedding matrix), ours over the embedding,
-``‖∂z/∂e‖₂``: the same ranking when ``EᵀE`` is a multiple of the identity, which random embeddings nearly are; their
-IG is a right Riemann sum, ours Captum's Gauss–Legendre rule (the same integral).
+``‖∂z/∂e‖₂``: the same ranking when ``EᵀE`` is a multiple of the identity, which random embeddings nearly are
+(``benchmarks/roar_gradient_norm.py`` measures it; ``benchmarks/roar_ig_path.py`` measures how far their IG and the
+integral rank words alike).
 
 Full run: hours on 2 cores (4 methods × 9 ratios + random + 100 % = 46 retrains per seed and task).
 ``--limit N --seeds 1 --ratios 50 --epochs 1 --name roar_smoke`` proves the pipeline end to end in a minute.
@@ -43,6 +47,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -66,7 +71,7 @@ MEASURES: dict[str, tuple[str, dict[str, str]]] = {  # their measure: our method
     "attention": ("attention", {}),
     "gradient": ("input_gradient", {"reduction": "l2", "score": "logit"}),
     "input_gradient": ("gradient", {"attention": "live", "score": "logit"}),
-    "ig": ("ig", {"score": "logit"}),
+    "ig": ("ig", {"score": "logit", "rule": "riemann_right", "weight": "scale"}),
 }
 PROTOCOL = {"sst": ("madsen2022-sst", "macro_f1"), "babi1": ("madsen2022-babi", "accuracy"),
             "babi2": ("madsen2022-babi", "accuracy"), "babi3": ("madsen2022-babi", "accuracy")}
@@ -229,6 +234,8 @@ def so_far(task: str, args: argparse.Namespace) -> dict[str, Any]:
             if method != "random" and "random" in curves:
                 per_seed.append({"method": method, "seed": seed, "racu": 100 * racu(ratios, curve, curves["random"])})
     summary = []
+    others = other_curves(root, args, zero_of=lambda seed: finished_score(base if seed == 0 else root / f"seed-{seed}" / "unmasked", metric),
+                          metric=metric)
     for method in args.methods:
         values = [r["racu"] / 100 for r in per_seed if r["method"] == method]
         ci = mean_interval(values, seed=0)
@@ -237,7 +244,31 @@ def so_far(task: str, args: argparse.Namespace) -> dict[str, Any]:
                         "seeds": ci["n"], "racu": 100 * ci["mean"], "low": 100 * ci["low"], "high": 100 * ci["high"],
                         "published": paper and {"racu": paper[0], "low": paper[1], "high": paper[2]}})
     return {"task": task, "metric": metric, "partial": True, "seeds_asked": args.seeds, "racu": summary, "racu_per_seed": per_seed,
-            "curves": rows, "missing_retrains": missing}
+            "curves": rows, "missing_retrains": missing, "other_curves": others}
+
+
+def other_curves(root: Path, args: argparse.Namespace, zero_of: Callable[[int], float | None], metric: str) -> list[dict[str, Any]]:
+    """The RACU of every complete curve in ``root`` that is none of ``args.methods``' (an earlier definition of a
+    measure, kept as finished work), per folder: each seed's beside that seed's random curve, the mean and interval."""
+    measured = {"all", "unmasked", "random", *(measure_folder(m) for m in args.methods)}
+    ratios, found = [0, *args.ratios, 100], {}
+    for seed in range(args.seeds):
+        folder = root / f"seed-{seed}"
+        zero, full = zero_of(seed), finished_score(folder / "all" / "ratio-100", metric)
+        random = [finished_score(folder / "random" / f"ratio-{r}", metric) for r in args.ratios]
+        names = sorted(p.name for p in folder.glob("*") if p.is_dir() and p.name not in measured)
+        for name in names:
+            points = [finished_score(folder / name / f"ratio-{r}", metric) for r in args.ratios]
+            if zero is None or full is None or None in points or None in random:
+                continue
+            curve, baseline = [zero, *points, full], [zero, *random, full]
+            found.setdefault(name, []).append({"seed": seed, "racu": 100 * racu(ratios, curve, baseline), "curve": curve})
+    out = []
+    for name, seeds in found.items():
+        ci = mean_interval([s["racu"] / 100 for s in seeds], seed=0)
+        out.append({"folder": name, "seeds": ci["n"], "racu": 100 * ci["mean"], "low": 100 * ci["low"], "high": 100 * ci["high"],
+                    "per_seed": seeds})
+    return out
 
 
 def main() -> None:
@@ -265,7 +296,8 @@ def main() -> None:
         parts = [so_far(task, args) for task in tasks]
         for part in parts:
             print(f"{part['task']}: " + ", ".join(f"{r['method']} {r['racu']:.1f} ({r['seeds']} seeds)" for r in part["racu"])
-                  + f"; {len(part['missing_retrains'])} retrains missing", flush=True)
+                  + f"; {len(part['missing_retrains'])} retrains missing; other curves: "
+                  + (", ".join(f"{r['folder']} {r['racu']:.1f} ({r['seeds']} seeds)" for r in part["other_curves"]) or "none"), flush=True)
         write_result(f"{args.name}_so_far", {"tasks": parts, "partial": True})
         write_ledger(tasks, args)
         return

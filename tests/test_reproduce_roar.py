@@ -31,6 +31,7 @@ def test_so_far_reads_only_finished_curves_beside_their_random_baseline(tmp_path
     gradient = rr.measure_folder("gradient")  # their gradient: ours with options, the gold label explained
     assert gradient == "input_gradient-reduction-l2-score-logit-gold-recursive"
     (root / gradient / "ratio-50" / "checkpoint").mkdir(parents=True)  # under way: not finished
+    _finished(root / "ig-score-logit-gold-recursive" / "ratio-50", 0.5)  # an earlier definition of a measure: another curve
     args = argparse.Namespace(runs=tmp_path, limit=None, seeds=2, methods=["attention", "gradient"], ratios=[50])
     part = rr.so_far("sst", args)
     # x = 0, .5, 1; random − attention = 0, .5, 0 -> area .25; random − random(100 %) = 1, .75, 0 -> area .625; .25/.625
@@ -43,6 +44,10 @@ def test_so_far_reads_only_finished_curves_beside_their_random_baseline(tmp_path
         f"seed-0/{gradient}/ratio-50", "seed-1/random/ratio-50", "seed-1/attention-recursive/ratio-50",
         f"seed-1/{gradient}/ratio-50", "seed-1/unmasked", "seed-1/all/ratio-100",
     ])
+    # random − the other curve = 0, .25, 0 -> area .125; over .625
+    (other,) = part["other_curves"]
+    assert other["folder"] == "ig-score-logit-gold-recursive" and other["seeds"] == 1 and other["racu"] == pytest.approx(20.0)
+    assert other["per_seed"] == [{"seed": 0, "racu": pytest.approx(20.0), "curve": [1.0, 0.5, 0.0]}]
     assert {(r["method"], r["ratio"]): r["score"] for r in part["curves"]} == {
         ("random", 0): 1.0, ("random", 50): 0.75, ("random", 100): 0.0,
         ("attention", 0): 1.0, ("attention", 50): 0.25, ("attention", 100): 0.0,
@@ -78,7 +83,7 @@ def test_their_measures_are_ours_with_options_explaining_the_gold_label(tmp_path
     assert rr.roar_options(["attention", "gradient", "input_gradient", "ig"]) == {
         "methods": ["attention", "input_gradient", "gradient", "ig"], "explain": "gold",
         "method_options": ["input_gradient.reduction=l2", "input_gradient.score=logit", "gradient.attention=live", "gradient.score=logit",
-                           "ig.score=logit"],
+                           "ig.score=logit", "ig.rule=riemann_right", "ig.weight=scale"],
     }
 
 

@@ -1,5 +1,7 @@
 """Integrated Gradients: completeness (signed attributions sum to f(x) − f(x')) on every family, from the zero
-baseline and from a token's embedding, for the probability and the logit; the L2 reduction against a hand-written integral."""
+baseline and from a token's embedding, for the probability and the logit; the L2 reduction against a hand-written integral;
+the right Riemann rule with each step's gradient weighted by its place on the path (Madsen et al. 2022's) against a
+hand-written sum."""
 
 from __future__ import annotations
 
@@ -88,6 +90,37 @@ def test_l2_is_the_norm_of_a_hand_written_integral(runs: dict) -> None:
     per_dim = (x - x0) * total / n * batch.mask[..., None]
     torch.testing.assert_close(ours, per_dim.norm(dim=-1), atol=2e-4, rtol=1e-2)
     torch.testing.assert_close(absolute, per_dim.sum(-1).abs(), atol=2e-4, rtol=1e-2)
+
+
+@pytest.mark.parametrize(("family", "baseline"), [("bilstm", "zero"), ("transformer", "unk"), ("pair-transformer", "zero")])
+def test_the_scale_weighted_right_riemann_sum_is_madsen_et_al_s(runs: dict, family: str, baseline: str) -> None:
+    """``rule="riemann_right", weight="scale"``: ``1/n Σ_i α_i ∂z/∂e(e' + α_i(e − e')) · (e − e')``, ``α_i = i/n``, per
+    token (``reduction="sum"``), against a hand-written loop; from zero that is Madsen et al. 2022's code, which takes
+    the gradient with respect to the unscaled embedding. A pair model's question is not scaled."""
+    run, batch = runs[family]
+    model = run.model.eval()
+    ours = integrated_gradients(run, batch, steps=10, reduction="sum", score="logit", baseline=baseline,
+                                rule="riemann_right", weight="scale")
+    t = batch.tokens.shape[1]
+    with torch.no_grad():
+        pred = model(batch).probs.argmax(-1, keepdim=True)
+        e = model.embed(batch)
+        start = e.clone()
+        start[:, :t] = 0 if baseline == "zero" else model.embed(replace(batch, tokens=torch.full_like(batch.tokens, Vocab.unk_id)))[:, :t]
+    total = torch.zeros_like(e)
+    n = 10
+    for i in range(1, n + 1):
+        point = (start + i / n * (e - start)).requires_grad_(True)
+        (grad,) = torch.autograd.grad(model(batch, embeddings=point).logits.gather(1, pred).sum(), point)
+        total += i / n * grad / n
+    expected = ((e - start) * total)[:, :t].sum(-1) * batch.mask
+    torch.testing.assert_close(ours, expected, atol=1e-5, rtol=1e-4)
+    plain = integrated_gradients(run, batch, steps=10, reduction="sum", score="logit", baseline=baseline, rule="riemann_right")
+    assert not torch.allclose(ours, plain, atol=1e-4)  # the weight changes the scores
+    with pytest.raises(AttnAuditError, match=r"^unknown rule 'simpson' \(choose from gausslegendre, riemann_right, "):
+        integrated_gradients(run, batch, steps=2, rule="simpson")
+    with pytest.raises(AttnAuditError, match=r"^unknown weight 'alpha' \(choose from none, scale\)$"):
+        integrated_gradients(run, batch, steps=2, weight="alpha")
 
 
 def test_token_baselines_of_a_hugging_face_encoder(tiny_hf: SimpleNamespace) -> None:

@@ -1,7 +1,7 @@
 """Integrated Gradients of a generated sequence's steps (a batch of prefixes of one sequence) from one pass of the longest
 row per point of the path (:func:`~attnaudit.explain.helpers.gradients.prefix_integrated_gradients`) equals Captum's
 IG of every row on its own, on tiny random decoders of three families, for both baselines and scores, with the explained
-class given (a generated token) or the prediction's."""
+class given (a generated token) or the prediction's, and for the scale-weighted right Riemann sum."""
 
 from __future__ import annotations
 
@@ -28,17 +28,20 @@ def prefixes(model_type: str, explained: bool) -> tuple[HFModel, Batch, list[int
 
 
 @pytest.mark.parametrize("model_type", ["llama", "gpt2", "qwen2"])
-@pytest.mark.parametrize(("baseline", "score", "explained"), [("zero", "probability", True), ("unk", "logit", False)])
-def test_shared_prefix_ig_equals_each_rows_own(model_type: str, baseline: str, score: str, explained: bool,
+@pytest.mark.parametrize(("baseline", "score", "explained", "rule", "weight"),
+                         [("zero", "probability", True, "gausslegendre", "none"), ("unk", "logit", False, "gausslegendre", "none"),
+                          ("zero", "logit", True, "riemann_right", "scale")])
+def test_shared_prefix_ig_equals_each_rows_own(model_type: str, baseline: str, score: str, explained: bool, rule: str, weight: str,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     model, batch, lengths = prefixes(model_type, explained)
     passes: list[int] = []
     plain = model.prefix_gradient_forward
     monkeypatch.setattr(model, "prefix_gradient_forward", lambda b, embeddings=None: passes.append(1) or plain(b, embeddings))
-    shared = integrated_gradients(model, batch, steps=8, reduction="sum", score=score, baseline=baseline)
+    options = {"steps": 8, "reduction": "sum", "score": score, "baseline": baseline, "rule": rule, "weight": weight}
+    shared = integrated_gradients(model, batch, **options)
     assert len(passes) == 8  # one pass of the longest row per step of the path
     monkeypatch.setattr(model, "prefix_gradient_forward", lambda b, embeddings=None: None)  # Captum, row by row
-    own = integrated_gradients(model, batch, steps=8, reduction="sum", score=score, baseline=baseline)
+    own = integrated_gradients(model, batch, **options)
     assert shared.abs().max() > 0
     torch.testing.assert_close(shared, own, rtol=1e-4, atol=1e-7)
     assert not shared[0, lengths[0]:].any()  # nothing beyond a row's own tokens

@@ -546,7 +546,16 @@ integrate from."""
 ATTENTION_PATHS = ("detached", "live")
 """Whether ``gradient`` treats the attention weights as constants (``detached``, Jain & Wallace's definition) or
 differentiates through them too (``live``: the plain input × gradient, Madsen et al. 2022's; option ``attention``)."""
-CHOICES: dict[str, tuple[str, ...]] = {"reduction": REDUCTIONS, "score": SCORES, "baseline": BASELINES, "attention": ATTENTION_PATHS}
+RULES = ("gausslegendre", "riemann_right", "riemann_left", "riemann_middle", "riemann_trapezoid")
+"""Where Integrated Gradients places its ``steps`` on the path, and with what weights (option ``rule``): Captum's
+quadrature rules, by Captum's names (``gausslegendre``, the default; ``riemann_right``: ``α = i/n``, Madsen et al.
+2022's)."""
+STEP_WEIGHTS = ("none", "scale")
+"""What Integrated Gradients multiplies each step's gradient by beyond the rule's weight (option ``weight``):
+``none`` (the integral) or ``scale``, the step's position ``α`` on the path, which is what Madsen et al. 2022's code
+computes by taking the gradient with respect to the unscaled embedding (``α ∇f(α e)``)."""
+CHOICES: dict[str, tuple[str, ...]] = {"reduction": REDUCTIONS, "score": SCORES, "baseline": BASELINES, "attention": ATTENTION_PATHS,
+                                       "rule": RULES, "weight": STEP_WEIGHTS}
 """The options whose values are names, with the names each takes: checked once here for every method."""
 
 

@@ -35,6 +35,7 @@ def decision_gradient(model: AttentionModel, batch: Batch, score: str = "logit")
 
 def prefix_integrated_gradients(
     model: AttentionModel, batch: Batch, steps: int, score: str, reference: Callable[[Batch], Tensor | None],
+    rule: str = "gausslegendre", scaled: bool = False,
 ) -> Tensor | None:
     """Integrated Gradients ``(B,T,d)`` (Captum's Gauss–Legendre ``steps``, multiplied by ``e − e'``) of a batch whose rows
     are prefixes of one sequence (a causal decoder's generated steps), or None where the model cannot share the pass
@@ -44,7 +45,8 @@ def prefix_integrated_gradients(
     the same ``α`` (the baseline is per position), and a causal position reads only the positions before it: so one
     pass over the longest row's point gives every row's score, and one batched backward each row's gradient. ``steps``
     passes of one sequence instead of ``steps × B`` rows; the attributions are Captum's for every row (up to float
-    rounding). ``reference(one)``: the baseline embeddings of the one-row batch ``one`` (None: zero)."""
+    rounding). ``reference(one)``: the baseline embeddings of the one-row batch ``one`` (None: zero); ``rule``: Captum's
+    quadrature rule; ``scaled``: each step's gradient times its ``α`` (``ig``'s ``weight="scale"``)."""
     from captum.attr._utils.approximation_methods import approximation_parameters
 
     if batch.tokens.dim() != 2 or len(batch) < 2:
@@ -54,7 +56,7 @@ def prefix_integrated_gradients(
         inputs = model.embed(one)
         base = reference(one)
         base = torch.zeros_like(inputs) if base is None else base[:, : inputs.shape[1]]
-    step_sizes, alphas = (make(steps) for make in approximation_parameters("gausslegendre"))
+    step_sizes, alphas = (make(steps) for make in approximation_parameters(rule))
     total: Tensor | None = None
     given = batch
     with evaluation(model):
@@ -71,6 +73,7 @@ def prefix_integrated_gradients(
                 scores = decision_score(given, decision_values(out, score))
                 (grads,) = torch.autograd.grad(scores, point, grad_outputs=torch.eye(len(scores), dtype=scores.dtype, device=scores.device),
                                                is_grads_batched=True)
+            size = size * alpha if scaled else size
             total = grads[:, 0] * size if total is None else total + grads[:, 0] * size
     assert total is not None
     return total * (inputs - base)  # a row's gradient is 0 beyond its own tokens (causal)

@@ -51,7 +51,7 @@ def pass_rows(model: AttentionModel, length: int) -> int:
 )
 def integrated_gradients(
     model: AttentionModel, batch: Batch, steps: int = 50, absolute: bool = True, reduction: str = "abs_sum",
-    score: str = "probability", baseline: str = "zero",
+    score: str = "probability", baseline: str = "zero", rule: str = "gausslegendre", weight: str = "none",
 ) -> Tensor:
     """Integrated Gradients (Captum) of ``ŷ`` w.r.t. the item embeddings, zero baseline, ``(B, K)``
     (``ŷ``: the predicted class's probability, or the batch's explained class's, minus its contrast's).
@@ -64,6 +64,10 @@ def integrated_gradients(
     ``score``: what is integrated, ``probability`` (the default) or ``logit``. ``baseline`` ``e'``:
     ``zero`` embeddings (the default), or at every item the embedding of the tokenizer's ``unk``,
     ``pad``, ``mask`` or ``eos`` token (inseq's is ``unk``; a one-line error when the model has none).
+    ``rule``: where the ``steps`` lie on the path (Captum's rules, :data:`~attnaudit.explain.registry.RULES`);
+    ``weight="scale"`` multiplies each step's gradient by its position ``α`` on the path
+    (:data:`~attnaudit.explain.registry.STEP_WEIGHTS`): with ``rule="riemann_right"``, ``score="logit"`` and the
+    gold label explained, Madsen et al. 2022's "integrated gradient", ``|1/n Σ_i α_i ∇z(α_i e)·e|``.
     Pair models: only the passage embeddings are integrated; the question stays as it is.
     """
     from captum.attr import IntegratedGradients
@@ -72,6 +76,7 @@ def integrated_gradients(
     if steps < 1:
         raise AttnAuditError(f"integrated gradients needs steps >= 1, got {steps}")
     reduction, score, baseline = choice("reduction", reduction), choice("score", score), choice("baseline", baseline)
+    rule, weight = choice("rule", rule), choice("weight", weight)
     if baseline == "delete":
         raise AttnAuditError(f"ig: {DELETE_IS_NO_EMBEDDING}")
     if not absolute:
@@ -79,12 +84,13 @@ def integrated_gradients(
             raise AttnAuditError(f"ig: absolute=False is reduction='sum'; it does not combine with reduction={reduction!r}")
         reduction = "sum"
     shared = prefix_integrated_gradients(model, batch, steps, score,
-                                         lambda one: None if baseline == "zero" else baseline_embeddings(model, one, baseline))
+                                         lambda one: None if baseline == "zero" else baseline_embeddings(model, one, baseline),
+                                         rule, weight == "scale")
     if shared is not None:  # a generated sequence's steps: one pass of the longest row per step of the path
         return reduce_dimensions(shared.detach(), model, batch, reduction)
     groups = _groups(model, batch)
     if len(groups) > 1:  # each group without the longer ones' padding: IG runs the model once per step
-        options = {"steps": steps, "reduction": reduction, "score": score, "baseline": baseline}
+        options = {"steps": steps, "reduction": reduction, "score": score, "baseline": baseline, "rule": rule, "weight": weight}
         parts = [(index, integrated_gradients(model, batch.select(index), **options)) for index in groups]
         out = parts[0][1].new_zeros(len(batch), batch.tokens.shape[1])
         for index, part in parts:
@@ -106,12 +112,15 @@ def integrated_gradients(
         def forward(
             x: Tensor, tokens: Tensor, mask: Tensor, features: Tensor | None, query: Tensor | None,
             query_mask: Tensor | None, tail: Tensor | None, target: Tensor | None, target_mask: Tensor | None,
-            explained: Tensor, contrast: Tensor | None,
+            explained: Tensor, contrast: Tensor | None, start: Tensor, end: Tensor,
         ) -> Tensor:
             emb = x if tail is None else torch.cat([x, tail], 1)
             sub = Batch(tokens=tokens, mask=mask, features=features, query=query, query_mask=query_mask,
                         target=target, target_mask=target_mask, explained=explained, contrast=contrast)
-            return decision_score(sub, decision_values(model.logits_forward(sub, embeddings=emb), score))[:, None]  # column 0: what is explained
+            out = decision_score(sub, decision_values(model.logits_forward(sub, embeddings=emb), score))
+            if weight == "scale":  # Captum has no per-step weight: α ∇f is the gradient of α·f with α, read off the point, held constant
+                out = out * path_position(x, start, end).detach()
+            return out[:, None]  # column 0: what is explained
 
         per_pass = max(1, pass_rows(model, t) // max(len(batch), 1))
         attributions = IntegratedGradients(forward).attribute(
@@ -119,11 +128,19 @@ def integrated_gradients(
             baselines=reference,
             target=0,
             additional_forward_args=(batch.tokens, batch.mask, batch.features, batch.query, batch.query_mask, rest,
-                                     batch.target, batch.target_mask, chosen, contrast),
+                                     batch.target, batch.target_mask, chosen, contrast,
+                                     torch.zeros_like(passage) if reference is None else reference, passage),
             n_steps=steps,
+            method=rule,
             internal_batch_size=len(batch) * min(steps, per_pass),
         )
     return reduce_dimensions(attributions.detach(), model, batch, reduction)
+
+
+def path_position(point: Tensor, start: Tensor, end: Tensor) -> Tensor:
+    """Per row, the ``α`` with ``point = start + α (end − start)`` (least squares over the row; 0 where start = end)."""
+    span = (end - start).flatten(1)
+    return ((point - start).flatten(1) * span).sum(1) / (span * span).sum(1).clamp_min(torch.finfo(span.dtype).tiny)
 
 
 def _groups(model: AttentionModel, batch: Batch) -> list[Tensor]:
