@@ -136,6 +136,13 @@ def cancel(ray: Any, refs: list[Any]) -> None:
             continue
 
 
+def task_error(exc: Exception) -> Exception:
+    """The task's own exception inside Ray's ``RayTaskError`` (whose message is Ray's header and the whole remote
+    traceback, so its first line names only the task), else ``exc`` (a crashed worker has no other)."""
+    cause = getattr(exc, "cause", None)
+    return cause if isinstance(cause, Exception) else exc
+
+
 def map_tasks(ray: Any, fn: Callable[..., Any], items: Iterable[Any]) -> Iterator[tuple[Any, Any, Exception | None]]:
     """``fn(item)`` for every item as a Ray task (one CPU each, never retried) on the connected ``ray``; yields
     ``(item, result, None)``, or ``(item, None, error)`` when the task or its worker failed, as each one ends.
@@ -149,7 +156,7 @@ def map_tasks(ray: Any, fn: Callable[..., Any], items: Iterable[Any]) -> Iterato
                 try:
                     yield item, ray.get(ref), None
                 except Exception as exc:  # noqa: BLE001 - RayTaskError / WorkerCrashedError: reported with its item
-                    yield item, None, exc
+                    yield item, None, task_error(exc)
     except BaseException:
         cancel(ray, list(pending))
         raise

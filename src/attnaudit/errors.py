@@ -23,6 +23,10 @@ class InputError(AttnAuditError):
         super().__init__(f"{where}: {message.translate(_CONTROL)}")
 
 
+class FolderInUse(AttnAuditError):
+    """An output folder held by another attnaudit process (:func:`~attnaudit.io.locked`)."""
+
+
 # Control characters quoted from a (binary) input file would garble the terminal: show them escaped.
 _CONTROL = {code: f"\\x{code:02x}" for code in (*range(32), 127)}
 

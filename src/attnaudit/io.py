@@ -23,7 +23,7 @@ from typing import IO, Any, TypeVar, cast
 
 from filelock import FileLock, Timeout
 
-from attnaudit.errors import AttnAuditError, InputError, os_reason
+from attnaudit.errors import AttnAuditError, FolderInUse, InputError, os_reason
 
 LOCK = ".attnaudit.lock"
 MAX_READ_BYTES = 1 << 30
@@ -171,7 +171,7 @@ def locked(directory: str | Path) -> Iterator[Path]:
         try:
             lock.acquire()
         except Timeout:
-            raise AttnAuditError(f"{directory} is in use by another attnaudit process (pid {_holder(directory / LOCK)})") from None
+            raise FolderInUse(f"{directory} is in use by another attnaudit process (pid {_holder(directory / LOCK)})") from None
         _HELD.add(absolute)
         try:
             yield directory

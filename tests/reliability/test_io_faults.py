@@ -232,6 +232,29 @@ def test_second_process_on_the_same_folder_is_refused(run_copy: Path, tmp_path: 
     assert (run_copy / "results" / "importance.json").exists()
 
 
+def test_a_finished_run_loads_while_another_process_holds_its_lock(tmp_path: Path) -> None:
+    """Readers never exclude each other (Ray workers load one seed's 0 % model at once): ``train`` with the finished
+    run's own config loads it while another process holds the folder; another config, which would write, is refused."""
+    from attnaudit.progress import set_quiet
+
+    set_quiet(True)
+    options = {"epochs": 1, "embed_dim": 8, "hidden_dim": 8, "quiet_eval": True}
+    out = tmp_path / "run"
+    train("synthetic", "bilstm", out, **options)
+    hold = "import sys\nfrom attnaudit.io import locked\nwith locked(sys.argv[1]):\n    print('held', flush=True)\n    sys.stdin.read()\n"
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(out)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        before = tree(out)
+        assert train("synthetic", "bilstm", out, **options).path == out
+        with pytest.raises(AttnAuditError, match=f"in use by another attnaudit process \\(pid {holder.pid}\\)"):
+            train("synthetic", "bilstm", out, **{**options, "epochs": 2})
+        assert tree(out) == before
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+
+
 def test_lock_nests_within_a_process_and_leaves_no_trace_on_failure(tmp_path: Path) -> None:
     with locked(tmp_path / "audit") as outer, locked(outer / "results"), locked(outer):
         assert (outer / LOCK).exists() and not (outer / "results" / LOCK).exists()

@@ -143,3 +143,19 @@ def test_waiting_on_ray_lets_ctrl_c_through_within_a_second() -> None:
 
     assert cluster.wait_one(SlowRay(), ["a", "b"]) == ["a"]
     assert timeouts == [cluster.WAIT_SECONDS] * 3 and cluster.WAIT_SECONDS <= 1
+
+
+def test_a_failed_task_is_reported_by_its_own_exception_not_rays_header() -> None:
+    """A task's exception reaches the driver wrapped in ``RayTaskError``, whose message starts with Ray's header
+    (``ray::task() (pid=…)``); the one line logged is the task's own message."""
+    from ray.exceptions import RayTaskError
+
+    from attnaudit.cluster import task_error
+    from attnaudit.errors import AttnAuditError, error_line
+
+    cause = AttnAuditError("runs/seed-1/unmasked is in use by another attnaudit process (pid 7)")
+    wrapped = RayTaskError("roar_task", "Traceback (most recent call last):\n  ...", cause).as_instanceof_cause()
+    assert "(pid=" in error_line(wrapped) and "in use" not in error_line(wrapped)  # what was logged before: Ray's header
+    assert error_line(task_error(wrapped)) == "runs/seed-1/unmasked is in use by another attnaudit process (pid 7)"
+    crashed = RuntimeError("the worker died")
+    assert task_error(crashed) is crashed

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Callable, Sequence
+from contextlib import suppress
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -24,12 +25,13 @@ from attnaudit import __version__, bounds
 from attnaudit.algorithms.metrics import score_classification, score_tagging
 from attnaudit.data.tasks import absolute_spec, drop_short, load_task
 from attnaudit.data.types import Batch, Example, TaskData
-from attnaudit.errors import AttnAuditError
+from attnaudit.errors import AttnAuditError, FolderInUse
 from attnaudit.io import (
     atomic_write_json,
+    check_output_dir,
     digest,
+    locked,
     remove_stray_tmp,
-    writes_folder,
 )
 from attnaudit.models import MODELS, ModelConfig, build_model
 from attnaudit.models.interface import Intervention, evaluation
@@ -56,6 +58,7 @@ from attnaudit.training.staging import stage_of, staged
 
 if TYPE_CHECKING:
     from attnaudit.data.batching import Collator
+    from attnaudit.data.vocab import Vocab
 
 # Per-family defaults (the literature's settings where they exist); CLI flags override.
 FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -438,7 +441,6 @@ def classifier_hooks(
     return Hooks(loss=loss, evaluate=evaluate, epoch_start=epoch_start, label=label)
 
 
-@writes_folder("out")
 def train(
     task: str | TaskData,
     model: str,
@@ -463,15 +465,16 @@ def train(
     that explicit options override; ``wrap`` and ``min_length`` are :data:`DATA_OPTIONS`.
     ``keep_epochs`` also keeps every epoch's weights as ``epochs/epoch<N>.safetensors`` (to
     study the unselected epochs); it does not change the run's config.
+
+    ``out`` is checked before any work (:func:`~attnaudit.io.check_output_dir`). A finished run of this config is
+    loaded without taking the folder's lock, so processes that read one run (Ray workers sharing a seed's 0 % model)
+    never exclude each other; training holds the lock (:func:`~attnaudit.io.locked`), a second writer fails at once.
     """
-    from attnaudit.data.batching import Collator
     from attnaudit.data.vocab import load_vectors
     from attnaudit.run import load_run
 
     cfg, merged = _settings(model, options)
-    out = Path(out)
-    for folder in (out, stage_of(out)):  # what a killed earlier training left half-written
-        remove_stray_tmp(folder, recursive=folder != out)
+    out = check_output_dir(out)
     data, spec = _task_data(task, data_dir, split_seed, dev, test, merged.get("min_length", 0))
     if cfg.select == "roc_auc" and (data.task_type == "tagging" or len(data.labels) != 2):
         raise AttnAuditError(f"--select dev-roc-auc needs a binary classification task; {data.name} has {len(data.labels)} labels")
@@ -484,7 +487,30 @@ def train(
     run_config["hash"] = _config_hash({k: v for k, v in run_config.items() if k != "version"})
 
     if finished_run(out, run_config["hash"], resume):
+        with suppress(FolderInUse), locked(out):  # tidied only when no other process is at work in it
+            _remove_strays(out)
         return load_run(out, device=device, data_dir=data_dir)
+    with locked(out):
+        _remove_strays(out)
+        if finished_run(out, run_config["hash"], resume):  # by another process while this one waited for the lock
+            return load_run(out, device=device, data_dir=data_dir)
+        return _train_new(out, model, data, spec, cfg, options, config, run_config, vocab, feature_vocab, vectors,
+                          device=device, resume=resume, quiet_eval=quiet_eval, keep_epochs=keep_epochs)
+
+
+def _remove_strays(out: Path) -> None:
+    """What a killed earlier training left half-written in ``out`` and its stage."""
+    for folder in (out, stage_of(out)):
+        remove_stray_tmp(folder, recursive=folder != out)
+
+
+def _train_new(
+    out: Path, model: str, data: TaskData, spec: TaskSpec, cfg: TrainConfig, options: dict[str, Any], config: ModelConfig,
+    run_config: dict[str, Any], vocab: Vocab, feature_vocab: Vocab | None, vectors: Tensor | None, *, device: str,
+    resume: bool, quiet_eval: bool, keep_epochs: bool,
+) -> Run:
+    """Train the run :func:`train` prepared into ``out`` (its lock held), staged so that it appears whole."""
+    from attnaudit.data.batching import Collator
 
     for line in preset_note(cfg.preset, options):
         status(line)
