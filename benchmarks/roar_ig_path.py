@@ -8,9 +8,10 @@ Their IG (``nlproar/explain/importance_measures/integrated_gradient.py``) runs t
 50 Gauss–Legendre nodes) is ``|∫₀¹ ∇z(s e) ds · e|``, without the weight ``s``: theirs leans towards the input end of
 the path (at ``s = 1``, input × gradient). This measures what each difference does to the words the first
 Recursive-ROAR step masks: for each test sentence and masking ratio (10 … 90 %), whether the top
-``floor(k/100 · n)`` words agree, and the Spearman correlation per sentence, between ours and theirs, ours and the
-unweighted right Riemann sum (the quadrature alone), and theirs and input × gradient (``gradient`` with
-``attention=live, score=logit``, their input × gradient).
+``floor(k/100 · n)`` words agree, and the Spearman correlation per sentence, between the integral and theirs (written
+out here as their code computes it), the integral and the unweighted right Riemann sum (the quadrature alone), our
+``ig`` with the reproduction's options (``rule=riemann_right, weight=scale``) and theirs (a check: all agree), and
+each IG and input × gradient (``gradient`` with ``attention=live, score=logit``, their input × gradient).
 
 Run: ``python benchmarks/roar_ig_path.py --data-dir ../shared/data [--runs ../runs-roar]`` after the reproduction has
 trained its base run (``roar-sst``); writes ``benchmarks/results/roar_ig_path.json``.
@@ -68,17 +69,18 @@ def main() -> None:
     args = parser.parse_args()
     run = load_run(args.runs / "roar-sst", data_dir=args.data_dir)
     examples = run.data().split(args.split)
-    method, settings = MEASURES["ig"]
-    ours = item_scores(run, run.model, examples, EXPLANATIONS[method], 0, {**settings, "steps": args.steps}, gold=True)
+    ig = EXPLANATIONS["ig"]
+    integral = item_scores(run, run.model, examples, ig, 0, {"score": "logit", "steps": args.steps}, gold=True)
+    with_their_options = item_scores(run, run.model, examples, ig, 0, {**MEASURES["ig"][1], "steps": args.steps}, gold=True)
     method, settings = MEASURES["input_gradient"]
     x_grad = item_scores(run, run.model, examples, EXPLANATIONS[method], 0, settings, gold=True)
     theirs, plain = riemann_paths(run, examples, args.steps)
-    result = {"split": args.split, "steps": args.steps,
-              "ours_vs_theirs": agreement(list(zip(ours, theirs))),
-              "ours_vs_right_riemann": agreement(list(zip(ours, plain))),
-              "theirs_vs_input_x_gradient": agreement(list(zip(theirs, x_grad))),
-              "ours_vs_input_x_gradient": agreement(list(zip(ours, x_grad)))}
-    for name in ("ours_vs_theirs", "ours_vs_right_riemann", "theirs_vs_input_x_gradient", "ours_vs_input_x_gradient"):
+    pairs = {"integral_vs_theirs": (integral, theirs), "integral_vs_right_riemann": (integral, plain),
+             "their_options_vs_theirs": (with_their_options, theirs), "theirs_vs_input_x_gradient": (theirs, x_grad),
+             "integral_vs_input_x_gradient": (integral, x_grad)}
+    result: dict[str, Any] = {"split": args.split, "steps": args.steps}
+    for name, (a, b) in pairs.items():
+        result[name] = agreement(list(zip(a, b)))
         same, rho = result[name]["same_masked_words"], result[name]["spearman"]
         print(f"{name}: same masked words at 10..90 % {', '.join(f'{v:.3f}' for v in same.values())}; "
               f"Spearman mean {rho['mean']:.3f} (min {rho['min']:.3f})")
