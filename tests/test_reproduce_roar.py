@@ -87,25 +87,44 @@ def test_their_measures_are_ours_with_options_explaining_the_gold_label(tmp_path
     }
 
 
+OTHER_CURVES = {"ig-score-logit-gold-recursive": "IG, the integral", "gradient-recursive": "Jain & Wallace's gradient"}
+"""What the results page calls the other complete curves ``--so-far`` reports (earlier definitions of a measure)."""
+
+
+def _seeds(n: int) -> str:
+    return f"{n} seed{'s' if n != 1 else ''}"
+
+
 def test_the_pages_show_what_the_so_far_result_holds() -> None:
-    """README's row and the results page's table and curves are the figures of ``roar_madsen2022_sst_so_far.json``."""
+    """README's row and the results page's tables and seed-0 curves are the figures of ``roar_madsen2022_sst_so_far.json``:
+    every measure's RACU, seed count and interval beside the published one, every seed's RACU, every other curve's."""
     root = Path(__file__).resolve().parents[1]
     result = json.loads((root / "benchmarks" / "results" / "roar_madsen2022_sst_so_far.json").read_text())
     (task,) = result["tasks"]
     page = (root / "docs" / "sections" / "results.md").read_text()
     readme = (root / "README.md").read_text()
+    assert f"commit {result['commit'][:7]}" in page and not result["commit"].endswith("-dirty")
     names = {"attention": "attention", "gradient": "gradient", "input_gradient": "input × gradient", "ig": "IG"}
+    seeds = sorted({r["seed"] for r in task["racu_per_seed"]})
     for row in task["racu"]:
         paper = row["published"]
         theirs = f"{paper['racu']:.1f} ({paper['low']:.1f}–{paper['high']:.1f})"
-        ours = "not yet" if row["seeds"] == 0 else f"{row['racu']:.1f} ({row['seeds']} seed"
-        assert f"| {names[row['method']]} | {ours}" in page and theirs in page
-    done = {row["method"]: row["racu"] for row in task["racu"] if row["seeds"]}
-    assert f"attention a RACU of {done.pop('attention'):.1f}%" in readme and f"seed 0 of {task['seeds_asked']}" in readme
-    for method, value in done.items():
-        assert f"{names[method]} {value:.1f}% against" in readme
+        interval = f"; bootstrap interval {row['low']:.1f}–{row['high']:.1f}" if row["seeds"] > 1 else ""
+        ours = "not yet" if row["seeds"] == 0 else f"{row['racu']:.1f} ({_seeds(row['seeds'])}{interval})"
+        assert f"| {names[row['method']]} | {ours} | {theirs} |" in page
+        said = "not yet" if row["seeds"] == 0 else f"{row['racu']:.1f}% ({_seeds(row['seeds'])})"
+        assert f"{names[row['method']]} {said} against {paper['racu']:.1f}% ({paper['low']:.1f}–{paper['high']:.1f})" in readme
+        by_seed = {r["seed"]: r["racu"] for r in task["racu_per_seed"] if r["method"] == row["method"]}
+        if by_seed:
+            assert f"| {names[row['method']]} | " + " | ".join(f"{by_seed[s]:.1f}" if s in by_seed else "–" for s in seeds) + " |" in page
     flat = " ".join(page.split())
-    for method in ("random", "attention", *done):
+    for other in task["other_curves"]:
+        interval = f"; bootstrap interval {other['low']:.1f}–{other['high']:.1f}" if other["seeds"] > 1 else ""
+        assert f"| {OTHER_CURVES[other['folder']]} | {other['racu']:.1f} ({_seeds(other['seeds'])}{interval}) |" in page
+        zero = [s["curve"] for s in other["per_seed"] if s["seed"] == 0]
+        if zero:
+            assert f"{OTHER_CURVES[other['folder']]} {', '.join(f'{v:.3f}' for v in zero[0])}" in flat
+    for method in ("random", *(r["method"] for r in task["racu"] if r["seeds"])):
         scores = [f"{r['score']:.3f}" for r in sorted(task["curves"], key=lambda r: r["ratio"]) if r["method"] == method and r["seed"] == 0]
         assert scores and f"{names.get(method, method)} {', '.join(scores)}" in flat
 
@@ -167,3 +186,22 @@ def test_gradient_norm_agreement_counts_the_same_masked_words_and_the_rank_corre
     mixed = agreement([(up, 2 * up), (up, -up)])
     assert mixed["same_masked_words"][50] == 0.5 and mixed["spearman"]["min"] == pytest.approx(-1.0)
     assert mixed["spearman"]["mean"] == pytest.approx(0.0) and mixed["n"] == 2
+
+
+def test_their_ig_written_out_is_our_ig_with_their_options(tmp_path: Path) -> None:
+    """benchmarks/roar_ig_path.py's ``riemann_paths``: their scale-weighted right Riemann sum, written out as their code
+    computes it, equals our ``ig`` with the reproduction's options; the unweighted sum is another ranking."""
+    from attnaudit.data.synthetic import synthetic_task
+    from attnaudit.experiments.roar import item_scores
+    from attnaudit.progress import set_quiet
+    from attnaudit.training.trainer import train
+    from benchmarks.roar_ig_path import riemann_paths
+
+    set_quiet(True)
+    data = synthetic_task("classification", seed=1, n_train=60, n_dev=12, n_test=12)
+    run = train(data, "bilstm", tmp_path / "run", epochs=1, batch_size=16, embed_dim=8, hidden_dim=4, quiet_eval=True)
+    theirs, plain = riemann_paths(run, data.test, steps=8)
+    method, settings = rr.MEASURES["ig"]
+    ours = item_scores(run, run.model, data.test, rr.EXPLANATIONS[method], 0, {**settings, "steps": 8}, gold=True)
+    assert np.allclose(np.concatenate(ours), np.concatenate(theirs), atol=1e-6)
+    assert not np.allclose(np.concatenate(plain), np.concatenate(theirs), atol=1e-6)
