@@ -271,6 +271,11 @@ def other_curves(root: Path, args: argparse.Namespace, zero_of: Callable[[int], 
     return out
 
 
+def seeds(n: int) -> str:
+    """``n seeds`` (``1 seed``)."""
+    return f"{n} seed{'' if n == 1 else 's'}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data-dir", type=Path, default=ROOT.parent / "shared" / "data")
@@ -295,9 +300,9 @@ def main() -> None:
     if args.so_far:
         parts = [so_far(task, args) for task in tasks]
         for part in parts:
-            print(f"{part['task']}: " + ", ".join(f"{r['method']} {r['racu']:.1f} ({r['seeds']} seeds)" for r in part["racu"])
+            print(f"{part['task']}: " + ", ".join(f"{r['method']} {r['racu']:.1f} ({seeds(r['seeds'])})" for r in part["racu"])
                   + f"; {len(part['missing_retrains'])} retrains missing; other curves: "
-                  + (", ".join(f"{r['folder']} {r['racu']:.1f} ({r['seeds']} seeds)" for r in part["other_curves"]) or "none"), flush=True)
+                  + (", ".join(f"{r['folder']} {r['racu']:.1f} ({seeds(r['seeds'])})" for r in part["other_curves"]) or "none"), flush=True)
         write_result(f"{args.name}_so_far", {"tasks": parts, "partial": True})
         write_ledger(tasks, args)
         return
