@@ -121,7 +121,7 @@ def test_choose_keeps_order_drops_repeats_and_names_the_option() -> None:
 def test_listing_order_defaults_and_options() -> None:
     assert list(EXPLANATIONS)[:6] == ["attention", "gradient", "loo", "ig", "rollout", "norms"]
     assert default_names() == ["attention", "gradient", "loo", "ig", "rollout", "norms"]
-    assert EXPLANATIONS["ig"].options == ("steps", "absolute", "reduction", "score", "baseline")
+    assert EXPLANATIONS["ig"].options == ("steps", "absolute", "reduction", "score", "baseline", "rule", "weight")
     assert EXPLANATIONS["random"].options == ("seed",)
     assert EXPLANATIONS["gradient"].options == ("reduction", "score", "attention")
     assert EXPLANATIONS["loo"].options == ("loo_tokens", "baseline", "replace")

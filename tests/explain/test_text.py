@@ -231,7 +231,7 @@ def test_options_reach_the_methods_that_take_them_and_are_recorded(lm: SimpleNam
     assert explained.meta["definitions"] == {
         "attention": {"layer": None, "head": None},
         "input_gradient": {"reduction": "l2", "score": "probability"},
-        "ig": {"steps": 4, "absolute": True, "reduction": "l2", "score": "probability", "baseline": "unk"},
+        "ig": {"steps": 4, "absolute": True, "reduction": "l2", "score": "probability", "baseline": "unk", "rule": "gausslegendre", "weight": "none"},
     }
     vanishes = summed_gradient_vanishes(lm)
     if not vanishes:

@@ -153,7 +153,7 @@ def test_definition_options(llama_lm: Path, tmp_path: Path) -> None:  # noqa: F8
     data = json.loads((out / "explanation.json").read_text())
     assert data["meta"]["definitions"] == {
         "input_gradient": {"reduction": "l2", "score": "probability"},
-        "ig": {"steps": 2, "absolute": True, "reduction": "l2", "score": "probability", "baseline": "unk"},
+        "ig": {"steps": 2, "absolute": True, "reduction": "l2", "score": "probability", "baseline": "unk", "rule": "gausslegendre", "weight": "none"},
     }
     for flag, value, words in (("--reduction", "l3", "unknown reduction 'l3'"), ("--score", "prob", "unknown score 'prob'"),
                                ("--baseline", "bos", "unknown baseline 'bos'")):
