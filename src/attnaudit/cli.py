@@ -139,6 +139,12 @@ def train(
         bool | None, typer.Option("--wrap/--no-wrap", help="Read each sentence between <s> and </s> (never attended to or explained).")
     ] = None,
     min_length: Annotated[int | None, typer.Option(help="Drop examples with fewer tokens from every split.")] = None,
+    mask_special: Annotated[
+        bool | None, typer.Option("--mask-special/--no-mask-special", help="Add a [MASK] word to the vocabulary; roar masks with it, not <unk>.")
+    ] = None,
+    zero_specials: Annotated[
+        bool | None, typer.Option("--zero-specials/--no-zero-specials", help="Start the embedding rows of <unk>, [MASK], <s>, </s> at zero.")
+    ] = None,
     seed: Annotated[int, typer.Option(**SEED_RANGE, help="Random seed (initialisation, shuffling, dropout).")] = 0,
     vectors: Annotated[str | None, typer.Option(help="Pretrained word vectors (word2vec/GloVe text file).")] = None,
     features: Annotated[bool, typer.Option(help="Use the per-token feature column (CoNLL POS tags).")] = False,
@@ -204,6 +210,8 @@ def train(
         clip=clip_value,
         wrap=wrap,
         min_length=min_length,
+        mask_special=mask_special,
+        zero_specials=zero_specials,
         seed=seed,
         vectors=vectors,
         features=features or None,

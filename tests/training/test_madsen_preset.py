@@ -1,6 +1,8 @@
 """Madsen et al. (2022)'s BiLSTM protocol as ``--preset madsen2022-sst`` / ``madsen2022-babi``: every setting
 reaches the run's config and the loop (AMSGrad, no decay on the attention scorer, no clipping, every epoch
-trained, the best dev ROC-AUC / accuracy epoch kept)."""
+trained, the best dev ROC-AUC / accuracy epoch kept), and SST's data handling (short sentences dropped, [CLS] … [EOS]
+read but never weighed, a [MASK] word to mask with, the specials' rows starting at zero) reaches the vocabulary,
+the model and ROAR's retrains."""
 
 from __future__ import annotations
 
@@ -10,7 +12,12 @@ import pytest
 import torch
 
 from attnaudit.data.synthetic import synthetic_task
+from attnaudit.data.types import Example, TaskData
+from attnaudit.experiments.roar import mask_token
+from attnaudit.experiments.runner import run_test
+from attnaudit.models import ModelConfig, build_model
 from attnaudit.progress import set_quiet
+from attnaudit.run import load_run
 from attnaudit.training.trainer import PRESETS, TrainConfig, train
 
 set_quiet(True)
@@ -39,3 +46,42 @@ def test_madsen_presets_reach_the_config_and_the_loop(tmp_path, preset: str, sel
     exempt = {id(p) for p in groups[1]["params"]}
     assert exempt == {id(p) for n, p in run.model.named_parameters() if n.startswith("scorer.")}
     assert isinstance(loop.optimiser.build(run.model), torch.optim.Adam) and loop.optimiser.build(run.model).defaults["amsgrad"]
+
+
+def test_madsen_sst_preset_handles_the_data_as_their_code_does(tmp_path) -> None:
+    synthetic = synthetic_task("classification", seed=0, n_train=60, n_dev=20, n_test=20)
+    short = [Example(tokens=["good", "film"], label=synthetic.train[0].label)] * 3  # 2 tokens: dropped, as theirs (len > 5)
+    data = TaskData(synthetic.name, "classification", [*synthetic.train, *short], [*synthetic.dev, *short], synthetic.test,
+                    synthetic.labels, [])
+    run = train(data, "bilstm", tmp_path / "run", preset="madsen2022-sst", epochs=1, hidden_dim=8, embed_dim=8, quiet_eval=True)
+    vocab = run.collate.vocab
+    assert vocab.specials == ["<pad>", "<unk>", "<s>", "</s>", "[MASK]"] and "good" not in vocab.itos
+    assert len(run.data().train) == len(synthetic.train) and len(run.data().dev) == len(synthetic.dev)
+    extra = run.info["model"]["extra"]
+    assert extra["wrap"] == vocab.encode(["<s>", "</s>"]) and extra["zero_rows"] == [0, 1, 2, 3, 4]
+    assert run.info["train"]["mask_special"] is True and run.info["train"]["zero_specials"] is True
+    assert mask_token(run) == "[MASK]"
+    table = run.model.embedding.weight
+    assert torch.count_nonzero(table[[1, 4]]) == 0  # <unk> and [MASK] never occur in training: they stay at zero
+    assert torch.count_nonzero(table[[2, 3]]) > 0  # <s> and </s> are read, so they are trained from zero
+
+    result = run_test("roar", run, out=tmp_path / "roar", methods=["attention"], ratios=[50], epochs=1, plot=False)
+    assert result.summary["recursive"] is False and "racu_attention" in result.summary
+    retrained = load_run(tmp_path / "roar" / "subruns" / "roar" / "seed-0" / "attention" / "ratio-50")
+    masks = json.loads((tmp_path / "roar" / "subruns" / "roar" / "seed-0" / "attention" / "ratio-50.masks.json").read_text())
+    assert all(len(m) == len(ex.tokens) // 2 for m, ex in zip(masks["train"], run.data().train))
+    assert torch.count_nonzero(retrained.model.embedding.weight[4]) > 0  # the masked words reached it as [MASK]
+    assert torch.count_nonzero(retrained.model.embedding.weight[1]) == 0  # not as <unk>
+
+
+def test_zero_rows_take_no_random_draw() -> None:
+    config = ModelConfig(model="bilstm", task_type="classification", vocab_size=12, num_labels=2, embed_dim=4, hidden_dim=4)
+    torch.manual_seed(3)
+    plain = build_model(config)
+    torch.manual_seed(3)
+    zeroed = build_model(ModelConfig(**{**config.to_dict(), "extra": {"zero_rows": [1, 5]}}))
+    for (name, a), (_, b) in zip(plain.named_parameters(), zeroed.named_parameters()):
+        if name == "embedding.weight":
+            assert torch.equal(b[[1, 5]], torch.zeros(2, 4)) and torch.equal(a[[0, 2, 3, 4, *range(6, 12)]], b[[0, 2, 3, 4, *range(6, 12)]])
+        else:
+            assert torch.equal(a, b), name

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from importlib import import_module
 
+import torch
+
 from attnaudit.bounds import model_parameters
 from attnaudit.errors import AttnAuditError
 from attnaudit.models.interface import (
@@ -44,7 +46,18 @@ def build_model(config: ModelConfig) -> AttentionModel:
     module, builder, _ = MODELS[config.model]
     build: Callable[[ModelConfig], AttentionModel] = getattr(import_module(module), builder)
     model_parameters(lambda: build(config), f"a {config.model} model")  # refused before any memory is allocated
-    return build(config)
+    return zero_rows(build(config), config)
+
+
+def zero_rows(model: AttentionModel, config: ModelConfig) -> AttentionModel:
+    """``model`` with the word-embedding rows listed in ``config.extra["zero_rows"]`` set to zero (the specials of
+    ``train --zero-specials``); no random draw is taken, so every other parameter is as without them."""
+    rows = config.extra.get("zero_rows")
+    table = getattr(model, "embedding", None)
+    if rows and isinstance(table, torch.nn.Embedding):
+        with torch.no_grad():
+            table.weight[torch.tensor(rows, dtype=torch.long)] = 0.0
+    return model
 
 
 __all__ = [
@@ -57,6 +70,7 @@ __all__ = [
     "ModelConfig",
     "ModelOutput",
     "build_model",
+    "zero_rows",
     "detach_weights",
     "evaluation",
     "freeze_to",

@@ -33,7 +33,7 @@ from attnaudit.io import (
     locked,
     remove_stray_tmp,
 )
-from attnaudit.models import MODELS, ModelConfig, build_model
+from attnaudit.models import MODELS, ModelConfig, build_model, zero_rows
 from attnaudit.models.interface import Intervention, evaluation
 from attnaudit.progress import status, track
 from attnaudit.run import Run, TaskSpec, absolute_dir
@@ -98,12 +98,17 @@ PRESETS: dict[str, dict[str, Any]] = {
     # experiments/stanford_sentiment.py, babi.py): 128 units per direction, additive tanh attention,
     # Adam with AMSGrad, lr 1e-3, weight decay 1e-5 on all but the attention, no dropout, no clipping,
     # every epoch trained and the best dev epoch kept (SST: ROC-AUC, 8 epochs of 32; bAbI: accuracy,
-    # 100 epochs of 50, random 50-d embeddings). Their SST vectors (fastText simple.300d) are not here.
+    # 100 epochs of 50, random 50-d embeddings), a [MASK] word to mask with (dataset/_vocab_tokenizer.py).
+    # SST (dataset/sst.py): sentences of 5 tokens or fewer dropped, every sentence read between [CLS] and
+    # [EOS], which attention never weighs, and the rows of the specials start at zero. Their SST vectors
+    # (fastText simple.300d, zero rows for the words it lacks) are not here: ours start random.
     "madsen2022-sst": {
         "epochs": 8, "batch_size": 32, "early_stop": False, "select": "roc_auc", **_MADSEN,
+        "wrap": True, "min_length": 6, "mask_special": True, "zero_specials": True,
     },
     "madsen2022-babi": {
         "epochs": 100, "batch_size": 50, "early_stop": False, "select": "accuracy", "embed_dim": 50, **_MADSEN,
+        "mask_special": True,
     },
 }
 """Named option sets of ``train`` (``--preset``); explicit options override them."""
@@ -112,6 +117,8 @@ DATA_OPTIONS = ("wrap", "min_length")
 WRAP = ("<s>", "</s>")
 """The sentence ends a wrapping model reads (vocabulary specials, never attention items)."""
 WRAPPING_MODELS = ("bilstm", "cnn", "average", "flat")
+MASK = "[MASK]"
+"""The mask special of ``mask_special`` (:data:`attnaudit.experiments.roar.MASK_TOKENS` takes it as ROAR's mask)."""
 InterventionsFn = Callable[[Batch], Sequence[Intervention]]
 """``fn(batch) -> interventions`` applied in every forward of a frozen-attention model."""
 
@@ -152,6 +159,12 @@ class TrainConfig:
     """False trains all ``epochs`` whatever the dev score does (``patience`` is then unused)."""
     preset: str = ""
     """The named option set (:data:`PRESETS`) these settings started from; "" = none."""
+    mask_special: bool = False
+    """The vocabulary gets a ``[MASK]`` special, the token ROAR masks with (else ``<unk>``, which unknown test words
+    share), as in Madsen et al. (2022)'s code."""
+    zero_specials: bool = False
+    """The embedding rows of the specials (``<unk>``, ``[MASK]``, ``<s>``, ``</s>``; ``<pad>`` always) start at zero,
+    as in Madsen et al. (2022)'s SST code, where every word without a fastText vector starts at zero."""
 
     def check(self) -> None:
         """Reject values that would crash or silently train nothing, before anything is written."""
@@ -180,7 +193,7 @@ class TrainConfig:
     def to_dict(self) -> dict[str, Any]:
         """The settings saved with a run: the loop's later options only when set (so runs
         trained before they existed keep their config and its hash)."""
-        return {k: v for k, v in asdict(self).items() if _LOOP_OPTIONS.get(k, object()) != v}
+        return {k: v for k, v in asdict(self).items() if _LATER_OPTIONS.get(k, object()) != v}
 
     def metric(self, task_type: str) -> str:
         """The dev metric the kept epoch is chosen on."""
@@ -202,6 +215,7 @@ class TrainConfig:
 _LOOP_OPTIONS: dict[str, Any] = {
     "optimizer": "adam", "no_decay": [], "loss": "mean", "select": "", "min_epoch": 1, "early_stop": True, "preset": "",
 }
+_LATER_OPTIONS: dict[str, Any] = {**_LOOP_OPTIONS, "mask_special": False, "zero_specials": False}
 SELECTABLE = ("", "accuracy", "macro_f1", "roc_auc", "f1", "precision", "recall", "token_accuracy")
 """Dev scores the kept epoch may be chosen on ("" = the task's headline score)."""
 
@@ -209,7 +223,7 @@ SELECTABLE = ("", "accuracy", "macro_f1", "roc_auc", "f1", "precision", "recall"
 def select_name(text: str) -> str:
     """A ``--select`` value as the dev record names it: ``dev-roc-auc`` -> ``roc_auc``."""
     return text.strip().removeprefix("dev-").removeprefix("dev.").replace("-", "_")
-_HASH_IF_SET: dict[str, Any] = {"word_dropout": 0.0, **_LOOP_OPTIONS}
+_HASH_IF_SET: dict[str, Any] = {"word_dropout": 0.0, **_LATER_OPTIONS}
 
 
 def score_key(task_type: str) -> str:
@@ -318,7 +332,8 @@ def _build_vocabs(data: TaskData, cfg: TrainConfig, wrap: bool = False) -> tuple
     from attnaudit.data.vocab import Vocab
 
     token_lists = [ex.tokens for ex in data.train] + [ex.query for ex in data.train if ex.query]
-    vocab = Vocab.build(token_lists, min_freq=cfg.min_freq, max_size=cfg.max_vocab, specials=WRAP if wrap else ())
+    specials = (*(WRAP if wrap else ()), *((MASK,) if cfg.mask_special else ()))
+    vocab = Vocab.build(token_lists, min_freq=cfg.min_freq, max_size=cfg.max_vocab, specials=specials)
     features = None
     if cfg.features:
         feats = [ex.meta["features"] for ex in data.train if "features" in ex.meta]
@@ -397,6 +412,8 @@ def _model_config(model: str, merged: dict[str, Any], data: TaskData, vocab: Any
     if vectors is not None:
         merged = {**merged, "embed_dim": vectors.shape[1]}  # the vectors decide the embedding size
     extra = dict(merged.get("extra", {}))
+    if merged.get("zero_specials"):
+        extra["zero_rows"] = vocab.encode(vocab.specials)
     if merged.get("wrap"):
         if data.task_type != "classification":
             raise AttnAuditError(f"--wrap applies to classification tasks, not {data.task_type} ({data.name})")
@@ -517,6 +534,7 @@ def _train_new(
     net = seeded(cfg.seed, lambda: build_model(config))
     if vectors is not None:
         cast(nn.Embedding, net.embedding).weight.data.copy_(vectors)  # the word-level families' table
+        zero_rows(net, config)
     net.to(resolve_device(device))
     collate = Collator(
         vocab, data.labels, data.task_type, hierarchical=model == "han", max_len=config.max_len, feature_vocab=feature_vocab
