@@ -112,8 +112,6 @@ def test_the_pages_show_what_the_so_far_result_holds() -> None:
         interval = f"; bootstrap interval {row['low']:.1f}–{row['high']:.1f}" if row["seeds"] > 1 else ""
         ours = "not yet" if row["seeds"] == 0 else f"{row['racu']:.1f} ({_seeds(row['seeds'])}{interval})"
         assert f"| {names[row['method']]} | {ours} | {theirs} |" in page
-        said = "not yet" if row["seeds"] == 0 else f"{row['racu']:.1f}% ({_seeds(row['seeds'])})"
-        assert f"{names[row['method']]} {said} against {paper['racu']:.1f}% ({paper['low']:.1f}–{paper['high']:.1f})" in readme
         by_seed = {r["seed"]: r["racu"] for r in task["racu_per_seed"] if r["method"] == row["method"]}
         if by_seed:
             assert f"| {names[row['method']]} | " + " | ".join(f"{by_seed[s]:.1f}" if s in by_seed else "–" for s in seeds) + " |" in page
@@ -124,6 +122,35 @@ def test_the_pages_show_what_the_so_far_result_holds() -> None:
         zero = [s["curve"] for s in other["per_seed"] if s["seed"] == 0]
         if zero:
             assert f"{OTHER_CURVES[other['folder']]} {', '.join(f'{v:.3f}' for v in zero[0])}" in flat
+    for method in ("random", *(r["method"] for r in task["racu"] if r["seeds"])):
+        scores = [f"{r['score']:.3f}" for r in sorted(task["curves"], key=lambda r: r["ratio"]) if r["method"] == method and r["seed"] == 0]
+        assert scores and f"{names.get(method, method)} {', '.join(scores)}" in flat
+    first = "Without it (first protocol, 5 seeds) " + ", ".join(f"{names[r['method']]} {'was ' if i == 0 else ''}{r['racu']:.1f}%"
+                                                               for i, r in enumerate(task["racu"]) if r["seeds"] == 5)
+    assert first + ";" in readme
+
+
+def test_the_pages_show_the_result_with_their_data_handling_beside_the_first_protocols_seed_0() -> None:
+    """The results page's table with their data handling (``roar_madsen2022_sst_their_data_so_far.json``) beside the first
+    protocol's seed 0 (``roar_madsen2022_sst_so_far.json``) and the published RACU; its seed-0 curves; README's row."""
+    root = Path(__file__).resolve().parents[1]
+    results = root / "benchmarks" / "results"
+    (task,) = json.loads((results / "roar_madsen2022_sst_their_data_so_far.json").read_text())["tasks"]
+    (first,) = json.loads((results / "roar_madsen2022_sst_so_far.json").read_text())["tasks"]
+    commit = json.loads((results / "roar_madsen2022_sst_their_data_so_far.json").read_text())["commit"]
+    page, readme = (root / "docs" / "sections" / "results.md").read_text(), (root / "README.md").read_text()
+    assert f"commit {commit[:7]}" in page and not commit.endswith("-dirty")
+    names = {"attention": "attention", "gradient": "gradient", "input_gradient": "input × gradient", "ig": "IG"}
+    for row in task["racu"]:
+        paper = row["published"]
+        theirs = f"{paper['racu']:.1f} ({paper['low']:.1f}–{paper['high']:.1f})"
+        interval = f"; bootstrap interval {row['low']:.1f}–{row['high']:.1f}" if row["seeds"] > 1 else ""
+        ours = "not yet" if row["seeds"] == 0 else f"{row['racu']:.1f} ({_seeds(row['seeds'])}{interval})"
+        seed0 = [f"{r['racu']:.1f}" for r in first["racu_per_seed"] if r["method"] == row["method"] and r["seed"] == 0] or ["–"]
+        assert f"| {names[row['method']]} | {ours} | {seed0[0]} | {theirs} |" in page
+        said = "not yet" if row["seeds"] == 0 else f"{row['racu']:.1f}% ({_seeds(row['seeds'])})"
+        assert f"{names[row['method']]} {said} against {paper['racu']:.1f}% ({paper['low']:.1f}–{paper['high']:.1f})" in readme
+    flat = " ".join(page.split())
     for method in ("random", *(r["method"] for r in task["racu"] if r["seeds"])):
         scores = [f"{r['score']:.3f}" for r in sorted(task["curves"], key=lambda r: r["ratio"]) if r["method"] == method and r["seed"] == 0]
         assert scores and f"{names.get(method, method)} {', '.join(scores)}" in flat
