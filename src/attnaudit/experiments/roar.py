@@ -80,7 +80,7 @@ from attnaudit.training.adversary import (
     trainable_reason,
 )
 from attnaudit.training.finetune import finetune
-from attnaudit.training.trainer import METRICS, score_key
+from attnaudit.training.trainer import MASK, METRICS, score_key
 
 if TYPE_CHECKING:
     from attnaudit.data.batching import Collator
@@ -88,7 +88,7 @@ if TYPE_CHECKING:
 DEFAULT_METHODS = ("attention", "gradient", "input_gradient", "ig", "loo")
 """The measured methods by default (those that apply); ``random`` is always trained as the baseline."""
 BASELINE = "random"
-MASK_TOKENS = ("[MASK]", "<mask>")
+MASK_TOKENS = (MASK, "<mask>")
 """A vocabulary special taken as the mask token when the vocabulary has one; else ``<unk>``."""
 SPLITS = ("train", "dev", "test")
 EXPLAIN_BATCH = 32

@@ -211,11 +211,11 @@ class TrainConfig:
 
 # Options added after the first release enter the config hash only when set, so run
 # directories trained before they existed are still recognised as finished.
-# Those of the one training loop are also left out of config.json while unset.
-_LOOP_OPTIONS: dict[str, Any] = {
+# They are also left out of config.json while unset.
+_LATER_OPTIONS: dict[str, Any] = {
     "optimizer": "adam", "no_decay": [], "loss": "mean", "select": "", "min_epoch": 1, "early_stop": True, "preset": "",
+    "mask_special": False, "zero_specials": False,
 }
-_LATER_OPTIONS: dict[str, Any] = {**_LOOP_OPTIONS, "mask_special": False, "zero_specials": False}
 SELECTABLE = ("", "accuracy", "macro_f1", "roc_auc", "f1", "precision", "recall", "token_accuracy")
 """Dev scores the kept epoch may be chosen on ("" = the task's headline score)."""
 
