@@ -150,7 +150,15 @@ def test_the_pages_show_the_result_with_their_data_handling_beside_the_first_pro
         assert f"| {names[row['method']]} | {ours} | {seed0[0]} | {theirs} |" in page
         said = "not yet" if row["seeds"] == 0 else f"{row['racu']:.1f}% ({_seeds(row['seeds'])})"
         assert f"{names[row['method']]} {said} against {paper['racu']:.1f}% ({paper['low']:.1f}–{paper['high']:.1f})" in readme
-    flat = " ".join(page.split())
+    section = page[page.index("**With their data handling"):page.index("**First protocol")]
+    seeds = sorted({r["seed"] for r in task["racu_per_seed"]})
+    if len(seeds) > 1:  # each seed's RACU, in this section (the first protocol's table is below it)
+        assert "| method | " + " | ".join(f"seed {s}" for s in seeds) + " |" in section
+        for row in task["racu"]:
+            by_seed = {r["seed"]: r["racu"] for r in task["racu_per_seed"] if r["method"] == row["method"]}
+            if by_seed:
+                assert f"| {names[row['method']]} | " + " | ".join(f"{by_seed[s]:.1f}" if s in by_seed else "–" for s in seeds) + " |" in section
+    flat = " ".join(section.split())
     for method in ("random", *(r["method"] for r in task["racu"] if r["seeds"])):
         scores = [f"{r['score']:.3f}" for r in sorted(task["curves"], key=lambda r: r["ratio"]) if r["method"] == method and r["seed"] == 0]
         assert scores and f"{names.get(method, method)} {', '.join(scores)}" in flat
