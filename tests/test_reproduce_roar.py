@@ -95,6 +95,17 @@ def _seeds(n: int) -> str:
     return f"{n} seed{'s' if n != 1 else ''}"
 
 
+def _seed_rows(task: dict, names: dict[str, str]) -> list[str]:
+    """The per-seed RACU table's rows a page shows for ``task`` (``–`` where a seed lacks the measure's curve)."""
+    seeds = sorted({r["seed"] for r in task["racu_per_seed"]})
+    rows = []
+    for row in task["racu"]:
+        by_seed = {r["seed"]: r["racu"] for r in task["racu_per_seed"] if r["method"] == row["method"]}
+        if by_seed:
+            rows.append(f"| {names[row['method']]} | " + " | ".join(f"{by_seed[s]:.1f}" if s in by_seed else "–" for s in seeds) + " |")
+    return rows
+
+
 def test_the_pages_show_what_the_so_far_result_holds() -> None:
     """README's row and the results page's tables and seed-0 curves are the figures of ``roar_madsen2022_sst_so_far.json``:
     every measure's RACU, seed count and interval beside the published one, every seed's RACU, every other curve's."""
@@ -105,16 +116,14 @@ def test_the_pages_show_what_the_so_far_result_holds() -> None:
     readme = (root / "README.md").read_text()
     assert f"commit {result['commit'][:7]}" in page and not result["commit"].endswith("-dirty")
     names = {"attention": "attention", "gradient": "gradient", "input_gradient": "input × gradient", "ig": "IG"}
-    seeds = sorted({r["seed"] for r in task["racu_per_seed"]})
     for row in task["racu"]:
         paper = row["published"]
         theirs = f"{paper['racu']:.1f} ({paper['low']:.1f}–{paper['high']:.1f})"
         interval = f"; bootstrap interval {row['low']:.1f}–{row['high']:.1f}" if row["seeds"] > 1 else ""
         ours = "not yet" if row["seeds"] == 0 else f"{row['racu']:.1f} ({_seeds(row['seeds'])}{interval})"
         assert f"| {names[row['method']]} | {ours} | {theirs} |" in page
-        by_seed = {r["seed"]: r["racu"] for r in task["racu_per_seed"] if r["method"] == row["method"]}
-        if by_seed:
-            assert f"| {names[row['method']]} | " + " | ".join(f"{by_seed[s]:.1f}" if s in by_seed else "–" for s in seeds) + " |" in page
+    for line in _seed_rows(task, names):
+        assert line in page
     flat = " ".join(page.split())
     for other in task["other_curves"]:
         interval = f"; bootstrap interval {other['low']:.1f}–{other['high']:.1f}" if other["seeds"] > 1 else ""
@@ -154,10 +163,8 @@ def test_the_pages_show_the_result_with_their_data_handling_beside_the_first_pro
     seeds = sorted({r["seed"] for r in task["racu_per_seed"]})
     if len(seeds) > 1:  # each seed's RACU, in this section (the first protocol's table is below it)
         assert "| method | " + " | ".join(f"seed {s}" for s in seeds) + " |" in section
-        for row in task["racu"]:
-            by_seed = {r["seed"]: r["racu"] for r in task["racu_per_seed"] if r["method"] == row["method"]}
-            if by_seed:
-                assert f"| {names[row['method']]} | " + " | ".join(f"{by_seed[s]:.1f}" if s in by_seed else "–" for s in seeds) + " |" in section
+        for line in _seed_rows(task, names):
+            assert line in section
     flat = " ".join(section.split())
     for method in ("random", *(r["method"] for r in task["racu"] if r["seeds"])):
         scores = [f"{r['score']:.3f}" for r in sorted(task["curves"], key=lambda r: r["ratio"]) if r["method"] == method and r["seed"] == 0]
