@@ -19,8 +19,9 @@ Results keep their names. ``--so-far`` also reports every other complete curve i
 earlier definition of a measure, such as Integrated Gradients proper, ``ig-score-logit-gold-recursive``).
 
 Differences we know of: their SST vectors (fastText simple.300d) are not available offline, so SST embeddings
-start random (300-d); masked tokens become the vocabulary's ``<unk>`` (theirs: a ``[MASK]`` token distinct from
-unknown words; no training word is unknown here, since the vocabulary is built on the training split); their
+start random (300-d), where theirs start from the vectors and every word fastText lacks starts at zero; their
+length filter (``len(ex.text) > 5``) counts the treebank's tokens, punctuation included, ours (``--min-length 6``)
+the words of Jain & Wallace's file, so we keep fewer sentences (6,356 training sentences against 6,579); their
 gradient's norm is over the one-hot input, ``‖∂z/∂e · Eᵀ‖₂`` (``E`` the embedding matrix), ours over the embedding,
 ``‖∂z/∂e‖₂``: the same ranking when ``EᵀE`` is a multiple of the identity, which random embeddings nearly are
 (``benchmarks/roar_gradient_norm.py`` measures it; ``benchmarks/roar_ig_path.py`` measures how far their IG and the
@@ -32,7 +33,8 @@ Run: ``.venv/bin/python benchmarks/reproduce_roar.py [--data-dir ../shared/data]
 (``--engine ray --workers N``: the curves of one seed trained side by side, as the ``roar`` test does on Ray).
 ``--so-far`` trains nothing: it reads the sub-runs finished so far (a run still under way, or cut short) and writes
 ``benchmarks/results/<name>_so_far.json`` with the RACU of every (seed, method) whose curve and random baseline are
-complete, marked partial, and which retrains are still missing.
+complete, marked partial, which retrains are still missing, and how many retrains the RACU rests on and how long
+they trained (``training``: their ``train_seconds`` summed, as measured where each ran).
 
 A ledger carries the finished work from one machine to the next: ``--so-far`` (and every finished task) writes
 ``benchmarks/results/<name>_ledger.json`` with the config and scores of every complete curve and 100 % model (no
@@ -210,13 +212,21 @@ def finished_score(folder: Path, metric: str) -> float | None:
     return float(read_json(path)["test"][metric]) if path.exists() else None
 
 
+def training_time(folders: list[Path]) -> dict[str, Any]:
+    """How many retrains ``folders`` are and how long they trained (their ``train_seconds`` summed; a run restored
+    from an older ledger without it is counted in ``retrains`` but not in ``timed``)."""
+    seconds = [read_json(f / "metrics.json").get("train_seconds") for f in folders]
+    timed = [float(s) for s in seconds if s is not None]
+    return {"retrains": len(folders), "timed": len(timed), "train_hours": sum(timed) / 3600}
+
+
 def so_far(task: str, args: argparse.Namespace) -> dict[str, Any]:
     """The RACU of the curves finished so far in ``task``'s ROAR folder, training nothing (``--so-far``)."""
     _, metric = PROTOCOL[task]
     suffix = f"-limit{args.limit}" if args.limit else ""
     base = args.runs / f"roar-{task}{suffix}"
     root = roar_root(task, args)
-    rows, per_seed, missing = [], [], []
+    rows, per_seed, missing, used = [], [], [], []
     for seed in range(args.seeds):
         zero = finished_score(base if seed == 0 else root / f"seed-{seed}" / "unmasked", metric)
         full = finished_score(root / f"seed-{seed}" / "all" / "ratio-100", metric)
@@ -229,6 +239,9 @@ def so_far(task: str, args: argparse.Namespace) -> dict[str, Any]:
                 curves[method] = [zero, *points, full]
         missing += [f"seed-{seed}/{what}" for what, v in (("unmasked", zero), ("all/ratio-100", full)) if v is None]
         ratios = [0, *args.ratios, 100]
+        if curves:
+            used += [base if seed == 0 else root / f"seed-{seed}" / "unmasked", root / f"seed-{seed}" / "all" / "ratio-100"]
+            used += [root / f"seed-{seed}" / (m if m == "random" else measure_folder(m)) / f"ratio-{r}" for m in curves for r in args.ratios]
         for method, curve in curves.items():
             rows += [{"method": method, "seed": seed, "ratio": r, "score": v} for r, v in zip(ratios, curve)]
             if method != "random" and "random" in curves:
@@ -244,7 +257,7 @@ def so_far(task: str, args: argparse.Namespace) -> dict[str, Any]:
                         "seeds": ci["n"], "racu": 100 * ci["mean"], "low": 100 * ci["low"], "high": 100 * ci["high"],
                         "published": paper and {"racu": paper[0], "low": paper[1], "high": paper[2]}})
     return {"task": task, "metric": metric, "partial": True, "seeds_asked": args.seeds, "racu": summary, "racu_per_seed": per_seed,
-            "curves": rows, "missing_retrains": missing, "other_curves": others}
+            "curves": rows, "missing_retrains": missing, "other_curves": others, "training": training_time(used)}
 
 
 def other_curves(root: Path, args: argparse.Namespace, zero_of: Callable[[int], float | None], metric: str) -> list[dict[str, Any]]:
@@ -301,6 +314,7 @@ def main() -> None:
         parts = [so_far(task, args) for task in tasks]
         for part in parts:
             print(f"{part['task']}: " + ", ".join(f"{r['method']} {r['racu']:.1f} ({seeds(r['seeds'])})" for r in part["racu"])
+                  + f"; {part['training']['retrains']} retrains, {part['training']['train_hours']:.1f} hours of training"
                   + f"; {len(part['missing_retrains'])} retrains missing; other curves: "
                   + (", ".join(f"{r['folder']} {r['racu']:.1f} ({seeds(r['seeds'])})" for r in part["other_curves"]) or "none"), flush=True)
         write_result(f"{args.name}_so_far", {"tasks": parts, "partial": True})

@@ -16,18 +16,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `benchmarks` is 
 from benchmarks import reproduce_roar as rr  # noqa: E402
 
 
-def _finished(folder: Path, macro_f1: float) -> None:
+def _finished(folder: Path, macro_f1: float, seconds: float | None = None) -> None:
     folder.mkdir(parents=True)
-    (folder / "metrics.json").write_text(json.dumps({"test": {"macro_f1": macro_f1, "accuracy": macro_f1}}))
+    timed = {} if seconds is None else {"train_seconds": seconds}
+    (folder / "metrics.json").write_text(json.dumps({"test": {"macro_f1": macro_f1, "accuracy": macro_f1}, **timed}))
 
 
 def test_so_far_reads_only_finished_curves_beside_their_random_baseline(tmp_path: Path) -> None:
     base = tmp_path / "roar-sst"
     _finished(base, 1.0)  # seed 0's 0 % model: the base run
     root = tmp_path / "roar-sst-roar" / "subruns" / "roar" / "seed-0"
-    _finished(root / "all" / "ratio-100", 0.0)
-    _finished(root / "random" / "ratio-50", 0.75)
-    _finished(root / "attention-recursive" / "ratio-50", 0.25)
+    _finished(root / "all" / "ratio-100", 0.0, seconds=1800)
+    _finished(root / "random" / "ratio-50", 0.75, seconds=3600)
+    _finished(root / "attention-recursive" / "ratio-50", 0.25, seconds=1800)
     gradient = rr.measure_folder("gradient")  # their gradient: ours with options, the gold label explained
     assert gradient == "input_gradient-reduction-l2-score-logit-gold-recursive"
     (root / gradient / "ratio-50" / "checkpoint").mkdir(parents=True)  # under way: not finished
@@ -44,6 +45,8 @@ def test_so_far_reads_only_finished_curves_beside_their_random_baseline(tmp_path
         f"seed-0/{gradient}/ratio-50", "seed-1/random/ratio-50", "seed-1/attention-recursive/ratio-50",
         f"seed-1/{gradient}/ratio-50", "seed-1/unmasked", "seed-1/all/ratio-100",
     ])
+    # the retrains behind the RACU: the 0 % model (no time recorded), the 100 % model, random's and attention's 50 %
+    assert part["training"] == {"retrains": 4, "timed": 3, "train_hours": pytest.approx(2.0)}
     # random − the other curve = 0, .25, 0 -> area .125; over .625
     (other,) = part["other_curves"]
     assert other["folder"] == "ig-score-logit-gold-recursive" and other["seeds"] == 1 and other["racu"] == pytest.approx(20.0)
@@ -166,6 +169,9 @@ def test_the_pages_show_the_result_with_their_data_handling_beside_the_first_pro
         for line in _seed_rows(task, names):
             assert line in section
     flat = " ".join(section.split())
+    if "training" in task:  # how many retrains the table rests on and how long they trained, as the JSON says
+        training = task["training"]
+        assert f"the {training['retrains']:,} retrains behind this table trained for {training['train_hours']:.1f} hours" in flat
     for method in ("random", *(r["method"] for r in task["racu"] if r["seeds"])):
         scores = [f"{r['score']:.3f}" for r in sorted(task["curves"], key=lambda r: r["ratio"]) if r["method"] == method and r["seed"] == 0]
         assert scores and f"{names.get(method, method)} {', '.join(scores)}" in flat
