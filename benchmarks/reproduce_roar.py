@@ -41,7 +41,9 @@ A ledger carries the finished work from one machine to the next: ``--so-far`` (a
 weights, no masks, no per-epoch history; one line; the data folder written as ``DATA``), and a run first restores the entries its folder lacks as
 sub-runs known by their scores alone, which ROAR reads instead of retraining (each entry's own config hash is checked
 with the data folder put back: one written with the data elsewhere is skipped). A curve cut short is not in it: its
-next ratio needs the weights of the last, so it starts again.
+next ratio needs the weights of the last, so it starts again. Nor are the 0 % models, whose weights the recursive
+curves start from: on a new machine a run (not ``--so-far``, which only reads) restores the ledger and retrains them
+first (a few minutes each, one thread: they come back with the same scores to the last digit).
 """
 
 from __future__ import annotations
