@@ -241,7 +241,7 @@ def so_far(task: str, args: argparse.Namespace) -> dict[str, Any]:
                 curves[method] = [zero, *points, full]
         missing += [f"seed-{seed}/{what}" for what, v in (("unmasked", zero), ("all/ratio-100", full)) if v is None]
         ratios = [0, *args.ratios, 100]
-        if curves:
+        if "random" in curves and len(curves) > 1:  # a RACU rests on this seed's retrains
             used += [base if seed == 0 else root / f"seed-{seed}" / "unmasked", root / f"seed-{seed}" / "all" / "ratio-100"]
             used += [root / f"seed-{seed}" / (m if m == "random" else measure_folder(m)) / f"ratio-{r}" for m in curves for r in args.ratios]
         for method, curve in curves.items():
