@@ -229,8 +229,12 @@ def so_far(task: str, args: argparse.Namespace) -> dict[str, Any]:
     base = args.runs / f"roar-{task}{suffix}"
     root = roar_root(task, args)
     rows, per_seed, missing, used = [], [], [], []
+
+    def zero_folder(seed: int) -> Path:  # the seed's 0 % model: the base run for seed 0
+        return base if seed == 0 else root / f"seed-{seed}" / "unmasked"
+
     for seed in range(args.seeds):
-        zero = finished_score(base if seed == 0 else root / f"seed-{seed}" / "unmasked", metric)
+        zero = finished_score(zero_folder(seed), metric)
         full = finished_score(root / f"seed-{seed}" / "all" / "ratio-100", metric)
         curves = {}
         for method in ["random", *args.methods]:
@@ -242,15 +246,14 @@ def so_far(task: str, args: argparse.Namespace) -> dict[str, Any]:
         missing += [f"seed-{seed}/{what}" for what, v in (("unmasked", zero), ("all/ratio-100", full)) if v is None]
         ratios = [0, *args.ratios, 100]
         if "random" in curves and len(curves) > 1:  # a RACU rests on this seed's retrains
-            used += [base if seed == 0 else root / f"seed-{seed}" / "unmasked", root / f"seed-{seed}" / "all" / "ratio-100"]
+            used += [zero_folder(seed), root / f"seed-{seed}" / "all" / "ratio-100"]
             used += [root / f"seed-{seed}" / (m if m == "random" else measure_folder(m)) / f"ratio-{r}" for m in curves for r in args.ratios]
         for method, curve in curves.items():
             rows += [{"method": method, "seed": seed, "ratio": r, "score": v} for r, v in zip(ratios, curve)]
             if method != "random" and "random" in curves:
                 per_seed.append({"method": method, "seed": seed, "racu": 100 * racu(ratios, curve, curves["random"])})
     summary = []
-    others = other_curves(root, args, zero_of=lambda seed: finished_score(base if seed == 0 else root / f"seed-{seed}" / "unmasked", metric),
-                          metric=metric)
+    others = other_curves(root, args, zero_of=lambda seed: finished_score(zero_folder(seed), metric), metric=metric)
     for method in args.methods:
         values = [r["racu"] / 100 for r in per_seed if r["method"] == method]
         ci = mean_interval(values, seed=0)
