@@ -87,12 +87,20 @@ PUBLISHED = {  # RACU %, mean (95 % CI over 5 seeds), LSTM, Recursive ROAR: Mads
 }
 
 
-def base_run(task: str, args: argparse.Namespace) -> Run:
-    """The task's base run with the Madsen preset (``--limit``: each split cut to a stratified sample)."""
-    preset, _ = PROTOCOL[task]
+def base_folder(task: str, args: argparse.Namespace) -> Path:
+    """The task's base run folder: ``roar-<task>``, with ``-limit<N>`` and ``-vectors-<name>`` where they apply."""
     suffix = f"-limit{args.limit}" if args.limit else ""
-    out = args.runs / f"roar-{task}{suffix}"
-    options: dict[str, Any] = {"preset": preset, "seed": 0, "epochs": args.epochs}
+    if args.vectors:
+        suffix += "-vectors-" + "".join(c if c.isalnum() else "-" for c in Path(args.vectors.removeprefix("hf:")).name)
+    return args.runs / f"roar-{task}{suffix}"
+
+
+def base_run(task: str, args: argparse.Namespace) -> Run:
+    """The task's base run with the Madsen preset (``--limit``: each split cut to a stratified sample; ``--vectors``:
+    the embeddings start from those pretrained vectors, and so does every retrain)."""
+    preset, _ = PROTOCOL[task]
+    out = base_folder(task, args)
+    options: dict[str, Any] = {"preset": preset, "seed": 0, "epochs": args.epochs, "vectors": args.vectors}
     if not args.limit:
         return train(task, "bilstm", out, data_dir=args.data_dir, **options)
     data = load_task(task, data_dir=args.data_dir)
@@ -103,8 +111,8 @@ def base_run(task: str, args: argparse.Namespace) -> Run:
 
 def roar_root(task: str, args: argparse.Namespace) -> Path:
     """The folder of ``task``'s ROAR sub-runs (``seed-<s>/<name>/ratio-<k>``)."""
-    suffix = f"-limit{args.limit}" if args.limit else ""
-    return args.runs / f"roar-{task}{suffix}-roar" / "subruns" / "roar"
+    base = base_folder(task, args)
+    return base.with_name(base.name + "-roar") / "subruns" / "roar"
 
 
 def _finished(folder: Path) -> bool:
@@ -200,7 +208,8 @@ def one_task(task: str, args: argparse.Namespace) -> dict[str, Any]:
                      "published": paper and {"racu": paper[0], "low": paper[1], "high": paper[2]}, "within_published_ci": inside})
     curves = [{**r, "method": theirs.get(r["method"], r["method"])} for r in result.tables["curves"]]
     return {
-        "task": task, "preset": PROTOCOL[task][0], "metric": metric, "limit": args.limit, "epochs": args.epochs or "preset",
+        "task": task, "preset": PROTOCOL[task][0], "vectors": args.vectors, "metric": metric, "limit": args.limit,
+        "epochs": args.epochs or "preset",
         "seeds": args.seeds, "ratios": args.ratios, "methods": args.methods,
         "base": {"dev": base_metrics["dev"], "test": base_metrics["test"], "train_seconds": base_metrics.get("train_seconds")},
         "racu": rows, "curves": curves, "notes": result.meta.get("notes", []),
@@ -225,8 +234,7 @@ def training_time(folders: list[Path]) -> dict[str, Any]:
 def so_far(task: str, args: argparse.Namespace) -> dict[str, Any]:
     """The RACU of the curves finished so far in ``task``'s ROAR folder, training nothing (``--so-far``)."""
     _, metric = PROTOCOL[task]
-    suffix = f"-limit{args.limit}" if args.limit else ""
-    base = args.runs / f"roar-{task}{suffix}"
+    base = base_folder(task, args)
     root = roar_root(task, args)
     rows, per_seed, missing, used = [], [], [], []
 
@@ -261,8 +269,8 @@ def so_far(task: str, args: argparse.Namespace) -> dict[str, Any]:
         summary.append({"method": method, "ours": MEASURES[method][0], "options": MEASURES[method][1],
                         "seeds": ci["n"], "racu": 100 * ci["mean"], "low": 100 * ci["low"], "high": 100 * ci["high"],
                         "published": paper and {"racu": paper[0], "low": paper[1], "high": paper[2]}})
-    return {"task": task, "metric": metric, "partial": True, "seeds_asked": args.seeds, "racu": summary, "racu_per_seed": per_seed,
-            "curves": rows, "missing_retrains": missing, "other_curves": others, "training": training_time(used)}
+    return {"task": task, "vectors": args.vectors, "metric": metric, "partial": True, "seeds_asked": args.seeds, "racu": summary,
+            "racu_per_seed": per_seed, "curves": rows, "missing_retrains": missing, "other_curves": others, "training": training_time(used)}
 
 
 def other_curves(root: Path, args: argparse.Namespace, zero_of: Callable[[int], float | None], metric: str) -> list[dict[str, Any]]:
@@ -304,6 +312,8 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=None, help="override the preset's epochs (smoke runs)")
     parser.add_argument("--limit", type=int, default=None, help="train, dev and test cut to N examples each (smoke runs)")
     parser.add_argument("--runs", type=Path, default=RUNS)
+    parser.add_argument("--vectors", default=None, help="start the embeddings (base and every retrain) from pretrained "
+                        "vectors: a word2vec/GloVe file, minilm or hf:MODEL (train --vectors); runs in roar-<task>-vectors-<name>")
     parser.add_argument("--engine", default="local", help="local, or ray: every (seed, method) curve a Ray task (--workers at once)")
     parser.add_argument("--workers", type=int, default=None, help="Ray workers for --engine ray (default: one per CPU)")
     parser.add_argument("--name", default="roar", help="result file benchmarks/results/NAME.json")

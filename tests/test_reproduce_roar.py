@@ -33,7 +33,7 @@ def test_so_far_reads_only_finished_curves_beside_their_random_baseline(tmp_path
     assert gradient == "input_gradient-reduction-l2-score-logit-gold-recursive"
     (root / gradient / "ratio-50" / "checkpoint").mkdir(parents=True)  # under way: not finished
     _finished(root / "ig-score-logit-gold-recursive" / "ratio-50", 0.5)  # an earlier definition of a measure: another curve
-    args = argparse.Namespace(runs=tmp_path, limit=None, seeds=2, methods=["attention", "gradient"], ratios=[50])
+    args = argparse.Namespace(runs=tmp_path, limit=None, seeds=2, methods=["attention", "gradient"], ratios=[50], vectors=None)
     part = rr.so_far("sst", args)
     # x = 0, .5, 1; random − attention = 0, .5, 0 -> area .25; random − random(100 %) = 1, .75, 0 -> area .625; .25/.625
     by_method = {row["method"]: row for row in part["racu"]}
@@ -55,6 +55,14 @@ def test_so_far_reads_only_finished_curves_beside_their_random_baseline(tmp_path
         ("random", 0): 1.0, ("random", 50): 0.75, ("random", 100): 0.0,
         ("attention", 0): 1.0, ("attention", 50): 0.25, ("attention", 100): 0.0,
     }
+
+
+def test_a_reproduction_from_pretrained_vectors_has_folders_of_its_own(tmp_path: Path) -> None:
+    args = argparse.Namespace(runs=tmp_path, limit=200, vectors="hf:some/models/MiniLM_L6")
+    assert rr.base_folder("sst", args) == tmp_path / "roar-sst-limit200-vectors-MiniLM-L6"
+    assert rr.roar_root("sst", args) == tmp_path / "roar-sst-limit200-vectors-MiniLM-L6-roar" / "subruns" / "roar"
+    plain = argparse.Namespace(runs=tmp_path, limit=None, vectors=None)
+    assert rr.base_folder("sst", plain) == tmp_path / "roar-sst"  # the reproduction's own folders keep their names
 
 
 def test_their_measures_are_ours_with_options_explaining_the_gold_label(tmp_path: Path) -> None:
@@ -195,7 +203,7 @@ def test_the_ledger_carries_complete_curves_without_a_path_and_restores_them_whe
                         lambda name, payload, indent=2: rr.atomic_write_json(tmp_path / "results" / f"{name}.json", payload, indent))
     data = tmp_path / "data"
     args = argparse.Namespace(runs=tmp_path / "a", limit=None, seeds=1, methods=["attention", "gradient"], ratios=[30, 60],
-                              data_dir=data, name="roar_test")
+                              data_dir=data, name="roar_test", vectors=None)
     root = rr.roar_root("sst", args) / "seed-0"
     _sub_run(root / "all" / "ratio-100", data, "all", 0.5)
     for ratio in (30, 60):

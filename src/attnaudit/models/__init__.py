@@ -60,6 +60,20 @@ def zero_rows(model: AttentionModel, config: ModelConfig) -> AttentionModel:
     return model
 
 
+def with_vectors(model: AttentionModel, config: ModelConfig, vectors: torch.Tensor) -> AttentionModel:
+    """``model`` with its word-embedding table set to ``vectors`` (a run trained from pretrained word vectors,
+    ``train --vectors``), then the rows of :func:`zero_rows` zeroed; no random draw is taken, so every other parameter
+    is as a fresh build left it. Every model a run trains from scratch (the run itself, and the sub-runs of the
+    training-based tests) starts this way."""
+    table = getattr(model, "embedding", None)
+    if not isinstance(table, torch.nn.Embedding) or tuple(table.weight.shape) != tuple(vectors.shape):
+        shape = tuple(table.weight.shape) if isinstance(table, torch.nn.Embedding) else "none"
+        raise AttnAuditError(f"a {config.model} model's word embedding ({shape}) cannot start from vectors of shape {tuple(vectors.shape)}")
+    with torch.no_grad():
+        table.weight.copy_(vectors)
+    return zero_rows(model, config)
+
+
 __all__ = [
     "MODELS",
     "AttentionLayer",
@@ -70,6 +84,7 @@ __all__ = [
     "ModelConfig",
     "ModelOutput",
     "build_model",
+    "with_vectors",
     "zero_rows",
     "detach_weights",
     "evaluation",

@@ -4,7 +4,8 @@ The training-based tests (Wiegreffe & Pinter 2019; the CoNLL-2000 tagging study)
 models *next to* a trained base run and compare them with it. Every such sub-run uses the
 base's data and vocabulary (its collate function, so both models see identical batches),
 its model config and its optimisation settings (Adam, lr, weight decay, clipping, batch
-size, patience, epochs) and selects its epoch on the dev split. What differs is a
+size, patience, epochs) and selects its epoch on the dev split; one trained from scratch beside a run trained from
+pretrained word vectors starts from those vectors, as the run did (:func:`base_vectors`). What differs is a
 :class:`Variant`:
 
 * ``interventions(batch)`` applied in every forward, training and evaluation alike
@@ -45,7 +46,7 @@ from attnaudit import __version__
 from attnaudit.data.types import Batch, Example, TaskData
 from attnaudit.errors import AttnAuditError
 from attnaudit.io import atomic_write_json, digest, read_json_object
-from attnaudit.models import ModelConfig, build_model
+from attnaudit.models import ModelConfig, build_model, with_vectors
 from attnaudit.models.interface import (
     AttentionModel,
     Intervention,
@@ -304,8 +305,24 @@ def variant_config(base: Run, variant: Variant, epochs: int | None, seed: int | 
         "kind": "attnaudit", "version": __version__, "model": config.to_dict(), "train": settings,
         "task": base.task.to_dict(), "variant": variant.key, "base": base.info.get("hash"),
     }
+    if settings.get("vectors") and variant.start is None:
+        run_config["start"] = "vectors"  # before this key, such sub-runs started random: they are trained again
     run_config["hash"] = config_hash(run_config)
     return TrainConfig(**settings), config, run_config
+
+
+def base_vectors(base: Run, cfg: TrainConfig) -> Tensor:
+    """The pretrained word vectors ``base`` was trained from (``train --vectors``), over its vocabulary, the rows of
+    words they lack drawn from ``cfg.seed`` as :func:`~attnaudit.training.trainer.train` draws them."""
+    from attnaudit.data.vocab import load_vectors
+
+    vocab = getattr(base.collate, "vocab", None)
+    if vocab is None or cfg.vectors is None:
+        raise AttnAuditError(f"{base.path}: a run trained from word vectors needs its word vocabulary to start a sub-run from them")
+    if not (cfg.vectors == "minilm" or cfg.vectors.startswith("hf:") or Path(cfg.vectors).exists()):
+        raise AttnAuditError(f"{base.path} was trained from the word vectors {cfg.vectors}, which are not there now: "
+                             "put the file back at that path to train models beside this run")
+    return load_vectors(cfg.vectors, vocab, seed=cfg.seed)
 
 
 def finished_variant(base: Run, out: str | Path, variant: Variant, *, epochs: int | None = None, seed: int | None = None) -> SubRun | None:
@@ -346,6 +363,8 @@ def train_variant(
     net = seeded(cfg.seed, lambda: (variant.build or build_model)(config).to(base.device))
     if variant.start is not None:
         net.load_state_dict(variant.start.state_dict())
+    elif cfg.vectors:  # started as the base was: from its pretrained vectors (the unknown words' rows drawn from this seed)
+        with_vectors(net, config, base_vectors(base, cfg).to(base.device))
     sub = Run(model=net, collate=base.collate, task=base.task, path=out, device=base.device, info=run_config)
     if out.exists() and not _resumable(out, run_config["hash"]):
         shutil.rmtree(out)

@@ -33,7 +33,7 @@ from attnaudit.io import (
     locked,
     remove_stray_tmp,
 )
-from attnaudit.models import MODELS, ModelConfig, build_model, zero_rows
+from attnaudit.models import MODELS, ModelConfig, build_model, with_vectors
 from attnaudit.models.interface import Intervention, evaluation
 from attnaudit.progress import status, track
 from attnaudit.run import Run, TaskSpec, absolute_dir
@@ -533,8 +533,7 @@ def _train_new(
         status(line)
     net = seeded(cfg.seed, lambda: build_model(config))
     if vectors is not None:
-        cast(nn.Embedding, net.embedding).weight.data.copy_(vectors)  # the word-level families' table
-        zero_rows(net, config)
+        with_vectors(net, config, vectors)
     net.to(resolve_device(device))
     collate = Collator(
         vocab, data.labels, data.task_type, hierarchical=model == "han", max_len=config.max_len, feature_vocab=feature_vocab
