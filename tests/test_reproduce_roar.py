@@ -69,7 +69,7 @@ def test_their_measures_are_ours_with_options_explaining_the_gold_label(tmp_path
     """Each of Madsen et al.'s measures, as their code computes it, from the gradient of the gold label's logit with the
     attention live: gradient ‖∂z/∂e‖₂ (over the embedding: see the module docstring), x ⊙ ∇ |Σ_d ∂z/∂e·e|; IG is ig
     with score=logit; and the roar test is asked for them with the gold label explained."""
-    import torch
+    from dataclasses import replace
 
     from attnaudit.data.synthetic import synthetic_task
     from attnaudit.experiments.roar import item_scores
@@ -261,3 +261,33 @@ def test_their_ig_written_out_is_our_ig_with_their_options(tmp_path: Path) -> No
     ours = item_scores(run, run.model, data.test, rr.EXPLANATIONS[method], 0, {**settings, "steps": 8}, gold=True)
     assert np.allclose(np.concatenate(ours), np.concatenate(theirs), atol=1e-6)
     assert not np.allclose(np.concatenate(plain), np.concatenate(theirs), atol=1e-6)
+
+
+def test_vectors_diagnostic_compares_input_x_gradient_with_the_gradient_and_the_embedding(tmp_path: Path) -> None:
+    """benchmarks/roar_vectors.py: ``alike`` on hand-made scores, and ``scores`` on a tiny run against the
+    registered input × gradient of their definition (our ``gradient`` with the attention live, the gold logit)."""
+    from dataclasses import replace
+
+    from attnaudit.data.synthetic import synthetic_task
+    from attnaudit.explain.registry import EXPLANATIONS
+    from attnaudit.training.trainer import train
+    from benchmarks.roar_vectors import RATIOS, alike, scores
+
+    up = np.arange(10, dtype=float)
+    rows = [{"product": up, "gradient": 3 * up, "embedding": -up}]
+    same = alike(rows, "gradient")
+    assert same["same_masked_words"] == dict.fromkeys(RATIOS, 1.0) and same["spearman_mean"] == pytest.approx(1.0) and same["sentences"] == 1
+    reversed_ = alike(rows, "embedding")
+    assert reversed_["spearman_mean"] == pytest.approx(-1.0) and all(v == 0.0 for v in reversed_["same_masked_words"].values())
+
+    run = train(synthetic_task("classification", seed=0, n_train=30, n_dev=10, n_test=10), "bilstm", tmp_path / "run",
+                epochs=1, hidden_dim=4, embed_dim=4, quiet_eval=True)
+    examples = run.data().test
+    ours = scores(run, examples)
+    batch = next(iter(run.batches(examples, 64)))
+    batch = replace(batch, explained=batch.labels)  # the gold label, as the diagnostic explains it
+    expected = EXPLANATIONS["gradient"](run, batch, attention="live", score="logit")
+    for row, got in enumerate(ours):
+        n = len(got["product"])
+        assert np.allclose(got["product"], expected[row, :n].abs().numpy(), atol=1e-6)
+        assert np.all(got["gradient"] >= 0) and np.allclose(got["embedding"], run.model.embed(batch)[row, :n].norm(dim=-1).detach().numpy())
