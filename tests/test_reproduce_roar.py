@@ -69,7 +69,7 @@ def test_their_measures_are_ours_with_options_explaining_the_gold_label(tmp_path
     """Each of Madsen et al.'s measures, as their code computes it, from the gradient of the gold label's logit with the
     attention live: gradient ‖∂z/∂e‖₂ (over the embedding: see the module docstring), x ⊙ ∇ |Σ_d ∂z/∂e·e|; IG is ig
     with score=logit; and the roar test is asked for them with the gold label explained."""
-    from dataclasses import replace
+    import torch
 
     from attnaudit.data.synthetic import synthetic_task
     from attnaudit.experiments.roar import item_scores
