@@ -171,7 +171,9 @@ def main() -> None:
     for part in chosen:
         start = time.perf_counter()
         measured = parts[part](args)
-        done[part] = {**measured, "total_wall_seconds": round(time.perf_counter() - start, 1), "command": provenance()["command"]}
+        here = provenance()  # each part's own command and commit: a part rerun alone leaves the others' as they were
+        done[part] = {**measured, "total_wall_seconds": round(time.perf_counter() - start, 1), "command": here["command"],
+                      "commit": here["commit"]}
         write_result(NAME, {"parts": done})
         print(f"{part}: done in {done[part]['total_wall_seconds']:.0f}s -> {out_file}")
 
