@@ -291,3 +291,32 @@ def test_vectors_diagnostic_compares_input_x_gradient_with_the_gradient_and_the_
         n = len(got["product"])
         assert np.allclose(got["product"], expected[row, :n].abs().numpy(), atol=1e-6)
         assert np.all(got["gradient"] >= 0) and np.allclose(got["embedding"], run.model.embed(batch)[row, :n].norm(dim=-1).detach().numpy())
+
+
+def test_the_pages_show_the_result_from_pretrained_vectors_beside_the_random_start() -> None:
+    """The results page's table of the reproduction started from MiniLM's static vectors
+    (``roar_madsen2022_sst_minilm_vectors_so_far.json``) beside seed 0 of the random start with the same data handling
+    (``roar_madsen2022_sst_their_data_so_far.json``) and the published RACU; its seed-0 curves; README's sentence."""
+    root = Path(__file__).resolve().parents[1]
+    results = root / "benchmarks" / "results"
+    vectors = json.loads((results / "roar_madsen2022_sst_minilm_vectors_so_far.json").read_text())
+    (task,) = vectors["tasks"]
+    (random_start,) = json.loads((results / "roar_madsen2022_sst_their_data_so_far.json").read_text())["tasks"]
+    page, readme = (root / "docs" / "sections" / "results.md").read_text(), " ".join((root / "README.md").read_text().split())
+    section = page[page.index("**Starting from pretrained vectors"):page.index("**First protocol")]
+    assert task["vectors"] == "minilm" and f"commit {vectors['commit'][:7]}" in section and not vectors["commit"].endswith("-dirty")
+    names = {"attention": "attention", "gradient": "gradient", "input_gradient": "input × gradient", "ig": "IG"}
+    said = []
+    for row in task["racu"]:
+        if not row["seeds"]:
+            continue
+        paper = row["published"]
+        seed0 = next(r["racu"] for r in random_start["racu_per_seed"] if r["method"] == row["method"] and r["seed"] == 0)
+        assert (f"| {names[row['method']]} | {row['racu']:.1f} | {seed0:.1f} | "
+                f"{paper['racu']:.1f} ({paper['low']:.1f}–{paper['high']:.1f}) |") in section
+        said.append(f"{names[row['method']]} {row['racu']:.1f}% (random start {seed0:.1f}%)")
+    assert said and ", ".join(said) in readme
+    flat = " ".join(section.split())
+    for method in ("random", *(r["method"] for r in task["racu"] if r["seeds"])):
+        scores = [f"{r['score']:.3f}" for r in sorted(task["curves"], key=lambda r: r["ratio"]) if r["method"] == method and r["seed"] == 0]
+        assert scores and f"{names.get(method, method)} {', '.join(scores)}" in flat
