@@ -320,3 +320,10 @@ def test_the_pages_show_the_result_from_pretrained_vectors_beside_the_random_sta
     for method in ("random", *(r["method"] for r in task["racu"] if r["seeds"])):
         scores = [f"{r['score']:.3f}" for r in sorted(task["curves"], key=lambda r: r["ratio"]) if r["method"] == method and r["seed"] == 0]
         assert scores and f"{names.get(method, method)} {', '.join(scores)}" in flat
+    why = json.loads((results / "roar_vectors.json").read_text())  # benchmarks/roar_vectors.py, quoted in the same section
+    assert f"commit {why['commit'][:7]}" in flat and not why["commit"].endswith("-dirty")
+    vec, rnd = why["bases"]["minilm"], why["bases"]["random"]
+    assert (f"{vec['product_vs_embedding']['spearman_mean']:.2f} for the base started from the vectors, against "
+            f"{rnd['product_vs_embedding']['spearman_mean']:.2f} for the base started random") in flat
+    assert f"(coefficient of variation {vec['embedding_norm']['cv']:.2f} against {rnd['embedding_norm']['cv']:.2f})" in flat
+    assert f"({vec['product_vs_gradient']['spearman_mean']:.2f} against {rnd['product_vs_gradient']['spearman_mean']:.2f})" in flat
