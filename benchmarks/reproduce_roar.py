@@ -19,7 +19,9 @@ Results keep their names. ``--so-far`` also reports every other complete curve i
 earlier definition of a measure, such as Integrated Gradients proper, ``ig-score-logit-gold-recursive``).
 
 Differences we know of: their SST vectors (fastText simple.300d) are not available offline, so SST embeddings
-start random (300-d), where theirs start from the vectors and every word fastText lacks starts at zero; their
+start random (300-d), where theirs start from the vectors and every word fastText lacks starts at zero
+(``--vectors minilm`` starts the base and every retrain from MiniLM's static vectors instead: pretrained, not
+fastText; its runs go to folders of their own, ``roar-<task>-vectors-<name>``); their
 length filter (``len(ex.text) > 5``) counts the treebank's tokens, punctuation included, ours (``--min-length 6``)
 the words of Jain & Wallace's file, so we keep fewer sentences (6,356 training sentences against 6,579); their
 gradient's norm is over the one-hot input, ``‖∂z/∂e · Eᵀ‖₂`` (``E`` the embedding matrix), ours over the embedding,
