@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,19 +35,22 @@ from benchmarks.common import RUNS, write_result  # noqa: E402
 RATIOS = list(range(10, 100, 10))
 
 
-def both_norms(run: Run, examples: list[Any], matrix: torch.Tensor) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Per example, ``(‖g‖₂, ‖g·Eᵀ‖₂)`` per word, ``g`` the gradient of the gold label's logit with respect to the
-    word's embedding (the attention live), ``matrix`` the embedding matrix ``E``."""
-    out = []
+def gold_gradients(run: Run, examples: list[Any]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Per example, ``(g, e)``: each word's embedding ``e`` and the gradient ``g`` of the gold label's logit with respect
+    to it (the attention live), ``(n, d)`` each, detached."""
     with evaluation(run.model), torch.enable_grad():
         for batch in run.batches(examples, 64):
             embeddings = run.model.embed(batch).detach().requires_grad_(True)
             logits = run.model.logits_forward(batch, embeddings=embeddings).logits
             (grad,) = torch.autograd.grad(logits.gather(1, batch.labels[:, None]).sum(), embeddings)
-            ours, theirs = grad.norm(dim=-1), (grad @ matrix.T).norm(dim=-1)
             for row, n in enumerate(batch.mask.sum(1).tolist()):
-                out.append((ours[row, :n].detach().numpy(), theirs[row, :n].detach().numpy()))
-    return out
+                yield grad[row, :n].detach(), embeddings[row, :n].detach()
+
+
+def both_norms(run: Run, examples: list[Any], matrix: torch.Tensor) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per example, ``(‖g‖₂, ‖g·Eᵀ‖₂)`` per word, ``g`` the gradient of the gold label's logit with respect to the
+    word's embedding (the attention live), ``matrix`` the embedding matrix ``E``."""
+    return [(grad.norm(dim=-1).numpy(), (grad @ matrix.T).norm(dim=-1).numpy()) for grad, _ in gold_gradients(run, examples)]
 
 
 def agreement(pairs: list[tuple[np.ndarray, np.ndarray]]) -> dict[str, Any]:

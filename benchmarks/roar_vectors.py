@@ -22,15 +22,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 from scipy.stats import spearmanr
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from attnaudit.experiments.roar import masked_count, top_items  # noqa: E402
-from attnaudit.models.interface import evaluation  # noqa: E402
 from attnaudit.run import Run, load_run  # noqa: E402
 from benchmarks.common import write_result  # noqa: E402
+from benchmarks.roar_gradient_norm import gold_gradients  # noqa: E402
 
 RATIOS = list(range(10, 100, 10))
 
@@ -38,16 +37,8 @@ RATIOS = list(range(10, 100, 10))
 def scores(run: Run, examples: list[Any]) -> list[dict[str, np.ndarray]]:
     """Per example and word: input × gradient ``|g·e|``, the gradient's norm ``‖g‖₂`` and the embedding's ``‖e‖₂``, ``g``
     the gradient of the gold label's logit with respect to the word's embedding ``e`` (the attention live)."""
-    out = []
-    with evaluation(run.model), torch.enable_grad():
-        for batch in run.batches(examples, 64):
-            embeddings = run.model.embed(batch).detach().requires_grad_(True)
-            logits = run.model.logits_forward(batch, embeddings=embeddings).logits
-            (grad,) = torch.autograd.grad(logits.gather(1, batch.labels[:, None]).sum(), embeddings)
-            product, norm, size = (grad * embeddings).sum(-1).abs(), grad.norm(dim=-1), embeddings.norm(dim=-1)
-            for row, n in enumerate(batch.mask.sum(1).tolist()):
-                out.append({k: v[row, :n].detach().numpy() for k, v in (("product", product), ("gradient", norm), ("embedding", size))})
-    return out
+    return [{"product": (grad * embedding).sum(-1).abs().numpy(), "gradient": grad.norm(dim=-1).numpy(),
+             "embedding": embedding.norm(dim=-1).numpy()} for grad, embedding in gold_gradients(run, examples)]
 
 
 def alike(rows: list[dict[str, np.ndarray]], other: str) -> dict[str, Any]:

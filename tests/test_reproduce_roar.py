@@ -268,6 +268,8 @@ def test_vectors_diagnostic_compares_input_x_gradient_with_the_gradient_and_the_
     registered input × gradient of their definition (our ``gradient`` with the attention live, the gold logit)."""
     from dataclasses import replace
 
+    import torch
+
     from attnaudit.data.synthetic import synthetic_task
     from attnaudit.explain.registry import EXPLANATIONS
     from attnaudit.training.trainer import train
@@ -291,6 +293,10 @@ def test_vectors_diagnostic_compares_input_x_gradient_with_the_gradient_and_the_
         n = len(got["product"])
         assert np.allclose(got["product"], expected[row, :n].abs().numpy(), atol=1e-6)
         assert np.all(got["gradient"] >= 0) and np.allclose(got["embedding"], run.model.embed(batch)[row, :n].norm(dim=-1).detach().numpy())
+    from benchmarks.roar_gradient_norm import both_norms  # the same gradients, through the helper both scripts share
+
+    for (plain, through), got in zip(both_norms(run, examples, torch.eye(4)), ours):
+        assert np.allclose(plain, through, atol=1e-6) and np.allclose(plain, got["gradient"], atol=1e-6)
 
 
 def test_the_pages_show_the_result_from_pretrained_vectors_beside_the_random_start() -> None:
