@@ -125,6 +125,12 @@ def _is_float(text: str) -> bool:
     return True
 
 
+def model_vectors(path: str | Path) -> bool:
+    """Whether ``path`` names static vectors taken from a pretrained model (``minilm``, ``hf:NAME_OR_PATH``) rather
+    than a word2vec/GloVe file."""
+    return str(path) == "minilm" or str(path).startswith("hf:")
+
+
 def load_vectors(
     path: str | Path, vocab: Vocab, dim: int | None = None, seed: int = 0, scale: float = 0.1
 ) -> torch.Tensor:
@@ -139,7 +145,7 @@ def load_vectors(
     ordinary tokens is reported with :func:`warn`. A few GloVe lines have words with
     spaces; they are accepted when the fields before the vector are not numbers.
     """
-    if str(path) == "minilm" or str(path).startswith("hf:"):
+    if model_vectors(path):
         return hf_static_vectors(str(path).removeprefix("hf:"), vocab, seed=seed, scale=scale)
     rows: dict[int, torch.Tensor] = {}
     exact: set[int] = set()

@@ -314,12 +314,12 @@ def variant_config(base: Run, variant: Variant, epochs: int | None, seed: int | 
 def base_vectors(base: Run, cfg: TrainConfig) -> Tensor:
     """The pretrained word vectors ``base`` was trained from (``train --vectors``), over its vocabulary, the rows of
     words they lack drawn from ``cfg.seed`` as :func:`~attnaudit.training.trainer.train` draws them."""
-    from attnaudit.data.vocab import load_vectors
+    from attnaudit.data.vocab import load_vectors, model_vectors
 
     vocab = getattr(base.collate, "vocab", None)
     if vocab is None or cfg.vectors is None:
         raise AttnAuditError(f"{base.path}: a run trained from word vectors needs its word vocabulary to start a sub-run from them")
-    if not (cfg.vectors == "minilm" or cfg.vectors.startswith("hf:") or Path(cfg.vectors).exists()):
+    if not (model_vectors(cfg.vectors) or Path(cfg.vectors).exists()):
         raise AttnAuditError(f"{base.path} was trained from the word vectors {cfg.vectors}, which are not there now: "
                              "put the file back at that path to train models beside this run")
     return load_vectors(cfg.vectors, vocab, seed=cfg.seed)
