@@ -104,7 +104,7 @@ def main() -> dict[str, Any]:
     rollout_cls = run_test("rollout", tuned, split="test", limit=args.rollout, out=out / "results", seed=0, flow_limit=args.flow,
                            limit_order=args.limit_order)
     rollout_max = run_test(
-        "rollout", tuned, split="test", limit=args.rollout, out=out / "results-max", seed=0, flow_limit=args.flow,
+        "rollout", tuned, split="test", limit=args.rollout, out=Path(f"{out}-results") / "rollout-max", seed=0, flow_limit=args.flow,
         query="max", importance=["gradient", "loo"], limit_order=args.limit_order,
     )
     stages["rollout"] = time.perf_counter() - tic

@@ -93,7 +93,8 @@ def timed(label: str, walls: dict[str, float], fn: Any, *args: Any, **kwargs: An
 
 def conll_scale(base: Run, args: argparse.Namespace, scale: str, walls: dict[str, float]) -> dict[str, Any]:
     """Tables 1 and 2 and the breakpoint with the adversaries' KL on one scale (token or entry)."""
-    out = Path(base.path) / "results" / f"kl-{scale}"  # one results folder (JSON, figures) per scale
+    # one results folder (JSON, figures) per scale, beside the run: a run folder is only read (io.refuse_inside)
+    out = Path(f"{base.path}-results") / f"kl-{scale}"
     adv: Result = timed(f"global-adversary ({scale} KL)", walls, run_test, "global-adversary", base,
                         data_dir=args.data_dir, epochs=args.epochs, kl_scale=scale, out=out)
     probe: Result = timed(f"probe ({scale} KL)", walls, run_test, "probe", base, data_dir=args.data_dir,

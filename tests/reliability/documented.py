@@ -62,15 +62,20 @@ def _placeholder(word: str) -> bool:
     return any(part in PLACEHOLDERS for part in re.split(r"[/=,]", word))
 
 
-def _words(line: str) -> list[str] | None:
-    """The words after ``attnaudit`` in a shell line (comment dropped), or None when it is prose."""
+def _shown_words(line: str) -> list[str] | None:
+    """The words after ``attnaudit`` in a shell line (comment dropped), patterns included; None when it is prose."""
     line = WRAPPER.sub("", line.split(" # ")[0].split("\t#")[0].strip())
     if not line.startswith("attnaudit "):
         return None
     try:
-        words = shlex.split(line)[1:]
+        return shlex.split(line)[1:]
     except ValueError:
         return None
+
+
+def _words(line: str) -> list[str] | None:
+    """The words after ``attnaudit`` in a shell line (comment dropped), or None when it is prose or a pattern."""
+    words = _shown_words(line)
     if not words or any(w in ("...", "[NAME") or w.startswith("<") or _placeholder(w) for w in words):
         return None  # a pattern such as `attnaudit run <test>` or `attnaudit report DIR`, not a command
     return words
@@ -99,19 +104,21 @@ def fenced_blocks(text: str) -> tuple[list[tuple[str, str]], str]:
     return blocks, "\n".join(prose)
 
 
-def markdown_commands(path: Path) -> list[Documented]:
-    """``attnaudit`` commands in fenced shell blocks (continuations joined) and in inline code."""
+def markdown_commands(path: Path, patterns: bool = False) -> list[Documented]:
+    """``attnaudit`` commands in fenced shell blocks (continuations joined) and in inline code; with
+    ``patterns``, also the commands holding a placeholder (``attnaudit run probe RUN --out RUN-results``)."""
+    words_of = _shown_words if patterns else _words
     blocks, prose = fenced_blocks(path.read_text(encoding="utf-8"))
     found: list[Documented] = []
     for language, body in blocks:
         if language not in ("", "bash", "sh", "shell", "console"):
             continue
         for line in body.replace("\\\n", " ").splitlines():
-            words = _words(line)
-            if words is not None:
+            words = words_of(line)
+            if words:
                 found.append(Documented(path.name, tuple(words)))
     for span in re.findall(r"`(attnaudit [^`]+)`", prose):
-        words = _words(span)
+        words = words_of(span)
         if words is not None and len(words) > 1:  # `attnaudit train` alone names a command in prose
             found.append(Documented(path.name, tuple(words)))
     return found

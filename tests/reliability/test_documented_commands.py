@@ -10,7 +10,7 @@ import pytest
 
 from attnaudit.experiments import discover
 
-from .documented import PLACEHOLDERS, PRODUCERS, Documented, Workspace, _words, documented_commands, markdown_commands
+from .documented import DOCS, PLACEHOLDERS, PRODUCERS, REPO, Documented, Workspace, _words, documented_commands, markdown_commands
 
 COMMANDS = documented_commands()
 
@@ -78,6 +78,32 @@ def test_wrapped_commands_are_found_and_patterns_are_not() -> None:
     assert _words("OMP_NUM_THREADS=1 attnaudit datasets") == ["datasets"]
     assert _words("nice -n 5 attnaudit audit --hf smollm2 --out DIR --only TESTS") is None
     assert _words("niceattnaudit tests") is None
+
+
+def _writes_inside_what_it_reads(args: tuple[str, ...]) -> bool:
+    """Whether a shown command's ``--out`` is the run folder it reads (``run TEST RUN``, ``--run RUN``) or lies
+    inside it; a run's own ``results`` is where ``run`` writes without ``--out`` and may be named (runner.py)."""
+    flags = dict(zip(args, args[1:]))
+    read = [flags[f] for f in ("--run",) if f in flags] + ([args[2]] if args[0] == "run" and len(args) > 2 else [])
+    out = flags.get("--out")
+    if out is None:
+        return False
+    return any(out.rstrip("/") == r.rstrip("/") or (out.startswith(r.rstrip("/") + "/") and not (
+        args[0] == "run" and out.rstrip("/") == r.rstrip("/") + "/results")) for r in read)
+
+
+def test_no_shown_command_or_pattern_writes_inside_the_folder_it_reads() -> None:
+    """The commands read a run and refuse an ``--out`` inside it (io.refuse_inside). The training-tests page still showed
+    patterns such as ``attnaudit run global-adversary RUN --out RUN/results/kl-token-small`` that now stop with exit 2,
+    and the reproduction script wrote there too. Patterns are never run, so they are checked here."""
+    assert _writes_inside_what_it_reads(("run", "probe", "RUN", "--out", "RUN/results/kl-token"))
+    assert _writes_inside_what_it_reads(("audit", "--run", "runs/sst", "--out", "runs/sst"))
+    assert not _writes_inside_what_it_reads(("run", "probe", "RUN", "--out", "RUN/results"))
+    assert not _writes_inside_what_it_reads(("run", "probe", "RUN", "--out", "RUN-results/kl-token"))
+    pages = [REPO / "README.md", REPO / "CONTRIBUTING.md", *sorted(DOCS.rglob("*.md"))]
+    shown = [c for page in pages for c in markdown_commands(page, patterns=True)]
+    assert any(c.args[:2] == ("run", "global-adversary") and "RUN" in c.args for c in shown)  # the patterns are read
+    assert [str(c) for c in shown if _writes_inside_what_it_reads(c.args)] == []
 
 
 def test_chains_keep_every_command_once_and_readers_after_writers() -> None:
