@@ -46,6 +46,20 @@ from attnaudit.run import Run
 
 RANDOM = "random"
 DEFAULT_RANKINGS = ["attention", RANDOM, "attention_gradient", "gradient_x_attention", "loo", "ig"]
+PUBLISHED: dict[str, str] = {
+    "paper": "Serrano & Smith (2019), Is Attention Interpretable?, ACL",
+    "single_weight": (
+        "Erasing the top-attention item usually changes the output more than erasing a random item "
+        "(delta JS mostly >= 0), but the differences are mostly small, and for the HAN models erasing "
+        "the top item leaves the decision unchanged in the vast majority of test instances "
+        "(§4, Fig. 3-4, Table 2)."
+    ),
+    "until_flip": (
+        "Removing items by attention ranking needs a large fraction of items before the decision "
+        "flips; rankings by gradient and by gradient x attention flip it after fewer removals "
+        "(§5, Fig. 5)."
+    ),
+}
 # Tags of the seeded streams: the single-weight random item, then random order r uses 1 + r.
 _SINGLE_STREAM = 0
 
@@ -498,35 +512,7 @@ class Erasure(Experiment):
             for key in ("median_fraction", "share_never"):  # the rest is in the until_flip_summary table
                 summary[f"flip_{ranking}_{key}"] = stats[key]
         summary["decode_calls"] = calls
-        notes = [
-            f"erasure at attention layer {run.model.explained_layer % run.model.num_attention_layers} (the explained "
-            "layer); encoder outputs are cached and unchanged. An erased item gets weight 0 in every head and query "
-            "and each attention row is renormalised over the remaining items.",
-            "decision = argmax of the model's own output on the unmodified input (not the gold label); a flip is a "
-            "change of that argmax.",
-            "items: tokens (HAN: sentences; pair Transformers: the text keys, not the query's). single weight "
-            "(S&S §4): the top item is the argmax of the 'attention' importance (the weight itself for single-query "
-            "attention; for Transformers the weight the key receives averaged over heads and real queries); the random "
-            "item is uniform among the other items, seeded by (seed, instance index). JSD in nats.",
-            "erase until flip (S&S §5): items are removed in ranking order, highest score first (ties by position); "
-            "attention_gradient and gradient_x_attention are signed, so items that most support the decision go "
-            "first; random: seeded permutations per (seed, instance index, order). At most n-1 of n items can be removed, "
-            "since the last one cannot be erased (zero mass cannot be renormalised); if the decision is unchanged "
-            "after n-1 removals the instance never flipped: its fraction is recorded as 1.0 and it is excluded from "
-            "the median/mean and counted in share_never.",
-            f"excluded from both tests: {n_length1} instance(s) with a single item (nothing can be erased short of "
-            "everything, and there is no 'other' random item).",
-        ]
-        if RANDOM in rankings:
-            notes.append(
-                f"random ranking: {options.random_orders} seeded order(s) per instance, pooled in the summary "
-                "(runs = instances x orders)."
-            )
-        if run.model.config.attention != "softmax":
-            notes.append(
-                f"{run.model.config.attention} attention can give items exactly zero weight: erasing them changes "
-                "nothing, and erasing the whole support leaves an all-zero attention row (no renormalisation)."
-            )
+        notes = _notes(run, rankings, options, n_length1)
         return Result(
             test="erasure",
             summary=summary,
@@ -535,20 +521,7 @@ class Erasure(Experiment):
             meta={
                 "notes": notes,
                 "rankings": rankings,
-                "published": {
-                    "paper": "Serrano & Smith (2019), Is Attention Interpretable?, ACL",
-                    "single_weight": (
-                        "Erasing the top-attention item usually changes the output more than erasing a random item "
-                        "(delta JS mostly >= 0), but the differences are mostly small, and for the HAN models erasing "
-                        "the top item leaves the decision unchanged in the vast majority of test instances "
-                        "(§4, Fig. 3-4, Table 2)."
-                    ),
-                    "until_flip": (
-                        "Removing items by attention ranking needs a large fraction of items before the decision "
-                        "flips; rankings by gradient and by gradient x attention flip it after fewer removals "
-                        "(§5, Fig. 5)."
-                    ),
-                },
+                "published": dict(PUBLISHED),
             },
         )
 
@@ -647,3 +620,37 @@ class Erasure(Experiment):
             ax.set_title("erase until the decision flips (S&S Fig. 5)")
             paths += save_figure(fig, directory, "erasure_until_flip")
         return paths
+
+
+def _notes(run: Run, rankings: list[str], options: Any, n_length1: int) -> list[str]:
+    """What the result's numbers mean: the layer, the decision, the items, both tests and what they exclude."""
+    notes = [
+        f"erasure at attention layer {run.model.explained_layer % run.model.num_attention_layers} (the explained "
+        "layer); encoder outputs are cached and unchanged. An erased item gets weight 0 in every head and query "
+        "and each attention row is renormalised over the remaining items.",
+        "decision = argmax of the model's own output on the unmodified input (not the gold label); a flip is a "
+        "change of that argmax.",
+        "items: tokens (HAN: sentences; pair Transformers: the text keys, not the query's). single weight "
+        "(S&S §4): the top item is the argmax of the 'attention' importance (the weight itself for single-query "
+        "attention; for Transformers the weight the key receives averaged over heads and real queries); the random "
+        "item is uniform among the other items, seeded by (seed, instance index). JSD in nats.",
+        "erase until flip (S&S §5): items are removed in ranking order, highest score first (ties by position); "
+        "attention_gradient and gradient_x_attention are signed, so items that most support the decision go "
+        "first; random: seeded permutations per (seed, instance index, order). At most n-1 of n items can be removed, "
+        "since the last one cannot be erased (zero mass cannot be renormalised); if the decision is unchanged "
+        "after n-1 removals the instance never flipped: its fraction is recorded as 1.0 and it is excluded from "
+        "the median/mean and counted in share_never.",
+        f"excluded from both tests: {n_length1} instance(s) with a single item (nothing can be erased short of "
+        "everything, and there is no 'other' random item).",
+    ]
+    if RANDOM in rankings:
+        notes.append(
+            f"random ranking: {options.random_orders} seeded order(s) per instance, pooled in the summary "
+            "(runs = instances x orders)."
+        )
+    if run.model.config.attention != "softmax":
+        notes.append(
+            f"{run.model.config.attention} attention can give items exactly zero weight: erasing them changes "
+            "nothing, and erasing the whole support leaves an all-zero attention row (no renormalisation)."
+        )
+    return notes

@@ -267,32 +267,12 @@ class GlobalAdversary(Experiment):
             c = compare(run, sub.model, examples)
             columns[lam] = c
             models[f"λ={lam:g}"] = sub.model
-            table.append(
-                {
-                    "lambda": lam,
-                    f"test_{key}": sub.metrics["test"][key],
-                    "mean_jsd": float(np.mean(c["jsd"])),
-                    "mean_tvd": float(np.mean(c["tvd"])),
-                    # Each objective's own KL direction: KL(adv‖base) for W&P, KL(base‖adv) per token for tagging.
-                    "mean_kl": weighted_mean(c["kl_base_other"], c["rows"]) if tagging else float(np.mean(c["kl_other_base"])),
-                    **({"mean_kl_entry": entry_scale(c["kl_base_other"], c["rows"])} if tagging else {}),
-                    "mean_nll": weighted_mean(c["nll"], c["outputs"]),
-                    "agreement": weighted_mean(c["agreement"], c["outputs"]),
-                    # 1.0 = one-hot rows: a saturated adversary parks its attention on one key (base: summary)
-                    "mean_max_attention": weighted_mean(c["max_attention_other"], c["rows"]),
-                    "epochs": sub.metrics.get("epochs"),
-                    "trained_now": sub.trained,
-                }
-            )
+            table.append(_sweep_row(lam, sub.metrics, sub.trained, c, key, tagging))
         instances = identity_rows(run, examples, next(iter(columns.values())))
         for i, row in enumerate(instances):
             for lam, c in columns.items():
-                if tagging:
-                    row[f"kl_lambda{lam:g}"] = float(c["kl_base_other"][i])
-                    row[f"nll_lambda{lam:g}"] = float(c["nll"][i])
-                else:
-                    row[f"jsd_lambda{lam:g}"] = float(c["jsd"][i])
-                    row[f"tvd_lambda{lam:g}"] = float(c["tvd"][i])
+                names = (("kl_lambda", "kl_base_other"), ("nll_lambda", "nll")) if tagging else (("jsd_lambda", "jsd"), ("tvd_lambda", "tvd"))
+                row.update({f"{prefix}{lam:g}": float(c[column][i]) for prefix, column in names})
         points = reference_points(run, examples)
         first = next(iter(columns.values()))
         summary: dict[str, Any] = {
@@ -318,27 +298,8 @@ class GlobalAdversary(Experiment):
                 summary[f"jsd@{lam:g}"] = row["mean_jsd"]
                 summary[f"tvd@{lam:g}"] = row["mean_tvd"]
         if tagging:
-            summary["kl_scale"] = options.kl_scale
-            fit = nll_breakpoint(np.array([r[kl_key] for r in table]), np.array([r["mean_nll"] for r in table]))
-            summary["breakpoint_kl"] = fit["breakpoint"]
-            if fit["flat"]:
-                notes.append("KL barely varies across the λ points (spread under 10% of the largest): no breakpoint is fitted")
-            summary["nll_slope_before"] = fit["slope_before"]
-            summary["nll_slope_after"] = fit["slope_after"]
-            notes.append(
-                "breakpoint: continuous two-segment piecewise-linear least-squares fit of mean NLL against mean KL over "
-                f"the λ points ({options.kl_scale}-scale KL), breakpoint searched on a grid between the 2nd-smallest and "
-                "2nd-largest KL (needs ≥ 4 distinct KL values); NaN when NLL does not rise more steeply after it"
-            )
-            if max(r["mean_kl"] for r in table) > CEILING_SHARE * KL_CEILING:
-                notes.append(
-                    f"mean KL reaches {max(r['mean_kl'] for r in table):.1f} nats, near the {KL_CEILING:.1f}-nat ceiling of "
-                    "the 1e-10-smoothed KL: the adversary's attention leaves the base's support, and λ in this range no "
-                    "longer controls how far it moves; smaller λ values trace the rise"
-                )
-            published: dict[str, Any] = dict(PUBLISHED_TAGGING)
-        else:
-            published = dict(PUBLISHED_CLASSIFICATION)
+            _breakpoint(table, options.kl_scale, kl_key, summary, notes)
+        published: dict[str, Any] = dict(PUBLISHED_TAGGING if tagging else PUBLISHED_CLASSIFICATION)
         if not points:
             notes.append("no finished seeds/uniform sub-runs: run the seeds and uniform tests first to add their points")
         meta = {"notes": notes, "published": published, "example_attention": example_attention(run, models, examples)}
@@ -416,3 +377,44 @@ class GlobalAdversary(Experiment):
             else f"no adversary keeps mean TVD ≤ {bound:.3f}: different attention costs prediction fidelity"
         )
         return [{"statistic": "max_jsd_at_seed_tvd", "value": best["mean_jsd"] if best else None, "published": "", "interpretation": meaning}]
+
+
+def _sweep_row(lam: float, metrics: dict[str, Any], trained: bool, c: dict[str, Any], key: str, tagging: bool) -> dict[str, Any]:
+    """One λ's row of the sweep table: the adversary's test score and its attention and outputs against the base's."""
+    return {
+        "lambda": lam,
+        f"test_{key}": metrics["test"][key],
+        "mean_jsd": float(np.mean(c["jsd"])),
+        "mean_tvd": float(np.mean(c["tvd"])),
+        # Each objective's own KL direction: KL(adv‖base) for W&P, KL(base‖adv) per token for tagging.
+        "mean_kl": weighted_mean(c["kl_base_other"], c["rows"]) if tagging else float(np.mean(c["kl_other_base"])),
+        **({"mean_kl_entry": entry_scale(c["kl_base_other"], c["rows"])} if tagging else {}),
+        "mean_nll": weighted_mean(c["nll"], c["outputs"]),
+        "agreement": weighted_mean(c["agreement"], c["outputs"]),
+        # 1.0 = one-hot rows: a saturated adversary parks its attention on one key (base: summary)
+        "mean_max_attention": weighted_mean(c["max_attention_other"], c["rows"]),
+        "epochs": metrics.get("epochs"),
+        "trained_now": trained,
+    }
+
+
+def _breakpoint(table: list[dict[str, Any]], kl_scale: str, kl_key: str, summary: dict[str, Any], notes: list[str]) -> None:
+    """Tagging: the NLL-vs-KL breakpoint over the λ points into ``summary``, and what it means into ``notes``."""
+    summary["kl_scale"] = kl_scale
+    fit = nll_breakpoint(np.array([r[kl_key] for r in table]), np.array([r["mean_nll"] for r in table]))
+    summary["breakpoint_kl"] = fit["breakpoint"]
+    if fit["flat"]:
+        notes.append("KL barely varies across the λ points (spread under 10% of the largest): no breakpoint is fitted")
+    summary["nll_slope_before"] = fit["slope_before"]
+    summary["nll_slope_after"] = fit["slope_after"]
+    notes.append(
+        "breakpoint: continuous two-segment piecewise-linear least-squares fit of mean NLL against mean KL over "
+        f"the λ points ({kl_scale}-scale KL), breakpoint searched on a grid between the 2nd-smallest and "
+        "2nd-largest KL (needs ≥ 4 distinct KL values); NaN when NLL does not rise more steeply after it"
+    )
+    if max(r["mean_kl"] for r in table) > CEILING_SHARE * KL_CEILING:
+        notes.append(
+            f"mean KL reaches {max(r['mean_kl'] for r in table):.1f} nats, near the {KL_CEILING:.1f}-nat ceiling of "
+            "the 1e-10-smoothed KL: the adversary's attention leaves the base's support, and λ in this range no "
+            "longer controls how far it moves; smaller λ values trace the rise"
+        )

@@ -234,41 +234,10 @@ class ImportanceCorrelation(Experiment):
         summary: dict[str, Any] = {"n": len(instances), "excluded_short": excluded}
         pair_rows, class_rows = [], []
         for a, m in pairs:
-            name = pair_name(a, m)
-            taus = [r[f"tau_{name}"] for r in instances]
-            stats = summarise(taus)
-            top = summarise([r[f"tau_topk_{name}"] for r in instances])
-            significant = _significant([r[f"p_{name}"] for r in instances])
-            summary.update(
-                {
-                    f"tau_{name}_mean": stats["mean"],
-                    f"tau_{name}_std": stats["std"],
-                    f"tau_{name}_significant": significant,
-                    f"tau_topk_{name}_mean": top["mean"],
-                }
-            )
-            published = PUBLISHED.get(name, {})
-            pair_rows.append(
-                {
-                    "pair": name,
-                    **stats,
-                    "significant": significant,
-                    "topk_mean": top["mean"],
-                    "topk_std": top["std"],
-                    **{f"published_{k}": v for k, v in published.items()},
-                }
-            )
-            for label in sorted({r["pred"] for r in instances}):
-                subset = [r for r in instances if r["pred"] == label]
-                class_stats = summarise([r[f"tau_{name}"] for r in subset])
-                class_rows.append(
-                    {
-                        "pair": name,
-                        "pred": label,
-                        **class_stats,
-                        "significant": _significant([r[f"p_{name}"] for r in subset]),
-                    }
-                )
+            stats, row, by_class = _pair(instances, pair_name(a, m))
+            summary.update(stats)
+            pair_rows.append(row)
+            class_rows += by_class
         tables: dict[str, list[dict[str, Any]]] = {"pairs": pair_rows, "by_predicted_class": class_rows}
         if heads:
             tables["heads"] = [
@@ -286,27 +255,7 @@ class ImportanceCorrelation(Experiment):
                     summary[f"tau_layer{layer}_headmean_vs_{method}_mean"] = summarise(heads[(layer, "mean", method)])[
                         "mean"
                     ]
-        notes = [
-            "τ is Kendall's τ-b (scipy.stats.kendalltau) over the real items of each instance; "
-            f"'significant' is the fraction of instances with p <= {SIGNIFICANCE}",
-            f"top-k τ: τ over the union of each method's top {options.topk} items (Jain & Wallace's variant)",
-            f"items: {_items(run)}; the explained attention is layer {run.model.explained_layer} "
-            "(mean over heads and real queries)",
-            "gradient: |Σ_d ∂ŷ/∂e·e| with every attention layer detached; ŷ = predicted-class probability",
-            "loo: output change (|Δŷ| binary, TVD multi-class) when the item is removed from the input",
-            f"excluded {excluded} instance(s) with fewer than 2 items (no ranking to compare)",
-            "instances where a method gives constant scores have τ = NaN; counted as n_nan, not averaged",
-        ]
-        if "ig" in methods:
-            notes.append(f"ig: Integrated Gradients, zero baseline, {options.ig_steps} steps, |Σ_d attribution|")
-        if "loo" in methods and options.loo_tokens is not None:
-            notes.append(f"loo is APPROXIMATE (--loo-tokens {options.loo_tokens}): only each instance's {options.loo_tokens} items of "
-                         "highest gradient importance were removed, the others score 0 (so τ(gradient, loo) is inflated by construction); "
-                         "τ with loo is not Jain & Wallace's")
-        if REFERENCE not in pairs:
-            notes.append("no gradient-vs-LOO reference row: it needs both gradient and loo in --methods")
-        if heads:
-            notes.append("per layer and head: table 'heads' (head 'mean' = the head-averaged attention of the layer)")
+        notes = _notes(run, options, methods, pairs, excluded, bool(heads))
         return Result(
             test="importance",
             summary=summary,
@@ -434,3 +383,47 @@ def _items(run: Run) -> str:
     if run.task.task_type == "pair":
         return "passage tokens (attention and gradients over the passage; the question is fixed)"
     return "tokens"
+
+
+def _pair(instances: list[dict[str, Any]], name: str) -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]]:
+    """One pair of methods: its summary entries, its row of the ``pairs`` table, its rows per predicted class."""
+    stats = summarise([r[f"tau_{name}"] for r in instances])
+    top = summarise([r[f"tau_topk_{name}"] for r in instances])
+    significant = _significant([r[f"p_{name}"] for r in instances])
+    summary = {f"tau_{name}_mean": stats["mean"], f"tau_{name}_std": stats["std"], f"tau_{name}_significant": significant,
+               f"tau_topk_{name}_mean": top["mean"]}
+    published = PUBLISHED.get(name, {})
+    row = {"pair": name, **stats, "significant": significant, "topk_mean": top["mean"], "topk_std": top["std"],
+           **{f"published_{k}": v for k, v in published.items()}}
+    by_class = []
+    for label in sorted({r["pred"] for r in instances}):
+        subset = [r for r in instances if r["pred"] == label]
+        by_class.append({"pair": name, "pred": label, **summarise([r[f"tau_{name}"] for r in subset]),
+                         "significant": _significant([r[f"p_{name}"] for r in subset])})
+    return summary, row, by_class
+
+
+def _notes(run: Run, options: Any, methods: list[str], pairs: list[tuple[str, str]], excluded: int, heads: bool) -> list[str]:
+    """What τ, its items and each method mean here, and what was left out."""
+    notes = [
+        "τ is Kendall's τ-b (scipy.stats.kendalltau) over the real items of each instance; "
+        f"'significant' is the fraction of instances with p <= {SIGNIFICANCE}",
+        f"top-k τ: τ over the union of each method's top {options.topk} items (Jain & Wallace's variant)",
+        f"items: {_items(run)}; the explained attention is layer {run.model.explained_layer} "
+        "(mean over heads and real queries)",
+        "gradient: |Σ_d ∂ŷ/∂e·e| with every attention layer detached; ŷ = predicted-class probability",
+        "loo: output change (|Δŷ| binary, TVD multi-class) when the item is removed from the input",
+        f"excluded {excluded} instance(s) with fewer than 2 items (no ranking to compare)",
+        "instances where a method gives constant scores have τ = NaN; counted as n_nan, not averaged",
+    ]
+    if "ig" in methods:
+        notes.append(f"ig: Integrated Gradients, zero baseline, {options.ig_steps} steps, |Σ_d attribution|")
+    if "loo" in methods and options.loo_tokens is not None:
+        notes.append(f"loo is APPROXIMATE (--loo-tokens {options.loo_tokens}): only each instance's {options.loo_tokens} items of "
+                     "highest gradient importance were removed, the others score 0 (so τ(gradient, loo) is inflated by construction); "
+                     "τ with loo is not Jain & Wallace's")
+    if REFERENCE not in pairs:
+        notes.append("no gradient-vs-LOO reference row: it needs both gradient and loo in --methods")
+    if heads:
+        notes.append("per layer and head: table 'heads' (head 'mean' = the head-averaged attention of the layer)")
+    return notes

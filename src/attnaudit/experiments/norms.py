@@ -38,6 +38,12 @@ from attnaudit.progress import track
 from attnaudit.run import Run
 
 CATEGORIES = ("[CLS]", "[SEP]", "punct", "other")
+PUBLISHED: dict[str, str] = {
+    "paper": "Kobayashi et al. 2020, Attention is Not Only a Weight (EMNLP), Section 4",
+    "setting": "pre-trained BERT-base, 992 Wikipedia sequences (Clark et al. 2019 data)",
+    "finding": "[CLS], [SEP], periods and commas receive large weights α but small ‖α f(x)‖; "
+    "α and ‖f(x)‖ are negatively correlated for them, so BERT pays little attention to special tokens",
+}
 
 
 def _finite(value: Any) -> TypeGuard[float]:
@@ -307,34 +313,12 @@ class Norms(Experiment):
         mean_fx, mean_summed = ratio("fx", "keys"), ratio("summed_norm", "layer_pairs")
         weight_share, norm_share = ratio("weight_share", "rows"), ratio("norm_share", "rows")
         present = totals.get("keys").sum(0) > 0
+        columns = {"mean_weight": mean_weight, "mean_weighted_norm": mean_weighted, "mean_fx_norm": mean_fx,
+                   "mean_summed_norm": mean_summed, "weight_share": weight_share, "norm_share": norm_share}
         layer_rows, corr_rows = [], []
         for layer, store in enumerate(pairs):
-            alpha = np.concatenate(store["alpha"]) if store["alpha"] else np.zeros(0)
-            fx = np.concatenate(store["fx"]) if store["fx"] else np.zeros(0)
-            cat = np.concatenate(store["cat"]) if store["cat"] else np.zeros(0, dtype=np.int8)
-            corr: dict[str, Any] = {"layer": layer, "all": spearman_rho(alpha, fx), "n_pairs": int(alpha.size)}
-            for c, cname in enumerate(CATEGORIES):
-                if not present[c]:
-                    continue
-                sel = cat == c
-                corr[cname] = spearman_rho(alpha[sel], fx[sel])
-                layer_rows.append(
-                    {
-                        "layer": layer,
-                        "category": cname,
-                        "mean_weight": mean_weight[layer, c],
-                        "mean_weighted_norm": mean_weighted[layer, c],
-                        "mean_fx_norm": mean_fx[layer, c],
-                        "mean_summed_norm": mean_summed[layer, c],
-                        "weight_share": weight_share[layer, c],
-                        "norm_share": norm_share[layer, c],
-                        "spearman_alpha_fx": corr[cname],
-                        "n_keys": int(totals.get("keys")[layer, c]),
-                    }
-                )
-            if present[0] or present[1]:
-                specials = cat <= 1
-                corr["special"] = spearman_rho(alpha[specials], fx[specials])
+            corr, rows = _layer_tables(layer, store, present, columns, totals.get("keys"))
+            layer_rows += rows
             corr_rows.append(corr)
         summary: dict[str, Any] = {"spearman_alpha_fx": float(np.nanmean([r["all"] for r in corr_rows]))}
         for c, cname in enumerate(CATEGORIES):
@@ -372,12 +356,7 @@ class Norms(Experiment):
                 "heatmap_layer": heat_layer,
                 "heatmap_index": heat_index,
                 "special_tokens": special,
-                "published": {
-                    "paper": "Kobayashi et al. 2020, Attention is Not Only a Weight (EMNLP), Section 4",
-                    "setting": "pre-trained BERT-base, 992 Wikipedia sequences (Clark et al. 2019 data)",
-                    "finding": "[CLS], [SEP], periods and commas receive large weights α but small ‖α f(x)‖; "
-                    "α and ‖f(x)‖ are negatively correlated for them, so BERT pays little attention to special tokens",
-                },
+                "published": dict(PUBLISHED),
             },
         )
 
@@ -470,3 +449,26 @@ class Norms(Experiment):
             fig.suptitle(where, y=1.02)
             paths += save_figure(fig, directory, "norms_heatmap")
         return paths
+
+
+def _layer_tables(
+    layer: int, store: dict[str, list[np.ndarray]], present: np.ndarray, columns: dict[str, np.ndarray], keys: np.ndarray
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """One layer: Spearman ρ(α, ‖f(x)‖) over its sampled pairs (all, per category present, the special tokens together)
+    and its rows of the ``layers`` table (each of ``columns`` at this layer and category)."""
+    alpha = np.concatenate(store["alpha"]) if store["alpha"] else np.zeros(0)
+    fx = np.concatenate(store["fx"]) if store["fx"] else np.zeros(0)
+    cat = np.concatenate(store["cat"]) if store["cat"] else np.zeros(0, dtype=np.int8)
+    corr: dict[str, Any] = {"layer": layer, "all": spearman_rho(alpha, fx), "n_pairs": int(alpha.size)}
+    rows = []
+    for c, cname in enumerate(CATEGORIES):
+        if not present[c]:
+            continue
+        sel = cat == c
+        corr[cname] = spearman_rho(alpha[sel], fx[sel])
+        rows.append({"layer": layer, "category": cname, **{name: values[layer, c] for name, values in columns.items()},
+                     "spearman_alpha_fx": corr[cname], "n_keys": int(keys[layer, c])})
+    if present[0] or present[1]:
+        specials = cat <= 1
+        corr["special"] = spearman_rho(alpha[specials], fx[specials])
+    return corr, rows

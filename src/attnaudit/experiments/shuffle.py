@@ -13,7 +13,7 @@ weight intervention; a zero-shot LLM's accuracy is that of its verbalizer decisi
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -103,35 +103,7 @@ class Shuffle(Experiment):
         settings = [f"layer{layer}" for layer in range(n_layers)] + ["all"]
         chosen = range(len(settings)) if options.per_layer else [n_layers]
         generators = {(s, r): seeded_generator(seed, r, s) for s in chosen for r in range(options.repeats)}
-        original: list[Tensor] = []
-        shuffled: dict[tuple[int, int], list[Tensor]] = {key: [] for key in generators}
-        heatmaps: list[dict[str, Any]] = []
-        positions: list[int] = []
-        total = -(-len(examples) // options.batch_size)
-        with torch.no_grad():
-            for indices, batch in track(run.sorted_batches(examples, options.batch_size), "shuffle", total=total):
-                positions += indices
-                gold = batch_labels(batch)
-                cache = model.encode(batch)
-                # one layer at a time restarts from the states entering it: those need the whole trace
-                base = model.decode(cache) if options.per_layer else base_pass(model, batch)
-                original.append(base.logits.argmax(-1) == gold)
-                heatmaps += attention_rows(run, batch, base.trace, "original", options.show, indices)
-                for s in chosen:
-                    for r in range(options.repeats):
-                        fn = _shuffler(generators[(s, r)], model.causal)
-                        if s < n_layers:
-                            # Layers before s are unchanged: restart the model at layer s.
-                            out = model.decode(model.cache_at(base.trace, s, cache), [Intervention(layer=s, weights=fn)])
-                        else:
-                            out = model.decode(cache, [Intervention(weights=fn)])
-                        shuffled[(s, r)].append(out.logits.argmax(-1) == gold)
-                        if s == n_layers and r == 0:
-                            heatmaps += attention_rows(run, batch, out.trace, "shuffled (all layers)", options.show, indices)
-
-        back = torch.argsort(torch.tensor(positions))  # batches ran by length: back to the examples' order
-        base_correct = torch.cat(original).float()[back]
-        correct = {key: torch.cat(v).float()[back] for key, v in shuffled.items()}
+        base_correct, correct, heatmaps = _passes(run, examples, options, chosen, generators)
         heatmaps.sort(key=lambda row: row["index"])  # stable: settings keep their order
         accuracy_original = float(base_correct.mean())
         rows = []
@@ -224,3 +196,41 @@ class Shuffle(Experiment):
             result.tables.get(ATTENTION_TABLE, []), directory, "shuffle-attention", "original vs shuffled attention"
         )
         return paths
+
+
+def _passes(
+    run: Run, examples: list[Example], options: Any, chosen: Iterable[int], generators: dict[tuple[int, int], torch.Generator]
+) -> tuple[Tensor, dict[tuple[int, int], Tensor], list[dict[str, Any]]]:
+    """The model's passes, unchanged and with each chosen setting's rows shuffled (setting s < L: layer s alone; L: every
+    layer), batched by length: per example (in the examples' order) whether the decision is right, and the heatmap rows."""
+    model = run.model
+    n_layers = model.num_attention_layers
+    original: list[Tensor] = []
+    shuffled: dict[tuple[int, int], list[Tensor]] = {key: [] for key in generators}
+    heatmaps: list[dict[str, Any]] = []
+    positions: list[int] = []
+    total = -(-len(examples) // options.batch_size)
+    with torch.no_grad():
+        for indices, batch in track(run.sorted_batches(examples, options.batch_size), "shuffle", total=total):
+            positions += indices
+            gold = batch_labels(batch)
+            cache = model.encode(batch)
+            # one layer at a time restarts from the states entering it: those need the whole trace
+            base = model.decode(cache) if options.per_layer else base_pass(model, batch)
+            original.append(base.logits.argmax(-1) == gold)
+            heatmaps += attention_rows(run, batch, base.trace, "original", options.show, indices)
+            for s in chosen:
+                for r in range(options.repeats):
+                    fn = _shuffler(generators[(s, r)], model.causal)
+                    if s < n_layers:
+                        # Layers before s are unchanged: restart the model at layer s.
+                        out = model.decode(model.cache_at(base.trace, s, cache), [Intervention(layer=s, weights=fn)])
+                    else:
+                        out = model.decode(cache, [Intervention(weights=fn)])
+                    shuffled[(s, r)].append(out.logits.argmax(-1) == gold)
+                    if s == n_layers and r == 0:
+                        heatmaps += attention_rows(run, batch, out.trace, "shuffled (all layers)", options.show, indices)
+    back = torch.argsort(torch.tensor(positions))  # batches ran by length: back to the examples' order
+    base_correct = torch.cat(original).float()[back]
+    correct = {key: torch.cat(v).float()[back] for key, v in shuffled.items()}
+    return base_correct, correct, heatmaps
