@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from attnaudit.errors import AttnAuditError
 from attnaudit.experiments import discover
+from attnaudit.io import refuse_inside
 
 from .documented import DOCS, PLACEHOLDERS, PRODUCERS, REPO, Documented, Workspace, _words, documented_commands, markdown_commands
 
@@ -80,30 +82,34 @@ def test_wrapped_commands_are_found_and_patterns_are_not() -> None:
     assert _words("niceattnaudit tests") is None
 
 
-def _writes_inside_what_it_reads(args: tuple[str, ...]) -> bool:
-    """Whether a shown command's ``--out`` is the run folder it reads (``run TEST RUN``, ``--run RUN``) or lies
-    inside it; a run's own ``results`` is where ``run`` writes without ``--out`` and may be named (runner.py)."""
+def _writes_inside_what_it_reads(args: tuple[str, ...], root: Path) -> bool:
+    """Whether the commands' own rule (io.refuse_inside: ``run`` may name the run's ``results``, nothing else inside
+    it) refuses a shown command's ``--out`` against the run it reads (``run TEST RUN``, ``--run RUN``), with the paths
+    laid out under ``root``."""
     flags = dict(zip(args, args[1:]))
     read = [flags[f] for f in ("--run",) if f in flags] + ([args[2]] if args[0] == "run" and len(args) > 2 else [])
     out = flags.get("--out")
-    if out is None:
-        return False
-    return any(out.rstrip("/") == r.rstrip("/") or (out.startswith(r.rstrip("/") + "/") and not (
-        args[0] == "run" and out.rstrip("/") == r.rstrip("/") + "/results")) for r in read)
+    for folder in read if out is not None else []:
+        (root / folder.lstrip("/")).mkdir(parents=True, exist_ok=True)
+        try:
+            refuse_inside(root / str(out).lstrip("/"), root / folder.lstrip("/"), allowed="results" if args[0] == "run" else None)
+        except AttnAuditError:
+            return True
+    return False
 
 
-def test_no_shown_command_or_pattern_writes_inside_the_folder_it_reads() -> None:
+def test_no_shown_command_or_pattern_writes_inside_the_folder_it_reads(tmp_path: Path) -> None:
     """The commands read a run and refuse an ``--out`` inside it (io.refuse_inside). The training-tests page still showed
     patterns such as ``attnaudit run global-adversary RUN --out RUN/results/kl-token-small`` that now stop with exit 2,
     and the reproduction script wrote there too. Patterns are never run, so they are checked here."""
-    assert _writes_inside_what_it_reads(("run", "probe", "RUN", "--out", "RUN/results/kl-token"))
-    assert _writes_inside_what_it_reads(("audit", "--run", "runs/sst", "--out", "runs/sst"))
-    assert not _writes_inside_what_it_reads(("run", "probe", "RUN", "--out", "RUN/results"))
-    assert not _writes_inside_what_it_reads(("run", "probe", "RUN", "--out", "RUN-results/kl-token"))
+    assert _writes_inside_what_it_reads(("run", "probe", "RUN", "--out", "RUN/results/kl-token"), tmp_path)
+    assert _writes_inside_what_it_reads(("audit", "--run", "runs/sst", "--out", "runs/sst"), tmp_path)
+    assert not _writes_inside_what_it_reads(("run", "probe", "RUN", "--out", "RUN/results"), tmp_path)
+    assert not _writes_inside_what_it_reads(("run", "probe", "RUN", "--out", "RUN-results/kl-token"), tmp_path)
     pages = [REPO / "README.md", REPO / "CONTRIBUTING.md", *sorted(DOCS.rglob("*.md"))]
     shown = [c for page in pages for c in markdown_commands(page, patterns=True)]
     assert any(c.args[:2] == ("run", "global-adversary") and "RUN" in c.args for c in shown)  # the patterns are read
-    assert [str(c) for c in shown if _writes_inside_what_it_reads(c.args)] == []
+    assert [str(c) for c in shown if _writes_inside_what_it_reads(c.args, tmp_path / "checkout")] == []
 
 
 def test_chains_keep_every_command_once_and_readers_after_writers() -> None:
