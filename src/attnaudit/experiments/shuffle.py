@@ -13,7 +13,7 @@ weight intervention; a zero-shot LLM's accuracy is that of its verbalizer decisi
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -199,7 +199,7 @@ class Shuffle(Experiment):
 
 
 def _passes(
-    run: Run, examples: list[Example], options: Any, chosen: Iterable[int], generators: dict[tuple[int, int], torch.Generator]
+    run: Run, examples: list[Example], options: Any, chosen: Sequence[int], generators: dict[tuple[int, int], torch.Generator]
 ) -> tuple[Tensor, dict[tuple[int, int], Tensor], list[dict[str, Any]]]:
     """The model's passes, unchanged and with each chosen setting's rows shuffled (setting s < L: layer s alone; L: every
     layer), batched by length: per example (in the examples' order) whether the decision is right, and the heatmap rows."""
