@@ -20,7 +20,10 @@ The roofline part says how much any batching could win on this CPU: the separate
 twice that backward) against the best single-matmul rate this CPU reaches at the same thread count
 (a 512-square float32 matmul, the fastest size here, in the same interleaved rounds). Their ratio bounds
 the speedup of any batched trainer that does the same FLOPs: a bound under 3 means issue #44's 3x goal cannot be met by batching on this machine.
-Run: ``.venv/bin/python benchmarks/bench_batched_lstm.py [--models 5] [--repeats 7] [--threads 1]``.
+On a GPU (``--device cuda``) every timed call ends with ``torch.cuda.synchronize()``, and ``--matmul`` sets the
+square matmul that stands for the peak (512 suits this CPU; a GPU needs thousands to leave launch overhead behind).
+Run: ``.venv/bin/python benchmarks/bench_batched_lstm.py [--models 5] [--repeats 7] [--threads 1] [--device cpu|cuda]
+[--matmul 512]``.
 """
 
 from __future__ import annotations
@@ -83,20 +86,23 @@ def stacked(weights: dict[str, Tensor], x: Tensor, mask: Tensor) -> Tensor:
     return torch.cat([direction(weights, "", x, mask, False), direction(weights, "_reverse", x, mask, True)], -1)
 
 
-def setup(models: int, batch: int, width: int, embed: int, hidden: int, seed: int = 0) -> tuple[list[nn.LSTM], Tensor, Tensor]:
+def setup(models: int, batch: int, width: int, embed: int, hidden: int, seed: int = 0,
+          device: str = "cpu") -> tuple[list[nn.LSTM], Tensor, Tensor]:
+    """``models`` BiLSTMs, a batch of ``x (K, B, T, E)`` (zero at padding) and its mask, drawn on the CPU with
+    ``seed`` (the same numbers on every device), then moved to ``device``."""
     torch.manual_seed(seed)
     lstms = [nn.LSTM(embed, hidden, batch_first=True, bidirectional=True) for _ in range(models)]
     lengths = torch.randint(4, width + 1, (batch,))
     lengths[0] = width
     mask = torch.arange(width)[None, :] < lengths[:, None]
     x = torch.randn(models, batch, width, embed) * mask[None, :, :, None]
-    return lstms, x, mask
+    return [m.to(device) for m in lstms], x.to(device), mask.to(device)
 
 
 def check(lstms: list[nn.LSTM], x: Tensor, mask: Tensor) -> dict[str, float]:
     """Largest differences of outputs and weight gradients between the two ways."""
     outs = separate(lstms, x, mask)
-    probe = torch.randn(len(lstms), *outs[0].shape)
+    probe = torch.randn(len(lstms), *outs[0].shape).to(x.device)
     sum((o * p).sum() for o, p in zip(outs, probe)).backward()
     weights = stack(lstms)
     out = stacked(weights, x, mask)
@@ -121,16 +127,16 @@ MATMUL = 512
 """The square float32 matmul that stands for this CPU's peak rate (the fastest size of 256 … 2048 here)."""
 
 
-def roofline(timing: dict[str, Any], flops: float, matmuls: int) -> dict[str, Any]:
+def roofline(timing: dict[str, Any], flops: float, matmuls: int, size: int = MATMUL) -> dict[str, Any]:
     """The separate path's achieved GFLOP/s against the matmul's, per interleaved round (so both ran under the
     same load), and the bound they set on any batched trainer doing the same FLOPs."""
     separate, peak = timing["seconds"]["separate"], timing["seconds"]["matmul"]
     achieved = {k: flops / separate[k] / 1e9 for k in ("min", "median", "max")}
-    rate = {k: matmuls * 2 * MATMUL**3 / peak[k] / 1e9 for k in ("min", "median", "max")}
-    scale = matmuls * 2 * MATMUL**3 / flops  # the matmul's FLOPs over the separate path's
+    rate = {k: matmuls * 2 * size**3 / peak[k] / 1e9 for k in ("min", "median", "max")}
+    scale = matmuls * 2 * size**3 / flops  # the matmul's FLOPs over the separate path's
     bound = {k: scale * v for k, v in timing["separate_over_matmul"].items() if k in ("min", "median", "max")}
     return {
-        "flops_per_round": flops, "separate_gflops": achieved, "matmul_gflops": rate, "matmul_size": MATMUL,
+        "flops_per_round": flops, "separate_gflops": achieved, "matmul_gflops": rate, "matmul_size": size,
         "speedup_bound": bound, "fraction_of_peak": 1 / bound["median"],
         "reading": "per round, the separate path's GFLOP/s over the matmul's: a batched trainer doing the same FLOPs "
                    "cannot beat the peak, so peak / achieved bounds its speedup",
@@ -147,27 +153,36 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--name", default="batched_lstm")
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda / cuda:N (every timed call synchronises)")
+    parser.add_argument("--matmul", type=int, default=MATMUL, help="the square float32 matmul that stands for the peak")
     args = parser.parse_args()
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        parser.error(f"--device {args.device}: torch sees no GPU here; use --device cpu")
     torch.set_num_threads(args.threads)
-    lstms, x, mask = setup(args.models, args.batch, args.width, args.embed, args.hidden)
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False  # float32 on both paths, so they agree
+    lstms, x, mask = setup(args.models, args.batch, args.width, args.embed, args.hidden, device=args.device)
     equal = check(lstms, x, mask)
     assert equal["max_output_difference"] < 1e-5 and equal["max_gradient_difference"] < 1e-4, equal
     weights = stack(lstms)
+    sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
 
     def one_at_a_time() -> None:
         for out in separate(lstms, x, mask):
             out.sum().backward()
+        sync()
 
     def together() -> None:
         stacked(weights, x, mask).sum().backward()
+        sync()
 
     flops = lstm_flops(mask, args.embed, args.hidden) * args.models
-    matmuls = max(1, round(flops / (2 * MATMUL**3)))
-    a, b = torch.randn(MATMUL, MATMUL), torch.randn(MATMUL, MATMUL)
+    matmuls = max(1, round(flops / (2 * args.matmul**3)))
+    a, b = torch.randn(args.matmul, args.matmul, device=args.device), torch.randn(args.matmul, args.matmul, device=args.device)
 
     def peak() -> None:
         for _ in range(matmuls):
             a @ b
+        sync()
 
     timing, _ = time_interleaved({"separate": one_at_a_time, "stacked": together, "matmul": peak}, args.repeats,
                                  ratios={"speedup": ("separate", "stacked"), "separate_over_matmul": ("separate", "matmul")})
@@ -175,9 +190,10 @@ def main() -> None:
         "what": "BiLSTM encoder forward + backward of one SST-shaped training batch for K models: K nn.LSTM calls "
                 "(packed) vs one stacked bmm LSTM",
         "shape": {"models": args.models, "batch": args.batch, "max_tokens": args.width, "embed": args.embed, "hidden": args.hidden},
-        "threads": args.threads, "equal": equal, "timing": timing,
+        "threads": args.threads, "device": torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else "cpu",
+        "torch": torch.__version__, "equal": equal, "timing": timing,
         "speedup_median": timing["speedup"]["median"],
-        "roofline": roofline(timing, flops, matmuls),
+        "roofline": roofline(timing, flops, matmuls, args.matmul),
     }
     write_result(args.name, payload)
     print(f"K={args.models}: separate {timing['seconds']['separate']['median'] * 1e3:.1f} ms, stacked "
