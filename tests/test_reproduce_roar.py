@@ -350,3 +350,46 @@ def test_the_pages_show_the_result_from_pretrained_vectors_beside_the_random_sta
             f"{rnd['product_vs_embedding']['spearman_mean']:.2f} for the base started random") in flat
     assert f"(coefficient of variation {vec['embedding_norm']['cv']:.2f} against {rnd['embedding_norm']['cv']:.2f})" in flat
     assert f"({vec['product_vs_gradient']['spearman_mean']:.2f} against {rnd['product_vs_gradient']['spearman_mean']:.2f})" in flat
+
+
+def test_the_pages_show_the_gpu_run_and_the_gpu_batching_as_measured() -> None:
+    """The results page's paragraph on the GPU run (``roar_sst_cuda.json`` and its ledger beside the CPU's seed 0 of
+    ``roar_madsen2022_sst_their_data_so_far.json`` and its ledger) and the training-tests page's GPU batching sentence
+    (``batched_lstm_cuda*.json``) say what the files hold."""
+    import statistics
+
+    root = Path(__file__).resolve().parents[1]
+    results = root / "benchmarks" / "results"
+    load = lambda name: json.loads((results / f"{name}.json").read_text())  # noqa: E731
+    page = " ".join((root / "docs" / "sections" / "results.md").read_text().split())
+    section = page[page.index("**On a GPU (seed 0, attention only).**"):page.index("**Starting from pretrained vectors")]
+    (gpu,) = load("roar_sst_cuda")["tasks"]
+    (cpu,) = load("roar_madsen2022_sst_their_data_so_far")["tasks"]
+    g = {(r["method"], r["ratio"]): r["score"] for r in gpu["curves"]}
+    c = {(r["method"], r["ratio"]): r["score"] for r in cpu["curves"] if r["seed"] == 0}
+    same = [r for r in range(0, 101, 10) if g["random", r] == c["random", r]]
+    differ = [r for r in range(0, 101, 10) if r not in same]
+    assert g["random", 0] == c["random", 0] and f"macro-F1 {g['random', 0]:.4f}" in section
+    assert f"at every ratio but {differ[0]} % and {differ[1]} %" in section and len(differ) == 2
+    pairs = ", ".join(f"{g['random', r]:.3f} against {c['random', r]:.3f}" for r in differ)
+    assert f"({pairs})" in section
+    assert f"({g['attention', 40]:.3f} against {c['attention', 40]:.3f} at 40 %)" in section
+    assert all(abs(g["attention", r] - c["attention", r]) < 0.002 for r in (10, 20, 30))  # the drift starts at 40 %
+    theirs = next(r["racu"] for r in cpu["racu_per_seed"] if r["method"] == "attention" and r["seed"] == 0)
+    assert f"attention's RACU is {gpu['racu'][0]['racu']:.1f}, against {theirs:.1f} for the CPU's seed 0" in section
+    seconds = [e["metrics"]["train_seconds"] for e in load("roar_sst_cuda_ledger")["tasks"]["sst"].values()]
+    shared = {k for k in load("roar_sst_cuda_ledger")["tasks"]["sst"]}
+    cpu_seconds = [e["metrics"]["train_seconds"] for k, e in load("roar_madsen2022_sst_their_data_ledger")["tasks"]["sst"].items() if k in shared]
+    assert len(seconds) == len(cpu_seconds) == 19
+    assert (f"{statistics.median(seconds):.1f} s there (median of {len(seconds)}; {min(seconds):.1f}–{max(seconds):.1f} s), against "
+            f"{statistics.median(cpu_seconds):.1f} s ({min(cpu_seconds):.1f}–{max(cpu_seconds):.1f} s)") in section
+    tests_page = " ".join((root / "docs" / "sections" / "training-tests.md").read_text().split())
+    ten, fifty = load("batched_lstm_cuda"), load("batched_lstm_cuda_k50")
+    for data in (ten, fifty):
+        assert data["device"] == "NVIDIA H200" and data["equal"]["max_gradient_difference"] < 1e-4
+    ratio = lambda d: f"{d['timing']['speedup']['median']:.1f}× ({d['timing']['speedup']['min']:.1f}–{d['timing']['speedup']['max']:.1f}×)"  # noqa: E731
+    assert f"runs 10 encoders' step {ratio(ten)} faster than 10 `nn.LSTM` passes and 50 encoders' {ratio(fifty)} faster" in tests_page
+    ms = lambda d: round(d["timing"]["seconds"]["stacked"]["median"] * 1000)  # noqa: E731
+    assert f"in {ms(ten)} ms for 10 and {ms(fifty)} ms for 50" in tests_page
+    roof = fifty["roofline"]
+    assert f"reach {roof['separate_gflops']['median']:.0f} GFLOP/s, a 4096² matmul {roof['matmul_gflops']['median']:,.0f})" in tests_page
