@@ -393,3 +393,22 @@ def test_the_pages_show_the_gpu_run_and_the_gpu_batching_as_measured() -> None:
     assert f"in {ms(ten)} ms for 10 and {ms(fifty)} ms for 50" in tests_page
     roof = fifty["roofline"]
     assert f"reach {roof['separate_gflops']['median']:.0f} GFLOP/s, a 4096² matmul {roof['matmul_gflops']['median']:,.0f})" in tests_page
+
+
+def test_the_tests_page_shows_the_cuda_runs_of_roar_and_sanity_as_measured() -> None:
+    """The training-tests page's "On CUDA" sentence says what ``benchmarks/cuda_roar_sanity.sh`` wrote on each device."""
+    root = Path(__file__).resolve().parents[1]
+    folder = root / "benchmarks" / "results" / "cuda_roar_sanity"
+    page = " ".join((root / "docs" / "sections" / "training-tests.md").read_text().split())
+    line = page[page.index("**On CUDA**"):]
+    names = {"attention": "attention", "gradient": "gradient", "loo": "leave-one-out", "input_gradient": "input gradient"}
+    for run, label in (("syn", "BiLSTM"), ("sparse", "sparsemax Transformer")):
+        summary = {d: json.loads((folder / f"{d}-{run}-sanity.json").read_text())["summary"] for d in ("cuda", "cpu")}
+        methods = [k.removesuffix("_verdict") for k in summary["cuda"] if k.endswith("_verdict")]
+        assert methods == [k.removesuffix("_verdict") for k in summary["cpu"] if k.endswith("_verdict")]
+        assert all(summary[d][f"{m}_verdict"] == "passes" for d in summary for m in methods)
+        assert f"{label}: {', '.join(names[m] for m in methods)}" in line
+        racu = {d: json.loads((folder / f"{d}-{run}-roar.json").read_text())["summary"] for d in ("cuda", "cpu")}
+        said = ", ".join(f"{m} {racu['cuda'][f'racu_{m}']:.1f} against {racu['cpu'][f'racu_{m}']:.1f}" for m in ("attention", "gradient"))
+        assert f"{label} {said}" in line
+    assert not any("/tmp" in f.read_text() for f in folder.glob("*.json"))  # the scratch folder is written RUNS
