@@ -356,7 +356,7 @@ def test_the_pages_show_the_gpu_run_and_the_gpu_batching_as_measured() -> None:
     """The results page's paragraph on the GPU run (``roar_sst_cuda.json`` and its ledger beside the CPU's seed 0 of
     ``roar_madsen2022_sst_their_data_so_far.json`` and its ledger) and the training-tests page's GPU batching sentence
     (``batched_lstm_cuda*.json``) say what the files hold."""
-    import statistics
+    from benchmarks.common import stats  # the min / median / max every speed figure uses
 
     root = Path(__file__).resolve().parents[1]
     results = root / "benchmarks" / "results"
@@ -377,12 +377,13 @@ def test_the_pages_show_the_gpu_run_and_the_gpu_batching_as_measured() -> None:
     assert all(abs(g["attention", r] - c["attention", r]) < 0.002 for r in (10, 20, 30))  # the drift starts at 40 %
     theirs = next(r["racu"] for r in cpu["racu_per_seed"] if r["method"] == "attention" and r["seed"] == 0)
     assert f"attention's RACU is {gpu['racu'][0]['racu']:.1f}, against {theirs:.1f} for the CPU's seed 0" in section
-    seconds = [e["metrics"]["train_seconds"] for e in load("roar_sst_cuda_ledger")["tasks"]["sst"].values()]
-    shared = {k for k in load("roar_sst_cuda_ledger")["tasks"]["sst"]}
-    cpu_seconds = [e["metrics"]["train_seconds"] for k, e in load("roar_madsen2022_sst_their_data_ledger")["tasks"]["sst"].items() if k in shared]
+    on_gpu = load("roar_sst_cuda_ledger")["tasks"]["sst"]
+    seconds = [e["metrics"]["train_seconds"] for e in on_gpu.values()]
+    cpu_seconds = [e["metrics"]["train_seconds"] for k, e in load("roar_madsen2022_sst_their_data_ledger")["tasks"]["sst"].items() if k in on_gpu]
     assert len(seconds) == len(cpu_seconds) == 19
-    assert (f"{statistics.median(seconds):.1f} s there (median of {len(seconds)}; {min(seconds):.1f}–{max(seconds):.1f} s), against "
-            f"{statistics.median(cpu_seconds):.1f} s ({min(cpu_seconds):.1f}–{max(cpu_seconds):.1f} s)") in section
+    there, here = stats(seconds), stats(cpu_seconds)
+    assert (f"{there['median']:.1f} s there (median of {len(seconds)}; {there['min']:.1f}–{there['max']:.1f} s), against "
+            f"{here['median']:.1f} s ({here['min']:.1f}–{here['max']:.1f} s)") in section
     tests_page = " ".join((root / "docs" / "sections" / "training-tests.md").read_text().split())
     ten, fifty = load("batched_lstm_cuda"), load("batched_lstm_cuda_k50")
     for data in (ten, fifty):
