@@ -13,7 +13,9 @@ adversarial search and erasure.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Literal
 
 import torch
@@ -43,6 +45,54 @@ from attnaudit.models.normalisers import (
 ENCODERS = ("bilstm", "cnn", "average", "bigru")
 SCORERS = ("tanh", "dot")
 
+_STACKED: ContextVar[bool] = ContextVar("stacked", default=False)
+
+
+@contextmanager
+def stacked_copies() -> Iterator[None]:
+    """Run these models under ``torch.func.vmap`` over stacked copies of their parameters (several models trained as
+    one, :mod:`attnaudit.training.together`): the recurrence runs step by step (:func:`stepwise_recurrence`), since
+    ``vmap`` has no rule for ``nn.LSTM`` / ``nn.GRU`` over packed sequences, and :func:`check_ids`, which reads
+    tensor values (``vmap`` cannot), is left to the caller, who checks the stacked ids first."""
+    token = _STACKED.set(True)
+    try:
+        yield
+    finally:
+        _STACKED.reset(token)
+
+
+def stepwise_recurrence(rnn: nn.LSTM | nn.GRU, x: Tensor, mask: Tensor) -> Tensor:
+    """A single-layer bidirectional ``rnn``'s outputs ``(B,T,2H)`` over ``x`` ``(B,T,E)``, one time step at a time with
+    the equations of PyTorch's ``nn.LSTM`` / ``nn.GRU`` (gates ``i, f, g, o`` and ``r, z, n``), zero at padding.
+
+    Written by hand because no library runs several LSTMs with different weights at once: under ``vmap`` these
+    matmuls become batched ones for every stacked model. A padded position leaves the state as it was, which is
+    what packing computes (a row's backward direction starts at its last real token); tested equal to the packed
+    ``nn.LSTM`` / ``nn.GRU``."""
+    hidden = rnn.hidden_size
+    keep = mask[..., None]
+    directions = []
+    for suffix, steps in (("", range(x.shape[1])), ("_reverse", range(x.shape[1] - 1, -1, -1))):
+        w_hh, b_hh = getattr(rnn, f"weight_hh_l0{suffix}"), getattr(rnn, f"bias_hh_l0{suffix}")
+        inputs = x @ getattr(rnn, f"weight_ih_l0{suffix}").T + getattr(rnn, f"bias_ih_l0{suffix}")
+        h = c = x.new_zeros(x.shape[0], hidden)
+        out: list[Tensor] = [h] * x.shape[1]
+        for t in steps:
+            if isinstance(rnn, nn.LSTM):
+                i, f, g, o = (inputs[:, t] + h @ w_hh.T + b_hh).chunk(4, -1)
+                c_new = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+                h_new = torch.sigmoid(o) * torch.tanh(c_new)
+                c = torch.where(keep[:, t], c_new, c)
+            else:
+                xr, xz, xn = inputs[:, t].chunk(3, -1)
+                hr, hz, hn = (h @ w_hh.T + b_hh).chunk(3, -1)
+                r, z = torch.sigmoid(xr + hr), torch.sigmoid(xz + hz)
+                h_new = (1 - z) * torch.tanh(xn + r * hn) + z * h
+            h = torch.where(keep[:, t], h_new, h)
+            out[t] = h
+        directions.append(torch.stack(out, 1))
+    return torch.cat(directions, -1)
+
 
 class Encoder(nn.Module):
     """Maps embeddings ``(B,T,E)`` and a mask ``(B,T)`` to states ``(B,T,output_dim)``, zero at padding."""
@@ -71,6 +121,9 @@ class RecurrentEncoder(Encoder):
         self.output_dim = 2 * hidden_per_direction
 
     def forward(self, x: Tensor, mask: Tensor) -> Tensor:
+        if _STACKED.get():
+            assert isinstance(self.rnn, nn.LSTM | nn.GRU)
+            return stepwise_recurrence(self.rnn, x, mask) * mask[..., None].to(x.dtype)
         lengths = mask.sum(-1).clamp_min(1).cpu()
         packed = pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
         backward_in_eval = torch.is_grad_enabled() and not self.training
@@ -238,8 +291,9 @@ def wrap_ends(embeddings: Tensor, mask: Tensor, start: Tensor, end: Tensor) -> t
 
 
 def check_ids(ids: Tensor, vocab_size: int, what: str) -> None:
-    """Token ids must index the embedding table; say so in one line rather than an IndexError."""
-    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
+    """Token ids must index the embedding table; say so in one line rather than an IndexError (under
+    :func:`stacked_copies` the caller has checked them)."""
+    if not _STACKED.get() and ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
         raise AttnAuditError(f"{what} ids must lie in [0, {vocab_size}); got {int(ids.min())}..{int(ids.max())}")
 
 

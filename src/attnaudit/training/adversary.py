@@ -373,7 +373,7 @@ def train_variant(
     hooks = _variant_hooks(sub, cfg, variant, data.dev, f"{label or out.name} ")
     if variant.loss is not None:
         loop.selection = replace(loop.selection, metric="dev_loss", mode="min")
-    state = fit(net, sub, data.train, loop, hooks, Checkpoint(out, run_config, lambda folder: _save_vocabs(base, folder)))
+    state = fit(net, sub, data.train, loop, hooks, Checkpoint(out, run_config, lambda folder: save_vocabs_of(base, folder)))
     metrics: dict[str, Any] = {
         "dev": evaluate_examples(sub, data.dev, interventions=variant.interventions),
         "test": evaluate_examples(sub, data.test, interventions=variant.interventions),
@@ -397,7 +397,8 @@ def _resumable(out: Path, digest: str) -> bool:
         return False
 
 
-def _save_vocabs(base: Run, folder: Path) -> None:
+def save_vocabs_of(base: Run, folder: Path) -> None:
+    """``base``'s vocabularies (words, features) written into a sub-run's ``folder``."""
     collate = cast("Collator", base.collate)  # a word-level run's
     collate.vocab.save(folder / VOCAB)
     if collate.feature_vocab is not None:

@@ -19,24 +19,32 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from fnmatch import fnmatchcase
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import torch
 from torch import Tensor, nn
 
-from attnaudit.data.types import Batch, Example
+from attnaudit.data.types import Example
 from attnaudit.errors import AttnAuditError, InputError
 from attnaudit.progress import status, track
-from attnaudit.run import Run
 from attnaudit.seed import set_seed
 
 M = TypeVar("M")
 LossOut = Tensor | tuple[Tensor, dict[str, Tensor]]
 """A batch's loss: a scalar, or the scalar and named values to average into the history."""
+
+
+
+class Batcher(Protocol):
+    """What :func:`fit` draws its batches from: a :class:`~attnaudit.run.Run`, or anything with its ``batches``
+    (:class:`attnaudit.training.together.Feeder`: several models' batches stacked)."""
+
+    def batches(self, examples: list[Example], batch_size: int = ..., shuffle: bool = ..., seed: int = ...) -> Iterable[Any]: ...
+
 
 SCHEDULES = ("constant", "linear", "linear-hf", "inverse-sqrt")
 OPTIMISERS = ("adam", "amsgrad", "adamw", "sgd")
@@ -162,10 +170,10 @@ class Hooks:
     the mean training loss in the history.
     """
 
-    loss: Callable[[nn.Module, Batch], LossOut]
+    loss: Callable[[nn.Module, Any], LossOut]
     evaluate: Callable[[], dict[str, Any]] | None = None
     epoch_start: Callable[[int], None] | None = None
-    weight: Callable[[Batch], float] = len
+    weight: Callable[[Any], float] = len
     save_best: Callable[[], None] | None = None
     label: str = ""
     train_key: str = "train_loss"
@@ -183,7 +191,7 @@ class Checkpoint:
 
 
 def fit(
-    model: nn.Module, run: Run, examples: list[Example], cfg: LoopConfig, hooks: Hooks,
+    model: nn.Module, run: Batcher, examples: list[Example], cfg: LoopConfig, hooks: Hooks,
     checkpoint: Checkpoint | None = None,
 ) -> dict[str, Any]:
     """Train ``model`` on ``examples`` (batched by ``run``); return the training state.
@@ -263,7 +271,7 @@ def _go_on(cfg: LoopConfig, state: dict[str, Any]) -> bool:
 
 
 def _epoch(
-    model: nn.Module, run: Run, examples: list[Example], optimizer: torch.optim.Optimizer, cfg: LoopConfig,
+    model: nn.Module, run: Batcher, examples: list[Example], optimizer: torch.optim.Optimizer, cfg: LoopConfig,
     hooks: Hooks, state: dict[str, Any], n_batches: int,
 ) -> dict[str, Any]:
     """One epoch of optimiser steps, then the epoch-end evaluation; the epoch's history record."""
