@@ -196,7 +196,7 @@ def one_task(task: str, args: argparse.Namespace) -> dict[str, Any]:
     start = time.perf_counter()
     result = run_test(
         "roar", run, out=out, data_dir=args.data_dir, ratios=args.ratios, recursive=True, seeds=args.seeds, epochs=args.epochs,
-        metric=metric, engine=args.engine, workers=args.workers, **roar_options(args.methods),
+        metric=metric, engine=args.engine, workers=args.workers, together=args.together, **roar_options(args.methods),
     )
     roar_seconds = time.perf_counter() - start
     base_metrics = read_json(Path(run.path or ".") / "metrics.json")
@@ -318,6 +318,8 @@ def main() -> None:
                         "vectors: a word2vec/GloVe file, minilm or hf:MODEL (train --vectors); runs in roar-<task>-vectors-<name>")
     parser.add_argument("--engine", default="local", help="local, or ray: every (seed, method) curve a Ray task (--workers at once)")
     parser.add_argument("--workers", type=int, default=None, help="Ray workers for --engine ray (default: one per CPU)")
+    parser.add_argument("--together", action="store_true", help="each round's retrains (every seed's and measure's next "
+                        "ratio) trained as one stacked model: the same sub-runs, faster on a GPU (roar --together)")
     parser.add_argument("--name", default="roar", help="result file benchmarks/results/NAME.json")
     parser.add_argument("--so-far", action="store_true", help="train nothing: the RACU of the curves finished so far (NAME_so_far.json)")
     args = parser.parse_args()

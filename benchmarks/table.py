@@ -96,7 +96,27 @@ def load(folder: Path = RESULTS) -> dict[str, dict[str, Any]]:
         results.update(perturbation_results(json.loads((folder / "perturbation_captum.json").read_text(encoding="utf-8"))))
     if (folder / "batched_lstm.json").exists():
         results.update(batched_results(json.loads((folder / "batched_lstm.json").read_text(encoding="utf-8"))))
+    if (folder / "together_cuda.json").exists():
+        results.update(together_results(json.loads((folder / "together_cuda.json").read_text(encoding="utf-8"))))
     return results
+
+
+def together_results(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """``benchmarks/bench_together.py``'s result as one row (stem ``batched:together``): K ROAR retrains trained as one
+    stacked model against one at a time; they agree when every job's test scores do (to 1e-3; the column shows the
+    largest test-score difference, the weights' is on the training-tests page)."""
+    timing = data["timing"]
+    gap = max(abs(job["together"][k] - job["separate"][k]) for job in data["test_scores"] for k in job["together"])
+    label = (f"ROAR retrains trained together on one {data['device']}: {data['models']} SST BiLSTM retrains ({data['preset']}, "
+             f"{data['epochs']} epoch each, each with its own seed and masked data) as one stacked model")
+    return {"batched:together": {
+        "label": label, "peer": f"the {data['models']} retrains one at a time (cuDNN)",
+        "timing": {"repeats": timing["repeats"], "ratio": timing["speedup"],
+                   "seconds": {"ours": timing["seconds"]["together"], "peer": timing["seconds"]["separate"]},
+                   "load_average_before": timing["load_average_before"], "load_average_after": timing["load_average_after"]},
+        "agree": gap < 1e-3, "max_abs_diff": gap,
+        **{key: data[key] for key in ("machine", "command", "commit")},
+    }}
 
 
 def batched_results(data: dict[str, Any]) -> dict[str, dict[str, Any]]:

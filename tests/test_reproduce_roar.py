@@ -413,3 +413,20 @@ def test_the_tests_page_shows_the_cuda_runs_of_roar_and_sanity_as_measured() -> 
         said = ", ".join(f"{m} {racu['cuda'][f'racu_{m}']:.1f} against {racu['cpu'][f'racu_{m}']:.1f}" for m in ("attention", "gradient"))
         assert f"{label} {said}" in line
     assert not any("/tmp" in f.read_text() for f in folder.glob("*.json"))  # the scratch folder is written RUNS
+
+
+def test_the_tests_page_shows_the_retrains_trained_together_on_the_gpu_as_measured() -> None:
+    """The training-tests page's "Together" paragraph says what ``benchmarks/bench_together.py`` wrote (``together_cuda.json``)."""
+    from benchmarks.common import ratio_span, span
+
+    root = Path(__file__).resolve().parents[1]
+    data = json.loads((root / "benchmarks" / "results" / "together_cuda.json").read_text())
+    page = " ".join((root / "docs" / "sections" / "training-tests.md").read_text().split())
+    timing = data["timing"]
+    assert data["device"] == "NVIDIA H200" and data["models"] == 20 and data["epochs"] == 1 and timing["repeats"] == 5
+    seconds = {way: span(timing["seconds"][way], ".1f", " s") for way in ("together", "separate")}
+    assert (f"train together in {seconds['together']} against {seconds['separate']} one at a time: "
+            f"{ratio_span(timing['speedup'])} over 5 interleaved rounds") in page
+    gap = max(abs(job["together"][k] - job["separate"][k]) for job in data["test_scores"] for k in job["together"])
+    assert f"test scores agree to {gap:.0e}" in page
+    assert f"the weights differ by up to {data['max_weight_difference']:.1g} after the epoch" in page

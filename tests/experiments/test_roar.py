@@ -279,6 +279,8 @@ def test_a_model_that_cannot_be_retrained_is_refused(base: Run) -> None:
         (["--methods", "ig", "--method-options", "ig.steps=0"], "ig.steps must be at least 1, got 0"),
         (["--methods", "attention", "--method-options", "attention.layer=last"], "attention.layer takes a int, got 'last'"),
         (["--methods", "ig", "--method-options", "ig.steps=100000000"], "--method-options ig.steps"),
+        (["--together", "--engine", "ray"], "--together trains the retrains in this process: leave --engine at local"),
+        (["--together"], "--together: dropout draws from one random stream per model, which stacked models would not reproduce"),
     ],
 )
 def test_bad_values_one_line_exit_2_nothing_written(base: Run, tmp_path: Path, options: list[str], names: str) -> None:
@@ -423,3 +425,31 @@ def test_ray_engine_on_a_local_ray_equals_one_process(base: Run, recursive, tmp_
                      engine="ray", workers=2)
     assert not any(r["trained_now"] for r in again.tables["curves"])
     assert [r["score"] for r in again.tables["curves"]] == [r["score"] for r in result.tables["curves"]]
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    """A BiLSTM without dropout or clipping, whose retrains can train stacked (``--together``)."""
+    data = synthetic_task("classification", seed=0, n_train=120, n_dev=24, n_test=24)
+    return train(data, "bilstm", tmp_path_factory.mktemp("roar-plain") / "run", epochs=2, lr=1e-2, batch_size=16,
+                 embed_dim=16, hidden_dim=8, dropout=0.0, clip=0.0, quiet_eval=True)
+
+
+def test_together_trains_each_round_stacked_and_gives_the_one_process_result(plain: Run, tmp_path: Path) -> None:
+    """``--together``: round 1 stacks both seeds' 100 % models and their first ratio of every curve (6 models), round 2
+    the second ratio (4); seed 1's 0 % model trains alone. Every score is the one-at-a-time one."""
+    options = {"methods": ["attention"], "ratios": [30, 60], "recursive": True, "seeds": 2, "epochs": 1, "plot": False}
+    alone = run_test("roar", replace(plain, subruns=tmp_path / "alone"), out=tmp_path / "a", **options)
+    together = run_test("roar", replace(plain, subruns=tmp_path / "together"), out=tmp_path / "b", together=True, **options)
+    assert not any(r["trained_now"] for r in together.tables["curves"])  # the rounds trained them; the loop loads them
+    for mine, theirs in zip(together.tables["curves"], alone.tables["curves"], strict=True):
+        assert {k: v for k, v in mine.items() if k not in ("score", "trained_now")} == {
+            k: v for k, v in theirs.items() if k not in ("score", "trained_now")}
+        assert mine["score"] == pytest.approx(theirs["score"], abs=1e-6)
+    stacked: dict[str, int] = {}
+    for metrics in (tmp_path / "together").rglob("metrics.json"):
+        name = metrics.parent.relative_to(tmp_path / "together" / "roar").as_posix()
+        stacked[name] = read_json(metrics).get("together", {}).get("models", 1)
+    assert stacked == {"seed-1/unmasked": 1, **{f"seed-{s}/all/ratio-100": 6 for s in (0, 1)},
+                       **{f"seed-{s}/{c}/ratio-30": 6 for s in (0, 1) for c in ("random", "attention-recursive")},
+                       **{f"seed-{s}/{c}/ratio-60": 4 for s in (0, 1) for c in ("random", "attention-recursive")}}

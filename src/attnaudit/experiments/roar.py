@@ -42,11 +42,11 @@ from __future__ import annotations
 
 import inspect
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import numpy as np
 
@@ -78,8 +78,10 @@ from attnaudit.training.adversary import (
     train_standard,
     train_variant,
     trainable_reason,
+    variant_config,
 )
 from attnaudit.training.finetune import finetune
+from attnaudit.training.together import Job, family_reason, together_reason, train_together
 from attnaudit.training.trainer import MASK, METRICS, score_key
 
 if TYPE_CHECKING:
@@ -328,6 +330,49 @@ class Step:
     explained_by: str
 
 
+@dataclass
+class Request:
+    """A retrain a curve asks for: ``seed``, curve ``name``, ``ratio``, its ``key``, and its masks (given) or how to
+    compute them (``build()``, called only when none are stored)."""
+
+    seed: int
+    name: str
+    ratio: int
+    key: dict[str, Any]
+    masks: Masks | None = None
+    build: Callable[[], Masks] | None = None
+
+
+@dataclass
+class Prepared:
+    """A request made ready: its folder, full key and masks; ``done`` the sub-run when it is finished."""
+
+    request: Request
+    out: Path
+    key: dict[str, Any]
+    masks: Masks | None
+    done: SubRun | None
+
+    @property
+    def label(self) -> str:
+        return f"seed-{self.request.seed}/{self.request.name}/ratio-{self.request.ratio}"
+
+
+T = TypeVar("T")
+Steps = Generator[Request, tuple[SubRun, "Masks | None"], T]
+"""A walk through a curve's retrains: yields each :class:`Request`, is sent the sub-run and masks, returns its result."""
+
+
+def drive(walk: Steps[T], retrain: Callable[[Request], tuple[SubRun, Masks | None]]) -> T:
+    """Run ``walk`` to its end, each request answered by ``retrain`` (one at a time)."""
+    try:
+        request = next(walk)
+        while True:
+            request = walk.send(retrain(request))
+    except StopIteration as end:
+        return cast(T, end.value)
+
+
 class Roarer:
     """The sub-runs of one ROAR test on ``run`` (see the module docstring)."""
 
@@ -356,28 +401,42 @@ class Roarer:
             sub = train_standard(self.run, out, seed=seed, epochs=self.options.epochs)
         return Zero(sub.model, float(sub.metrics["test"][self.metric]), self.folder(seed, "unmasked"), sub.hash, sub.trained)
 
-    def retrain(self, seed: int, name: str, ratio: int, key: dict[str, Any], masks: Masks | None, build: Any) -> tuple[SubRun, Masks | None]:
-        """The sub-run of ``name`` at ``ratio`` (trained, or loaded when finished), its masks stored beside it;
-        ``build()`` computes the masks when none are stored. A finished sub-run known by its scores alone (no weights:
-        a curve restored from a ledger, ``benchmarks/reproduce_roar.py``) is returned as it is, its masks None unless stored."""
-        where = f"{self.folder(seed, name)}/ratio-{ratio}"
+    def prepared(self, request: Request) -> Prepared:
+        """Where ``request``'s sub-run goes and its masks (stored, given, or computed now by ``build()`` and stored
+        beside it); with ``done`` when it is finished. A finished sub-run known by its scores alone (no weights: a
+        curve restored from a ledger, ``benchmarks/reproduce_roar.py``) counts as finished, its masks None unless stored."""
+        where = f"{self.folder(request.seed, request.name)}/ratio-{request.ratio}"
         out = subrun_dir(self.run, "roar", where)
-        key = {"kind": "roar", "mask": self.token, **key}
+        key = {"kind": "roar", "mask": self.token, **request.key}
         stamp = digest(key)
-        masks = masks or self._stored_masks(out, stamp)
-        scored = None if self.finetuned is not None else finished_variant(self.run, out, Variant(key=key), epochs=self.options.epochs, seed=seed)
+        masks = request.masks or self._stored_masks(out, stamp)
+        scored = (None if self.finetuned is not None else
+                  finished_variant(self.run, out, Variant(key=key), epochs=self.options.epochs, seed=request.seed))
         if scored is not None and (masks is not None or not scored.weights):  # finished: loaded once, not retrained
-            status(f"roar: seed {seed}, {name} at {ratio} %" + ("" if scored.weights else " (scores only)"))
-            return scored, masks
+            status(f"roar: seed {request.seed}, {request.name} at {request.ratio} %" + ("" if scored.weights else " (scores only)"))
+            return Prepared(request, out, key, masks, scored)
         if masks is None:
-            masks = build()
+            assert request.build is not None, "a request without masks says how to compute them"
+            masks = request.build()
             atomic_write_json(out.with_name(out.name + ".masks.json"), {"key": stamp, **masks})
-        status(f"roar: seed {seed}, {name} at {ratio} %")
-        data = masked_data(self.data, masks, self.token, self.sentences)
+        return Prepared(request, out, key, masks, None)
+
+    def retrain(self, request: Request) -> tuple[SubRun, Masks | None]:
+        """``request``'s sub-run (trained, or loaded when finished) and its masks."""
+        ready = self.prepared(request)
+        if ready.done is not None:
+            return ready.done, ready.masks
+        status(f"roar: seed {request.seed}, {request.name} at {request.ratio} %")
+        data = self.masked(ready)
         if self.finetuned is not None:
-            return self._finetune(out, data, seed, key), masks
-        sub = train_variant(self.run, out, Variant(key=key), epochs=self.options.epochs, seed=seed, label=f"roar {where}", data=data)
-        return sub, masks
+            return self._finetune(ready.out, data, request.seed, ready.key), ready.masks
+        sub = train_variant(self.run, ready.out, Variant(key=ready.key), epochs=self.options.epochs, seed=request.seed,
+                            label=f"roar {ready.label}", data=data)
+        return sub, ready.masks
+
+    def masked(self, ready: Prepared) -> TaskData:
+        assert ready.masks is not None
+        return masked_data(self.data, ready.masks, self.token, self.sentences)
 
     def _finetune(self, out: Path, data: TaskData, seed: int, key: dict[str, Any]) -> SubRun:
         """A Hugging Face run's retrain: its source fine-tuned again on ``data`` with the recorded settings and
@@ -405,12 +464,20 @@ class Roarer:
 
     def all_masked(self, seed: int) -> SubRun:
         """The 100 % model of ``seed``: every item masked."""
+        return drive(self.all_masked_steps(seed), self.retrain)
+
+    def all_masked_steps(self, seed: int) -> Steps[SubRun]:
         masks = {s: [list(range(len(item_groups(ex, self.sentences)))) for ex in self.data.split(s)] for s in SPLITS}
-        return self.retrain(seed, "all", 100, {"method": "all", "ratio": 100, "seed": seed}, masks, None)[0]
+        sub, _ = yield Request(seed, "all", 100, {"method": "all", "ratio": 100, "seed": seed}, masks)
+        return sub
 
     def curve(self, seed: int, method: Explanation, zero: Zero, recursive: bool) -> list[Step]:
-        """The retrained steps of ``method`` at every ratio for ``seed``; each one's key names the model its
-        scores come from (its folder and config hash: a retrained source re-masks and retrains what follows)."""
+        """The retrained steps of ``method`` at every ratio for ``seed``."""
+        return drive(self.curve_steps(seed, method, zero, recursive), self.retrain)
+
+    def curve_steps(self, seed: int, method: Explanation, zero: Zero, recursive: bool) -> Steps[list[Step]]:
+        """:meth:`curve` as the retrains it asks for, ratio by ratio (each sent back trained); each one's key names
+        the model its scores come from (its folder and config hash: a retrained source re-masks and retrains what follows)."""
         settings = self.settings.get(method.name, {})
         gold = self.gold and explains_class(method)
         name = curve_name(method, settings, gold, recursive)
@@ -435,9 +502,35 @@ class Roarer:
                     cached.update({s: item_scores(self.run, model, data.split(s), method, seed, settings, gold) for s in SPLITS})
                 return {s: chosen_items(cached[s], ratio, before[s] if before else None) for s in SPLITS}
 
-            sub, masks = self.retrain(seed, name, ratio, key, None, build)
+            sub, masks = yield Request(seed, name, ratio, key, None, build)
             steps.append(Step(ratio, sub, masks, source))
         return steps
+
+    def in_lockstep(self, seeds: Sequence[int], methods: dict[str, Explanation]) -> None:
+        """``--together``: train every sub-run of the test, each round's retrains (every seed's and method's next
+        ratio, and the 100 % models with the first) as one stacked model (:func:`~attnaudit.training.together.
+        train_together`); the test's own loop then loads them finished. The 0 % models train one at a time."""
+        zeros = {s: self.zero(s) for s in seeds}
+        walks: list[Steps[Any]] = [self.all_masked_steps(s) for s in seeds]
+        walks += [self.curve_steps(s, m, zeros[s], self.options.recursive and n != BASELINE) for s in seeds for n, m in methods.items()]
+        waiting = [(walk, self._advance(walk, None)) for walk in walks]
+        while pending := [(walk, ready) for walk, ready in waiting if ready is not None]:
+            status(f"roar: {len(pending)} retrains together ({', '.join(sorted({r.label for _, r in pending}))})")
+            jobs = [Job(r.out, Variant(key=r.key), r.request.seed, self.masked(r), f"roar {r.label}") for _, r in pending]
+            subs = train_together(self.run, jobs, epochs=self.options.epochs)
+            waiting = [(walk, self._advance(walk, (sub, ready.masks))) for (walk, ready), sub in zip(pending, subs, strict=True)]
+
+    def _advance(self, walk: Steps[Any], answer: tuple[SubRun, Masks | None] | None) -> Prepared | None:
+        """Send ``answer`` into ``walk`` and go on while its requests are finished: its next retrain to train, or None."""
+        while True:
+            try:
+                request = walk.send(answer)  # type: ignore[arg-type]  # None starts a walk
+            except StopIteration:
+                return None
+            ready = self.prepared(request)
+            if ready.done is None:
+                return ready
+            answer = (ready.done, ready.masks)
 
 
 # --------------------------------------------------------------------------- the test
@@ -458,6 +551,18 @@ def check_ratios(ratios: Sequence[int]) -> list[int]:
             f"--ratios must be percents strictly between 0 and 100 (0 % and 100 % anchor every curve), got {', '.join(map(str, bad or ratios))}"
         )
     return sorted(set(ratios))
+
+
+def check_together(run: Run, options: Any) -> None:
+    """``--together`` applies: the local engine and a model whose retrains can be stacked (one line otherwise)."""
+    if options.engine != "local":
+        raise AttnAuditError("--together trains the retrains in this process: leave --engine at local")
+    reason = family_reason(run)
+    if reason is None:
+        cfg, config, _ = variant_config(run, Variant({}), options.epochs, None)
+        reason = together_reason(run, cfg, config, Variant({}))
+    if reason is not None:
+        raise AttnAuditError(f"--together: {reason}; train without it")
 
 
 @register
@@ -516,6 +621,11 @@ class Roar(Experiment):
         )
         workers: int | None = field(default=None, metadata={"help": "Ray workers for --engine ray (default: one per Ray CPU)."})
         address: str = field(default="", metadata={"help": "Ray cluster address for --engine ray (default: start a local Ray)."})
+        together: bool = field(
+            default=False, metadata={"help": "Train each round's retrains (every seed's and method's next ratio) as one stacked "
+                                     "model in this process: the same sub-runs as one at a time, faster on a GPU (bilstm, cnn, "
+                                     "average classifiers without dropout or clipping)."}
+        )
 
     @classmethod
     def explanation_choices(cls) -> list[str]:
@@ -534,6 +644,8 @@ class Roar(Experiment):
         if options.epochs is not None and options.epochs < 1:
             raise AttnAuditError(f"--epochs must be at least 1, got {options.epochs}")
         check_engine(options.engine, options.workers, options.address or None)
+        if options.together:
+            check_together(run, options)
         names = [m for m in options.methods if m != BASELINE]
         defaults = [m for m in DEFAULT_METHODS]
         chosen, dropped = applying(names, run, "--methods", defaults) if names else ({}, {})
@@ -557,6 +669,8 @@ class Roar(Experiment):
         seeds = [base_seed_of(run) + i for i in range(options.seeds)]
         if options.engine == "ray":
             on_ray(run, options, list(methods), seeds, metric)  # the retrains; the loop below loads them finished
+        if options.together:
+            roarer.in_lockstep(seeds, methods)  # likewise
         curves: list[dict[str, Any]] = []
         for s in seeds:
             zero = roarer.zero(s)

@@ -72,11 +72,19 @@ class Job:
     label: str = ""
 
 
+def family_reason(base: Run) -> str | None:
+    """Why ``base``'s family cannot train stacked (None: it can)."""
+    if base.family not in FAMILIES or base.task.task_type != "classification":
+        return f"only {', '.join(FAMILIES)} classifiers train together, not a {base.family} {base.task.task_type} model"
+    return None
+
+
 def together_reason(base: Run, cfg: TrainConfig, config: ModelConfig, variant: Variant) -> str | None:
     """Why ``variant``'s sub-run of ``base`` (settings ``cfg``, model ``config``) cannot train stacked with others
     (None: it can)."""
-    if base.family not in FAMILIES or base.task.task_type != "classification":
-        return f"only {', '.join(FAMILIES)} classifiers train together, not a {base.family} {base.task.task_type} model"
+    reason = family_reason(base)
+    if reason is not None:
+        return reason
     if variant.loss is not None or variant.interventions is not None or variant.build is not None or variant.start is not None:
         return "a sub-run with its own loss, interventions, builder or start trains alone"
     if config.dropout > 0 or cfg.word_dropout > 0:
