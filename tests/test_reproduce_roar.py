@@ -430,3 +430,5 @@ def test_the_tests_page_shows_the_retrains_trained_together_on_the_gpu_as_measur
     gap = max(abs(job["together"][k] - job["separate"][k]) for job in data["test_scores"] for k in job["together"])
     assert f"test scores agree to {gap:.0e}" in page
     assert f"the weights differ by up to {data['max_weight_difference']:.1g} after the epoch" in page
+    readme = " ".join((root / "README.md").read_text().split())
+    assert f"20 SST retrains {ratio_span(timing['speedup'])} faster than one at a time" in readme
