@@ -109,3 +109,52 @@ def test_a_stacked_model_keeps_its_parameter_names() -> None:
     assert [n for n, _ in stacked.named_parameters()] == [n for n, _ in nets[0].named_parameters()]
     assert stacked.get_parameter("0.weight").shape == (4, 2, 3)
     assert torch.equal(stacked.get_parameter("0.weight")[2], nets[2][0].weight)
+
+
+@pytest.mark.parametrize("kill", ["after the selection's commit", "after the loop's checkpoint"])
+def test_a_killed_round_resumes_to_the_sub_runs_of_an_unbroken_one(base: Run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kill: str) -> None:
+    """Killed in epoch 2 (the per-model selection written, the loop's checkpoint still at epoch 1; or both at epoch 2),
+    the round resumes from its folder and writes the sub-runs an unbroken round writes; the folder goes afterwards."""
+    import attnaudit.training.checkpoint as checkpoint
+    from attnaudit.training.together import Keeper
+
+    def jobs(folder: Path) -> list[Job]:
+        return [Job(folder / f"job{k}", Variant({"kind": "test", "k": k}), seed, _masked(base.data(), k, "[MASK]"))
+                for k, seed in enumerate([0, 3, 3])]
+
+    unbroken = train_together(base, jobs(tmp_path / "unbroken"))
+    calls = [0]
+    commit, save_epoch = Keeper.commit, checkpoint.save_epoch
+
+    def dying_commit(self: Keeper) -> None:
+        commit(self)
+        calls[0] += 1
+        if kill == "after the selection's commit" and calls[0] == 2:
+            raise KeyboardInterrupt
+
+    def dying_save(*args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        save_epoch(*args, **kwargs)
+        if kill == "after the loop's checkpoint" and calls[0] == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(Keeper, "commit", dying_commit)
+    monkeypatch.setattr(checkpoint, "save_epoch", dying_save)
+    broken = jobs(tmp_path / "broken")
+    with pytest.raises(KeyboardInterrupt):
+        train_together(base, broken)
+    assert [p.name for p in (tmp_path / "broken").iterdir() if p.name.startswith(".together")]
+    monkeypatch.undo()
+    seen: list[int] = []
+    record = Keeper.record
+    monkeypatch.setattr(Keeper, "record", lambda self, k, rec, weights: (seen.append(rec["epoch"]), record(self, k, rec, weights)))
+    resumed = train_together(base, broken)
+    assert min(seen) == (2 if kill == "after the selection's commit" else 3)  # resumed, not started again
+    for mine, theirs in zip(resumed, unbroken, strict=True):
+        a, b = load_tensors(mine.run.path / "model.safetensors"), load_tensors(theirs.run.path / "model.safetensors")
+        assert all(torch.allclose(a[n], b[n], atol=1e-6) for n in a)
+        x, y = read_json(mine.run.path / "metrics.json"), read_json(theirs.run.path / "metrics.json")
+        assert [h["epoch"] for h in x["history"]] == [h["epoch"] for h in y["history"]]
+        for h, g in zip(x["history"], y["history"], strict=True):
+            assert h["train_loss"] == pytest.approx(g["train_loss"]) and h["dev"] == pytest.approx(g["dev"])
+        assert x["test"] == pytest.approx(y["test"]) and x["training"]["selected_epoch"] == y["training"]["selected_epoch"]
+    assert not [p for p in (tmp_path / "broken").iterdir() if p.name.startswith(".together")]

@@ -366,7 +366,7 @@ def train_variant(
     elif cfg.vectors:  # started as the base was: from its pretrained vectors (the unknown words' rows drawn from this seed)
         with_vectors(net, config, base_vectors(base, cfg).to(base.device))
     sub = Run(model=net, collate=base.collate, task=base.task, path=out, device=base.device, info=run_config)
-    if out.exists() and not _resumable(out, run_config["hash"]):
+    if out.exists() and not resumable(out, run_config["hash"]):
         shutil.rmtree(out)
     data = base.data() if data is None else data
     loop = cfg.loop(base.task.task_type)
@@ -387,7 +387,7 @@ def train_variant(
     return SubRun(sub, metrics, variant.interventions, trained=True)
 
 
-def _resumable(out: Path, digest: str) -> bool:
+def resumable(out: Path, digest: str) -> bool:
     """``out`` holds the checkpoint of a killed sub-run of this very config (an unreadable one is
     not trusted: the sub-run starts afresh, as one of another config does)."""
     state = out / "checkpoint" / "state.json"

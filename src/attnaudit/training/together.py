@@ -15,12 +15,17 @@ What cannot be stacked trains one at a time (:func:`together_reason`): dropout a
 draws would differ from a model's own), gradient clipping (its norm would span every model), a variant with its
 own loss, interventions, start or builder, and families other than :data:`FAMILIES`.
 
-A killed group trains again from its first epoch (its finished sub-runs stay finished); on a CPU stacking does not
+A killed group resumes from its last finished epoch (the stacked weights and optimiser through the loop's checkpoint,
+each model's selection and best weights through :class:`Keeper`), in a folder ``.together-<hash>`` beside the
+sub-runs, removed once they are written; on a CPU stacking does not
 pay (``benchmarks/bench_batched_lstm.py``), on a GPU it does (``benchmarks/bench_together.py``).
 """
 
 from __future__ import annotations
 
+import math
+import os
+import shutil
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -37,7 +42,7 @@ from attnaudit.algorithms.metrics import score_classification
 from attnaudit.data.batching import Collator, iterate_batches
 from attnaudit.data.types import Batch, Example, TaskData
 from attnaudit.errors import AttnAuditError
-from attnaudit.io import atomic_write_json
+from attnaudit.io import atomic_write_json, digest, read_json_object
 from attnaudit.models import ModelConfig, build_model, with_vectors
 from attnaudit.models.interface import evaluation
 from attnaudit.models.rnn import check_ids, stacked_copies
@@ -49,14 +54,17 @@ from attnaudit.training.adversary import (
     Variant,
     base_vectors,
     finished_variant,
+    resumable,
     save_vocabs_of,
     train_variant,
     variant_config,
 )
 from attnaudit.training.checkpoint import METRICS, save_model
-from attnaudit.training.loop import Hooks, Selection, fit, metric_value, seeded
+from attnaudit.training.loop import Checkpoint, Hooks, Selection, fit, metric_value, seeded
 from attnaudit.training.trainer import TrainConfig, cross_entropy, run_summary
+from attnaudit.weights import load_tensors, save_tensors
 
+KEEPER = "keeper.json"
 FAMILIES = ("bilstm", "cnn", "average")
 """Model families whose classifiers train stacked (their code runs under ``vmap``; tested equal to one at a time)."""
 
@@ -218,15 +226,21 @@ def _train_group(base: Run, jobs: list[Job], epochs: int | None) -> list[SubRun]
     template, stacked = nets[0], stack_models(nets)
     cfg0, task_type = setups[0][0], base.task.task_type
     loop = cfg0.loop(task_type)
-    keep = Keeper(loop.selection, len(jobs))
+    hashes = [run_config["hash"] for _, _, run_config in setups]
+    folder = Path(os.path.commonpath([job.out for job in jobs])) / f".together-{digest(hashes)[:16]}"
+    checkpoint = Checkpoint(folder, {"hash": digest(hashes), "kind": "together", "runs": hashes})
+    if not resumable(folder, digest(hashes)):
+        shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True, exist_ok=True)
+    keep = Keeper(loop.selection, len(jobs), folder)
     loop = replace(loop, selection=Selection(None))  # every epoch "kept" by the loop; each model's own choice in `keep`
     feeder = Feeder(cast(Collator, base.collate), [job.data.train for job in jobs], [cfg.seed for cfg, _, _ in setups], base.device)
     hooks = _group_hooks(base, template, stacked, jobs, setups, feeder, keep)
     status(f"training {len(jobs)} models together: {', '.join(job.label or job.out.name for job in jobs)}")
     start = time.perf_counter()
-    state = fit(stacked, feeder, jobs[0].data.train, loop, hooks)
+    state = fit(stacked, feeder, jobs[0].data.train, loop, hooks, checkpoint)
     seconds = time.perf_counter() - start
-    best = [keep.best[k] or _slice(stacked, k) for k in range(len(jobs))]
+    best = [{n: t.to(base.device) for n, t in (keep.best[k] or _slice(stacked, k)).items()} for k in range(len(jobs))]
     params = {name: torch.stack([b[name] for b in best]) for name in best[0]}
     scores = {split: stacked_scores(base, template, params, [job.data.split(split) for job in jobs]) for split in ("dev", "test")}
     subs = []
@@ -235,6 +249,7 @@ def _train_group(base: Run, jobs: list[Job], epochs: int | None) -> list[SubRun]
         metrics = {"dev": scores["dev"][k], "test": scores["test"][k], **run_summary(cfg, replace(loop, seed=cfg.seed),
                    keep.state(k, state, seconds, len(jobs)), task_type)}
         subs.append(_write(base, job, run_config, net, metrics, len(jobs)))
+    shutil.rmtree(folder, ignore_errors=True)  # every sub-run is written: nothing left to resume
     return subs
 
 
@@ -270,15 +285,30 @@ def _slice(stacked: nn.Module, k: int) -> dict[str, Tensor]:
 
 
 class Keeper:
-    """Each stacked model's own epoch selection (the loop's :class:`Selection` applied per model) and history."""
+    """Each stacked model's own epoch selection (the loop's :class:`Selection` applied per model), history and best
+    weights, kept in ``folder`` after every epoch (``keeper.json``, then ``best-<k>-e<epoch>.safetensors``) so that a
+    killed round resumes with them (:meth:`commit`)."""
 
-    def __init__(self, selection: Selection, count: int) -> None:
-        self.selection = selection
+    def __init__(self, selection: Selection, count: int, folder: Path) -> None:
+        self.selection, self.folder = selection, folder
         self.best_value = [selection.start()] * count
         self.selected = [0] * count
         self.bad = [0] * count
         self.best: list[dict[str, Tensor] | None] = [None] * count
         self.history: list[list[dict[str, Any]]] = [[] for _ in range(count)]
+        self._restore()
+
+    def _restore(self) -> None:
+        """The state of a killed round, when ``folder`` holds one. It may be an epoch ahead of the loop's checkpoint (a
+        kill between the two writes): the loop then trains that epoch again and :meth:`record` skips it."""
+        path = self.folder / KEEPER
+        if not path.is_file():
+            return
+        saved = read_json_object(path, {"best_value": list, "selected": list, "bad": list, "history": list, "files": list})
+        start = self.selection.start()
+        self.best_value = [start if v is None else float(v) for v in saved["best_value"]]  # JSON has no infinity
+        self.selected, self.bad, self.history = saved["selected"], saved["bad"], saved["history"]
+        self.best = [None if name is None else load_tensors(self.folder / name) for name in saved["files"]]
 
     def stopped(self, k: int) -> bool:
         """Whether model ``k`` would have stopped by now alone (patience): later epochs no longer count for it."""
@@ -287,7 +317,8 @@ class Keeper:
 
     def record(self, k: int, record: dict[str, Any], weights: Callable[[], dict[str, Tensor]]) -> None:
         """Model ``k``'s epoch ``record``; ``weights()`` are kept when the epoch is its best so far."""
-        if self.stopped(k):
+        done = self.history[k][-1]["epoch"] if self.history[k] else 0
+        if self.stopped(k) or record["epoch"] <= done:  # stopped alone by now, or an epoch recorded before a kill
             return
         self.history[k].append(record)
         selection, epoch = self.selection, record["epoch"]
@@ -296,8 +327,23 @@ class Keeper:
         value = metric_value(record, selection.metric) if selection.metric else 0.0
         if selection.metric is None or selection.better(value, self.best_value[k]):
             self.best_value[k], self.selected[k], self.bad[k], self.best[k] = value, epoch, 0, weights()
+            save_tensors(self.folder / self._file(k, epoch), cast(dict[str, Tensor], self.best[k]))
         else:
             self.bad[k] += 1
+
+    def _file(self, k: int, epoch: int) -> str:
+        return f"best-{k}-e{epoch}.safetensors"
+
+    def commit(self) -> None:
+        """Write the state after an epoch's records (the best weights were written as they came), then remove the
+        best weights it no longer names."""
+        files = [None if self.best[k] is None else self._file(k, self.selected[k]) for k in range(len(self.best))]
+        atomic_write_json(self.folder / KEEPER, {
+            "best_value": [v if math.isfinite(v) else None for v in self.best_value], "selected": self.selected,
+            "bad": self.bad, "history": self.history, "files": files})
+        for stale in self.folder.glob("best-*.safetensors"):
+            if stale.name not in files:
+                stale.unlink()
 
     def state(self, k: int, loop_state: dict[str, Any], seconds: float, count: int) -> dict[str, Any]:
         """Model ``k``'s training state as the loop would have returned it alone (``seconds``: the group's wall time
@@ -337,6 +383,7 @@ def _group_hooks(base: Run, template: nn.Module, stacked: nn.Module, jobs: list[
         for k, dev in enumerate(scores):
             record = {"epoch": epoch_now[0], "train_loss": float(sums[k] / counts[k].clamp_min(1)), "dev": dev}
             keep.record(k, record, partial(_slice, stacked, k))
+        keep.commit()
         return {"models": scores}
 
     return Hooks(loss=loss, evaluate=evaluate, epoch_start=epoch_start, label=f"{len(jobs)} models ")
@@ -345,8 +392,6 @@ def _group_hooks(base: Run, template: nn.Module, stacked: nn.Module, jobs: list[
 def _write(base: Run, job: Job, run_config: dict[str, Any], net: nn.Module, metrics: dict[str, Any], together: int) -> SubRun:
     """Model ``net`` (its selected weights) written into ``job.out`` as :func:`train_variant` writes a sub-run:
     config and vocabularies, weights, then ``metrics.json`` last."""
-    import shutil
-
     out = job.out
     if out.exists():
         shutil.rmtree(out)
