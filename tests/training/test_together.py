@@ -53,8 +53,16 @@ def _masked(data: TaskData, seed: int, token: str) -> TaskData:
     return replace(data, train=split(data.train), dev=split(data.dev), test=split(data.test))
 
 
-@pytest.fixture(scope="module", params=["bilstm", "cnn", "average"])
+@pytest.fixture(scope="module", params=["bilstm", "cnn", "average", "pair"])
 def base(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Run:
+    """A small run of each family that trains stacked; ``pair`` is the BiLSTM of a passage-and-question task (bAbI's
+    kind), with the bAbI preset."""
+    from tests.conftest import tiny_task
+
+    if request.param == "pair":
+        data = tiny_task("pair")
+        return train(data, "bilstm", tmp_path_factory.mktemp("together") / "base", preset="madsen2022-babi", epochs=3,
+                     batch_size=16, embed_dim=12, hidden_dim=6, lr=1e-2, quiet_eval=True)
     data = synthetic_task("classification", seed=0, n_train=100, n_dev=24, n_test=24)
     early = {"early_stop": True, "patience": 1} if request.param == "cnn" else {}  # a model stopping on its own
     return train(data, request.param, tmp_path_factory.mktemp("together") / "base", preset="madsen2022-sst", epochs=3,

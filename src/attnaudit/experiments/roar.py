@@ -623,8 +623,8 @@ class Roar(Experiment):
         address: str = field(default="", metadata={"help": "Ray cluster address for --engine ray (default: start a local Ray)."})
         together: bool = field(
             default=False, metadata={"help": "Train each round's retrains (every seed's and method's next ratio) as one stacked "
-                                     "model in this process: the same sub-runs as one at a time, faster on a GPU (bilstm, cnn, "
-                                     "average classifiers without dropout or clipping)."}
+                                     "model in this process: the same sub-runs as one at a time, faster on a GPU (bilstm, cnn and "
+                                     "average models of classification or pair tasks, without dropout or clipping)."}
         )
 
     @classmethod

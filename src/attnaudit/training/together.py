@@ -66,7 +66,9 @@ from attnaudit.weights import load_tensors, save_tensors
 
 KEEPER = "keeper.json"
 FAMILIES = ("bilstm", "cnn", "average")
-"""Model families whose classifiers train stacked (their code runs under ``vmap``; tested equal to one at a time)."""
+"""Model families that train stacked (their code runs under ``vmap``; tested equal to one at a time)."""
+TASK_TYPES = ("classification", "pair")
+"""Tasks whose models train stacked: classification, and pairs (NLI, bAbI QA: a passage and a question)."""
 
 
 @dataclass
@@ -82,8 +84,9 @@ class Job:
 
 def family_reason(base: Run) -> str | None:
     """Why ``base``'s family cannot train stacked (None: it can)."""
-    if base.family not in FAMILIES or base.task.task_type != "classification":
-        return f"only {', '.join(FAMILIES)} classifiers train together, not a {base.family} {base.task.task_type} model"
+    if base.family not in FAMILIES or base.task.task_type not in TASK_TYPES:
+        return (f"only {', '.join(FAMILIES)} models of {' or '.join(TASK_TYPES)} tasks train together, not a {base.family} "
+                f"{base.task.task_type} model")
     return None
 
 
@@ -131,18 +134,29 @@ def train_together(base: Run, jobs: Sequence[Job], *, epochs: int | None = None)
 @dataclass
 class Stacked:
     """The models' batches of one step, padded to the longest and the largest and stacked: ids and mask ``(K,B,T)``,
-    labels ``(K,B)``; ``sizes[k]`` of model ``k``'s rows are its own (seeds shuffle the short batch to different steps)."""
+    labels ``(K,B)``, a pair model's question and its mask ``(K,B,Q)``; ``sizes[k]`` of model ``k``'s rows are its
+    own (seeds shuffle the short batch to different steps)."""
 
     tokens: Tensor
     mask: Tensor
     labels: Tensor
     sizes: list[int]
+    query: Tensor | None = None
+    query_mask: Tensor | None = None
 
     def __len__(self) -> int:
         return int(self.tokens.shape[1])
 
     def to(self, device: torch.device) -> Stacked:
-        return Stacked(self.tokens.to(device), self.mask.to(device), self.labels.to(device), self.sizes)
+        move = lambda t: None if t is None else t.to(device)  # noqa: E731
+        return Stacked(self.tokens.to(device), self.mask.to(device), self.labels.to(device), self.sizes,
+                       move(self.query), move(self.query_mask))
+
+    def check_ids(self, vocab_size: int) -> None:
+        """The ids index the embedding table (:func:`~attnaudit.models.rnn.check_ids`, which ``vmap`` cannot run)."""
+        check_ids(self.tokens, vocab_size, "token")
+        if self.query is not None:
+            check_ids(self.query, vocab_size, "query token")
 
 
 class Feeder:
@@ -172,36 +186,36 @@ def stack_batches(parts: list[Batch], pad_id: int) -> Stacked:
     """One batch per model, stacked. A padded position changes no model's output; a padded row reads one padding
     token (a row with none would give NaN, whose gradient reaches the weights even at zero loss) and is left out of
     the loss."""
-    width = max(int(part.tokens.shape[1]) for part in parts)
     rows = max(len(part) for part in parts)
     if any(part.labels is None for part in parts):
         raise AttnAuditError("training needs labelled examples")
 
-    def pad(t: Tensor, value: int) -> Tensor:
-        t = F.pad(t, (0, width - t.shape[1], 0, rows - t.shape[0]), value=value)
-        return t
+    def stack(ids: list[Tensor], masks: list[Tensor]) -> tuple[Tensor, Tensor]:
+        width = max(int(t.shape[1]) for t in ids)
+        padded = [F.pad(mask, (0, width - mask.shape[1], 0, rows - mask.shape[0]), value=0) for mask in masks]
+        for mask, part in zip(padded, parts, strict=True):
+            mask[len(part):, 0] = True
+        return (torch.stack([F.pad(t, (0, width - t.shape[1], 0, rows - t.shape[0]), value=pad_id) for t in ids]),
+                torch.stack(padded))
 
-    masks = []
-    for part in parts:
-        mask = pad(part.mask, 0)
-        mask[len(part):, 0] = True
-        masks.append(mask)
-    return Stacked(
-        tokens=torch.stack([pad(p.tokens, pad_id) for p in parts]),
-        mask=torch.stack(masks),
-        labels=torch.stack([F.pad(cast(Tensor, p.labels), (0, rows - len(p))) for p in parts]),
-        sizes=[len(p) for p in parts],
-    )
+    tokens, mask = stack([p.tokens for p in parts], [p.mask for p in parts])
+    query = query_mask = None
+    if parts[0].query is not None:
+        query, query_mask = stack([cast(Tensor, p.query) for p in parts], [cast(Tensor, p.query_mask) for p in parts])
+    return Stacked(tokens, mask, torch.stack([F.pad(cast(Tensor, p.labels), (0, rows - len(p))) for p in parts]),
+                   [len(p) for p in parts], query, query_mask)
 
 
-def stacked_logits(template: nn.Module, params: dict[str, Tensor], tokens: Tensor, mask: Tensor) -> Tensor:
+def stacked_logits(template: nn.Module, params: dict[str, Tensor], batch: Stacked) -> Tensor:
     """Every model's logits ``(K,B,C)``: ``template``'s own forward under ``vmap`` over the stacked ``params``."""
 
-    def one(p: dict[str, Tensor], ids: Tensor, rows: Tensor) -> Tensor:
-        return functional_call(template, p, (Batch(tokens=ids, mask=rows),)).logits
+    def one(p: dict[str, Tensor], ids: Tensor, rows: Tensor, *question: Tensor) -> Tensor:
+        query, query_mask = question or (None, None)
+        return functional_call(template, p, (Batch(tokens=ids, mask=rows, query=query, query_mask=query_mask),)).logits
 
+    question = () if batch.query is None else (batch.query, batch.query_mask)
     with stacked_copies():
-        return cast(Tensor, vmap(one)(params, tokens, mask))
+        return cast(Tensor, vmap(one)(params, batch.tokens, batch.mask, *question))
 
 
 def stack_models(nets: Sequence[nn.Module]) -> nn.Module:
@@ -262,8 +276,8 @@ def stacked_scores(base: Run, template: nn.Module, params: dict[str, Tensor], sp
     with evaluation(template), torch.no_grad():
         for parts in zip(*streams, strict=True):
             batch = stack_batches(list(parts), collate.vocab.pad_id).to(base.device)
-            check_ids(batch.tokens, len(collate.vocab), "token")
-            probs = stacked_logits(template, params, batch.tokens, batch.mask).softmax(-1).cpu()
+            batch.check_ids(len(collate.vocab))
+            probs = stacked_logits(template, params, batch).softmax(-1).cpu()
             for k, part in enumerate(parts):
                 rows = probs[k, : len(part)]
                 out[k]["pred"].extend(base.labels[j] for j in rows.argmax(-1).tolist())
@@ -370,9 +384,9 @@ def _group_hooks(base: Run, template: nn.Module, stacked: nn.Module, jobs: list[
         epoch_now[0] = epoch
 
     def loss(model: nn.Module, batch: Stacked) -> Tensor:
-        check_ids(batch.tokens, vocab_size, "token")
+        batch.check_ids(vocab_size)
         template.train()
-        logits = stacked_logits(template, dict(model.named_parameters()), batch.tokens, batch.mask)
+        logits = stacked_logits(template, dict(model.named_parameters()), batch)
         losses = torch.stack([loss_fn(logits[k, :n], batch.labels[k, :n]) for k, n in enumerate(batch.sizes)])
         sums.add_(losses.detach().cpu() * torch.tensor(batch.sizes))
         counts.add_(torch.tensor(batch.sizes))
