@@ -166,3 +166,11 @@ def test_a_killed_round_resumes_to_the_sub_runs_of_an_unbroken_one(base: Run, tm
             assert h["train_loss"] == pytest.approx(g["train_loss"]) and h["dev"] == pytest.approx(g["dev"])
         assert x["test"] == pytest.approx(y["test"]) and x["training"]["selected_epoch"] == y["training"]["selected_epoch"]
     assert not [p for p in (tmp_path / "broken").iterdir() if p.name.startswith(".together")]
+
+
+def test_jobs_with_training_splits_of_other_sizes_train_in_groups_of_their_own(base: Run, tmp_path: Path) -> None:
+    data = base.data()
+    short = replace(data, train=data.train[:-5])
+    jobs = [Job(tmp_path / f"job{k}", Variant({"kind": "test", "k": k}), k, d) for k, d in enumerate([data, short, data])]
+    train_together(base, jobs)
+    assert [read_json(job.out / "metrics.json").get("together", {}).get("models", 1) for job in jobs] == [2, 1, 2]

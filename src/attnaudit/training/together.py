@@ -65,6 +65,7 @@ from attnaudit.training.trainer import TrainConfig, cross_entropy, run_summary
 from attnaudit.weights import load_tensors, save_tensors
 
 KEEPER = "keeper.json"
+"""A round's per-model selection state in its folder (:class:`Keeper`)."""
 FAMILIES = ("bilstm", "cnn", "average")
 """Model families that train stacked (their code runs under ``vmap``; tested equal to one at a time)."""
 TASK_TYPES = ("classification", "pair")
@@ -107,7 +108,8 @@ def together_reason(base: Run, cfg: TrainConfig, config: ModelConfig, variant: V
 
 def train_together(base: Run, jobs: Sequence[Job], *, epochs: int | None = None) -> list[SubRun]:
     """The sub-runs of ``jobs``, in order: finished ones loaded, the others trained, stacked where they share the
-    model config and settings (apart from the seed) and :func:`together_reason` allows, one at a time otherwise."""
+    model config, the settings (apart from the seed) and the size of the training split and :func:`together_reason`
+    allows, one at a time otherwise."""
     done: dict[int, SubRun] = {}
     groups: dict[str, list[int]] = {}
     for i, job in enumerate(jobs):
@@ -117,7 +119,7 @@ def train_together(base: Run, jobs: Sequence[Job], *, epochs: int | None = None)
             continue
         cfg, config, _ = variant_config(base, job.variant, epochs, job.seed)
         reason = together_reason(base, cfg, config, job.variant)
-        shared = {**cfg.to_dict(), "seed": None, "model": config.to_dict(), "variant": job.variant.model}
+        shared = {**cfg.to_dict(), "seed": None, "model": config.to_dict(), "variant": job.variant.model, "size": len(job.data.train)}
         groups.setdefault(f"alone-{i}" if reason else repr(sorted(shared.items())), []).append(i)
     for members in groups.values():
         if len(members) == 1:
