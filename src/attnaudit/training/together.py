@@ -23,6 +23,7 @@ pay (``benchmarks/bench_batched_lstm.py``), on a GPU it does (``benchmarks/bench
 
 from __future__ import annotations
 
+import copy
 import math
 import os
 import shutil
@@ -150,9 +151,8 @@ class Stacked:
         return int(self.tokens.shape[1])
 
     def to(self, device: torch.device) -> Stacked:
-        move = lambda t: None if t is None else t.to(device)  # noqa: E731
-        return Stacked(self.tokens.to(device), self.mask.to(device), self.labels.to(device), self.sizes,
-                       move(self.query), move(self.query_mask))
+        question = [None if t is None else t.to(device) for t in (self.query, self.query_mask)]
+        return Stacked(self.tokens.to(device), self.mask.to(device), self.labels.to(device), self.sizes, *question)
 
     def check_ids(self, vocab_size: int) -> None:
         """The ids index the embedding table (:func:`~attnaudit.models.rnn.check_ids`, which ``vmap`` cannot run)."""
@@ -223,8 +223,6 @@ def stacked_logits(template: nn.Module, params: dict[str, Tensor], batch: Stacke
 def stack_models(nets: Sequence[nn.Module]) -> nn.Module:
     """A copy of ``nets[0]`` whose every parameter is the ``nets``' parameters stacked (same names, so the loop's
     optimiser groups and weight-decay patterns apply unchanged)."""
-    import copy
-
     params, buffers = stack_module_state(list(nets))
     if buffers:
         raise AttnAuditError("models with buffers do not train together")
