@@ -14,8 +14,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _part() -> dict[str, Any]:
-    part = json.loads((ROOT / "benchmarks" / "results" / "training_tests.json").read_text())["parts"]["sst"]
+def _part(name: str = "sst") -> dict[str, Any]:
+    part = json.loads((ROOT / "benchmarks" / "results" / "training_tests.json").read_text())["parts"][name]
     assert "commit" in part and not part["commit"].endswith("-dirty")  # a clean commit, recorded with the part
     return part
 
@@ -64,12 +64,6 @@ def test_the_results_page_shows_the_sst_part() -> None:
 _NUMBER = re.compile(r"−?\d+\.\d+")
 
 
-def _conll(name: str) -> dict[str, Any]:
-    part = json.loads((ROOT / "benchmarks" / "results" / "training_tests.json").read_text())["parts"][name]
-    assert "commit" in part and not part["commit"].endswith("-dirty")
-    return part
-
-
 def _cells(text: str, label: str) -> list[str]:
     """The cells after the label of the table row ``| label | … |`` (exactly one such row in ``text``)."""
     rows = [line for line in text.splitlines() if line.startswith(f"| {label} |")]
@@ -90,13 +84,14 @@ def _conll_sections() -> dict[str, str]:
     page = (ROOT / "docs" / "sections" / "training-tests.md").read_text()
     start = page.index("#### CoNLL-2000 (the sequence-tagging study)")
     words = page.index("#### CoNLL-2000 without POS features")
-    end = page.index("\n#### ", words + 1) if "\n#### " in page[words + 1 :] else len(page)
+    end = page.find("\n#### ", words + 1)  # the next section, or the page's end
+    end = len(page) if end < 0 else end
     return {"conll": page[start:words], "conll-words": page[words:end]}
 
 
 @pytest.mark.parametrize("name", ["conll", "conll-words"])
 def test_the_training_tests_page_shows_the_conll_parts(name: str) -> None:
-    part, text = _conll(name), _conll_sections()[name]
+    part, text = _part(name), _conll_sections()[name]
     scales = [part["kl_scales"]["token"], part["kl_scales"]["entry"]]
     for table, labels in (("table1_adversary_f1", ["original model (Table 1)", "adversary λ=0.2", "adversary λ=3"]),
                           ("table2_probe_f1", ["probe `frozen`, original attention (Table 2)", "probe `frozen`, adversary λ=0.2",
@@ -120,7 +115,7 @@ def test_the_training_tests_page_shows_the_conll_parts(name: str) -> None:
 
 
 def test_the_entry_scale_sweep_table_shows_the_conll_part() -> None:
-    sweep = _conll("conll")["kl_scales"]["entry"]["lambda_sweep"]
+    sweep = _part("conll")["kl_scales"]["entry"]["lambda_sweep"]
     text = _conll_sections()["conll"]
     assert _numbers(" ".join(_cells(text, "mean KL per entry"))) == [round(r["mean_kl_entry"], 3) for r in sweep]
     assert _numbers(" ".join(_cells(text, "mean KL per token and head (nats)"))) == [round(r["mean_kl"], 1) for r in sweep]
@@ -129,7 +124,7 @@ def test_the_entry_scale_sweep_table_shows_the_conll_part() -> None:
 
 
 def test_the_results_page_shows_the_conll_part() -> None:
-    scales = _conll("conll")["kl_scales"]
+    scales = _part("conll")["kl_scales"]
     page = (ROOT / "docs" / "sections" / "results.md").read_text()
     for label, table in (("original / adversary λ = 0.2 / adversary λ = 3 (Table 1)", "table1_adversary_f1"),
                          ("`frozen` probe on original / λ = 0.2 / λ = 3 attention (Table 2)", "table2_probe_f1")):
