@@ -20,6 +20,8 @@ from typing import Any
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from safetensors.torch import load_file
 from torch import Tensor, nn
 
@@ -95,6 +97,29 @@ def test_min_epoch_never_keeps_an_earlier_epoch_nor_counts_it_against_patience()
     state, saved = scripted([0.9, 0.5, 0.6, 0.55], min_epoch=2, patience=1)
     # epoch 1 (0.9) is ignored; 2 and 3 improve; 4 is the one bad epoch patience allows
     assert state["epoch"] == 4 and state["selected"] == 3 and state["best"] == 0.6 and saved == [2, 3]
+
+
+def test_a_kept_score_at_its_ceiling_ends_training() -> None:
+    state, saved = scripted([0.5, 1.0, 0.9, 1.0], patience=None, ceiling=1.0)
+    assert state["epoch"] == 2 and state["selected"] == 2 and state["best"] == 1.0 and saved == [1, 2]
+    cfg = LoopConfig(4, 2, selection=Selection("dev.acc", ceiling=1.0))
+    assert loop.stopped(cfg, state) == "ceiling" and loop.stopped(cfg, {**state, "best": 0.9, "epoch": 4}) == "epochs"
+    state, saved = scripted([3.0, 0.0, 1.0], key="loss", mode="min", ceiling=0.0)  # a lowest value's floor
+    assert state["epoch"] == 2 and state["selected"] == 2 and saved == [1, 2]
+
+
+@settings(max_examples=200, deadline=None)
+@given(scores=st.lists(st.sampled_from([0.0, 0.25, 0.5, 0.75, 1.0]), min_size=1, max_size=8),
+       patience=st.one_of(st.none(), st.integers(1, 3)), min_epoch=st.integers(1, 3))
+def test_stopping_at_the_ceiling_keeps_what_training_on_keeps(scores: list[float], patience: int | None, min_epoch: int) -> None:
+    """The same epoch, score and saves as without a ceiling; only the epochs after the kept one at 1.0 go."""
+    min_epoch = min(min_epoch, len(scores))
+    capped, capped_saved = scripted(scores, patience=patience, min_epoch=min_epoch, ceiling=1.0)
+    full, full_saved = scripted(scores, patience=patience, min_epoch=min_epoch)
+    assert (capped["selected"], capped["best"], capped_saved) == (full["selected"], full["best"], full_saved)
+    at_ceiling = full["best"] == 1.0
+    assert capped["epoch"] == (full["selected"] if at_ceiling else full["epoch"])
+    assert capped["history"] == full["history"][: capped["epoch"]]
 
 
 def test_lowest_value_selection() -> None:
@@ -196,7 +221,7 @@ def test_jain_wallace_protocol_is_a_training_config(tmp_path: Path) -> None:
     cfg = TrainConfig(epochs=8, **JAIN_WALLACE)
     settings = cfg.loop("classification")
     assert settings.optimiser.name == "amsgrad" and settings.optimiser.clip is None
-    assert settings.selection == Selection("dev.roc_auc", "max", 2, None) and settings.epochs == 8
+    assert settings.selection == Selection("dev.roc_auc", "max", 2, None, ceiling=1.0) and settings.epochs == 8
     data = synthetic_task("classification", seed=0, n_train=80, n_dev=30, n_test=20)
     run = train(data, "bilstm", tmp_path / "jw", epochs=3, embed_dim=8, hidden_dim=8, dropout=0.2, batch_size=16,
                 quiet_eval=True, **JAIN_WALLACE)
@@ -336,3 +361,11 @@ def test_killed_subrun_resumes_to_the_uninterrupted_weights(tmp_path: Path) -> N
 
     assert metrics("full") == metrics("killed") and not (tmp_path / "killed" / "checkpoint").exists()
     assert math.isfinite(metrics("full")["best_dev"])
+
+
+def test_hooks_done_ends_the_loop() -> None:
+    evaluations: list[int] = []
+    hooks = Hooks(loss=lambda m, b: m.out.w.sum(), evaluate=lambda: evaluations.append(1) or {},
+                  done=lambda: len(evaluations) >= 2)
+    state = fit(Pair(), Rows(), [0, 1, 2], LoopConfig(5, 2), hooks)  # type: ignore[arg-type]
+    assert state["epoch"] == 2 and len(state["history"]) == 2

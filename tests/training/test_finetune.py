@@ -39,7 +39,11 @@ def test_run_directory_layout_and_metrics(tuned: Path) -> None:
     assert config["kind"] == "hf" and config["task"]["labels"] == ["neg", "pos"]
     assert config["model"]["extra"]["trained_head"] is True
     metrics = json.loads((tuned / "metrics.json").read_text())
-    assert len(metrics["history"]) == 8 and metrics["selection"] == "best dev accuracy"
+    assert metrics["selection"] == "best dev accuracy"
+    training = metrics["training"]  # every epoch, or up to the first perfect dev accuracy (nothing later can be kept)
+    ends = {"epochs": 8, "ceiling": training["selected_epoch"]}[training["stopped"]]
+    assert len(metrics["history"]) == training["epochs_run"] == ends
+    assert (metrics["best_dev"] == 1.0) == (training["stopped"] == "ceiling")
     assert metrics["best_dev"] == max(h["dev"]["accuracy"] for h in metrics["history"]) > 0.5  # it learned
     assert metrics["dev"]["accuracy"] == pytest.approx(metrics["best_dev"])  # the best epoch was kept
     suffixes = {p.suffix for p in tuned.rglob("*") if p.is_file()}

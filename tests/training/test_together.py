@@ -85,6 +85,7 @@ def test_stacked_training_is_training_one_at_a_time(base: Run, tmp_path: Path) -
         a, b = read_json(job.out / "metrics.json"), read_json(alone.run.path / "metrics.json")
         assert a["training"]["selected_epoch"] == b["training"]["selected_epoch"]
         assert a["training"]["epochs_run"] == b["training"]["epochs_run"]
+        assert a["training"]["selection"] == b["training"]["selection"] and a["training"]["stopped"] == b["training"]["stopped"]
         assert a["epochs"] == b["epochs"]
         for split in ("dev", "test"):
             assert a[split] == pytest.approx(b[split], abs=1e-6)
@@ -174,3 +175,19 @@ def test_jobs_with_training_splits_of_other_sizes_train_in_groups_of_their_own(b
     jobs = [Job(tmp_path / f"job{k}", Variant({"kind": "test", "k": k}), k, d) for k, d in enumerate([data, short, data])]
     train_together(base, jobs)
     assert [read_json(job.out / "metrics.json").get("together", {}).get("models", 1) for job in jobs] == [2, 1, 2]
+
+
+def test_the_stacked_loop_ends_when_every_model_has_stopped(tmp_path: Path) -> None:
+    from attnaudit.training.loop import Selection
+    from attnaudit.training.together import Keeper
+
+    keep = Keeper(Selection("dev.accuracy", ceiling=1.0, patience=2), 2, tmp_path)
+    weights = lambda: {"w": torch.zeros(1)}  # noqa: E731
+    keep.record(0, {"epoch": 1, "dev": {"accuracy": 1.0}}, weights)  # at the ceiling: stopped alone
+    keep.record(1, {"epoch": 1, "dev": {"accuracy": 0.5}}, weights)
+    assert keep.stopped(0) and not keep.stopped(1) and not keep.all_stopped()
+    keep.record(0, {"epoch": 2, "dev": {"accuracy": 1.0}}, weights)  # a later epoch no longer counts for it
+    assert len(keep.history[0]) == 1 and keep.selected[0] == 1
+    for epoch in (2, 3):  # two epochs without improvement: patience
+        keep.record(1, {"epoch": epoch, "dev": {"accuracy": 0.5}}, weights)
+    assert keep.stopped(1) and keep.all_stopped()

@@ -221,7 +221,7 @@ def finetune(
     extra = {"finetune": {**settings, "hash": digest, "train_examples": len(train_set), "trained_parameters": trained}}
     steps = epochs * -(-len(train_set) // batch_size)
     optimiser = Optimiser("adamw", lr, weight_decay, frozen=frozen, clip=1.0, schedule="linear-hf", warmup=int(warmup * steps))
-    loop = LoopConfig(epochs, batch_size, seed, optimiser, Selection("dev.accuracy"))
+    loop = LoopConfig(epochs, batch_size, seed, optimiser, Selection("dev.accuracy", ceiling=1.0))
     with staged(out) as stage:  # the run appears in `out` whole, or not at all (a full disk, a kill)
         state = fit(run.model, run, train_set, loop, _hooks(run, data, stage, extra, _masking(run, seed) if masking else None))
         best_run = load_hf_run(stage, device=device, data_dir=data_dir)

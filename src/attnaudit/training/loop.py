@@ -7,7 +7,8 @@ batch, the epoch-end evaluation, how the selected model is saved, ...) and a :cl
 (epochs, early stopping, selection, optimiser); the loop itself is written once.
 
 It owns: seeding (:func:`seeded`, the per-epoch shuffle seed ``seed·1000 + epoch``), epochs
-with early stopping (``patience``) or a fixed number of epochs (``patience=None``), model
+with early stopping (``patience``) or a fixed number of epochs (``patience=None``), stopping
+where the kept score is at its ceiling (a perfect dev accuracy: nothing later can be kept), model
 selection on a named dev metric from a minimum epoch on, the optimiser (Adam, AMSGrad, AdamW
 or SGD with per-parameter-group weight decay and frozen parameters), optional gradient
 clipping, the learning-rate schedule (stateless, so a resumed run follows it exactly), a
@@ -130,18 +131,28 @@ class Selection:
     ``"dev.loss"``, ``"dev_loss"``; None keeps the last epoch); ``mode`` ``max`` or ``min``.
     Epochs before ``min_epoch`` are never selected and do not count towards ``patience``
     (epochs in a row without improvement before stopping; None trains every epoch).
+    ``ceiling`` is the best value the metric can take (1.0 for accuracy, F1 or ROC-AUC): once the kept
+    epoch reaches it, no later epoch can be kept (an epoch is kept only when strictly better), so
+    training stops there with the very model and scores that training on would keep.
     """
 
     metric: str | None = None
     mode: str = "max"
     min_epoch: int = 1
     patience: int | None = None
+    ceiling: float | None = None
 
     def start(self) -> float:
         return float("-inf") if self.mode == "max" else float("inf")
 
     def better(self, value: float, best: float) -> bool:
         return value > best if self.mode == "max" else value < best
+
+    def reached(self, best: float) -> bool:
+        """Whether the kept value ``best`` is at the ceiling: no later epoch can be kept."""
+        if self.metric is None or self.ceiling is None:
+            return False
+        return best >= self.ceiling if self.mode == "max" else best <= self.ceiling
 
 
 @dataclass
@@ -167,7 +178,8 @@ class Hooks:
     ``weight(batch)``: the batch's weight in the epoch's mean loss (default: its size);
     ``save_best()``: keeps the selected model (default: ``model.safetensors`` in the checkpoint's
     folder, reloaded at the end); ``label``: prefix of progress lines; ``train_key``: the name of
-    the mean training loss in the history.
+    the mean training loss in the history; ``done()``: True when no later epoch can change the
+    outcome (several models trained as one, each with its own selection, all stopped).
     """
 
     loss: Callable[[nn.Module, Any], LossOut]
@@ -177,6 +189,7 @@ class Hooks:
     save_best: Callable[[], None] | None = None
     label: str = ""
     train_key: str = "train_loss"
+    done: Callable[[], bool] | None = None
 
 
 @dataclass
@@ -217,7 +230,7 @@ def fit(
     if save_best is None and checkpoint is not None:
         def save_best() -> None:
             save_model(checkpoint.out, model)
-    while _go_on(cfg, state):
+    while _go_on(cfg, state) and not (hooks.done is not None and hooks.done()):
         start = time.perf_counter()
         record = _epoch(model, run, examples, optimizer, cfg, hooks, state, n_batches)
         improved = _select(cfg.selection, record, state)
@@ -267,7 +280,20 @@ def _go_on(cfg: LoopConfig, state: dict[str, Any]) -> bool:
         state["epoch"] < cfg.epochs
         and (patience is None or state["bad"] < patience)
         and (cfg.max_steps is None or state["step"] < cfg.max_steps)
+        and not cfg.selection.reached(state["best"])
     )
+
+
+def stopped(cfg: LoopConfig, state: dict[str, Any]) -> str:
+    """Why training ended: ``epochs`` (all run), ``ceiling``, ``patience`` or ``steps`` (the budget)."""
+    selection = cfg.selection
+    if state["epoch"] < cfg.epochs and selection.reached(state["best"]):
+        return "ceiling"
+    if state["epoch"] < cfg.epochs and selection.patience is not None and state["bad"] >= selection.patience:
+        return "patience"
+    if state["epoch"] < cfg.epochs and cfg.max_steps is not None and state["step"] >= cfg.max_steps:
+        return "steps"
+    return "epochs"
 
 
 def _epoch(
@@ -342,6 +368,8 @@ def _report(hooks: Hooks, selection: Selection, record: dict[str, Any], improved
     if selection.metric is not None:
         line += f", {selection.metric} {metric_value(record, selection.metric):.4f}"
     status(line + (" *" if improved and selection.metric is not None else ""))
+    if improved and selection.metric is not None and selection.reached(metric_value(record, selection.metric)):
+        status(f"{hooks.label}{selection.metric} is at its ceiling {selection.ceiling:g}: no later epoch can be kept, stopping")
 
 
 def notes(cfg: LoopConfig, state: dict[str, Any]) -> dict[str, Any]:
@@ -353,7 +381,8 @@ def notes(cfg: LoopConfig, state: dict[str, Any]) -> dict[str, Any]:
         "steps": state["step"],
         "selected_epoch": state["selected"],
         "selection": {"metric": selection.metric, "mode": selection.mode, "min_epoch": selection.min_epoch,
-                      "patience": selection.patience},
+                      "patience": selection.patience, "ceiling": selection.ceiling},
+        "stopped": stopped(cfg, state),
         "max_epochs": cfg.epochs,
         "max_steps": cfg.max_steps,
         "batch_size": cfg.batch_size,

@@ -247,12 +247,12 @@ def _train_group(base: Run, jobs: list[Job], epochs: int | None) -> list[SubRun]
         shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True, exist_ok=True)
     keep = Keeper(loop.selection, len(jobs), folder)
-    loop = replace(loop, selection=Selection(None))  # every epoch "kept" by the loop; each model's own choice in `keep`
+    stacked_loop = replace(loop, selection=Selection(None))  # every epoch "kept" by the loop; each model's own choice in `keep`
     feeder = Feeder(cast(Collator, base.collate), [job.data.train for job in jobs], [cfg.seed for cfg, _, _ in setups], base.device)
     hooks = _group_hooks(base, template, stacked, jobs, setups, feeder, keep)
     status(f"training {len(jobs)} models together: {', '.join(job.label or job.out.name for job in jobs)}")
     start = time.perf_counter()
-    state = fit(stacked, feeder, jobs[0].data.train, loop, hooks, checkpoint)
+    state = fit(stacked, feeder, jobs[0].data.train, stacked_loop, hooks, checkpoint)
     seconds = time.perf_counter() - start
     best = [{n: t.to(base.device) for n, t in (keep.best[k] or _slice(stacked, k)).items()} for k in range(len(jobs))]
     params = {name: torch.stack([b[name] for b in best]) for name in best[0]}
@@ -325,9 +325,14 @@ class Keeper:
         self.best = [None if name is None else load_tensors(self.folder / name) for name in saved["files"]]
 
     def stopped(self, k: int) -> bool:
-        """Whether model ``k`` would have stopped by now alone (patience): later epochs no longer count for it."""
+        """Whether model ``k`` would have stopped by now alone (patience, or its kept score at the ceiling): later
+        epochs no longer count for it."""
         patience = self.selection.patience
-        return patience is not None and self.bad[k] >= patience
+        return (patience is not None and self.bad[k] >= patience) or self.selection.reached(self.best_value[k])
+
+    def all_stopped(self) -> bool:
+        """Every model has stopped: no later epoch of the stacked model counts (the loop ends there)."""
+        return all(self.stopped(k) for k in range(len(self.best)))
 
     def record(self, k: int, record: dict[str, Any], weights: Callable[[], dict[str, Tensor]]) -> None:
         """Model ``k``'s epoch ``record``; ``weights()`` are kept when the epoch is its best so far."""
@@ -365,7 +370,7 @@ class Keeper:
         epochs = len(self.history[k])
         per_epoch = loop_state["step"] // max(loop_state["epoch"], 1)
         return {"epoch": epochs, "step": per_epoch * epochs, "best": self.best_value[k], "selected": self.selected[k],
-                "history": self.history[k], "seconds": seconds / count}
+                "bad": self.bad[k], "history": self.history[k], "seconds": seconds / count}
 
 
 def _group_hooks(base: Run, template: nn.Module, stacked: nn.Module, jobs: list[Job], setups: list[Any], feeder: Feeder,
@@ -400,7 +405,7 @@ def _group_hooks(base: Run, template: nn.Module, stacked: nn.Module, jobs: list[
         keep.commit()
         return {"models": scores}
 
-    return Hooks(loss=loss, evaluate=evaluate, epoch_start=epoch_start, label=f"{len(jobs)} models ")
+    return Hooks(loss=loss, evaluate=evaluate, epoch_start=epoch_start, label=f"{len(jobs)} models ", done=keep.all_stopped)
 
 
 def _write(base: Run, job: Job, run_config: dict[str, Any], net: nn.Module, metrics: dict[str, Any], together: int) -> SubRun:

@@ -205,7 +205,8 @@ class TrainConfig:
             name=self.optimizer, lr=self.lr, weight_decay=self.weight_decay, no_decay=tuple(self.no_decay),
             clip=self.clip or None, schedule="linear", warmup=self.warmup,
         )
-        selection = Selection(f"dev.{self.metric(task_type)}", "max", self.min_epoch, self.patience if self.early_stop else None)
+        selection = Selection(f"dev.{self.metric(task_type)}", "max", self.min_epoch, self.patience if self.early_stop else None,
+                              ceiling=1.0)  # every SELECTABLE score is at most 1
         return LoopConfig(self.epochs, self.batch_size, self.seed if seed is None else seed, optimiser, selection)
 
 
