@@ -393,7 +393,7 @@ class InlineRay:
 
 
 def test_ray_engine_trains_every_sub_run_on_workers_and_the_driver_only_loads_them(base: Run, recursive, tmp_path: Path, monkeypatch) -> None:
-    """``--engine ray``: the 0 % and 100 % models of every seed, then each (seed, method) curve, as tasks of their own
+    """``--engine ray``: the 0 % model of every seed, then each (seed, method) curve and the 100 % models, as tasks of their own
     (each a fresh load of the run from its folder); the test's loop then trains nothing and gives the one-process result."""
     from contextlib import contextmanager
 
@@ -411,7 +411,7 @@ def test_ray_engine_trains_every_sub_run_on_workers_and_the_driver_only_loads_th
     result, _ = recursive
     again = run_test("roar", base, out=tmp_path, methods=["attention"], ratios=[30, 60], recursive=True, epochs=1, plot=False,
                      engine="ray", workers=2)
-    assert fake.items == [(0, "zero"), (0, "all"), (0, "random"), (0, "attention")]
+    assert fake.items == [(0, "zero"), (0, "random"), (0, "attention"), (0, "all")]  # the one-retrain 100 % model last
     assert not any(r["trained_now"] for r in again.tables["curves"])  # every retrain was a task's
     strip = [{k: v for k, v in r.items() if k != "trained_now"} for r in result.tables["curves"]]
     assert [{k: v for k, v in r.items() if k != "trained_now"} for r in again.tables["curves"]] == strip

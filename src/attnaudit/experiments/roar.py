@@ -616,8 +616,9 @@ class Roar(Experiment):
             default="", metadata={"help": "Test score of the curves: accuracy, macro_f1, roc_auc... (default: the task's headline one)."}
         )
         engine: str = field(
-            default="local", metadata={"help": "local (this process) or ray: every seed's 0 % and 100 % models, then every method's "
-                                       "curve per seed, as Ray tasks (the workers write into the run's folder: a local Ray or a shared disk)."}
+            default="local", metadata={"help": "local (this process) or ray: every seed's 0 % model, then every method's curve "
+                                       "per seed and the 100 % models, as Ray tasks (the workers write into the run's folder: "
+                                       "a local Ray or a shared disk)."}
         )
         workers: int | None = field(default=None, metadata={"help": "Ray workers for --engine ray (default: one per Ray CPU)."})
         address: str = field(default="", metadata={"help": "Ray cluster address for --engine ray (default: start a local Ray)."})
@@ -753,14 +754,15 @@ def roar_task(item: tuple[RoarTask, int, str]) -> str:
 
 
 def on_ray(run: Run, options: Any, methods: list[str], seeds: list[int], metric: str) -> None:
-    """Train the test's sub-runs as Ray tasks (one CPU each): first every seed's 0 % and 100 % models, then every
-    (seed, method) curve. A failed task is reported in one line and left to the driver, which then trains (or
-    loads) every sub-run in order as without Ray."""
+    """Train the test's sub-runs as Ray tasks (one CPU each): first every seed's 0 % model (each curve starts from it),
+    then every (seed, method) curve and, behind them, every seed's 100 % model (which no curve needs: one retrain, so it
+    fills a worker a curve has left). A failed task is reported in one line and left to the driver, which then trains
+    (or loads) every sub-run in order as without Ray."""
     data_dir = run.task.data_dir
     task = RoarTask(str(run.path), str(subrun_root(run)), None if data_dir is None else str(data_dir), str(run.device),
                     replace(options, engine="local", workers=None, address=""), metric, run.data())
-    stages = {"0 % and 100 % models": [(task, s, part) for s in seeds for part in ("zero", "all")],
-              "curves": [(task, s, m) for s in seeds for m in methods]}
+    stages = {"0 % models": [(task, s, "zero") for s in seeds],
+              "curves and 100 % models": [(task, s, m) for s in seeds for m in methods] + [(task, s, "all") for s in seeds]}
     with ray_session(options.address or None, options.workers) as ray:
         for stage, items in stages.items():
             for done, (item, _, error) in enumerate(map_tasks(ray, roar_task, items), 1):
