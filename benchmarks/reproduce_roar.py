@@ -35,7 +35,8 @@ Run: ``.venv/bin/python benchmarks/reproduce_roar.py [--data-dir ../shared/data]
 (``--engine ray --workers N``: the curves of one seed trained side by side, as the ``roar`` test does on Ray).
 ``--so-far`` trains nothing: it reads the sub-runs finished so far (a run still under way, or cut short) and writes
 ``benchmarks/results/<name>_so_far.json`` with the RACU of every (seed, method) whose curve and random baseline are
-complete, marked partial, which retrains are still missing, and how many retrains the RACU rests on and how long
+complete, marked partial, which retrains are still missing, the finished points of the curves still under way
+(``unfinished_points``, each with its ``train_seconds``), and how many retrains the RACU rests on and how long
 they trained (``training``: their ``train_seconds`` summed, as measured where each ran).
 
 A ledger carries the finished work from one machine to the next: ``--so-far`` (and every finished task) writes
@@ -238,7 +239,7 @@ def so_far(task: str, args: argparse.Namespace) -> dict[str, Any]:
     _, metric = PROTOCOL[task]
     base = base_folder(task, args)
     root = roar_root(task, args)
-    rows, per_seed, missing, used = [], [], [], []
+    rows, per_seed, missing, used, unfinished = [], [], [], [], []
 
     def zero_folder(seed: int) -> Path:  # the seed's 0 % model: the base run for seed 0
         return base if seed == 0 else root / f"seed-{seed}" / "unmasked"
@@ -253,6 +254,10 @@ def so_far(task: str, args: argparse.Namespace) -> dict[str, Any]:
             missing += [f"seed-{seed}/{name}/ratio-{r}" for r, p in zip(args.ratios, points) if p is None]
             if zero is not None and full is not None and None not in points:
                 curves[method] = [zero, *points, full]
+            else:  # a curve under way (or its anchors): its finished points, each with its training time
+                unfinished += [{"method": method, "seed": seed, "ratio": r, "score": p,
+                                "train_seconds": read_json(root / f"seed-{seed}" / name / f"ratio-{r}" / "metrics.json").get("train_seconds")}
+                               for r, p in zip(args.ratios, points) if p is not None]
         missing += [f"seed-{seed}/{what}" for what, v in (("unmasked", zero), ("all/ratio-100", full)) if v is None]
         ratios = [0, *args.ratios, 100]
         if "random" in curves and len(curves) > 1:  # a RACU rests on this seed's retrains
@@ -272,7 +277,8 @@ def so_far(task: str, args: argparse.Namespace) -> dict[str, Any]:
                         "seeds": ci["n"], "racu": 100 * ci["mean"], "low": 100 * ci["low"], "high": 100 * ci["high"],
                         "published": paper and {"racu": paper[0], "low": paper[1], "high": paper[2]}})
     return {"task": task, "vectors": args.vectors, "metric": metric, "partial": True, "seeds_asked": args.seeds, "racu": summary,
-            "racu_per_seed": per_seed, "curves": rows, "missing_retrains": missing, "other_curves": others, "training": training_time(used)}
+            "racu_per_seed": per_seed, "curves": rows, "unfinished_points": unfinished, "missing_retrains": missing,
+            "other_curves": others, "training": training_time(used)}
 
 
 def other_curves(root: Path, args: argparse.Namespace, zero_of: Callable[[int], float | None], metric: str) -> list[dict[str, Any]]:

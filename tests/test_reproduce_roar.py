@@ -45,6 +45,7 @@ def test_so_far_reads_only_finished_curves_beside_their_random_baseline(tmp_path
         f"seed-0/{gradient}/ratio-50", "seed-1/random/ratio-50", "seed-1/attention-recursive/ratio-50",
         f"seed-1/{gradient}/ratio-50", "seed-1/unmasked", "seed-1/all/ratio-100",
     ])
+    assert part["unfinished_points"] == []  # seed 1 has no finished point; the gradient's 50 % is under way
     # the retrains behind the RACU: the 0 % model (no time recorded), the 100 % model, random's and attention's 50 %
     assert part["training"] == {"retrains": 4, "timed": 3, "train_hours": pytest.approx(2.0)}
     # random − the other curve = 0, .25, 0 -> area .125; over .625
@@ -55,6 +56,22 @@ def test_so_far_reads_only_finished_curves_beside_their_random_baseline(tmp_path
         ("random", 0): 1.0, ("random", 50): 0.75, ("random", 100): 0.0,
         ("attention", 0): 1.0, ("attention", 50): 0.25, ("attention", 100): 0.0,
     }
+
+
+def test_so_far_gives_the_finished_points_of_curves_under_way(tmp_path: Path) -> None:
+    root = tmp_path / "roar-babi1-roar" / "subruns" / "roar" / "seed-0"
+    _finished(tmp_path / "roar-babi1", 1.0)
+    _finished(root / "random" / "ratio-10", 0.875, seconds=1155)
+    _finished(root / "attention-recursive" / "ratio-10", 0.164, seconds=1245)
+    (root / "attention-recursive" / "ratio-20" / "checkpoint").mkdir(parents=True)  # under way
+    args = argparse.Namespace(runs=tmp_path, limit=None, seeds=1, methods=["attention"], ratios=[10, 20], vectors=None)
+    part = rr.so_far("babi1", args)
+    assert part["racu_per_seed"] == [] and part["curves"] == []  # no curve is complete (nor the 100 % model)
+    assert part["unfinished_points"] == [
+        {"method": "random", "seed": 0, "ratio": 10, "score": 0.875, "train_seconds": 1155},
+        {"method": "attention", "seed": 0, "ratio": 10, "score": 0.164, "train_seconds": 1245},
+    ]
+    assert sorted(part["missing_retrains"]) == ["seed-0/all/ratio-100", "seed-0/attention-recursive/ratio-20", "seed-0/random/ratio-20"]
 
 
 def test_a_reproduction_from_pretrained_vectors_has_folders_of_its_own(tmp_path: Path) -> None:
