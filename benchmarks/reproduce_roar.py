@@ -36,8 +36,9 @@ Run: ``.venv/bin/python benchmarks/reproduce_roar.py [--data-dir ../shared/data]
 ``--so-far`` trains nothing: it reads the sub-runs finished so far (a run still under way, or cut short) and writes
 ``benchmarks/results/<name>_so_far.json`` with the RACU of every (seed, method) whose curve and random baseline are
 complete, marked partial, which retrains are still missing, the finished points of the curves still under way
-(``unfinished_points``, each with its ``train_seconds``), and how many retrains the RACU rests on and how long
-they trained (``training``: their ``train_seconds`` summed, as measured where each ran).
+(``unfinished_points``, each with its ``train_seconds``) and each seed's finished 0 % and 100 % scores (``anchors``),
+and how many retrains the RACU rests on and how long they trained (``training``: their ``train_seconds`` summed, as
+measured where each ran).
 
 A ledger carries the finished work from one machine to the next: ``--so-far`` (and every finished task) writes
 ``benchmarks/results/<name>_ledger.json`` with the config and scores of every complete curve and 100 % model (no
@@ -239,7 +240,7 @@ def so_far(task: str, args: argparse.Namespace) -> dict[str, Any]:
     _, metric = PROTOCOL[task]
     base = base_folder(task, args)
     root = roar_root(task, args)
-    rows, per_seed, missing, used, unfinished = [], [], [], [], []
+    rows, per_seed, missing, used, unfinished, anchors = [], [], [], [], [], []
 
     def zero_folder(seed: int) -> Path:  # the seed's 0 % model: the base run for seed 0
         return base if seed == 0 else root / f"seed-{seed}" / "unmasked"
@@ -247,6 +248,8 @@ def so_far(task: str, args: argparse.Namespace) -> dict[str, Any]:
     for seed in range(args.seeds):
         zero = finished_score(zero_folder(seed), metric)
         full = finished_score(root / f"seed-{seed}" / "all" / "ratio-100", metric)
+        if zero is not None or full is not None:
+            anchors.append({"seed": seed, "zero": zero, "all": full})
         curves = {}
         for method in ["random", *args.methods]:
             name = method if method == "random" else measure_folder(method)
@@ -277,7 +280,7 @@ def so_far(task: str, args: argparse.Namespace) -> dict[str, Any]:
                         "seeds": ci["n"], "racu": 100 * ci["mean"], "low": 100 * ci["low"], "high": 100 * ci["high"],
                         "published": paper and {"racu": paper[0], "low": paper[1], "high": paper[2]}})
     return {"task": task, "vectors": args.vectors, "metric": metric, "partial": True, "seeds_asked": args.seeds, "racu": summary,
-            "racu_per_seed": per_seed, "curves": rows, "unfinished_points": unfinished, "missing_retrains": missing,
+            "racu_per_seed": per_seed, "curves": rows, "anchors": anchors, "unfinished_points": unfinished, "missing_retrains": missing,
             "other_curves": others, "training": training_time(used)}
 
 

@@ -46,6 +46,7 @@ def test_so_far_reads_only_finished_curves_beside_their_random_baseline(tmp_path
         f"seed-1/{gradient}/ratio-50", "seed-1/unmasked", "seed-1/all/ratio-100",
     ])
     assert part["unfinished_points"] == []  # seed 1 has no finished point; the gradient's 50 % is under way
+    assert part["anchors"] == [{"seed": 0, "zero": 1.0, "all": 0.0}]
     # the retrains behind the RACU: the 0 % model (no time recorded), the 100 % model, random's and attention's 50 %
     assert part["training"] == {"retrains": 4, "timed": 3, "train_hours": pytest.approx(2.0)}
     # random − the other curve = 0, .25, 0 -> area .125; over .625
@@ -67,6 +68,7 @@ def test_so_far_gives_the_finished_points_of_curves_under_way(tmp_path: Path) ->
     args = argparse.Namespace(runs=tmp_path, limit=None, seeds=1, methods=["attention"], ratios=[10, 20], vectors=None)
     part = rr.so_far("babi1", args)
     assert part["racu_per_seed"] == [] and part["curves"] == []  # no curve is complete (nor the 100 % model)
+    assert part["anchors"] == [{"seed": 0, "zero": 1.0, "all": None}]
     assert part["unfinished_points"] == [
         {"method": "random", "seed": 0, "ratio": 10, "score": 0.875, "train_seconds": 1155},
         {"method": "attention", "seed": 0, "ratio": 10, "score": 0.164, "train_seconds": 1245},
