@@ -451,3 +451,36 @@ def test_the_tests_page_shows_the_retrains_trained_together_on_the_gpu_as_measur
     assert f"the weights differ by up to {data['max_weight_difference']:.1g} after the epoch" in page
     readme = " ".join((root / "README.md").read_text().split())
     assert f"20 SST retrains {ratio_span(timing['speedup'])} faster than one at a time" in readme
+
+
+def test_the_results_page_shows_babi_so_far_as_measured() -> None:
+    """The bAbI-1 table (seed 0's finished points and anchors), the retrains' times and the missing count are those of
+    ``roar_madsen2022_babi1_so_far.json``; the early-stopping figures those of ``roar_babi_patience.json``."""
+    root = Path(__file__).resolve().parents[1]
+    results = root / "benchmarks" / "results"
+    (task,) = json.loads((results / "roar_madsen2022_babi1_so_far.json").read_text())["tasks"]
+    page = (root / "docs" / "sections" / "results.md").read_text()
+    section = " ".join(page[page.index("### bAbI-1 (under way"):page.index("## Sparse attention")].split())
+    (anchor,) = task["anchors"]
+    points = task["unfinished_points"]
+    ratios = sorted({p["ratio"] for p in points})
+    assert f"| seed 0 | 0 % | {' | '.join(f'{r} %' for r in ratios)} | 100 % |" in section
+    for method in ("random", "attention"):
+        scores = [next(p["score"] for p in points if p["method"] == method and p["ratio"] == r) for r in ratios]
+        assert f"| {method} | {anchor['zero']:.3f} | {' | '.join(f'{v:.3f}' for v in scores)} | {anchor['all']:.3f} |" in section
+    minutes = [p["train_seconds"] / 60 for p in points]
+    assert f"each took {min(minutes):.0f} to {max(minutes):.0f} minutes" in section
+    assert f"{len(task['missing_retrains'])} retrains of the five seeds" in section
+    assert f"at {min(minutes):.0f} minutes each, more than {len(task['missing_retrains']) * min(minutes) // 600 * 10:.0f} CPU-hours" in section
+    patience = json.loads((results / "roar_babi_patience.json").read_text())
+    summary, runs = patience["summary"], patience["runs"]
+    base = next(r for r in runs if r["run"] == "roar-babi1")
+    assert base["epochs"] == base["kept"] == 4 and "at its fourth epoch" in section
+    twenty, five, ten = summary["20"], summary["5"], summary["10"]
+    assert twenty["same"] == twenty["runs"] == 8
+    assert f"all {twenty['runs']} finished runs keep their epoch, in {twenty['epochs']} of their {twenty['epochs_full']} epochs" in section
+    assert five["same"] == ten["same"] and five["max_dev_lost"] == ten["max_dev_lost"]
+    assert f"{five['runs'] - five['same']} of {five['runs']} keep another one, losing up to {five['max_dev_lost']:.3f} dev accuracy" in section
+    late = sorted((r for r in runs if not r["patience_5"]["same"]), key=lambda r: r["run"])
+    assert [r["run"].rsplit("/", 2)[-2:] for r in late] == [["attention-recursive", "ratio-10"], ["attention-recursive", "ratio-20"]]
+    assert f"best at epochs {late[0]['kept']} and {late[1]['kept']}" in section
