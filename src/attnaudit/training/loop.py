@@ -287,13 +287,13 @@ def _go_on(cfg: LoopConfig, state: dict[str, Any]) -> bool:
 def stopped(cfg: LoopConfig, state: dict[str, Any]) -> str:
     """Why training ended: ``epochs`` (all run), ``ceiling``, ``patience`` or ``steps`` (the budget)."""
     selection = cfg.selection
-    if state["epoch"] < cfg.epochs and selection.reached(state["best"]):
+    if state["epoch"] >= cfg.epochs:
+        return "epochs"
+    if selection.reached(state["best"]):
         return "ceiling"
-    if state["epoch"] < cfg.epochs and selection.patience is not None and state["bad"] >= selection.patience:
+    if selection.patience is not None and state["bad"] >= selection.patience:
         return "patience"
-    if state["epoch"] < cfg.epochs and cfg.max_steps is not None and state["step"] >= cfg.max_steps:
-        return "steps"
-    return "epochs"
+    return "steps" if cfg.max_steps is not None and state["step"] >= cfg.max_steps else "epochs"
 
 
 def _epoch(
