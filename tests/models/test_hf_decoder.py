@@ -207,7 +207,7 @@ def test_weight_replacement_equals_replacement_by_hand(
         base = model(batch)
         ours = model(batch, [intervention])
     theirs = hf_forward(reference, batch)
-    assert not torch.allclose(ours.logits, base.logits)
+    assert (ours.logits - base.logits).abs().max() > 100 * ATOL  # the replacement moves far more than the tolerance
     torch.testing.assert_close(ours.logits, theirs.logits, rtol=0, atol=ATOL)
     for mine, ref in zip(ours.trace.weights, theirs.attentions):
         torch.testing.assert_close(real_rows(mine, batch.mask), real_rows(ref, batch.mask), rtol=0, atol=ATOL)
