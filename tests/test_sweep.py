@@ -206,7 +206,12 @@ def test_ctrl_c_stops_the_pool_in_seconds_with_one_line(tmp_path: Path) -> None:
     import signal
     import time
 
-    config = _tiny_config(tmp_path, **{"epochs: 1": "epochs: 200"})  # jobs long enough to be interrupted mid-training
+    # Jobs that cannot end before the interrupt, however slowly the second worker starts: no early stop
+    # (patience) and labels shuffled, so that dev accuracy never reaches 1.0 (training stops at that ceiling).
+    config = _tiny_config(tmp_path, **{"epochs: 1": "epochs: 100000, patience: 100000"})
+    table = pd.read_csv(tmp_path / "tiny.csv")
+    table["label"] = table["label"].sample(frac=1.0, random_state=0).to_numpy()
+    table.to_csv(tmp_path / "tiny.csv", index=False)
     out = tmp_path / "out"
     command = [sys.executable, "-m", "attnaudit.cli", "sweep", str(config), "--out", str(out), "--workers", "2", "--quiet"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
