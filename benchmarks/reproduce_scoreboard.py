@@ -95,7 +95,7 @@ def scoreboard(run: Run, args: argparse.Namespace, out: Path, limit: int, mode: 
 def from_result(result: dict[str, Any], out: Path, wall: float, cpu: float | None, before: list[float], after: list[float]) -> dict[str, Any]:
     """The parts of a faithfulness result (its JSON layout) that the scoreboard tables use, with the cost."""
     return {
-        "n": result["summary"]["n"], "excluded_short": result["summary"]["excluded_short"],
+        "n": result["summary"]["n"], "excluded_short": result["summary"]["excluded_short"], "subset": result["meta"].get("subset"),
         "methods": result["meta"]["methods"], "filler": result["meta"]["filler"],
         "scoreboard": [{k: row.get(k) for k in KEEP} for row in result["tables"]["scoreboard"]],
         "agreement": result["tables"]["agreement"],

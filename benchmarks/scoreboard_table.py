@@ -55,8 +55,16 @@ def _by_mode(board: dict[str, Any], mode: str) -> dict[str, dict[str, Any]]:
     return {r["method"]: r for r in board["scoreboard"] if r["mode"] == mode}
 
 
+def _subset(subset: dict[str, Any] | None) -> str:
+    """`` (how chosen, of how many; label counts)`` where the result records its subset (older results do not)."""
+    if not subset:
+        return ""
+    labels = ", ".join(f"{count} {label}" for label, count in subset.get("labels", {}).items())
+    return f" ({subset['chosen']}, of {subset['of']:,}{'; ' + labels if labels else ''})"
+
+
 def _timing(board: dict[str, Any]) -> str:
-    text = f"{board['n']} sentences, {len(board['methods'])} methods: {board['wall_seconds']:,.0f} s wall"
+    text = f"{board['n']} sentences{_subset(board.get('subset'))}, {len(board['methods'])} methods: {board['wall_seconds']:,.0f} s wall"
     if board.get("cpu_seconds") is not None:
         text += f", {board['cpu_seconds']:,.0f} s CPU"
     if board.get("load_before") and board.get("load_after"):
@@ -99,9 +107,13 @@ def small_models_table(data: dict[str, Any]) -> list[str]:
     boards = {key: data[key]["scoreboard"] for key, _ in present}
     header = "| method | " + " | ".join(f"{label}: delete comp. / suff. | {label}: `<unk>` comp. / suff." for _, label in present) + " |"
     lines = [header, "|---|" + "---|---|" * len(present)]
-    last = boards[present[-1][0]]
-    order = sorted(_by_mode(last, "delete").items(), key=lambda kv: -kv[1]["aopc_comp"])
-    for name, _ in order:
+    # Ranked by the last model's deletion comprehensiveness; a method scored on an earlier model only
+    # (input x gradient on the BiLSTM: not on a Transformer) follows, ranked by that model's.
+    order: list[str] = []
+    for key, _ in reversed(present):
+        rows = _by_mode(boards[key], "delete")
+        order += [name for name, _ in sorted(rows.items(), key=lambda kv: -kv[1]["aopc_comp"]) if name not in order]
+    for name in order:
         cells = []
         for key, _ in present:
             for mode in ("delete", "mask"):

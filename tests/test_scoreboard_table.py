@@ -44,6 +44,28 @@ def test_rendering_ranks_by_deletion_and_places_the_published_numbers() -> None:
     assert "3 sentences, 2 methods: 12 s wall, 10 s CPU, load average 2.0/3.0 before/after" in "\n".join(lines)
 
 
+def test_small_models_table_shows_every_method_of_either_model() -> None:
+    """A method scored on the BiLSTM only (input x gradient: not scored on a Transformer) keeps its row,
+    after the Transformer's ranking; the Transformer's methods absent on the BiLSTM show a dash there."""
+    data = {
+        "sst_bilstm": {"test_accuracy": 0.8, "scoreboard": _board([_row("delete", "attention", 0.2, 0.1),
+                                                                   _row("delete", "input_gradient", 0.1, 0.2),
+                                                                   _row("mask", "input_gradient", 0.12, 0.15)])},
+        "sst_transformer": {"test_accuracy": 0.8, "scoreboard": _board([_row("delete", "attention", 0.05, 0.3),
+                                                                        _row("delete", "alti", 0.3, 0.1)])},
+    }
+    data["sst_bilstm"]["scoreboard"]["subset"] = {"chosen": "stratified by label, seed 0", "of": 1726,
+                                                  "labels": {"negative": 2, "positive": 1}}
+    lines = table.small_models_table(data)
+    assert any(line.startswith("BiLSTM (SST test accuracy 0.800): 3 sentences (stratified by label, seed 0, of 1,726; "
+                               "2 negative, 1 positive), 2 methods: 12 s wall") for line in lines)
+    assert lines[2:5] == [
+        "| alti | – | – | 0.300 / 0.100 | – |",
+        "| attention | 0.200 / 0.100 | – | 0.050 / 0.300 | – |",
+        "| input_gradient | 0.100 / 0.200 | 0.120 / 0.150 | – | – |",
+    ]
+
+
 def test_decoder_table_ranks_smollm2_beside_minilm_and_says_when_cpu_time_is_unknown() -> None:
     decoder = {**_board([_row("delete", "attention", 0.2, 0.1), _row("delete", "attnlrp", 0.4, -0.1)]),
                "cpu_seconds": None, "load_before": [], "load_after": []}
