@@ -1,0 +1,101 @@
+"""What did each ROAR curve's masks remove? Measured against the data's gold rationale (bAbI's supporting facts).
+
+A retrained model can only score where the masked data still holds what the label needs. On bAbI the answer is a
+word of the supporting fact ("Where is Mary?" – "bathroom", read in "Mary went to the bathroom"): once that word is
+masked, nothing in the story says where Mary is. So the share of instances whose masks hit the answer word bounds
+what the retrain can score from above, and says why a curve falls.
+
+For every ``ratio-K.masks.json`` a ROAR run kept (``RUN-roar/subruns/roar/seed-S/CURVE/``, as
+``benchmarks/reproduce_roar.py`` and ``attnaudit run roar`` write them) and each split: of the instances with a
+rationale, the share whose masks hit one of its tokens (``rationale_hit``) and the mean share of its tokens masked
+(``rationale_masked``); of those whose rationale holds the answer as a word, the share whose masks hit it
+(``answer_hit``); and the retrain's test score where it finished. The splits are the base run's own
+(``config.json``'s task, read again), in the order the masks list them.
+Run: ``python benchmarks/roar_rationale.py --runs ../runs-babi --data-dir ../shared/data --name roar_babi_rationale``;
+writes ``benchmarks/results/NAME.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from attnaudit.data.types import Example, TaskData  # noqa: E402
+from attnaudit.io import read_json  # noqa: E402
+from attnaudit.run import TaskSpec, read_config  # noqa: E402
+from benchmarks.common import write_result  # noqa: E402
+
+SPLITS = ("train", "dev", "test")
+
+
+def answer_items(example: Example) -> set[int]:
+    """The rationale's tokens that are the answer itself (the gold label as a word; empty where it is none)."""
+    label = str(example.label).lower()
+    return {i for i in example.rationale or [] if example.tokens[i].lower() == label}
+
+
+def hits(examples: list[Example], masks: list[list[int]]) -> dict[str, Any]:
+    """One split's masks against its examples' rationales (shares over the instances they apply to; None: none do)."""
+    if len(examples) != len(masks):
+        raise SystemExit(f"{len(masks)} masks for {len(examples)} instances: the masks are not this run's split")
+    with_rationale = [(set(ex.rationale), set(m)) for ex, m in zip(examples, masks) if ex.rationale]
+    with_answer = [(answer_items(ex), set(m)) for ex, m in zip(examples, masks) if answer_items(ex)]
+
+    def share(values: list[float]) -> float | None:
+        return sum(values) / len(values) if values else None
+
+    return {
+        "instances": len(examples), "with_rationale": len(with_rationale), "with_answer": len(with_answer),
+        "rationale_hit": share([float(bool(r & m)) for r, m in with_rationale]),
+        "rationale_masked": share([len(r & m) / len(r) for r, m in with_rationale]),
+        "answer_hit": share([float(bool(a & m)) for a, m in with_answer]),
+    }
+
+
+def ratio_of(path: Path) -> int:
+    match = re.fullmatch(r"ratio-(\d+)\.masks\.json", path.name)
+    if match is None:
+        raise SystemExit(f"{path}: not a ratio-K.masks.json file")
+    return int(match.group(1))
+
+
+def one_roar(roar: Path, data: TaskData) -> dict[str, Any]:
+    """Every seed's curves under ``roar`` (a ``subruns/roar`` folder): per curve and ratio, each split's hits."""
+    out: dict[str, Any] = {}
+    for masks_file in sorted(roar.glob("seed-*/*/ratio-*.masks.json"), key=lambda p: (p.parent.as_posix(), ratio_of(p))):
+        curve = masks_file.parent.relative_to(roar).as_posix()
+        masks = read_json(masks_file)
+        row: dict[str, Any] = {split: hits(data.split(split), masks[split]) for split in SPLITS}
+        metrics = masks_file.with_name(f"ratio-{ratio_of(masks_file)}") / "metrics.json"
+        row["test_score"] = read_json(metrics).get("test") if metrics.exists() else None
+        out.setdefault(curve, {})[str(ratio_of(masks_file))] = row
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=Path, required=True, help="folder holding base runs and their RUN-roar folders")
+    parser.add_argument("--data-dir", type=Path, default=None, help="where the runs' data is (default: as recorded)")
+    parser.add_argument("--name", default="roar_rationale")
+    args = parser.parse_args()
+    result: dict[str, Any] = {}
+    for roar in sorted(args.runs.glob("*-roar/subruns/roar")):
+        base = roar.parents[1].with_name(roar.parents[1].name[: -len("-roar")])
+        task = TaskSpec(**read_config(base)["task"])
+        curves = one_roar(roar, task.load(args.data_dir))
+        result[base.name] = {"task": task.spec, "curves": curves}
+        for curve, ratios in curves.items():
+            line = ", ".join(f"{k} % {r['test']['answer_hit']:.3f}" for k, r in ratios.items() if r["test"]["answer_hit"] is not None)
+            print(f"{base.name} {curve}: test answer word masked in {line}")
+    if not result:
+        raise SystemExit(f"{args.runs}: no RUN-roar/subruns/roar folder with masks found")
+    write_result(args.name, {"runs": result})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,71 @@
+"""benchmarks/roar_rationale.py: a ROAR run's kept masks against bAbI's supporting facts, counted as hand-worked on a
+tiny bAbI file, split by split, with the retrain's test score beside them."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from attnaudit.io import atomic_write_json
+from attnaudit.run import TaskSpec, write_config
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `benchmarks` is a folder of the checkout
+
+from benchmarks import roar_rationale as rr  # noqa: E402
+
+STORY = "1 Mary moved to the bathroom.\n2 John went to the hallway.\n3 Where is Mary? \tbathroom\t1\n"
+TEST = (STORY + "4 Daniel went back to the kitchen.\n5 Where is Daniel? \tkitchen\t4\n"
+        "1 Sandra journeyed to the office.\n2 Where is Sandra? \toffice\t1\n")
+
+
+def _runs(tmp_path: Path, test_masks: list[list[int]]) -> tuple[Path, Path]:
+    data = tmp_path / "data"
+    folder = data / "babi" / "en"
+    folder.mkdir(parents=True)
+    (folder / "qa1_single-supporting-fact_train.txt").write_text(STORY * 10)
+    (folder / "qa1_single-supporting-fact_test.txt").write_text(TEST)
+    runs = tmp_path / "runs"
+    spec = TaskSpec("babi1", "pair", ["bathroom", "hallway", "kitchen", "office"], seed=0)
+    write_config(runs / "base", {"kind": "attnaudit", "model": {}, "task": spec.to_dict()})
+    curve = runs / "base-roar" / "subruns" / "roar" / "seed-0" / "attention"
+    masks = {"key": "k", "train": [[]] * 9, "dev": [[4]], "test": test_masks}
+    atomic_write_json(curve / "ratio-10.masks.json", masks)
+    atomic_write_json(curve / "ratio-10" / "metrics.json", {"test": {"accuracy": 0.25}})
+    atomic_write_json(curve / "ratio-20.masks.json", masks)  # not finished: no test score
+    return runs, data
+
+
+def test_counts_the_masked_answer_words_and_rationale_tokens_as_hand_worked(tmp_path: Path, monkeypatch) -> None:
+    # test stories: 0 "mary moved to the bathroom . john ..." (supporting tokens 0-5, answer at 4);
+    # 1 the same and "daniel went back to the kitchen ." (supporting 12-18, answer at 17); 2 "sandra ... office ." (0-5, 4)
+    runs, data = _runs(tmp_path, [[4], [0, 1], []])
+    written: dict[str, dict] = {}
+    monkeypatch.setattr(rr, "write_result", lambda name, payload: written.setdefault(name, payload))
+    monkeypatch.setattr(sys, "argv", ["roar_rationale.py", "--runs", str(runs), "--data-dir", str(data), "--name", "t"])
+    rr.main()
+    run = written["t"]["runs"]["base"]
+    assert run["task"] == "babi1" and list(run["curves"]) == ["seed-0/attention"]
+    ten = run["curves"]["seed-0/attention"]["10"]
+    assert ten["test"] == {"instances": 3, "with_rationale": 3, "with_answer": 3, "rationale_hit": pytest.approx(1 / 3),
+                           "rationale_masked": pytest.approx((1 / 6) / 3), "answer_hit": pytest.approx(1 / 3)}
+    assert ten["dev"]["answer_hit"] == 1.0 and ten["dev"]["rationale_masked"] == pytest.approx(1 / 6)
+    assert (ten["train"]["instances"], ten["train"]["answer_hit"], ten["train"]["rationale_hit"]) == (9, 0.0, 0.0)
+    assert ten["test_score"] == {"accuracy": 0.25}
+    assert run["curves"]["seed-0/attention"]["20"]["test_score"] is None
+    assert json.dumps(written["t"])
+
+
+def test_masks_that_are_not_the_runs_split_are_refused(tmp_path: Path, monkeypatch) -> None:
+    runs, data = _runs(tmp_path, [[4], [0, 1]])
+    monkeypatch.setattr(sys, "argv", ["roar_rationale.py", "--runs", str(runs), "--data-dir", str(data)])
+    with pytest.raises(SystemExit, match="2 masks for 3 instances"):
+        rr.main()
+
+
+def test_a_folder_without_roar_masks_is_refused(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(sys, "argv", ["roar_rationale.py", "--runs", str(tmp_path)])
+    with pytest.raises(SystemExit, match="no RUN-roar/subruns/roar folder"):
+        rr.main()
