@@ -27,7 +27,9 @@ the words of Jain & Wallace's file, so we keep fewer sentences (6,356 training s
 gradient's norm is over the one-hot input, ``‖∂z/∂e · Eᵀ‖₂`` (``E`` the embedding matrix), ours over the embedding,
 ``‖∂z/∂e‖₂``: the same ranking when ``EᵀE`` is a multiple of the identity, which random embeddings nearly are
 (``benchmarks/roar_gradient_norm.py`` measures it; ``benchmarks/roar_ig_path.py`` measures how far their IG and the
-integral rank words alike).
+integral rank words alike). On bAbI their dev split is 15 % of the training questions (8,500 / 1,500 of en-10k), ours
+10 % (9,000 / 1,000), and their story joins its sentences with full stops and drops the last one's, where ours keeps
+every sentence's (one token more per story).
 
 Full run: hours on 2 cores (4 methods × 9 ratios + random + 100 % = 46 retrains per seed and task).
 ``--limit N --seeds 1 --ratios 50 --epochs 1 --name roar_smoke`` proves the pipeline end to end in a minute.
@@ -36,7 +38,8 @@ Run: ``.venv/bin/python benchmarks/reproduce_roar.py [--data-dir ../shared/data]
 ``--so-far`` trains nothing: it reads the sub-runs finished so far (a run still under way, or cut short) and writes
 ``benchmarks/results/<name>_so_far.json`` with the RACU of every (seed, method) whose curve and random baseline are
 complete, marked partial, which retrains are still missing, the finished points of the curves still under way
-(``unfinished_points``, each with its ``train_seconds``) and each seed's finished 0 % and 100 % scores (``anchors``),
+(``unfinished_points``; every point, a complete curve's in ``curves`` too, with its ``train_seconds``) and each seed's
+finished 0 % and 100 % scores (``anchors``),
 and how many retrains the RACU rests on and how long they trained (``training``: their ``train_seconds`` summed, as
 measured where each ran).
 
@@ -227,10 +230,16 @@ def finished_score(folder: Path, metric: str) -> float | None:
     return float(read_json(path)["test"][metric]) if path.exists() else None
 
 
+def train_seconds(folder: Path) -> float | None:
+    """How long a finished sub-run trained, as measured where it ran (None: not recorded, as in an older ledger's)."""
+    seconds = read_json(folder / "metrics.json").get("train_seconds")
+    return None if seconds is None else float(seconds)
+
+
 def training_time(folders: list[Path]) -> dict[str, Any]:
     """How many retrains ``folders`` are and how long they trained (their ``train_seconds`` summed; a run restored
     from an older ledger without it is counted in ``retrains`` but not in ``timed``)."""
-    seconds = [read_json(f / "metrics.json").get("train_seconds") for f in folders]
+    seconds = [train_seconds(f) for f in folders]
     timed = [float(s) for s in seconds if s is not None]
     return {"retrains": len(folders), "timed": len(timed), "train_hours": sum(timed) / 3600}
 
@@ -245,6 +254,11 @@ def so_far(task: str, args: argparse.Namespace) -> dict[str, Any]:
     def zero_folder(seed: int) -> Path:  # the seed's 0 % model: the base run for seed 0
         return base if seed == 0 else root / f"seed-{seed}" / "unmasked"
 
+    def point_folder(seed: int, method: str, ratio: int) -> Path:  # the model behind one point of a curve
+        if ratio in (0, 100):
+            return zero_folder(seed) if ratio == 0 else root / f"seed-{seed}" / "all" / "ratio-100"
+        return root / f"seed-{seed}" / (method if method == "random" else measure_folder(method)) / f"ratio-{ratio}"
+
     for seed in range(args.seeds):
         zero = finished_score(zero_folder(seed), metric)
         full = finished_score(root / f"seed-{seed}" / "all" / "ratio-100", metric)
@@ -258,16 +272,16 @@ def so_far(task: str, args: argparse.Namespace) -> dict[str, Any]:
             if zero is not None and full is not None and None not in points:
                 curves[method] = [zero, *points, full]
             else:  # a curve under way (or its anchors): its finished points, each with its training time
-                unfinished += [{"method": method, "seed": seed, "ratio": r, "score": p,
-                                "train_seconds": read_json(root / f"seed-{seed}" / name / f"ratio-{r}" / "metrics.json").get("train_seconds")}
+                unfinished += [{"method": method, "seed": seed, "ratio": r, "score": p, "train_seconds": train_seconds(point_folder(seed, method, r))}
                                for r, p in zip(args.ratios, points) if p is not None]
         missing += [f"seed-{seed}/{what}" for what, v in (("unmasked", zero), ("all/ratio-100", full)) if v is None]
         ratios = [0, *args.ratios, 100]
         if "random" in curves and len(curves) > 1:  # a RACU rests on this seed's retrains
             used += [zero_folder(seed), root / f"seed-{seed}" / "all" / "ratio-100"]
-            used += [root / f"seed-{seed}" / (m if m == "random" else measure_folder(m)) / f"ratio-{r}" for m in curves for r in args.ratios]
+            used += [point_folder(seed, m, r) for m in curves for r in args.ratios]
         for method, curve in curves.items():
-            rows += [{"method": method, "seed": seed, "ratio": r, "score": v} for r, v in zip(ratios, curve)]
+            rows += [{"method": method, "seed": seed, "ratio": r, "score": v, "train_seconds": train_seconds(point_folder(seed, method, r))}
+                     for r, v in zip(ratios, curve)]
             if method != "random" and "random" in curves:
                 per_seed.append({"method": method, "seed": seed, "racu": 100 * racu(ratios, curve, curves["random"])})
     summary = []

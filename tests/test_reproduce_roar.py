@@ -57,6 +57,11 @@ def test_so_far_reads_only_finished_curves_beside_their_random_baseline(tmp_path
         ("random", 0): 1.0, ("random", 50): 0.75, ("random", 100): 0.0,
         ("attention", 0): 1.0, ("attention", 50): 0.25, ("attention", 100): 0.0,
     }
+    # every point of a complete curve keeps its model's training time (the 0 % model's was not recorded)
+    assert {(r["method"], r["ratio"]): r["train_seconds"] for r in part["curves"]} == {
+        ("random", 0): None, ("random", 50): 3600, ("random", 100): 1800,
+        ("attention", 0): None, ("attention", 50): 1800, ("attention", 100): 1800,
+    }
 
 
 def test_so_far_gives_the_finished_points_of_curves_under_way(tmp_path: Path) -> None:
