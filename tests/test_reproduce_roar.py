@@ -459,24 +459,51 @@ def test_the_tests_page_shows_the_retrains_trained_together_on_the_gpu_as_measur
 
 
 def test_the_results_page_shows_babi_so_far_as_measured() -> None:
-    """The bAbI-1 table (seed 0's finished points and anchors), the retrains' times and the missing count are those of
-    ``roar_madsen2022_babi1_so_far.json``; the early-stopping figures those of ``roar_babi_patience.json``."""
+    """The bAbI-1 table (seed 0's curves, its RACU beside theirs), the retrains' times and the missing count are those of
+    ``roar_madsen2022_babi1_so_far.json``; the early-stopping figures those of ``roar_babi_patience.json``; what the
+    masks removed those of ``roar_babi_rationale.json``."""
     root = Path(__file__).resolve().parents[1]
     results = root / "benchmarks" / "results"
     (task,) = json.loads((results / "roar_madsen2022_babi1_so_far.json").read_text())["tasks"]
     page = (root / "docs" / "sections" / "results.md").read_text()
     section = " ".join(page[page.index("### bAbI-1 (under way"):page.index("## Sparse attention")].split())
-    (anchor,) = task["anchors"]
-    points = task["unfinished_points"]
+    points = [r for r in task["curves"] if r["seed"] == 0]
     ratios = sorted({p["ratio"] for p in points})
-    assert f"| seed 0 | 0 % | {' | '.join(f'{r} %' for r in ratios)} | 100 % |" in section
-    for method in ("random", "attention"):
+    assert ratios == list(range(0, 101, 10)) and task["unfinished_points"] == []
+    assert f"| seed 0 | {' | '.join(f'{r} %' for r in ratios)} | RACU |" in section
+    (attention,) = [r for r in task["racu_per_seed"] if r["seed"] == 0]
+    for method, racu in (("random", "–"), ("attention", f"{attention['racu']:.1f}")):
         scores = [next(p["score"] for p in points if p["method"] == method and p["ratio"] == r) for r in ratios]
-        assert f"| {method} | {anchor['zero']:.3f} | {' | '.join(f'{v:.3f}' for v in scores)} | {anchor['all']:.3f} |" in section
-    minutes = [p["train_seconds"] / 60 for p in points]
+        assert f"| {method} | {' | '.join(f'{v:.3f}' for v in scores)} | {racu} |" in section
+    published = next(r for r in task["racu"] if r["method"] == "attention")["published"]
+    assert f"against their {published['racu']} ({published['low']}–{published['high']})" in section
+    random = [next(p["score"] for p in points if p["method"] == "random" and p["ratio"] == r) for r in ratios]
+    from attnaudit.algorithms.racu import racu
+
+    floor = 100 * racu(ratios, [random[0], *[random[-1]] * (len(ratios) - 1)], random)  # at the 100 % model from 10 % on
+    assert f"against this random curve: {floor:.1f}, for a curve at the 100 % model's score from 10 % on" in section
+    readme = " ".join((root / "README.md").read_text().split())
+    assert f"On bAbI-1 (seed 0 so far, `python benchmarks/reproduce_roar.py --tasks babi1 --seeds 5 --runs ../runs-babi " \
+           f"--name roar_madsen2022_babi1 --so-far`): attention {attention['racu']:.1f}% against {published['racu']}% " \
+           f"({published['low']}–{published['high']}), near the {floor:.1f}% of a curve at the floor from the first step" in readme
+    minutes = [p["train_seconds"] / 60 for p in points if p["ratio"] > 0]
     assert f"each took {min(minutes):.0f} to {max(minutes):.0f} minutes" in section
+    training = task["training"]
+    assert training["retrains"] == training["timed"] == 2 + 2 * 9  # the 0 % and 100 % models, random's and attention's nine
+    assert f"the {training['retrains']} retrains behind it trained for {training['train_hours']:.1f} hours" in section
     assert f"{len(task['missing_retrains'])} retrains of the five seeds" in section
     assert f"at {min(minutes):.0f} minutes each, more than {len(task['missing_retrains']) * min(minutes) // 600 * 10:.0f} CPU-hours" in section
+    rationale = json.loads((results / "roar_babi_rationale.json").read_text())["runs"]["roar-babi1"]["curves"]
+    masked = {c.split("/")[-1]: {int(k): v for k, v in r.items()} for c, r in rationale.items()}
+    assert all(v[split]["answer_hit"] == 1.0 for v in masked["attention-recursive"].values() for split in ("train", "dev", "test"))
+    assert sorted(masked["attention-recursive"]) == sorted(masked["random"]) == list(range(10, 100, 10))
+    first = masked["attention-recursive"][10]["test"]
+    assert (first["instances"], first["with_answer"]) == (1000, 1000)
+    assert f"{first['rationale_masked']:.0%} of the supporting sentence's tokens" in section
+    hits = [masked["random"][r]["test"]["answer_hit"] for r in (10, 50, 90)]
+    assert "Random masks hit it in {:.1%}, {:.1%} and {:.1%} of the test stories at 10, 50 and 90 %".format(*hits) in section
+    random_ten = next(p["score"] for p in points if p["method"] == "random" and p["ratio"] == 10)
+    assert f"({random_ten:.3f} against {1 - hits[0]:.3f} at 10 %)" in section
     patience = json.loads((results / "roar_babi_patience.json").read_text())
     summary, runs = patience["summary"], patience["runs"]
     base = next(r for r in runs if r["run"] == "roar-babi1")
