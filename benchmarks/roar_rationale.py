@@ -5,9 +5,10 @@ word of the supporting fact ("Where is Mary?" – "bathroom", read in "Mary went
 masked, nothing in the story says where Mary is. So the share of instances whose masks hit the answer word bounds
 what the retrain can score from above, and says why a curve falls.
 
-For every ``ratio-K.masks.json`` a ROAR run kept (``RUN-roar/subruns/roar/seed-S/CURVE/``, as
-``benchmarks/reproduce_roar.py`` and ``attnaudit run roar`` write them) and each split: of the instances with a
-rationale, the share whose masks hit one of its tokens (``rationale_hit``) and the mean share of its tokens masked
+For every ``ratio-K.masks.json`` a ROAR run kept (``RUN/subruns/roar/seed-S/CURVE/`` as ``attnaudit run roar`` writes
+them, ``RUN-roar/subruns/roar/...`` as ``benchmarks/reproduce_roar.py`` does) and each split: of the instances with a
+rationale, the share whose masks hit one of its tokens (``rationale_hit``; a HAN run's masks name sentences, each
+masking all its words) and the mean share of its tokens masked
 (``rationale_masked``); of those whose rationale holds the answer as a word, the share whose masks hit it
 (``answer_hit``); and the retrain's test score where it finished. The splits are the base run's own
 (``config.json``'s task, read again), in the order the masks list them.
@@ -26,6 +27,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from attnaudit.data.types import Example, TaskData  # noqa: E402
+from attnaudit.experiments.roar import item_groups  # noqa: E402
 from attnaudit.io import read_json  # noqa: E402
 from attnaudit.run import TaskSpec, read_config  # noqa: E402
 from benchmarks.common import write_result  # noqa: E402
@@ -39,12 +41,26 @@ def answer_items(example: Example) -> set[int]:
     return {i for i in example.rationale or [] if example.tokens[i].lower() == label}
 
 
-def hits(examples: list[Example], masks: list[list[int]]) -> dict[str, Any]:
-    """One split's masks against its examples' rationales (shares over the instances they apply to; None: none do)."""
+def masked_tokens(example: Example, items: list[int], sentences: bool) -> set[int]:
+    """The token positions that masking ``items`` masks: the items themselves, or every token of HAN's sentences."""
+    if not sentences:
+        return set(items)
+    chosen, out, start = set(items), set(), 0
+    for i, group in enumerate(item_groups(example, True)):
+        if i in chosen:
+            out.update(range(start, start + len(group)))
+        start += len(group)
+    return out
+
+
+def hits(examples: list[Example], masks: list[list[int]], sentences: bool = False) -> dict[str, Any]:
+    """One split's masks against its examples' rationales (shares over the instances they apply to; None: none do);
+    ``sentences``: the masks name HAN's sentences."""
     if len(examples) != len(masks):
         raise SystemExit(f"{len(masks)} masks for {len(examples)} instances: the masks are not this run's split")
-    with_rationale = [(set(ex.rationale), set(m)) for ex, m in zip(examples, masks) if ex.rationale]
-    with_answer = [(answer_items(ex), set(m)) for ex, m in zip(examples, masks) if answer_items(ex)]
+    tokens = [masked_tokens(ex, m, sentences) for ex, m in zip(examples, masks)]
+    with_rationale = [(set(ex.rationale), m) for ex, m in zip(examples, tokens) if ex.rationale]
+    with_answer = [(answer_items(ex), m) for ex, m in zip(examples, tokens) if answer_items(ex)]
 
     def share(values: list[float]) -> float | None:
         return sum(values) / len(values) if values else None
@@ -64,36 +80,47 @@ def ratio_of(path: Path) -> int:
     return int(match.group(1))
 
 
-def one_roar(roar: Path, data: TaskData) -> dict[str, Any]:
+def one_roar(roar: Path, data: TaskData, sentences: bool = False) -> dict[str, Any]:
     """Every seed's curves under ``roar`` (a ``subruns/roar`` folder): per curve and ratio, each split's hits."""
     out: dict[str, Any] = {}
     for masks_file in sorted(roar.glob("seed-*/*/ratio-*.masks.json"), key=lambda p: (p.parent.as_posix(), ratio_of(p))):
         curve = masks_file.parent.relative_to(roar).as_posix()
         masks = read_json(masks_file)
-        row: dict[str, Any] = {split: hits(data.split(split), masks[split]) for split in SPLITS}
+        row: dict[str, Any] = {split: hits(data.split(split), masks[split], sentences) for split in SPLITS}
         metrics = masks_file.with_name(f"ratio-{ratio_of(masks_file)}") / "metrics.json"
         row["test_score"] = read_json(metrics).get("test") if metrics.exists() else None
         out.setdefault(curve, {})[str(ratio_of(masks_file))] = row
     return out
 
 
+def base_run(folder: Path) -> Path:
+    """The run whose ROAR sub-runs ``folder/subruns`` holds: ``folder`` itself, or ``RUN`` for ``RUN-roar``."""
+    if (folder / "config.json").is_file():
+        return folder
+    if folder.name.endswith("-roar") and (base := folder.with_name(folder.name[: -len("-roar")])).is_dir():
+        return base
+    raise SystemExit(f"{folder}: holds ROAR masks but is no run, nor RUN-roar beside a run RUN")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", type=Path, required=True, help="folder holding base runs and their RUN-roar folders")
+    parser.add_argument("--runs", type=Path, required=True, help="folder of runs with ROAR sub-runs (RUN/subruns; RUN-roar/subruns beside RUN)")
     parser.add_argument("--data-dir", type=Path, default=None, help="where the runs' data is (default: as recorded)")
     parser.add_argument("--name", default="roar_rationale")
     args = parser.parse_args()
     result: dict[str, Any] = {}
-    for roar in sorted(args.runs.glob("*-roar/subruns/roar")):
-        base = roar.parents[1].with_name(roar.parents[1].name[: -len("-roar")])
-        task = TaskSpec(**read_config(base)["task"])
-        curves = one_roar(roar, task.load(args.data_dir))
+    for roar in sorted(args.runs.glob("*/subruns/roar")):
+        base = base_run(roar.parents[1])
+        config = read_config(base)
+        task = TaskSpec(**config["task"])
+        sentences = config["model"].get("model") == "han"  # HAN's items are sentences (the config, not the weights, says so)
+        curves = one_roar(roar, task.load(args.data_dir), sentences)
         result[base.name] = {"task": task.spec, "curves": curves}
         for curve, ratios in curves.items():
             line = ", ".join(f"{k} % {r['test']['answer_hit']:.3f}" for k, r in ratios.items() if r["test"]["answer_hit"] is not None)
             print(f"{base.name} {curve}: test answer word masked in {line}")
     if not result:
-        raise SystemExit(f"{args.runs}: no RUN-roar/subruns/roar folder with masks found")
+        raise SystemExit(f"{args.runs}: no RUN/subruns/roar or RUN-roar/subruns/roar folder found")
     write_result(args.name, {"runs": result})
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from attnaudit.data.types import Example
 from attnaudit.io import atomic_write_json
 from attnaudit.run import TaskSpec, write_config
 
@@ -67,5 +68,29 @@ def test_masks_that_are_not_the_runs_split_are_refused(tmp_path: Path, monkeypat
 
 def test_a_folder_without_roar_masks_is_refused(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setattr(sys, "argv", ["roar_rationale.py", "--runs", str(tmp_path)])
-    with pytest.raises(SystemExit, match="no RUN-roar/subruns/roar folder"):
+    with pytest.raises(SystemExit, match="no RUN/subruns/roar or RUN-roar/subruns/roar folder"):
         rr.main()
+
+
+def test_the_roar_tests_own_layout_is_read_and_a_folder_without_its_run_is_refused(tmp_path: Path, monkeypatch) -> None:
+    runs, data = _runs(tmp_path, [[4], [0, 1], []])
+    (runs / "base-roar").rename(runs / "elsewhere")  # `attnaudit run roar` keeps its sub-runs inside the run
+    (runs / "elsewhere" / "subruns").rename(runs / "base" / "subruns")
+    written: dict[str, dict] = {}
+    monkeypatch.setattr(rr, "write_result", lambda name, payload: written.setdefault(name, payload))
+    monkeypatch.setattr(sys, "argv", ["roar_rationale.py", "--runs", str(runs), "--data-dir", str(data), "--name", "t"])
+    rr.main()
+    assert written["t"]["runs"]["base"]["curves"]["seed-0/attention"]["10"]["test"]["answer_hit"] == pytest.approx(1 / 3)
+    (runs / "orphan-roar").mkdir()  # named as the script's layout, but no run "orphan" beside it
+    (runs / "base" / "subruns").rename(runs / "orphan-roar" / "subruns")
+    with pytest.raises(SystemExit, match="holds ROAR masks but is no run"):
+        rr.main()
+
+
+def test_a_han_runs_masks_name_sentences_and_mask_all_their_words() -> None:
+    example = Example(tokens=list("abcdefg"), label="x", sentences=[list("abc"), list("de"), list("fg")], rationale=[3])
+    assert rr.masked_tokens(example, [1], sentences=True) == {3, 4}
+    assert rr.masked_tokens(example, [0, 2], sentences=True) == {0, 1, 2, 5, 6}
+    assert rr.masked_tokens(example, [1], sentences=False) == {1}
+    assert rr.hits([example], [[1]], sentences=True)["rationale_hit"] == 1.0
+    assert rr.hits([example], [[1]], sentences=False)["rationale_hit"] == 0.0
