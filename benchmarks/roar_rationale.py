@@ -27,7 +27,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from attnaudit.data.types import Example, TaskData  # noqa: E402
-from attnaudit.experiments.roar import item_groups  # noqa: E402
+from attnaudit.experiments.roar import masked_positions  # noqa: E402
 from attnaudit.io import read_json  # noqa: E402
 from attnaudit.run import TaskSpec, read_config  # noqa: E402
 from benchmarks.common import write_result  # noqa: E402
@@ -41,24 +41,12 @@ def answer_items(example: Example) -> set[int]:
     return {i for i in example.rationale or [] if example.tokens[i].lower() == label}
 
 
-def masked_tokens(example: Example, items: list[int], sentences: bool) -> set[int]:
-    """The token positions that masking ``items`` masks: the items themselves, or every token of HAN's sentences."""
-    if not sentences:
-        return set(items)
-    chosen, out, start = set(items), set(), 0
-    for i, group in enumerate(item_groups(example, True)):
-        if i in chosen:
-            out.update(range(start, start + len(group)))
-        start += len(group)
-    return out
-
-
 def hits(examples: list[Example], masks: list[list[int]], sentences: bool = False) -> dict[str, Any]:
     """One split's masks against its examples' rationales (shares over the instances they apply to; None: none do);
     ``sentences``: the masks name HAN's sentences."""
     if len(examples) != len(masks):
         raise SystemExit(f"{len(masks)} masks for {len(examples)} instances: the masks are not this run's split")
-    tokens = [masked_tokens(ex, m, sentences) for ex, m in zip(examples, masks)]
+    tokens = [masked_positions(ex, m, sentences) for ex, m in zip(examples, masks)]
     with_rationale = [(set(ex.rationale), m) for ex, m in zip(examples, tokens) if ex.rationale]
     with_answer = [(answer_items(ex), m) for ex, m in zip(examples, tokens) if answer_items(ex)]
 

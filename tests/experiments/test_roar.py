@@ -19,12 +19,15 @@ from attnaudit.data.synthetic import synthetic_task
 from attnaudit.data.types import Example
 from attnaudit.experiments.experiment import Result, get_experiment
 from attnaudit.experiments.roar import (
+    RationaleHits,
     curve_name,
     item_scores,
     mask_example,
     masked_count,
     masked_data,
+    masked_positions,
     method_settings,
+    rationale_hit,
     top_items,
 )
 from attnaudit.experiments.runner import run_test
@@ -226,8 +229,12 @@ def test_sub_runs_known_by_their_scores_alone_are_read_and_never_used_as_models(
         stored.unlink()
     again = run_test("roar", base, out=copy, methods=["attention"], ratios=[30, 60], recursive=True, epochs=1, plot=False)
     assert not any(r["trained_now"] for r in again.tables["curves"])
-    strip = [{k: v for k, v in r.items() if k != "trained_now"} for r in result.tables["curves"]]
-    assert [{k: v for k, v in r.items() if k != "trained_now"} for r in again.tables["curves"]] == strip
+    restored = ("trained_now", "rationale_hit")
+    strip = [{k: v for k, v in r.items() if k not in restored} for r in result.tables["curves"]]
+    assert [{k: v for k, v in r.items() if k not in restored} for r in again.tables["curves"]] == strip
+    # without its masks a restored step cannot say what they took; the anchors still can
+    assert [r["rationale_hit"] for r in again.tables["curves"]] == [
+        None if r["ratio"] in (30, 60) else r["ratio"] / 100 for r in again.tables["curves"]]
     assert not list(root.rglob("model.safetensors"))  # nothing was trained
 
     (root / "attention-recursive" / "ratio-60" / "metrics.json").unlink()  # the curve cut short after ratio 30
@@ -305,6 +312,37 @@ def test_every_native_family_retrains_with_its_items_masked(tiny_attention_run, 
         assert [len(m) for m in masks[split]] == [k // 2 for k in n]
     sub = load_run(tmp_path / "subruns" / "roar" / "seed-0" / "attention" / "ratio-50")
     assert sub.info["variant"]["ratio"] == 50
+
+
+def test_rationale_hit_counts_the_instances_whose_masks_take_part_of_their_rationale() -> None:
+    han = Example(tokens=list("abcdefg"), label="x", sentences=[list("abc"), list("de"), list("fg")], rationale=[3])
+    assert masked_positions(han, [1], sentences=True) == {3, 4}  # a HAN item is a sentence: all its words
+    assert masked_positions(han, [0, 2], sentences=True) == {0, 1, 2, 5, 6}
+    assert masked_positions(han, [1]) == {1}
+    plain = [Example(tokens=list("abcd"), label="x", rationale=[2]), Example(tokens=list("abcd"), label="y", rationale=[0, 3]),
+             Example(tokens=list("abcd"), label="x")]  # no rationale: not counted
+    assert rationale_hit(plain, [[2], [1, 2], [0]]) == 0.5
+    assert rationale_hit(plain, [[], [3], [0, 1, 2, 3]]) == 0.5
+    assert rationale_hit([han], [[1]], sentences=True) == 1.0 and rationale_hit([han], [[0, 2]], sentences=True) == 0.0
+    assert rationale_hit(plain[2:], [[0]]) is None
+    hits = RationaleHits(plain, sentences=False)
+    assert (hits.with_rationale, hits.none, hits.all) == (2, 0.0, 1.0)
+    assert RationaleHits(plain[2:], sentences=False).add({"ratio": 0}, None) == {"ratio": 0}  # no rationale: no column
+
+
+def test_the_curves_say_how_often_the_masks_took_the_synthetic_cue_words(base: Run, recursive) -> None:
+    result, out = recursive
+    test = base.data().test
+    assert all(ex.rationale for ex in test)
+    for row in result.tables["curves"]:
+        if row["ratio"] in (0, 100):
+            assert row["rationale_hit"] == (row["ratio"] / 100)
+            continue
+        folder = f"seed-0/{'attention-recursive' if row['method'] == 'attention' else 'random'}"
+        masks = _masks(out, folder, row["ratio"])["test"]
+        by_hand = sum(any(i in ex.rationale for i in m) for ex, m in zip(test, masks)) / len(test)
+        assert row["rationale_hit"] == pytest.approx(by_hand)
+    assert any(note.startswith(f"rationale_hit: of the {len(test)} test instances") for note in result.meta["notes"])
 
 
 # --------------------------------------------------------------------------- a Hugging Face encoder through finetune

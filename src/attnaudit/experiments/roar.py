@@ -135,6 +135,27 @@ def mask_example(example: Example, items: Sequence[int], token: str, sentences: 
                    meta=_masked_meta(example, masked_words, token))
 
 
+def masked_positions(example: Example, items: Sequence[int], sentences: bool = False) -> set[int]:
+    """The token positions that masking ``items`` masks: the items themselves, or every word of HAN's sentences."""
+    if not sentences:
+        return set(items)
+    chosen, start = set(items), 0
+    out: set[int] = set()
+    for i, group in enumerate(item_groups(example, True)):
+        if i in chosen:
+            out.update(range(start, start + len(group)))
+        start += len(group)
+    return out
+
+
+def rationale_hit(examples: Sequence[Example], masks: Sequence[Sequence[int]], sentences: bool = False) -> float | None:
+    """Of ``examples`` with a gold rationale (``Example.rationale``: bAbI's supporting facts, e-SNLI's highlights, a
+    synthetic task's cue words), the share whose masked ``items`` take at least one of its tokens (None: none has one).
+    A retrain cannot read what is masked: on bAbI, a story whose supporting fact lost its answer word is a guess."""
+    shares = [bool(set(ex.rationale) & masked_positions(ex, m, sentences)) for ex, m in zip(examples, masks) if ex.rationale]
+    return sum(shares) / len(shares) if shares else None
+
+
 def _masked_meta(example: Example, words: Sequence[int], token: str) -> dict[str, Any]:
     """``example.meta`` with ``token`` in place of ``words`` in its written text (the text dropped, so that the
     masked words are read, where the words cannot be found in it)."""
@@ -673,18 +694,21 @@ class Roar(Experiment):
         if options.together:
             roarer.in_lockstep(seeds, methods)  # likewise
         curves: list[dict[str, Any]] = []
+        test = roarer.data.test
+        hits = RationaleHits(test, roarer.sentences)
         for s in seeds:
             zero = roarer.zero(s)
             full = roarer.all_masked(s)
             for name, method in methods.items():
                 recursive = options.recursive and name != BASELINE
                 steps = roarer.curve(s, method, zero, recursive)
-                curves.append(point(name, 0, s, zero.score, zero.name, "", zero.trained))
+                curves.append(hits.add(point(name, 0, s, zero.score, zero.name, "", zero.trained), hits.none))
                 curves.extend(
-                    point(name, st.ratio, s, st.sub.metrics["test"][metric], _name(st.sub), st.explained_by, st.sub.trained)
+                    hits.add(point(name, st.ratio, s, st.sub.metrics["test"][metric], _name(st.sub), st.explained_by, st.sub.trained),
+                             None if st.masks is None else rationale_hit(test, st.masks["test"], roarer.sentences))
                     for st in steps
                 )
-                curves.append(point(name, 100, s, full.metrics["test"][metric], _name(full), "", full.trained))
+                curves.append(hits.add(point(name, 100, s, full.metrics["test"][metric], _name(full), "", full.trained), hits.all))
         notes = [
             f"test {metric} of models retrained with each method's top k % of every instance's items masked by {roarer.token!r} "
             "in train, dev and test (k = floor(k/100 · n) items, ties to the earlier item), epoch chosen on the masked dev split",
@@ -695,6 +719,8 @@ class Roar(Experiment):
             *[f"{name} left out: {why}" for name, why in dropped.items()],
             *[f"{name} with {', '.join(f'{k}={v}' for k, v in given.items())}" for name, given in roarer.settings.items()],
             *(["the explanations explain each instance's gold label (not its prediction)"] if roarer.gold else []),
+            *([f"rationale_hit: of the {hits.with_rationale} test instances with a gold rationale, the share whose masked "
+               "items take at least one of its tokens (empty: a step known by its scores alone)"] if hits.with_rationale else []),
         ]
         return summarise_curves(curves, [m for m in methods if m != BASELINE], metric, seed, options.recursive, notes)
 
@@ -774,6 +800,19 @@ def _name(sub: SubRun) -> str:
     """A sub-run's folder relative to the ROAR sub-runs' root."""
     path = Path(sub.run.path or "")
     return path.as_posix().split("/roar/", 1)[-1]
+
+
+class RationaleHits:
+    """The curves' ``rationale_hit`` column (:func:`rationale_hit` on the test split) where the test split has gold
+    rationales, and no column where it has none: nothing masked at 0 %, every item at 100 %."""
+
+    def __init__(self, test: list[Example], sentences: bool) -> None:
+        self.with_rationale = sum(1 for ex in test if ex.rationale)
+        self.none = rationale_hit(test, [[] for _ in test], sentences)
+        self.all = rationale_hit(test, [range(len(item_groups(ex, sentences))) for ex in test], sentences)
+
+    def add(self, row: dict[str, Any], hit: float | None) -> dict[str, Any]:
+        return {**row, "rationale_hit": hit} if self.with_rationale else row
 
 
 def point(method: str, ratio: int, seed: int, score: float, model: str, explained_by: str, trained: bool) -> dict[str, Any]:
