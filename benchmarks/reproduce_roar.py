@@ -2,7 +2,8 @@
 
 Per task: trains the base run with Madsen et al.'s protocol (``--preset madsen2022-sst`` / ``madsen2022-babi``:
 BiLSTM 128 per direction, additive tanh attention, AMSGrad lr 1e-3, weight decay 1e-5 off the attention; SST 8
-epochs of 32, best dev ROC-AUC; bAbI 100 epochs of 50, random 50-d embeddings, best dev accuracy) into
+epochs of 32, best dev ROC-AUC; bAbI 100 epochs of 50, random 50-d embeddings, best dev accuracy, and, as their
+``experiments/babi.py``, 32 units, weight decay on every parameter and their pair model's head) into
 ``benchmarks/runs/roar-<task>`` (gitignored; reused when trained), then runs the ``roar`` test with
 ``--recursive`` over the seeds (the base run's seed 0, then 1, 2, ...; each seed its own 0 % model), ratios
 10 … 90 and the methods attention, gradient, input_gradient, ig, scoring macro-F1 (SST) or accuracy (bAbI) on

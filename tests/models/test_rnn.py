@@ -369,3 +369,68 @@ def test_recurrent_encoder_avoids_cudnn_only_for_backward_in_eval(cell: str) -> 
             encoder(x, mask)
         expected.append(torch.backends.cudnn.enabled and not (grad and not training))
     assert seen == expected and seen[0] is False
+
+
+# --------------------------------------------------------------------------- Madsen et al. (2022)'s pair head
+
+
+def madsen_model(encoder: str = "bilstm") -> PairAttentionClassifier:
+    torch.manual_seed(0)
+    config = make_config("pair", encoder, "tanh")
+    model = build_rnn_model(ModelConfig(**{**config.__dict__, "extra": {"pair_head": "madsen2022"}})).eval()
+    assert isinstance(model, PairAttentionClassifier)
+    return model
+
+
+def test_madsen_head_is_their_forward_written_as_their_code_does() -> None:
+    """nlproar's RNNMultipleSequenceToClass, restated with this model's weights: each sequence through its own
+    embedding and packed BiLSTM, the question as ``cat(h_n[0], h_n[1])``, ``W2(tanh(W1p h + W1h q))`` masked and
+    softmaxed over the passage, and ``final(tanh(Wp c + Wh q))``."""
+    from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+    model = madsen_model()
+    batch = make_batch(BATCH_LENGTHS, [3, 1, 4, 2])
+
+    def run(embedding: torch.nn.Embedding, rnn: torch.nn.LSTM, ids: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+        packed = pack_padded_sequence(embedding(ids), mask.sum(1), batch_first=True, enforce_sorted=False)
+        out, (h, _) = rnn(packed)
+        return pad_packed_sequence(out, batch_first=True, total_length=ids.shape[1])[0], torch.cat([h[0], h[1]], dim=-1)
+
+    with torch.no_grad():
+        passage, _ = run(model.embedding, model.encoder.rnn, batch.tokens, batch.mask)
+        _, question = run(model.query_embedding, model.query_encoder.rnn, batch.query, batch.query_mask)
+        scorer = model.scorer
+        assert isinstance(scorer, AdditiveScorer) and scorer.query_proj is not None
+        scores = scorer.v(torch.tanh(scorer.key_proj(passage) + scorer.query_proj(question)[:, None])).squeeze(-1)
+        alpha = torch.softmax(scores.masked_fill(~batch.mask, float("-inf")), dim=-1)
+        context = (alpha[..., None] * passage).sum(1)
+        theirs = model.output(torch.tanh(model.combine_context(context) + model.combine_query(question)))
+        ours = model(batch)
+    torch.testing.assert_close(ours.logits, theirs, atol=1e-6, rtol=0)
+    torch.testing.assert_close(ours.trace[0].weights[:, 0, 0], alpha, atol=1e-6, rtol=0)
+
+
+def test_madsen_heads_question_table_starts_as_a_copy_and_trains_apart() -> None:
+    model = madsen_model()
+    assert torch.equal(model.query_embedding.weight, model.embedding.weight)
+    assert model.query_embedding.weight.data_ptr() != model.embedding.weight.data_ptr()
+    names = {n for n, _ in model.named_parameters()}
+    assert {"query_embedding.weight", "combine_context.weight", "combine_query.weight"} <= names and "combine.weight" not in names
+
+
+def test_the_default_head_takes_the_same_random_draws_as_before() -> None:
+    """``pair_head`` absent or ``jain-wallace`` builds the same model from the same seed (runs trained before keep their
+    weights and hashes)."""
+    torch.manual_seed(0)
+    default = build_rnn_model(make_config("pair", "bilstm", "tanh"))
+    torch.manual_seed(0)
+    named = build_rnn_model(ModelConfig(**{**make_config("pair", "bilstm", "tanh").__dict__, "extra": {"pair_head": "jain-wallace"}}))
+    for (name, a), (_, b) in zip(default.state_dict().items(), named.state_dict().items()):
+        assert torch.equal(a, b), name
+
+
+@pytest.mark.parametrize(("extra", "message"), [({"pair_head": "nope"}, "unknown pair head 'nope'"),
+                                                ({"pair_head": "madsen2022"}, "final recurrent states: use bilstm or bigru, not cnn")])
+def test_a_pair_head_that_cannot_be_built_is_refused_in_one_line(extra: dict, message: str) -> None:
+    with pytest.raises(AttnAuditError, match=message):
+        build_rnn_model(ModelConfig(**{**make_config("pair", "cnn", "tanh").__dict__, "extra": extra}))

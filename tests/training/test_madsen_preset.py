@@ -1,6 +1,7 @@
 """Madsen et al. (2022)'s BiLSTM protocol as ``--preset madsen2022-sst`` / ``madsen2022-babi``: every setting
-reaches the run's config and the loop (AMSGrad, no decay on the attention scorer, no clipping, every epoch
-trained, the best dev ROC-AUC / accuracy epoch kept), and SST's data handling (short sentences dropped, [CLS] … [EOS]
+reaches the run's config and the loop (AMSGrad, no decay on the attention scorer for SST, decay everywhere for bAbI,
+no clipping, every epoch trained, the best dev ROC-AUC / accuracy epoch kept), bAbI's model (32 units, their pair
+head) a pair run, and SST's data handling (short sentences dropped, [CLS] … [EOS]
 read but never weighed, a [MASK] word to mask with, the specials' rows starting at zero) reaches the vocabulary,
 the model and ROAR's retrains."""
 
@@ -33,7 +34,8 @@ def test_madsen_presets_reach_the_config_and_the_loop(tmp_path, preset: str, sel
     model, settings = run.info["model"], run.info["train"]
     assert model["hidden_dim"] == 8 and model["scorer"] == "tanh" and model["dropout"] == 0.0
     assert settings["optimizer"] == "amsgrad" and settings["lr"] == 1e-3 and settings["weight_decay"] == 1e-5
-    assert settings["no_decay"] == ["scorer.*"] and settings["clip"] == 0.0 and settings["early_stop"] is False
+    sst = preset == "madsen2022-sst"  # bAbI: their pair model decays every parameter, the attention too
+    assert settings.get("no_decay", []) == (["scorer.*"] if sst else []) and settings["clip"] == 0.0 and settings["early_stop"] is False
     assert settings["select"] == select and settings["batch_size"] == batch and settings["preset"] == preset
     if preset == "madsen2022-babi":
         assert model["embed_dim"] == 8  # explicit options override the preset's 50
@@ -43,8 +45,8 @@ def test_madsen_presets_reach_the_config_and_the_loop(tmp_path, preset: str, sel
     assert metrics["best_dev"] == pytest.approx(kept["dev"][select])
     loop = TrainConfig(**settings).loop("classification")
     groups = loop.optimiser.groups(run.model)
-    exempt = {id(p) for p in groups[1]["params"]}
-    assert exempt == {id(p) for n, p in run.model.named_parameters() if n.startswith("scorer.")}
+    exempt = {id(p) for group in groups if group["weight_decay"] == 0.0 for p in group["params"]}
+    assert exempt == {id(p) for n, p in run.model.named_parameters() if sst and n.startswith("scorer.")}
     assert isinstance(loop.optimiser.build(run.model), torch.optim.Adam) and loop.optimiser.build(run.model).defaults["amsgrad"]
 
 
@@ -85,3 +87,23 @@ def test_zero_rows_take_no_random_draw() -> None:
             assert torch.equal(b[[1, 5]], torch.zeros(2, 4)) and torch.equal(a[[0, 2, 3, 4, *range(6, 12)]], b[[0, 2, 3, 4, *range(6, 12)]])
         else:
             assert torch.equal(a, b), name
+
+
+def test_madsen_babi_preset_builds_their_32_unit_pair_model(tmp_path) -> None:
+    """On a QA task the bAbI preset trains experiments/babi.py's model: 32 units per direction, attention and decoder
+    (hidden_size=32), 50-d embeddings, their pair head (the question's own table and final states; see
+    tests/models/test_rnn.py), weight decay on every parameter."""
+    from attnaudit.data.readers import read_babi
+
+    story = tmp_path / "qa.txt"
+    story.write_text("".join(f"1 Mary went to the {p}.\n2 John went to the {q}.\n3 Where is Mary? \t{p}\t1\n"
+                             for p, q in [("kitchen", "garden"), ("garden", "office"), ("office", "kitchen")] * 8))
+    examples = read_babi(story)
+    data = TaskData("qa", "pair", examples[:16], examples[16:20], examples[20:], labels=["garden", "kitchen", "office"])
+    run = train(data, "bilstm", tmp_path / "run", preset="madsen2022-babi", epochs=1, quiet_eval=True)
+    model = run.info["model"]
+    assert (model["hidden_dim"], model["embed_dim"], model["extra"]["pair_head"]) == (32, 50, "madsen2022")
+    assert run.model.encoder.output_dim == 64 and run.model.combine_query.out_features == 32
+    assert run.model.query_embedding.weight.shape == run.model.embedding.weight.shape
+    loop = TrainConfig(**run.info["train"]).loop("pair")
+    assert [g["weight_decay"] for g in loop.optimiser.groups(run.model)] == [1e-5]  # one group: everything decays

@@ -49,14 +49,23 @@ def build_model(config: ModelConfig) -> AttentionModel:
     return zero_rows(build(config), config)
 
 
+WORD_TABLES = ("embedding", "query_embedding")
+"""A model's word-embedding tables: the words', and a pair model's question's where it has its own (``madsen2022``)."""
+
+
+def word_tables(model: AttentionModel) -> list[torch.nn.Embedding]:
+    """The word-embedding tables of :data:`WORD_TABLES` that ``model`` has."""
+    return [t for name in WORD_TABLES if isinstance(t := getattr(model, name, None), torch.nn.Embedding)]
+
+
 def zero_rows(model: AttentionModel, config: ModelConfig) -> AttentionModel:
     """``model`` with the word-embedding rows listed in ``config.extra["zero_rows"]`` set to zero (the specials of
-    ``train --zero-specials``); no random draw is taken, so every other parameter is as without them."""
+    ``train --zero-specials``; in every word table); no random draw is taken, so every other parameter is as without them."""
     rows = config.extra.get("zero_rows")
-    table = getattr(model, "embedding", None)
-    if rows and isinstance(table, torch.nn.Embedding):
+    if rows:
         with torch.no_grad():
-            table.weight[torch.tensor(rows, dtype=torch.long)] = 0.0
+            for table in word_tables(model):
+                table.weight[torch.tensor(rows, dtype=torch.long)] = 0.0
     return model
 
 
@@ -70,7 +79,8 @@ def with_vectors(model: AttentionModel, config: ModelConfig, vectors: torch.Tens
         shape = tuple(table.weight.shape) if isinstance(table, torch.nn.Embedding) else "none"
         raise AttnAuditError(f"a {config.model} model's word embedding ({shape}) cannot start from vectors of shape {tuple(vectors.shape)}")
     with torch.no_grad():
-        table.weight.copy_(vectors)
+        for each in word_tables(model):  # a question table of its own starts from the vectors too
+            each.weight.copy_(vectors)
     return zero_rows(model, config)
 
 

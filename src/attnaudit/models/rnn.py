@@ -375,6 +375,14 @@ class AttentionClassifier(_SingleAttentionModel):
         return ModelOutput(logits=self.output(context), trace=AttentionTrace([record]))
 
 
+PAIR_HEADS = ("jain-wallace", "madsen2022")
+"""How a pair model reads its question and decides (``config.extra["pair_head"]``, data rather than a subclass):
+``jain-wallace`` (the default) as :class:`PairAttentionClassifier` describes; ``madsen2022`` as Madsen et al. (2022)'s
+code (``nlproar/model/rnn_multiple_sequence_to_class.py``): the question has its own embedding table (a copy of the
+passage's at the start), its vector is the question encoder's final states (forward and backward), and the output is
+``Linear(tanh(Linear(c) + Linear(q)))``."""
+
+
 class PairAttentionClassifier(_SingleAttentionModel):
     """Question-conditioned attention over a passage (Jain & Wallace's NLI/QA model).
 
@@ -383,24 +391,43 @@ class PairAttentionClassifier(_SingleAttentionModel):
     ``q`` is the mean of the question states over real tokens: with a bidirectional
     encoder every state has seen the whole (short) question, and unlike final states the
     mean is defined for every encoder kind. Attention scores each passage state against
-    ``q``; the output is ``Linear(tanh(Linear([c; q; c*q; |c-q|])))``.
+    ``q``; the output is ``Linear(tanh(Linear([c; q; c*q; |c-q|])))``. ``extra["pair_head"]``
+    ``madsen2022`` reads and decides as Madsen et al.'s code does instead (:data:`PAIR_HEADS`).
     """
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config)
+        self.head = str(config.extra.get("pair_head", PAIR_HEADS[0]))
+        if self.head not in PAIR_HEADS:
+            raise AttnAuditError(f"unknown pair head {self.head!r}; choose {', '.join(PAIR_HEADS)}")
         self.query_encoder = build_encoder(config.model, config.embed_dim, config)
         d = self.encoder.output_dim
         self.scorer = build_scorer(config.scorer, d, config.hidden_dim, query_dim=d)
-        self.combine = nn.Linear(4 * d, config.hidden_dim)
+        if self.head == "madsen2022":
+            if not isinstance(self.query_encoder, RecurrentEncoder):
+                raise AttnAuditError(f"pair head madsen2022 reads the question's final recurrent states: use bilstm or bigru, not {config.model}")
+            self.query_embedding = nn.Embedding(config.vocab_size, config.embed_dim, padding_idx=config.pad_id)
+            with torch.no_grad():
+                self.query_embedding.weight.copy_(self.embedding.weight)  # theirs: both tables start from one matrix
+            self.combine_context = nn.Linear(d, config.hidden_dim)
+            self.combine_query = nn.Linear(d, config.hidden_dim)
+        else:
+            self.combine = nn.Linear(4 * d, config.hidden_dim)
         self.output = nn.Linear(config.hidden_dim, config.num_labels)
 
     def encode_query(self, batch: Batch) -> Tensor:
-        """The question vector ``(B,d)``: mean of the question states over real tokens."""
+        """The question vector ``(B,d)``: mean of the question states over real tokens (``madsen2022``: the final
+        forward state, at the last real token, beside the final backward state, at the first)."""
         if batch.query is None or batch.query_mask is None:
             raise AttnAuditError("a pair model needs batches with query and query_mask (hypothesis or question)")
         check_ids(batch.query, self.config.vocab_size, "query token")
         qmask = batch.query_mask.bool()
-        states = self.query_encoder(self.dropout(self.embedding(batch.query)), qmask)
+        table = self.query_embedding if self.head == "madsen2022" else self.embedding
+        states = self.query_encoder(self.dropout(table(batch.query)), qmask)
+        if self.head == "madsen2022":
+            half = states.shape[-1] // 2
+            last = qmask.sum(1).clamp_min(1) - 1
+            return torch.cat([states[torch.arange(states.shape[0], device=states.device), last, :half], states[:, 0, half:]], dim=-1)
         m = qmask[..., None].to(states.dtype)
         return (states * m).sum(1) / m.sum(1).clamp_min(1.0)
 
@@ -427,8 +454,11 @@ class PairAttentionClassifier(_SingleAttentionModel):
             interventions_for(interventions, 0, 1),
             query=q,
         )
-        features = torch.cat([context, q, context * q, (context - q).abs()], dim=-1)
-        logits = self.output(torch.tanh(self.combine(self.dropout(features))))
+        if self.head == "madsen2022":
+            hidden = self.combine_context(self.dropout(context)) + self.combine_query(self.dropout(q))
+        else:
+            hidden = self.combine(self.dropout(torch.cat([context, q, context * q, (context - q).abs()], dim=-1)))
+        logits = self.output(torch.tanh(hidden))
         return ModelOutput(logits=logits, trace=AttentionTrace([record]))
 
 

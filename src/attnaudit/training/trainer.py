@@ -95,8 +95,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         "wrap": True, "min_length": 6,
     },
     # Madsen et al. (2022)'s BiLSTM-attention protocol (nlp-roar-interpretability: rnn_*_to_class.py,
-    # experiments/stanford_sentiment.py, babi.py): 128 units per direction, additive tanh attention,
-    # Adam with AMSGrad, lr 1e-3, weight decay 1e-5 on all but the attention, no dropout, no clipping,
+    # experiments/stanford_sentiment.py, babi.py): 128 units per direction (bAbI: 32), additive tanh attention,
+    # Adam with AMSGrad, lr 1e-3, weight decay 1e-5 on all but the attention (bAbI: on all), no dropout, no clipping,
     # every epoch trained and the best dev epoch kept (SST: ROC-AUC, 8 epochs of 32; bAbI: accuracy,
     # 100 epochs of 50, random 50-d embeddings), a [MASK] word to mask with (dataset/_vocab_tokenizer.py).
     # SST (dataset/sst.py): sentences of 5 tokens or fewer dropped, every sentence read between [CLS] and
@@ -106,9 +106,11 @@ PRESETS: dict[str, dict[str, Any]] = {
         "epochs": 8, "batch_size": 32, "early_stop": False, "select": "roc_auc", **_MADSEN,
         "wrap": True, "min_length": 6, "mask_special": True, "zero_specials": True,
     },
+    # bAbI (experiments/babi.py, _base_multiple_sequence_to_class.py): 32 units per direction, attention and decoder
+    # (hidden_size=32), weight decay on every parameter, and their pair model's head (models.rnn.PAIR_HEADS).
     "madsen2022-babi": {
         "epochs": 100, "batch_size": 50, "early_stop": False, "select": "accuracy", "embed_dim": 50, **_MADSEN,
-        "mask_special": True,
+        "hidden_dim": 32, "no_decay": [], "extra": {"pair_head": "madsen2022"}, "mask_special": True,
     },
 }
 """Named option sets of ``train`` (``--preset``); explicit options override them."""
