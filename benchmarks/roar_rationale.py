@@ -27,7 +27,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from attnaudit.data.types import Example, TaskData  # noqa: E402
-from attnaudit.experiments.roar import masked_positions  # noqa: E402
+from attnaudit.experiments.roar import masked_positions, rationale_hit  # noqa: E402
 from attnaudit.io import read_json  # noqa: E402
 from attnaudit.run import TaskSpec, read_config  # noqa: E402
 from benchmarks.common import write_result  # noqa: E402
@@ -55,7 +55,7 @@ def hits(examples: list[Example], masks: list[list[int]], sentences: bool = Fals
 
     return {
         "instances": len(examples), "with_rationale": len(with_rationale), "with_answer": len(with_answer),
-        "rationale_hit": share([float(bool(r & m)) for r, m in with_rationale]),
+        "rationale_hit": rationale_hit(examples, masks, sentences),  # what the roar test's curves report
         "rationale_masked": share([len(r & m) / len(r) for r, m in with_rationale]),
         "answer_hit": share([float(bool(a & m)) for a, m in with_answer]),
     }
