@@ -458,15 +458,64 @@ def test_the_tests_page_shows_the_retrains_trained_together_on_the_gpu_as_measur
     assert f"20 SST retrains {ratio_span(timing['speedup'])} faster than one at a time" in readme
 
 
-def test_the_results_page_shows_babi_so_far_as_measured() -> None:
-    """The bAbI-1 table (seed 0's curves, its RACU beside theirs), the retrains' times and the missing count are those of
-    ``roar_madsen2022_babi1_so_far.json``; the early-stopping figures those of ``roar_babi_patience.json``; what the
-    masks removed those of ``roar_babi_rationale.json``."""
+def test_the_results_page_shows_babi_with_their_model_as_measured() -> None:
+    """bAbI-1 with their model (the preset since e55444a): seed 0's curves and RACU beside theirs, the ceiling a curve at
+    the floor would reach, the retrains' times and the missing count (``roar_madsen2022_babi1_so_far.json``), what the
+    masks took (``roar_babi32_rationale.json``), and README's row beside the first run's RACU."""
+    from attnaudit.algorithms.racu import racu
+
     root = Path(__file__).resolve().parents[1]
     results = root / "benchmarks" / "results"
-    (task,) = json.loads((results / "roar_madsen2022_babi1_so_far.json").read_text())["tasks"]
     page = (root / "docs" / "sections" / "results.md").read_text()
-    section = " ".join(page[page.index("### bAbI-1 (under way"):page.index("## Sparse attention")].split())
+    section = " ".join(page[page.index("### bAbI-1 (under way"):page.index("#### The first run: our earlier preset")].split())
+    readme = " ".join((root / "README.md").read_text().split())
+    for name, where in (("roar_madsen2022_babi1", section), ("roar_madsen2022_babi1_h128", readme)):
+        (task,) = json.loads((results / f"{name}_so_far.json").read_text())["tasks"]
+        points = [r for r in task["curves"] if r["seed"] == 0]
+        ratios = sorted({p["ratio"] for p in points})
+        assert ratios == list(range(0, 101, 10))
+        (attention,) = [r for r in task["racu_per_seed"] if r["seed"] == 0]
+        published = next(r for r in task["racu"] if r["method"] == "attention")["published"]
+        random = [next(p["score"] for p in points if p["method"] == "random" and p["ratio"] == r) for r in ratios]
+        ceiling = 100 * racu(ratios, [random[0], *[random[-1]] * (len(ratios) - 1)], random)
+        if where is readme:
+            assert f"On bAbI-1 (seed 0 so far, `python benchmarks/reproduce_roar.py --tasks babi1 --seeds 5 --runs ../runs-babi " \
+                   f"--name {name} --so-far`, our earlier 128-unit model): attention {attention['racu']:.1f}% against " \
+                   f"{published['racu']}% ({published['low']}–{published['high']}), near the {ceiling:.1f}% of a curve at the " \
+                   "floor from the first step" in readme
+            continue
+        assert f"| seed 0 | {' | '.join(f'{r} %' for r in ratios)} | RACU |" in section
+        for method, value in (("random", "–"), ("attention", f"{attention['racu']:.1f}")):
+            scores = [next(p["score"] for p in points if p["method"] == method and p["ratio"] == r) for r in ratios]
+            assert f"| {method} | {' | '.join(f'{v:.3f}' for v in scores)} | {value} |" in section
+        assert f"Seed 0's attention RACU is {attention['racu']:.1f} against their {published['racu']} " \
+               f"({published['low']}–{published['high']})" in section
+        assert f"The most any measure can reach against this random curve is {ceiling:.1f}" in section
+        assert f"their 32-unit model: attention {attention['racu']:.1f}%" in readme
+        minutes = [p["train_seconds"] / 60 for p in points if p["ratio"] > 0]
+        assert f"each took {min(minutes):.1f} to {max(minutes):.1f} minutes" in section
+        training = task["training"]
+        assert f"the {training['retrains']} retrains behind it trained for {training['train_hours']:.1f} hours" in section
+        missing = len(task["missing_retrains"])
+        assert f"{missing} retrains of the five seeds and four measures are still missing" in section
+        assert f"about {missing * sum(minutes) / len(minutes) / 60:.0f} CPU-hours at this pace" in section
+    rationale = json.loads((results / "roar_babi32_rationale.json").read_text())["runs"]["roar-babi1"]["curves"]
+    masked = {c.split("/")[-1]: {int(k): v for k, v in r.items()} for c, r in rationale.items()}
+    assert sorted(masked["attention-recursive"]) == sorted(masked["random"]) == list(range(10, 100, 10))
+    assert {v[split]["answer_hit"] for v in masked["attention-recursive"].values() for split in ("train", "dev", "test")} == {1.0}
+    hits = [masked["random"][r]["test"]["answer_hit"] for r in (10, 50, 90)]
+    assert "random's in {:.1%}, {:.1%} and {:.1%} at 10, 50 and 90 %".format(*hits) in section
+
+
+def test_the_results_page_shows_the_first_babi_run_as_measured() -> None:
+    """The first bAbI-1 run (our earlier preset: 128 units, our pair head): seed 0's curves and RACU beside theirs, the
+    retrains' times and the missing count are those of ``roar_madsen2022_babi1_h128_so_far.json``; the early-stopping
+    figures those of ``roar_babi_patience.json``; what the masks removed those of ``roar_babi_rationale.json``."""
+    root = Path(__file__).resolve().parents[1]
+    results = root / "benchmarks" / "results"
+    (task,) = json.loads((results / "roar_madsen2022_babi1_h128_so_far.json").read_text())["tasks"]
+    page = (root / "docs" / "sections" / "results.md").read_text()
+    section = " ".join(page[page.index("#### The first run: our earlier preset"):page.index("## Sparse attention")].split())
     points = [r for r in task["curves"] if r["seed"] == 0]
     ratios = sorted({p["ratio"] for p in points})
     assert ratios == list(range(0, 101, 10)) and task["unfinished_points"] == []
@@ -482,10 +531,6 @@ def test_the_results_page_shows_babi_so_far_as_measured() -> None:
 
     floor = 100 * racu(ratios, [random[0], *[random[-1]] * (len(ratios) - 1)], random)  # at the 100 % model from 10 % on
     assert f"against this random curve: {floor:.1f}, for a curve at the 100 % model's score from 10 % on" in section
-    readme = " ".join((root / "README.md").read_text().split())
-    assert f"On bAbI-1 (seed 0 so far, `python benchmarks/reproduce_roar.py --tasks babi1 --seeds 5 --runs ../runs-babi " \
-           f"--name roar_madsen2022_babi1 --so-far`): attention {attention['racu']:.1f}% against {published['racu']}% " \
-           f"({published['low']}–{published['high']}), near the {floor:.1f}% of a curve at the floor from the first step" in readme
     minutes = [p["train_seconds"] / 60 for p in points if p["ratio"] > 0]
     assert f"each took {min(minutes):.0f} to {max(minutes):.0f} minutes" in section
     training = task["training"]
