@@ -10,7 +10,13 @@ them, ``RUN-roar/subruns/roar/...`` as ``benchmarks/reproduce_roar.py`` does) an
 rationale, the share whose masks hit one of its tokens (``rationale_hit``; a HAN run's masks name sentences, each
 masking all its words) and the mean share of its tokens masked
 (``rationale_masked``); of those whose rationale holds the answer as a word, the share whose masks hit it
-(``answer_hit``); and the retrain's test score where it finished. The splits are the base run's own
+(``answer_hit``), the share whose masks hide every one of its occurrences in the text (``answer_everywhere``), and
+the accuracy of guessing by elimination (``elimination``): one guess, uniform, among the labels no unmasked word of
+the text names (all labels where every one is named). A mask that hides the answer wherever it stands and leaves the
+other candidates readable tells the retrain the answer: it can score above chance with the answer masked.
+And the retrain's test score where it finished, and on the test split its accuracy apart on the instances whose
+answer some unmasked word still names (``by_answer.readable``) and on those whose every occurrence is masked
+(``by_answer.hidden``): the retrain loaded from its folder, the masks applied as the roar test applies them. The splits are the base run's own
 (``config.json``'s task, read again), in the order the masks list them.
 Run: ``python benchmarks/roar_rationale.py --runs ../runs-babi --data-dir ../shared/data --name roar_babi_rationale``;
 writes ``benchmarks/results/NAME.json``.
@@ -27,9 +33,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from attnaudit.data.types import Example, TaskData  # noqa: E402
-from attnaudit.experiments.roar import masked_positions, rationale_hit  # noqa: E402
+from attnaudit.experiments.roar import mask_example, mask_token, masked_positions, rationale_hit  # noqa: E402
 from attnaudit.io import read_json  # noqa: E402
-from attnaudit.run import TaskSpec, read_config  # noqa: E402
+from attnaudit.run import TaskSpec, load_run, read_config  # noqa: E402
+from attnaudit.training.trainer import predict  # noqa: E402
 from benchmarks.common import write_result  # noqa: E402
 
 SPLITS = ("train", "dev", "test")
@@ -41,14 +48,24 @@ def answer_items(example: Example) -> set[int]:
     return {i for i in example.rationale or [] if example.tokens[i].lower() == label}
 
 
-def hits(examples: list[Example], masks: list[list[int]], sentences: bool = False) -> dict[str, Any]:
+def elimination(example: Example, masked: set[int], labels: set[str]) -> float:
+    """The chance that one uniform guess among the labels no unmasked word of the text names is the answer (among all
+    labels where the text names every one): what a reader scores who only sees which candidates are still there."""
+    named = {t.lower() for i, t in enumerate(example.tokens) if i not in masked} & labels
+    left = (labels - named) or labels
+    return float(str(example.label).lower() in left) / len(left)
+
+
+def hits(examples: list[Example], masks: list[list[int]], sentences: bool = False, labels: list[str] | None = None) -> dict[str, Any]:
     """One split's masks against its examples' rationales (shares over the instances they apply to; None: none do);
-    ``sentences``: the masks name HAN's sentences."""
+    ``sentences``: the masks name HAN's sentences; ``labels``: the task's labels (for ``elimination``)."""
     if len(examples) != len(masks):
         raise SystemExit(f"{len(masks)} masks for {len(examples)} instances: the masks are not this run's split")
     tokens = [masked_positions(ex, m, sentences) for ex, m in zip(examples, masks)]
     with_rationale = [(set(ex.rationale), m) for ex, m in zip(examples, tokens) if ex.rationale]
     with_answer = [(answer_items(ex), m) for ex, m in zip(examples, tokens) if answer_items(ex)]
+    answered = [(ex, m) for ex, m in zip(examples, tokens) if answer_items(ex)]
+    candidates = {str(label).lower() for label in labels or []}
 
     def share(values: list[float]) -> float | None:
         return sum(values) / len(values) if values else None
@@ -58,7 +75,32 @@ def hits(examples: list[Example], masks: list[list[int]], sentences: bool = Fals
         "rationale_hit": rationale_hit(examples, masks, sentences),  # what the roar test's curves report
         "rationale_masked": share([len(r & m) / len(r) for r, m in with_rationale]),
         "answer_hit": share([float(bool(a & m)) for a, m in with_answer]),
+        "answer_everywhere": share([float(_occurrences(ex) <= m) for ex, m in answered]),
+        "elimination": share([elimination(ex, m, candidates) for ex, m in answered]) if candidates else None,
     }
+
+
+def _occurrences(example: Example) -> set[int]:
+    """Every position of the text whose word is the answer (the gold label as a word)."""
+    label = str(example.label).lower()
+    return {i for i, t in enumerate(example.tokens) if t.lower() == label}
+
+
+def by_answer(retrain: Path, examples: list[Example], masks: list[list[int]], sentences: bool) -> dict[str, Any] | None:
+    """The retrain's accuracy on the masked ``examples`` whose answer an unmasked word still names (``readable``) and
+    on those whose every occurrence is masked (``hidden``), each with its count; None where no instance has an
+    answer in its text."""
+    answered = [(ex, m) for ex, m in zip(examples, masks) if _occurrences(ex)]
+    if not answered:
+        return None
+    run = load_run(retrain, device="cpu")
+    token = mask_token(run)
+    pred = predict(run, [mask_example(ex, m, token, sentences) for ex, m in answered])["pred"]
+    groups: dict[str, list[float]] = {"readable": [], "hidden": []}
+    for (ex, m), guess in zip(answered, pred):
+        hidden = _occurrences(ex) <= masked_positions(ex, m, sentences)
+        groups["hidden" if hidden else "readable"].append(float(guess == ex.label))
+    return {name: {"instances": len(v), "accuracy": sum(v) / len(v) if v else None} for name, v in groups.items()}
 
 
 def ratio_of(path: Path) -> int:
@@ -74,9 +116,11 @@ def one_roar(roar: Path, data: TaskData, sentences: bool = False) -> dict[str, A
     for masks_file in sorted(roar.glob("seed-*/*/ratio-*.masks.json"), key=lambda p: (p.parent.as_posix(), ratio_of(p))):
         curve = masks_file.parent.relative_to(roar).as_posix()
         masks = read_json(masks_file)
-        row: dict[str, Any] = {split: hits(data.split(split), masks[split], sentences) for split in SPLITS}
+        row: dict[str, Any] = {split: hits(data.split(split), masks[split], sentences, data.labels) for split in SPLITS}
         metrics = masks_file.with_name(f"ratio-{ratio_of(masks_file)}") / "metrics.json"
         row["test_score"] = read_json(metrics).get("test") if metrics.exists() else None
+        retrained = metrics.exists() and (metrics.parent / "config.json").is_file()  # a finished retrain is a run
+        row["by_answer"] = by_answer(metrics.parent, data.test, masks["test"], sentences) if retrained else None
         out.setdefault(curve, {})[str(ratio_of(masks_file))] = row
     return out
 

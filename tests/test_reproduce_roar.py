@@ -459,9 +459,10 @@ def test_the_tests_page_shows_the_retrains_trained_together_on_the_gpu_as_measur
 
 
 def test_the_results_page_shows_babi_with_their_model_as_measured() -> None:
-    """bAbI-1 with their model (the preset since e55444a): seed 0's curves and RACU beside theirs, the ceiling a curve at
-    the floor would reach, the retrains' times and the missing count (``roar_madsen2022_babi1_so_far.json``), what the
-    masks took (``roar_babi32_rationale.json``), and README's row beside the first run's RACU."""
+    """bAbI-1 with their model (the preset since e55444a): seed 0's curves and every finished measure's RACU beside
+    theirs, the ceiling a curve at the floor would reach, the retrains' times and the missing count
+    (``roar_madsen2022_babi1_so_far.json``), what each measure's masks took (``roar_babi32_rationale.json``), and
+    README's row beside the first run's RACU."""
     from attnaudit.algorithms.racu import racu
 
     root = Path(__file__).resolve().parents[1]
@@ -469,40 +470,59 @@ def test_the_results_page_shows_babi_with_their_model_as_measured() -> None:
     page = (root / "docs" / "sections" / "results.md").read_text()
     section = " ".join(page[page.index("### bAbI-1 (under way"):page.index("#### The first run: our earlier preset")].split())
     readme = " ".join((root / "README.md").read_text().split())
-    for name, where in (("roar_madsen2022_babi1", section), ("roar_madsen2022_babi1_h128", readme)):
-        (task,) = json.loads((results / f"{name}_so_far.json").read_text())["tasks"]
-        points = [r for r in task["curves"] if r["seed"] == 0]
-        ratios = sorted({p["ratio"] for p in points})
-        assert ratios == list(range(0, 101, 10))
-        (attention,) = [r for r in task["racu_per_seed"] if r["seed"] == 0]
-        published = next(r for r in task["racu"] if r["method"] == "attention")["published"]
-        random = [next(p["score"] for p in points if p["method"] == "random" and p["ratio"] == r) for r in ratios]
-        ceiling = 100 * racu(ratios, [random[0], *[random[-1]] * (len(ratios) - 1)], random)
-        if where is readme:
-            assert f"On bAbI-1 (seed 0 so far, `python benchmarks/reproduce_roar.py --tasks babi1 --seeds 5 --runs ../runs-babi " \
-                   f"--name {name} --so-far`, our earlier 128-unit model): attention {attention['racu']:.1f}% against " \
-                   f"{published['racu']}% ({published['low']}–{published['high']}), near the {ceiling:.1f}% of a curve at the " \
-                   "floor from the first step" in readme
-            continue
-        assert f"| seed 0 | {' | '.join(f'{r} %' for r in ratios)} | RACU |" in section
-        for method, value in (("random", "–"), ("attention", f"{attention['racu']:.1f}")):
-            scores = [next(p["score"] for p in points if p["method"] == method and p["ratio"] == r) for r in ratios]
-            assert f"| {method} | {' | '.join(f'{v:.3f}' for v in scores)} | {value} |" in section
-        assert f"Seed 0's attention RACU is {attention['racu']:.1f} against their {published['racu']} " \
-               f"({published['low']}–{published['high']})" in section
-        assert f"The most any measure can reach against this random curve is {ceiling:.1f}" in section
-        assert f"their 32-unit model: attention {attention['racu']:.1f}%" in readme
-        minutes = [p["train_seconds"] / 60 for p in points if p["ratio"] > 0]
-        assert f"each took {min(minutes):.1f} to {max(minutes):.1f} minutes" in section
-        training = task["training"]
-        assert f"the {training['retrains']} retrains behind it trained for {training['train_hours']:.1f} hours" in section
-        missing = len(task["missing_retrains"])
-        assert f"{missing} retrains of the five seeds and four measures are still missing" in section
-        assert f"about {missing * sum(minutes) / len(minutes) / 60:.0f} CPU-hours at this pace" in section
+    labels = {"attention": "attention", "gradient": "gradient", "input_gradient": "input × gradient", "ig": "IG"}
+    (first,) = json.loads((results / "roar_madsen2022_babi1_h128_so_far.json").read_text())["tasks"]
+    (attention,) = [r for r in first["racu_per_seed"] if r["seed"] == 0]
+    published = {r["method"]: r["published"] for r in first["racu"]}
+    first_points = [r for r in first["curves"] if r["seed"] == 0 and r["method"] == "random"]
+    first_random = [p["score"] for p in sorted(first_points, key=lambda p: p["ratio"])]
+    ratios = list(range(0, 101, 10))
+    ceiling = 100 * racu(ratios, [first_random[0], *[first_random[-1]] * 10], first_random)
+    assert f"On bAbI-1 (seed 0 so far, `python benchmarks/reproduce_roar.py --tasks babi1 --seeds 5 --runs ../runs-babi " \
+           f"--name roar_madsen2022_babi1_h128 --so-far`, our earlier 128-unit model): attention {attention['racu']:.1f}% " \
+           f"against {published['attention']['racu']}% ({published['attention']['low']}–{published['attention']['high']}), " \
+           f"near the {ceiling:.1f}% of a curve at the floor from the first step" in readme
+
+    (task,) = json.loads((results / "roar_madsen2022_babi1_so_far.json").read_text())["tasks"]
+    points = [r for r in task["curves"] if r["seed"] == 0]
+    assert sorted({p["ratio"] for p in points}) == ratios
+    per_seed = {r["method"]: r["racu"] for r in task["racu_per_seed"] if r["seed"] == 0}
+    measures = [m for m in rr.MEASURES if m in per_seed]
+    assert "attention" in measures
+    published = {r["method"]: r["published"] for r in task["racu"]}
+    random = [next(p["score"] for p in points if p["method"] == "random" and p["ratio"] == r) for r in ratios]
+    ceiling = 100 * racu(ratios, [random[0], *[random[-1]] * (len(ratios) - 1)], random)
+    assert f"| seed 0 | {' | '.join(f'{r} %' for r in ratios)} | RACU |" in section
+    for method in ["random", *measures]:
+        scores = [next(p["score"] for p in points if p["method"] == method and p["ratio"] == r) for r in ratios]
+        value = "–" if method == "random" else f"{per_seed[method]:.1f}"
+        assert f"| {method} | {' | '.join(f'{v:.3f}' for v in scores)} | {value} |" in section
+
+    def against(method: str, unit: str = "") -> str:
+        theirs = published[method]
+        return f"{labels[method]} {per_seed[method]:.1f}{unit} against their {theirs['racu']}{unit} " \
+               f"({theirs['low']}–{theirs['high']})"
+
+    assert "Seed 0's RACU: " + ", ".join(against(m) for m in measures) + "." in section
+    assert "their 32-unit model: " + ", ".join(against(m, "%") for m in measures) in readme
+    assert f"The most any measure can reach against this random curve is {ceiling:.1f}" in section
+    minutes = [p["train_seconds"] / 60 for p in points if p["ratio"] > 0]
+    assert f"each took {min(minutes):.1f} to {max(minutes):.1f} minutes" in section
+    training = task["training"]
+    assert f"the {training['retrains']} retrains behind it trained for {training['train_hours']:.1f} hours" in section
+    missing = len(task["missing_retrains"])
+    assert f"{missing} retrains of the five seeds and four measures are still missing" in section
+    assert f"about {missing * sum(minutes) / len(minutes) / 60:.0f} CPU-hours at this pace" in section
+
     rationale = json.loads((results / "roar_babi32_rationale.json").read_text())["runs"]["roar-babi1"]["curves"]
-    masked = {c.split("/")[-1]: {int(k): v for k, v in r.items()} for c, r in rationale.items()}
-    assert sorted(masked["attention-recursive"]) == sorted(masked["random"]) == list(range(10, 100, 10))
-    assert {v[split]["answer_hit"] for v in masked["attention-recursive"].values() for split in ("train", "dev", "test")} == {1.0}
+    masked = {c.split("/")[-1]: {int(k): v for k, v in r.items()} for c, r in rationale.items() if c.startswith("seed-0/")}
+    for folder in ["random", *(rr.measure_folder(m) for m in measures)]:
+        assert sorted(masked[folder]) == list(range(10, 100, 10))
+    answer = masked[rr.measure_folder("attention")]
+    assert {v[split]["answer_hit"] for v in answer.values() for split in ("train", "dev", "test")} == {1.0}
+    for method in measures:
+        hits = [masked[rr.measure_folder(method)][r]["test"]["answer_hit"] for r in (10, 50, 90)]
+        assert f"{labels[method]}'s in " + "{:.1%}, {:.1%} and {:.1%}".format(*hits) in section
     hits = [masked["random"][r]["test"]["answer_hit"] for r in (10, 50, 90)]
     assert "random's in {:.1%}, {:.1%} and {:.1%} at 10, 50 and 90 %".format(*hits) in section
 

@@ -51,12 +51,52 @@ def test_counts_the_masked_answer_words_and_rationale_tokens_as_hand_worked(tmp_
     assert run["task"] == "babi1" and list(run["curves"]) == ["seed-0/attention"]
     ten = run["curves"]["seed-0/attention"]["10"]
     assert ten["test"] == {"instances": 3, "with_rationale": 3, "with_answer": 3, "rationale_hit": pytest.approx(1 / 3),
-                           "rationale_masked": pytest.approx((1 / 6) / 3), "answer_hit": pytest.approx(1 / 3)}
+                           "rationale_masked": pytest.approx((1 / 6) / 3), "answer_hit": pytest.approx(1 / 3),
+                           # story 0's only "bathroom" is masked; stories 1 and 2 keep their answers readable
+                           "answer_everywhere": pytest.approx(1 / 3),
+                           # story 0: bathroom, kitchen and office are named nowhere unmasked, so one guess in 3;
+                           # stories 1 and 2 name their answers, which elimination then never guesses
+                           "elimination": pytest.approx((1 / 3) / 3)}
     assert ten["dev"]["answer_hit"] == 1.0 and ten["dev"]["rationale_masked"] == pytest.approx(1 / 6)
     assert (ten["train"]["instances"], ten["train"]["answer_hit"], ten["train"]["rationale_hit"]) == (9, 0.0, 0.0)
     assert ten["test_score"] == {"accuracy": 0.25}
     assert run["curves"]["seed-0/attention"]["20"]["test_score"] is None
+    assert ten["by_answer"] is None  # no retrain to load (metrics only)
     assert json.dumps(written["t"])
+
+
+def test_elimination_guesses_among_the_labels_left_unnamed_or_all_when_none_is() -> None:
+    story = Example(tokens="mary went to the kitchen . john went to the office .".split(), label="kitchen")
+    labels = {"kitchen", "office", "garden"}
+    assert rr.elimination(story, set(), labels) == 0.0  # kitchen readable: the guess falls on garden
+    assert rr.elimination(story, {4}, labels) == pytest.approx(1 / 2)  # kitchen or garden
+    assert rr.elimination(story, {4, 10}, labels) == pytest.approx(1 / 3)  # nothing named: any of the three
+    assert rr.elimination(Example(tokens="kitchen office garden".split(), label="office"), set(), labels) == pytest.approx(1 / 3)
+
+
+def test_the_retrains_accuracy_is_split_by_whether_the_answer_is_still_named(tmp_path: Path, monkeypatch) -> None:
+    runs, data = _runs(tmp_path, [[4], [0, 1], []])
+    retrain = runs / "base-roar" / "subruns" / "roar" / "seed-0" / "attention" / "ratio-10"
+    write_config(retrain, {"kind": "attnaudit"})
+    seen: dict[str, list[Example]] = {}
+
+    def predict(run: object, examples: list[Example]) -> dict[str, list[str]]:
+        seen["examples"] = examples
+        return {"pred": ["bathroom", "hallway", "office"]}
+
+    monkeypatch.setattr(rr, "load_run", lambda path, device: path)
+    monkeypatch.setattr(rr, "mask_token", lambda run: "[MASK]")
+    monkeypatch.setattr(rr, "predict", predict)
+    written: dict[str, dict] = {}
+    monkeypatch.setattr(rr, "write_result", lambda name, payload: written.setdefault(name, payload))
+    monkeypatch.setattr(sys, "argv", ["roar_rationale.py", "--runs", str(runs), "--data-dir", str(data), "--name", "t"])
+    rr.main()
+    ten = written["t"]["runs"]["base"]["curves"]["seed-0/attention"]["10"]
+    # story 0 (bathroom, its one occurrence masked) guessed right; stories 1 (kitchen, guessed hallway) and 2 (office)
+    # still name their answers
+    assert ten["by_answer"] == {"readable": {"instances": 2, "accuracy": 0.5}, "hidden": {"instances": 1, "accuracy": 1.0}}
+    assert [ex.tokens[4] for ex in seen["examples"]] == ["[MASK]", "bathroom", "office"]
+    assert seen["examples"][1].tokens[:2] == ["[MASK]", "[MASK]"]
 
 
 def test_masks_that_are_not_the_runs_split_are_refused(tmp_path: Path, monkeypatch) -> None:
