@@ -525,6 +525,23 @@ def test_the_results_page_shows_babi_with_their_model_as_measured() -> None:
         assert f"{labels[method]}'s in " + "{:.1%}, {:.1%} and {:.1%}".format(*hits) in section
     hits = [masked["random"][r]["test"]["answer_hit"] for r in (10, 50, 90)]
     assert "random's in {:.1%}, {:.1%} and {:.1%} at 10, 50 and 90 %".format(*hits) in section
+    sides = {m: "inside" if published[m]["low"] <= per_seed[m] <= published[m]["high"] else
+             "above" if per_seed[m] > published[m]["high"] else "below" for m in measures}
+    assert "Against their intervals, " + "; ".join(
+        f"{side}: " + ", ".join(labels[m] for m in measures if sides[m] == side)
+        for side in ("inside", "above", "below") if side in sides.values()) in section
+    if "input_gradient" in measures:  # the climb from 50 % on, read from the retrains' accuracy where the answer is hidden
+        late = (50, 60, 70, 80, 90)
+        x = masked[rr.measure_folder("input_gradient")]
+        assert f"hide every occurrence of the answer in {x[50]['test']['answer_everywhere']:.0%} to " \
+               f"{x[90]['test']['answer_everywhere']:.0%} of the test stories" in section
+        hidden = ", ".join(f"{x[r]['by_answer']['hidden']['accuracy']:.2f}" for r in late)
+        assert f"yet its retrains answer those stories right {hidden} of the time at 50, 60, 70, 80 and 90 %" in section
+        eliminated = [x[r]["test"]["elimination"] for r in late]
+        assert f"{min(eliminated):.3f} to {max(eliminated):.3f} for a guess among the candidates" in section
+        guessed = [masked[rr.measure_folder("attention")][r]["by_answer"]["hidden"]["accuracy"] for r in late]
+        assert f"Attention's retrains score {min(guessed):.2f} to {max(guessed):.2f} on such stories" in section
+        assert min(x[r]["by_answer"]["hidden"]["accuracy"] for r in late) > 2 * max(eliminated)  # what the sentence claims
 
 
 def test_the_results_page_shows_the_first_babi_run_as_measured() -> None:
