@@ -16,8 +16,11 @@ Their four measures, as their code defines them (``nlproar/explain/importance_me
 ``|Σ_d ∂z_y/∂e·e|`` is ``gradient`` with ``attention=live, score=logit``; ``ig`` ``|1/n Σ_i α_i ∂z_y/∂e(α_i e)·e|``
 (zero baseline, ``α_i = i/n``, ``n = 50``: their code takes the gradient with respect to the unscaled embedding, so
 each step's gradient is weighted by ``α_i``) is ``ig`` with ``score=logit, rule=riemann_right, weight=scale``.
-Results keep their names. ``--so-far`` also reports every other complete curve in the folder (``other_curves``: an
-earlier definition of a measure, such as Integrated Gradients proper, ``ig-score-logit-gold-recursive``).
+Results keep their names. ``--explain predicted`` asks the same measures for the class each step's model predicts
+instead (not their protocol: whether the gold label travels in the masks); its curves have folders of their own
+(no ``-gold``), so both read from one ROAR folder, each reporting the other's among ``other_curves``.
+``--so-far`` also reports every other complete curve in the folder (``other_curves``: an earlier definition of a
+measure, such as Integrated Gradients proper, ``ig-score-logit-gold-recursive``).
 
 Differences we know of: their SST vectors (fastText simple.300d) are not available offline, so SST embeddings
 start random (300-d), where theirs start from the vectors and every word fastText lacks starts at zero
@@ -127,15 +130,16 @@ def _finished(folder: Path) -> bool:
     return (folder / "metrics.json").is_file() and (folder / "config.json").is_file()
 
 
-def measure_folder(measure: str) -> str:
-    """The curve folder (per seed) of one of their measures: our method with its options, the gold label, recursive."""
+def measure_folder(measure: str, explain: str = "gold") -> str:
+    """The curve folder (per seed) of one of their measures: our method with its options, the class ``explain`` names
+    (theirs: gold), recursive."""
     method, settings = MEASURES[measure]
-    return curve_name(EXPLANATIONS[method], settings, gold=True, recursive=True)
+    return curve_name(EXPLANATIONS[method], settings, gold=explain == "gold", recursive=True)
 
 
-def roar_options(measures: list[str]) -> dict[str, Any]:
-    """The ``roar`` test's options for their ``measures``: our methods, their options, the gold label explained."""
-    return {"methods": [MEASURES[m][0] for m in measures], "explain": "gold",
+def roar_options(measures: list[str], explain: str = "gold") -> dict[str, Any]:
+    """The ``roar`` test's options for their ``measures``: our methods, their options, the class explained (theirs: gold)."""
+    return {"methods": [MEASURES[m][0] for m in measures], "explain": explain,
             "method_options": [f"{MEASURES[m][0]}.{k}={v}" for m in measures for k, v in MEASURES[m][1].items()]}
 
 
@@ -202,7 +206,7 @@ def one_task(task: str, args: argparse.Namespace) -> dict[str, Any]:
     start = time.perf_counter()
     result = run_test(
         "roar", run, out=out, data_dir=args.data_dir, ratios=args.ratios, recursive=True, seeds=args.seeds, epochs=args.epochs,
-        metric=metric, engine=args.engine, workers=args.workers, together=args.together, **roar_options(args.methods),
+        metric=metric, engine=args.engine, workers=args.workers, together=args.together, **roar_options(args.methods, args.explain),
     )
     roar_seconds = time.perf_counter() - start
     base_metrics = read_json(Path(run.path or ".") / "metrics.json")
@@ -212,7 +216,7 @@ def one_task(task: str, args: argparse.Namespace) -> dict[str, Any]:
         measure = theirs[row["method"]]
         paper = PUBLISHED[task].get(measure)
         inside = paper is not None and paper[1] <= row["racu"] <= paper[2]
-        rows.append({**row, "method": measure, "ours": row["method"], "options": MEASURES[measure][1],
+        rows.append({**row, "method": measure, "ours": row["method"], "options": MEASURES[measure][1], "explain": args.explain,
                      "published": paper and {"racu": paper[0], "low": paper[1], "high": paper[2]}, "within_published_ci": inside})
     curves = [{**r, "method": theirs.get(r["method"], r["method"])} for r in result.tables["curves"]]
     return {
@@ -258,7 +262,7 @@ def so_far(task: str, args: argparse.Namespace) -> dict[str, Any]:
     def point_folder(seed: int, method: str, ratio: int) -> Path:  # the model behind one point of a curve
         if ratio in (0, 100):
             return zero_folder(seed) if ratio == 0 else root / f"seed-{seed}" / "all" / "ratio-100"
-        return root / f"seed-{seed}" / (method if method == "random" else measure_folder(method)) / f"ratio-{ratio}"
+        return root / f"seed-{seed}" / (method if method == "random" else measure_folder(method, args.explain)) / f"ratio-{ratio}"
 
     for seed in range(args.seeds):
         zero = finished_score(zero_folder(seed), metric)
@@ -267,7 +271,7 @@ def so_far(task: str, args: argparse.Namespace) -> dict[str, Any]:
             anchors.append({"seed": seed, "zero": zero, "all": full})
         curves = {}
         for method in ["random", *args.methods]:
-            name = method if method == "random" else measure_folder(method)
+            name = method if method == "random" else measure_folder(method, args.explain)
             points = [finished_score(root / f"seed-{seed}" / name / f"ratio-{r}", metric) for r in args.ratios]
             missing += [f"seed-{seed}/{name}/ratio-{r}" for r, p in zip(args.ratios, points) if p is None]
             if zero is not None and full is not None and None not in points:
@@ -291,7 +295,7 @@ def so_far(task: str, args: argparse.Namespace) -> dict[str, Any]:
         values = [r["racu"] / 100 for r in per_seed if r["method"] == method]
         ci = mean_interval(values, seed=0)
         paper = PUBLISHED[task].get(method)
-        summary.append({"method": method, "ours": MEASURES[method][0], "options": MEASURES[method][1],
+        summary.append({"method": method, "ours": MEASURES[method][0], "options": MEASURES[method][1], "explain": args.explain,
                         "seeds": ci["n"], "racu": 100 * ci["mean"], "low": 100 * ci["low"], "high": 100 * ci["high"],
                         "published": paper and {"racu": paper[0], "low": paper[1], "high": paper[2]}})
     return {"task": task, "vectors": args.vectors, "metric": metric, "partial": True, "seeds_asked": args.seeds, "racu": summary,
@@ -302,7 +306,7 @@ def so_far(task: str, args: argparse.Namespace) -> dict[str, Any]:
 def other_curves(root: Path, args: argparse.Namespace, zero_of: Callable[[int], float | None], metric: str) -> list[dict[str, Any]]:
     """The RACU of every complete curve in ``root`` that is none of ``args.methods``' (an earlier definition of a
     measure, kept as finished work), per folder: each seed's beside that seed's random curve, the mean and interval."""
-    measured = {"all", "unmasked", "random", *(measure_folder(m) for m in args.methods)}
+    measured = {"all", "unmasked", "random", *(measure_folder(m, args.explain) for m in args.methods)}
     ratios, found = [0, *args.ratios, 100], {}
     for seed in range(args.seeds):
         folder = root / f"seed-{seed}"
@@ -344,6 +348,9 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=None, help="Ray workers for --engine ray (default: one per CPU)")
     parser.add_argument("--together", action="store_true", help="each round's retrains (every seed's and measure's next "
                         "ratio) trained as one stacked model: the same sub-runs, faster on a GPU (roar --together)")
+    parser.add_argument("--explain", default="gold", choices=("gold", "predicted"), help="the class the measures explain: "
+                        "gold, as their code does, or predicted (the class predicted by the model each step's masks come from: whether the gold "
+                        "label travels in the masks); predicted curves have folders of their own beside the gold ones")
     parser.add_argument("--name", default="roar", help="result file benchmarks/results/NAME.json")
     parser.add_argument("--so-far", action="store_true", help="train nothing: the RACU of the curves finished so far (NAME_so_far.json)")
     args = parser.parse_args()

@@ -33,7 +33,7 @@ def test_so_far_reads_only_finished_curves_beside_their_random_baseline(tmp_path
     assert gradient == "input_gradient-reduction-l2-score-logit-gold-recursive"
     (root / gradient / "ratio-50" / "checkpoint").mkdir(parents=True)  # under way: not finished
     _finished(root / "ig-score-logit-gold-recursive" / "ratio-50", 0.5)  # an earlier definition of a measure: another curve
-    args = argparse.Namespace(runs=tmp_path, limit=None, seeds=2, methods=["attention", "gradient"], ratios=[50], vectors=None)
+    args = argparse.Namespace(runs=tmp_path, limit=None, seeds=2, methods=["attention", "gradient"], ratios=[50], vectors=None, explain="gold")
     part = rr.so_far("sst", args)
     # x = 0, .5, 1; random − attention = 0, .5, 0 -> area .25; random − random(100 %) = 1, .75, 0 -> area .625; .25/.625
     by_method = {row["method"]: row for row in part["racu"]}
@@ -64,13 +64,36 @@ def test_so_far_reads_only_finished_curves_beside_their_random_baseline(tmp_path
     }
 
 
+def test_explaining_the_predicted_class_reads_and_asks_for_curves_of_its_own(tmp_path: Path) -> None:
+    """``--explain predicted``: the same measures, the class each step's model predicts; its curves sit beside the gold
+    ones (no ``-gold`` in the folder), so each reading reports the other's among the other curves."""
+    assert rr.measure_folder("input_gradient", "predicted") == "gradient-attention-live-score-logit-recursive"
+    assert rr.measure_folder("input_gradient") == "gradient-attention-live-score-logit-gold-recursive"
+    assert rr.roar_options(["input_gradient"], "predicted") == {
+        "methods": ["gradient"], "explain": "predicted", "method_options": ["gradient.attention=live", "gradient.score=logit"]}
+    _finished(tmp_path / "roar-babi1", 1.0)
+    root = tmp_path / "roar-babi1-roar" / "subruns" / "roar" / "seed-0"
+    _finished(root / "all" / "ratio-100", 0.0)
+    _finished(root / "random" / "ratio-50", 0.75)
+    _finished(root / rr.measure_folder("input_gradient") / "ratio-50", 0.25)
+    _finished(root / rr.measure_folder("input_gradient", "predicted") / "ratio-50", 0.5)
+    args = argparse.Namespace(runs=tmp_path, limit=None, seeds=1, methods=["input_gradient"], ratios=[50], vectors=None,
+                              explain="predicted")
+    part = rr.so_far("babi1", args)
+    # as in the first test: an area of .125 between random and the curve at .5, .25 at .25, over .625
+    assert part["racu_per_seed"] == [{"method": "input_gradient", "seed": 0, "racu": pytest.approx(20.0)}]
+    assert part["racu"][0]["explain"] == "predicted"
+    (gold,) = part["other_curves"]
+    assert gold["folder"] == rr.measure_folder("input_gradient") and gold["racu"] == pytest.approx(40.0)
+
+
 def test_so_far_gives_the_finished_points_of_curves_under_way(tmp_path: Path) -> None:
     root = tmp_path / "roar-babi1-roar" / "subruns" / "roar" / "seed-0"
     _finished(tmp_path / "roar-babi1", 1.0)
     _finished(root / "random" / "ratio-10", 0.875, seconds=1155)
     _finished(root / "attention-recursive" / "ratio-10", 0.164, seconds=1245)
     (root / "attention-recursive" / "ratio-20" / "checkpoint").mkdir(parents=True)  # under way
-    args = argparse.Namespace(runs=tmp_path, limit=None, seeds=1, methods=["attention"], ratios=[10, 20], vectors=None)
+    args = argparse.Namespace(runs=tmp_path, limit=None, seeds=1, methods=["attention"], ratios=[10, 20], vectors=None, explain="gold")
     part = rr.so_far("babi1", args)
     assert part["racu_per_seed"] == [] and part["curves"] == []  # no curve is complete (nor the 100 % model)
     assert part["anchors"] == [{"seed": 0, "zero": 1.0, "all": None}]
