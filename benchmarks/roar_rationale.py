@@ -16,8 +16,9 @@ the text names (all labels where every one is named). A mask that hides the answ
 other candidates readable tells the retrain the answer: it can score above chance with the answer masked.
 And the retrain's test score where it finished, and on the test split its accuracy apart on the instances whose
 answer some unmasked word still names (``by_answer.readable``) and on those whose every occurrence is masked
-(``by_answer.hidden``): the retrain loaded from its folder, the masks applied as the roar test applies them. The splits are the base run's own
-(``config.json``'s task, read again), in the order the masks list them.
+(``by_answer.hidden``): the retrain loaded from its folder, the masks applied as the roar test applies them (none for
+a retrain restored from a ledger, which keeps no weights). The splits are the base run's own (``config.json``'s
+task, read again), in the order the masks list them.
 Run: ``python benchmarks/roar_rationale.py --runs ../runs-babi --data-dir ../shared/data --name roar_babi_rationale``;
 writes ``benchmarks/results/NAME.json``.
 """
@@ -63,8 +64,8 @@ def hits(examples: list[Example], masks: list[list[int]], sentences: bool = Fals
         raise SystemExit(f"{len(masks)} masks for {len(examples)} instances: the masks are not this run's split")
     tokens = [masked_positions(ex, m, sentences) for ex, m in zip(examples, masks)]
     with_rationale = [(set(ex.rationale), m) for ex, m in zip(examples, tokens) if ex.rationale]
-    with_answer = [(answer_items(ex), m) for ex, m in zip(examples, tokens) if answer_items(ex)]
     answered = [(ex, m) for ex, m in zip(examples, tokens) if answer_items(ex)]
+    with_answer = [(answer_items(ex), m) for ex, m in answered]
     candidates = {str(label).lower() for label in labels or []}
 
     def share(values: list[float]) -> float | None:
@@ -88,9 +89,9 @@ def _occurrences(example: Example) -> set[int]:
 
 def by_answer(retrain: Path, examples: list[Example], masks: list[list[int]], sentences: bool) -> dict[str, Any] | None:
     """The retrain's accuracy on the masked ``examples`` whose answer an unmasked word still names (``readable``) and
-    on those whose every occurrence is masked (``hidden``), each with its count; None where no instance has an
-    answer in its text."""
-    answered = [(ex, m) for ex, m in zip(examples, masks) if _occurrences(ex)]
+    on those whose every occurrence is masked (``hidden``), each with its count, over the instances whose rationale
+    holds the answer (as ``answer_hit``); None where none does."""
+    answered = [(ex, m) for ex, m in zip(examples, masks) if answer_items(ex)]
     if not answered:
         return None
     run = load_run(retrain, device="cpu")
@@ -119,7 +120,8 @@ def one_roar(roar: Path, data: TaskData, sentences: bool = False) -> dict[str, A
         row: dict[str, Any] = {split: hits(data.split(split), masks[split], sentences, data.labels) for split in SPLITS}
         metrics = masks_file.with_name(f"ratio-{ratio_of(masks_file)}") / "metrics.json"
         row["test_score"] = read_json(metrics).get("test") if metrics.exists() else None
-        retrained = metrics.exists() and (metrics.parent / "config.json").is_file()  # a finished retrain is a run
+        # a finished retrain with its weights (one restored from reproduce_roar's ledger has its scores only)
+        retrained = metrics.exists() and any(metrics.parent.glob("*.safetensors"))
         row["by_answer"] = by_answer(metrics.parent, data.test, masks["test"], sentences) if retrained else None
         out.setdefault(curve, {})[str(ratio_of(masks_file))] = row
     return out

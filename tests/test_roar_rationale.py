@@ -61,7 +61,7 @@ def test_counts_the_masked_answer_words_and_rationale_tokens_as_hand_worked(tmp_
     assert (ten["train"]["instances"], ten["train"]["answer_hit"], ten["train"]["rationale_hit"]) == (9, 0.0, 0.0)
     assert ten["test_score"] == {"accuracy": 0.25}
     assert run["curves"]["seed-0/attention"]["20"]["test_score"] is None
-    assert ten["by_answer"] is None  # no retrain to load (metrics only)
+    assert ten["by_answer"] is None  # no weights to load (its scores only, as a retrain restored from a ledger)
     assert json.dumps(written["t"])
 
 
@@ -78,6 +78,7 @@ def test_the_retrains_accuracy_is_split_by_whether_the_answer_is_still_named(tmp
     runs, data = _runs(tmp_path, [[4], [0, 1], []])
     retrain = runs / "base-roar" / "subruns" / "roar" / "seed-0" / "attention" / "ratio-10"
     write_config(retrain, {"kind": "attnaudit"})
+    (retrain / "model.safetensors").write_bytes(b"")  # its weights (load_run is replaced below)
     seen: dict[str, list[Example]] = {}
 
     def predict(run: object, examples: list[Example]) -> dict[str, list[str]]:
