@@ -553,8 +553,8 @@ def test_the_results_page_shows_babi_with_their_model_as_measured() -> None:
     assert "Against their intervals, " + "; ".join(
         f"{side}: " + ", ".join(labels[m] for m in measures if sides[m] == side)
         for side in ("inside", "above", "below") if side in sides.values()) in section
+    late = (50, 60, 70, 80, 90)
     if "input_gradient" in measures:  # the climb from 50 % on, read from the retrains' accuracy where the answer is hidden
-        late = (50, 60, 70, 80, 90)
         x = masked[rr.measure_folder("input_gradient")]
         assert f"hide every occurrence of the answer in {x[50]['test']['answer_everywhere']:.0%} to " \
                f"{x[90]['test']['answer_everywhere']:.0%} of the test stories" in section
@@ -565,6 +565,20 @@ def test_the_results_page_shows_babi_with_their_model_as_measured() -> None:
         guessed = [masked[rr.measure_folder("attention")][r]["by_answer"]["hidden"]["accuracy"] for r in late]
         assert f"Attention's retrains score {min(guessed):.2f} to {max(guessed):.2f} on such stories" in section
         assert min(x[r]["by_answer"]["hidden"]["accuracy"] for r in late) > 2 * max(eliminated)  # what the sentence claims
+    predicted = rr.measure_folder("input_gradient", "predicted")  # the same measure, the predicted class explained
+    other = {o["folder"]: o for o in task["other_curves"]}
+    if predicted in other:
+        (one,) = other[predicted]["per_seed"]
+        assert "--methods input_gradient --explain predicted --runs ../runs-babi32" in section
+        assert f"its curve reads {', '.join(f'{v:.3f}' for v in one['curve'][1:-1])} from 10 to 90 %, RACU {one['racu']:.1f} " \
+               f"against {per_seed['input_gradient']:.1f} explaining the gold label" in section
+        hidden = ", ".join(f"{masked[predicted][r]['by_answer']['hidden']['accuracy']:.2f}" for r in late)
+        assert f"On the stories whose answer every mask hides, its retrains score {hidden} at 50, 60, 70, 80 and 90 %" in section
+        assert f"asked for the predicted class instead, input × gradient's RACU is {one['racu']:.1f}" in readme
+    if "ig" in measures:
+        ig = masked[rr.measure_folder("ig")]
+        hidden = ", ".join(f"{ig[r]['by_answer']['hidden']['accuracy']:.2f}" for r in range(10, 100, 10))
+        assert f"on the stories whose answer every mask hides its retrains score {hidden} from 10 to 90 %" in section
 
 
 def test_the_results_page_shows_the_first_babi_run_as_measured() -> None:
