@@ -7,6 +7,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -481,11 +482,78 @@ def test_the_tests_page_shows_the_retrains_trained_together_on_the_gpu_as_measur
     assert f"20 SST retrains {ratio_span(timing['speedup'])} faster than one at a time" in readme
 
 
+BABI_LABELS = {"attention": "attention", "gradient": "gradient", "input_gradient": "input × gradient", "ig": "IG"}
+"""How the bAbI-1 section and README's row name their measures."""
+
+
+def _first_babi_run_in_readme(results: Path, readme: str) -> None:
+    """README's row keeps the first run's (128 units) attention RACU beside theirs and the floor's ceiling."""
+    from attnaudit.algorithms.racu import racu
+
+    (first,) = json.loads((results / "roar_madsen2022_babi1_h128_so_far.json").read_text())["tasks"]
+    (attention,) = [r for r in first["racu_per_seed"] if r["seed"] == 0]
+    published = {r["method"]: r["published"] for r in first["racu"]}["attention"]
+    points = [r for r in first["curves"] if r["seed"] == 0 and r["method"] == "random"]
+    random = [p["score"] for p in sorted(points, key=lambda p: p["ratio"])]
+    ceiling = 100 * racu(list(range(0, 101, 10)), [random[0], *[random[-1]] * 10], random)
+    assert f"On bAbI-1 (seed 0 so far, `python benchmarks/reproduce_roar.py --tasks babi1 --seeds 5 --runs ../runs-babi " \
+           f"--name roar_madsen2022_babi1_h128 --so-far`, our earlier 128-unit model): attention {attention['racu']:.1f}% " \
+           f"against {published['racu']}% ({published['low']}–{published['high']}), " \
+           f"near the {ceiling:.1f}% of a curve at the floor from the first step" in readme
+
+
+def _babi_masks_on_page(section: str, masked: dict[str, dict[int, Any]], measures: list[str]) -> None:
+    """What each measure's masks took, and why input × gradient and IG climb back (their retrains' accuracy where
+    every occurrence of the answer is masked), as ``roar_babi32_rationale.json`` holds them."""
+    for folder in ["random", *(rr.measure_folder(m) for m in measures)]:
+        assert sorted(masked[folder]) == list(range(10, 100, 10))
+    answer = masked[rr.measure_folder("attention")]
+    assert {v[split]["answer_hit"] for v in answer.values() for split in ("train", "dev", "test")} == {1.0}
+    for method in measures:
+        hits = [masked[rr.measure_folder(method)][r]["test"]["answer_hit"] for r in (10, 50, 90)]
+        assert f"{BABI_LABELS[method]}'s in " + "{:.1%}, {:.1%} and {:.1%}".format(*hits) in section
+    hits = [masked["random"][r]["test"]["answer_hit"] for r in (10, 50, 90)]
+    assert "random's in {:.1%}, {:.1%} and {:.1%} at 10, 50 and 90 %".format(*hits) in section
+    late = (50, 60, 70, 80, 90)
+    if "input_gradient" in measures:  # the climb from 50 % on, read from the retrains' accuracy where the answer is hidden
+        x = masked[rr.measure_folder("input_gradient")]
+        assert f"hide every occurrence of the answer in {x[50]['test']['answer_everywhere']:.0%} to " \
+               f"{x[90]['test']['answer_everywhere']:.0%} of the test stories" in section
+        hidden = ", ".join(f"{x[r]['by_answer']['hidden']['accuracy']:.2f}" for r in late)
+        assert f"yet its retrains answer those stories right {hidden} of the time at 50, 60, 70, 80 and 90 %" in section
+        eliminated = [x[r]["test"]["elimination"] for r in late]
+        assert f"{min(eliminated):.3f} to {max(eliminated):.3f} for a guess among the candidates" in section
+        guessed = [masked[rr.measure_folder("attention")][r]["by_answer"]["hidden"]["accuracy"] for r in late]
+        assert f"Attention's retrains score {min(guessed):.2f} to {max(guessed):.2f} on such stories" in section
+        assert min(x[r]["by_answer"]["hidden"]["accuracy"] for r in late) > 2 * max(eliminated)  # what the sentence claims
+    if "ig" in measures:
+        ig = masked[rr.measure_folder("ig")]
+        hidden = ", ".join(f"{ig[r]['by_answer']['hidden']['accuracy']:.2f}" for r in range(10, 100, 10))
+        assert f"on the stories whose answer every mask hides its retrains score {hidden} from 10 to 90 %" in section
+
+
+def _babi_predicted_control(section: str, readme: str, task: dict[str, Any], masked: dict[str, dict[int, Any]],
+                            gold_racu: float) -> None:
+    """input × gradient asked for the predicted class (``--explain predicted``, among ``other_curves``): its curve,
+    RACU and accuracy where the answer is hidden, on the page and in README's row, where it was run."""
+    predicted = rr.measure_folder("input_gradient", "predicted")
+    other = {o["folder"]: o for o in task["other_curves"]}
+    if predicted not in other:
+        return
+    (one,) = other[predicted]["per_seed"]
+    assert "--methods input_gradient --explain predicted --runs ../runs-babi32" in section
+    assert f"its curve reads {', '.join(f'{v:.3f}' for v in one['curve'][1:-1])} from 10 to 90 %, RACU {one['racu']:.1f} " \
+           f"against {gold_racu:.1f} explaining the gold label" in section
+    hidden = ", ".join(f"{masked[predicted][r]['by_answer']['hidden']['accuracy']:.2f}" for r in (50, 60, 70, 80, 90))
+    assert f"On the stories whose answer every mask hides, its retrains score {hidden} at 50, 60, 70, 80 and 90 %" in section
+    assert f"asked for the predicted class instead, input × gradient's RACU is {one['racu']:.1f}" in readme
+
+
 def test_the_results_page_shows_babi_with_their_model_as_measured() -> None:
     """bAbI-1 with their model (the preset since e55444a): seed 0's curves and every finished measure's RACU beside
     theirs, the ceiling a curve at the floor would reach, the retrains' times and the missing count
-    (``roar_madsen2022_babi1_so_far.json``), what each measure's masks took (``roar_babi32_rationale.json``), and
-    README's row beside the first run's RACU."""
+    (``roar_madsen2022_babi1_so_far.json``), what each measure's masks took (``roar_babi32_rationale.json``), the
+    predicted-class control, and README's row beside the first run's RACU."""
     from attnaudit.algorithms.racu import racu
 
     root = Path(__file__).resolve().parents[1]
@@ -493,21 +561,11 @@ def test_the_results_page_shows_babi_with_their_model_as_measured() -> None:
     page = (root / "docs" / "sections" / "results.md").read_text()
     section = " ".join(page[page.index("### bAbI-1 (under way"):page.index("#### The first run: our earlier preset")].split())
     readme = " ".join((root / "README.md").read_text().split())
-    labels = {"attention": "attention", "gradient": "gradient", "input_gradient": "input × gradient", "ig": "IG"}
-    (first,) = json.loads((results / "roar_madsen2022_babi1_h128_so_far.json").read_text())["tasks"]
-    (attention,) = [r for r in first["racu_per_seed"] if r["seed"] == 0]
-    published = {r["method"]: r["published"] for r in first["racu"]}
-    first_points = [r for r in first["curves"] if r["seed"] == 0 and r["method"] == "random"]
-    first_random = [p["score"] for p in sorted(first_points, key=lambda p: p["ratio"])]
-    ratios = list(range(0, 101, 10))
-    ceiling = 100 * racu(ratios, [first_random[0], *[first_random[-1]] * 10], first_random)
-    assert f"On bAbI-1 (seed 0 so far, `python benchmarks/reproduce_roar.py --tasks babi1 --seeds 5 --runs ../runs-babi " \
-           f"--name roar_madsen2022_babi1_h128 --so-far`, our earlier 128-unit model): attention {attention['racu']:.1f}% " \
-           f"against {published['attention']['racu']}% ({published['attention']['low']}–{published['attention']['high']}), " \
-           f"near the {ceiling:.1f}% of a curve at the floor from the first step" in readme
+    _first_babi_run_in_readme(results, readme)
 
     (task,) = json.loads((results / "roar_madsen2022_babi1_so_far.json").read_text())["tasks"]
     points = [r for r in task["curves"] if r["seed"] == 0]
+    ratios = list(range(0, 101, 10))
     assert sorted({p["ratio"] for p in points}) == ratios
     per_seed = {r["method"]: r["racu"] for r in task["racu_per_seed"] if r["seed"] == 0}
     measures = [m for m in rr.MEASURES if m in per_seed]
@@ -523,11 +581,16 @@ def test_the_results_page_shows_babi_with_their_model_as_measured() -> None:
 
     def against(method: str, unit: str = "") -> str:
         theirs = published[method]
-        return f"{labels[method]} {per_seed[method]:.1f}{unit} against their {theirs['racu']}{unit} " \
+        return f"{BABI_LABELS[method]} {per_seed[method]:.1f}{unit} against their {theirs['racu']}{unit} " \
                f"({theirs['low']}–{theirs['high']})"
 
     assert "Seed 0's RACU: " + ", ".join(against(m) for m in measures) + "." in section
     assert "their 32-unit model: " + ", ".join(against(m, "%") for m in measures) in readme
+    sides = {m: "inside" if published[m]["low"] <= per_seed[m] <= published[m]["high"] else
+             "above" if per_seed[m] > published[m]["high"] else "below" for m in measures}
+    assert "Against their intervals, " + "; ".join(
+        f"{side}: " + ", ".join(BABI_LABELS[m] for m in measures if sides[m] == side)
+        for side in ("inside", "above", "below") if side in sides.values()) in section
     assert f"The most any measure can reach against this random curve is {ceiling:.1f}" in section
     minutes = [p["train_seconds"] / 60 for p in points if p["ratio"] > 0]
     assert f"each took {min(minutes):.1f} to {max(minutes):.1f} minutes" in section
@@ -539,46 +602,9 @@ def test_the_results_page_shows_babi_with_their_model_as_measured() -> None:
 
     rationale = json.loads((results / "roar_babi32_rationale.json").read_text())["runs"]["roar-babi1"]["curves"]
     masked = {c.split("/")[-1]: {int(k): v for k, v in r.items()} for c, r in rationale.items() if c.startswith("seed-0/")}
-    for folder in ["random", *(rr.measure_folder(m) for m in measures)]:
-        assert sorted(masked[folder]) == list(range(10, 100, 10))
-    answer = masked[rr.measure_folder("attention")]
-    assert {v[split]["answer_hit"] for v in answer.values() for split in ("train", "dev", "test")} == {1.0}
-    for method in measures:
-        hits = [masked[rr.measure_folder(method)][r]["test"]["answer_hit"] for r in (10, 50, 90)]
-        assert f"{labels[method]}'s in " + "{:.1%}, {:.1%} and {:.1%}".format(*hits) in section
-    hits = [masked["random"][r]["test"]["answer_hit"] for r in (10, 50, 90)]
-    assert "random's in {:.1%}, {:.1%} and {:.1%} at 10, 50 and 90 %".format(*hits) in section
-    sides = {m: "inside" if published[m]["low"] <= per_seed[m] <= published[m]["high"] else
-             "above" if per_seed[m] > published[m]["high"] else "below" for m in measures}
-    assert "Against their intervals, " + "; ".join(
-        f"{side}: " + ", ".join(labels[m] for m in measures if sides[m] == side)
-        for side in ("inside", "above", "below") if side in sides.values()) in section
-    late = (50, 60, 70, 80, 90)
-    if "input_gradient" in measures:  # the climb from 50 % on, read from the retrains' accuracy where the answer is hidden
-        x = masked[rr.measure_folder("input_gradient")]
-        assert f"hide every occurrence of the answer in {x[50]['test']['answer_everywhere']:.0%} to " \
-               f"{x[90]['test']['answer_everywhere']:.0%} of the test stories" in section
-        hidden = ", ".join(f"{x[r]['by_answer']['hidden']['accuracy']:.2f}" for r in late)
-        assert f"yet its retrains answer those stories right {hidden} of the time at 50, 60, 70, 80 and 90 %" in section
-        eliminated = [x[r]["test"]["elimination"] for r in late]
-        assert f"{min(eliminated):.3f} to {max(eliminated):.3f} for a guess among the candidates" in section
-        guessed = [masked[rr.measure_folder("attention")][r]["by_answer"]["hidden"]["accuracy"] for r in late]
-        assert f"Attention's retrains score {min(guessed):.2f} to {max(guessed):.2f} on such stories" in section
-        assert min(x[r]["by_answer"]["hidden"]["accuracy"] for r in late) > 2 * max(eliminated)  # what the sentence claims
-    predicted = rr.measure_folder("input_gradient", "predicted")  # the same measure, the predicted class explained
-    other = {o["folder"]: o for o in task["other_curves"]}
-    if predicted in other:
-        (one,) = other[predicted]["per_seed"]
-        assert "--methods input_gradient --explain predicted --runs ../runs-babi32" in section
-        assert f"its curve reads {', '.join(f'{v:.3f}' for v in one['curve'][1:-1])} from 10 to 90 %, RACU {one['racu']:.1f} " \
-               f"against {per_seed['input_gradient']:.1f} explaining the gold label" in section
-        hidden = ", ".join(f"{masked[predicted][r]['by_answer']['hidden']['accuracy']:.2f}" for r in late)
-        assert f"On the stories whose answer every mask hides, its retrains score {hidden} at 50, 60, 70, 80 and 90 %" in section
-        assert f"asked for the predicted class instead, input × gradient's RACU is {one['racu']:.1f}" in readme
-    if "ig" in measures:
-        ig = masked[rr.measure_folder("ig")]
-        hidden = ", ".join(f"{ig[r]['by_answer']['hidden']['accuracy']:.2f}" for r in range(10, 100, 10))
-        assert f"on the stories whose answer every mask hides its retrains score {hidden} from 10 to 90 %" in section
+    _babi_masks_on_page(section, masked, measures)
+    if "input_gradient" in measures:
+        _babi_predicted_control(section, readme, task, masked, per_seed["input_gradient"])
 
 
 def test_the_results_page_shows_the_first_babi_run_as_measured() -> None:
