@@ -585,7 +585,8 @@ def test_the_results_page_shows_babi_with_their_model_as_measured() -> None:
                f"({theirs['low']}–{theirs['high']})"
 
     assert "Seed 0's RACU: " + ", ".join(against(m) for m in measures) + "." in section
-    assert "their 32-unit model: " + ", ".join(against(m, "%") for m in measures) in readme
+    assert "their 32-unit model (seed 0, `python benchmarks/reproduce_roar.py --tasks babi1 --seeds 5 --runs ../runs-babi32 " \
+           "--name roar_madsen2022_babi1 --so-far`): " + ", ".join(against(m, "%") for m in measures) in readme
     sides = {m: "inside" if published[m]["low"] <= per_seed[m] <= published[m]["high"] else
              "above" if per_seed[m] > published[m]["high"] else "below" for m in measures}
     assert "Against their intervals, " + "; ".join(
