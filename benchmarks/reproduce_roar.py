@@ -137,6 +137,11 @@ def measure_folder(measure: str, explain: str = "gold") -> str:
     return curve_name(EXPLANATIONS[method], settings, gold=explain == "gold", recursive=True)
 
 
+def curve_folder(method: str, explain: str = "gold") -> str:
+    """The folder of one curve (per seed): ``random``'s own, or one of their measures' (:func:`measure_folder`)."""
+    return method if method == "random" else measure_folder(method, explain)
+
+
 def roar_options(measures: list[str], explain: str = "gold") -> dict[str, Any]:
     """The ``roar`` test's options for their ``measures``: our methods, their options, the class explained (theirs: gold)."""
     return {"methods": [MEASURES[m][0] for m in measures], "explain": explain,
@@ -262,7 +267,7 @@ def so_far(task: str, args: argparse.Namespace) -> dict[str, Any]:
     def point_folder(seed: int, method: str, ratio: int) -> Path:  # the model behind one point of a curve
         if ratio in (0, 100):
             return zero_folder(seed) if ratio == 0 else root / f"seed-{seed}" / "all" / "ratio-100"
-        return root / f"seed-{seed}" / (method if method == "random" else measure_folder(method, args.explain)) / f"ratio-{ratio}"
+        return root / f"seed-{seed}" / curve_folder(method, args.explain) / f"ratio-{ratio}"
 
     for seed in range(args.seeds):
         zero = finished_score(zero_folder(seed), metric)
@@ -271,7 +276,7 @@ def so_far(task: str, args: argparse.Namespace) -> dict[str, Any]:
             anchors.append({"seed": seed, "zero": zero, "all": full})
         curves = {}
         for method in ["random", *args.methods]:
-            name = method if method == "random" else measure_folder(method, args.explain)
+            name = curve_folder(method, args.explain)
             points = [finished_score(root / f"seed-{seed}" / name / f"ratio-{r}", metric) for r in args.ratios]
             missing += [f"seed-{seed}/{name}/ratio-{r}" for r, p in zip(args.ratios, points) if p is None]
             if zero is not None and full is not None and None not in points:

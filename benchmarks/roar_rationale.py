@@ -43,10 +43,15 @@ from benchmarks.common import write_result  # noqa: E402
 SPLITS = ("train", "dev", "test")
 
 
+def occurrences(example: Example) -> set[int]:
+    """Every position of the text whose word is the answer (the gold label as a word)."""
+    label = str(example.label).lower()
+    return {i for i, t in enumerate(example.tokens) if t.lower() == label}
+
+
 def answer_items(example: Example) -> set[int]:
     """The rationale's tokens that are the answer itself (the gold label as a word; empty where it is none)."""
-    label = str(example.label).lower()
-    return {i for i in example.rationale or [] if example.tokens[i].lower() == label}
+    return set(example.rationale or []) & occurrences(example)
 
 
 def elimination(example: Example, masked: set[int], labels: set[str]) -> float:
@@ -76,15 +81,9 @@ def hits(examples: list[Example], masks: list[list[int]], sentences: bool = Fals
         "rationale_hit": rationale_hit(examples, masks, sentences),  # what the roar test's curves report
         "rationale_masked": share([len(r & m) / len(r) for r, m in with_rationale]),
         "answer_hit": share([float(bool(a & m)) for a, m in with_answer]),
-        "answer_everywhere": share([float(_occurrences(ex) <= m) for ex, m in answered]),
+        "answer_everywhere": share([float(occurrences(ex) <= m) for ex, m in answered]),
         "elimination": share([elimination(ex, m, candidates) for ex, m in answered]) if candidates else None,
     }
-
-
-def _occurrences(example: Example) -> set[int]:
-    """Every position of the text whose word is the answer (the gold label as a word)."""
-    label = str(example.label).lower()
-    return {i for i, t in enumerate(example.tokens) if t.lower() == label}
 
 
 def by_answer(retrain: Path, examples: list[Example], masks: list[list[int]], sentences: bool) -> dict[str, Any] | None:
@@ -99,7 +98,7 @@ def by_answer(retrain: Path, examples: list[Example], masks: list[list[int]], se
     pred = predict(run, [mask_example(ex, m, token, sentences) for ex, m in answered])["pred"]
     groups: dict[str, list[float]] = {"readable": [], "hidden": []}
     for (ex, m), guess in zip(answered, pred):
-        hidden = _occurrences(ex) <= masked_positions(ex, m, sentences)
+        hidden = occurrences(ex) <= masked_positions(ex, m, sentences)
         groups["hidden" if hidden else "readable"].append(float(guess == ex.label))
     return {name: {"instances": len(v), "accuracy": sum(v) / len(v) if v else None} for name, v in groups.items()}
 
